@@ -1,0 +1,89 @@
+"""cairn: crash-safe, verified checkpoints of stream processors on any object store.
+
+Start with :class:`ObjectStoreCheckpointer` (async) or :class:`SyncCheckpointer`
+(blocking), :class:`CheckpointData` to describe what to save, and :func:`open_store` to
+name a store by URL.
+"""
+
+from __future__ import annotations
+
+from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionUpload
+from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.errors import (
+    BrokenChainError,
+    CheckpointerError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CodecError,
+    CorruptManifestError,
+    FencedError,
+    IntegrityError,
+    IntegrityMismatchError,
+    InvalidCheckpointDataError,
+    InvalidInputError,
+    InvalidNameError,
+    InvalidStoreUrlError,
+    ObjectExistsError,
+    PreconditionFailedError,
+    StoreError,
+    TransientStoreError,
+    UnsupportedManifestVersionError,
+)
+from cairn.ids import CheckpointId
+from cairn.integrity import sha256_hex, verify_integrity
+from cairn.layout import CheckpointPaths
+from cairn.manifest import (
+    CheckpointManifest,
+    CheckpointManifestV2,
+    OperatorSnapshotEntry,
+    PartitionSnapshotEntry,
+    SourceOffsetEntry,
+)
+from cairn.retry import RetryPolicy
+from cairn.stores import Store, open_store
+from cairn.sync import SyncCheckpointer, SyncInAsyncContextError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArtifactKey",
+    "BrokenChainError",
+    "ChainLink",
+    "CheckpointData",
+    "CheckpointExistsError",
+    "CheckpointId",
+    "CheckpointManifest",
+    "CheckpointManifestV2",
+    "CheckpointNotFoundError",
+    "CheckpointPaths",
+    "Checkpointer",
+    "CheckpointerError",
+    "CodecError",
+    "CorruptManifestError",
+    "FencedError",
+    "IntegrityError",
+    "IntegrityMismatchError",
+    "InvalidCheckpointDataError",
+    "InvalidInputError",
+    "InvalidNameError",
+    "InvalidStoreUrlError",
+    "LoadedCheckpoint",
+    "ObjectExistsError",
+    "ObjectStoreCheckpointer",
+    "OperatorSnapshotEntry",
+    "PartitionSnapshotEntry",
+    "PartitionUpload",
+    "PreconditionFailedError",
+    "RetryPolicy",
+    "SourceOffsetEntry",
+    "Store",
+    "StoreError",
+    "SyncCheckpointer",
+    "SyncInAsyncContextError",
+    "TransientStoreError",
+    "UnsupportedManifestVersionError",
+    "__version__",
+    "open_store",
+    "sha256_hex",
+    "verify_integrity",
+]

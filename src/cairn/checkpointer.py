@@ -1,0 +1,599 @@
+"""The checkpointer: the reference's interface, and its implementation over an object store.
+
+The commit protocol of :meth:`ObjectStoreCheckpointer.save`:
+
+1. check that no newer writer generation has taken over (fencing, see :mod:`cairn._pointer`);
+2. upload every snapshot, delta and source offset under ``{base}{id}/``, concurrently
+   (at most ``max_concurrent_uploads`` in flight), hashing each while it uploads;
+3. write ``{base}{id}/manifest.json`` only if absent: **this single write is the commit**;
+4. advance ``_latest`` by compare-and-swap, only forwards, only if not fenced.
+
+Invariants:
+
+* before step 3 the checkpoint does not exist for any reader (listing and loading go
+  through the manifest); after it, it is immutable: the manifest is never overwritten
+  and artifacts are not rewritten once a manifest exists;
+* a create that meets "already exists" (as when a timed-out write did land and is
+  retried) is resolved by reading the manifest back: byte-identical means our commit
+  happened, anything else raises :class:`CheckpointExistsError`;
+* every read verifies SHA-256 against the manifest unless told not to;
+* deletion removes the manifest first, so a half-deleted checkpoint is never listed;
+* every store call goes through :class:`~cairn.retry.RetryingStore`, which retries only
+  transient failures, with the checkpointer's :class:`~cairn.retry.RetryPolicy`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
+
+import msgspec
+from obstore.store import ObjectStore
+
+from cairn import _pointer
+from cairn._buffer import Buffer
+from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.errors import (
+    CheckpointerError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CorruptManifestError,
+    FencedError,
+    IntegrityError,
+    InvalidInputError,
+    ObjectExistsError,
+)
+from cairn.ids import CheckpointId
+from cairn.integrity import sha256_hex_async, verify_integrity
+from cairn.layout import CheckpointPaths, validate_name, validate_partition
+from cairn.manifest import (
+    CheckpointManifest,
+    OperatorSnapshotEntry,
+    PartitionSnapshotEntry,
+    SourceOffsetEntry,
+    check_manifest,
+    decode_manifest,
+    encode_manifest,
+)
+from cairn.retry import RetryingStore, RetryPolicy
+from cairn.stores import Store, as_store
+
+__all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
+
+log = logging.getLogger("cairn")
+T = TypeVar("T")
+
+PartitionUpload = tuple[str, int, bool, Buffer]
+"""``(operator, partition, is_delta, data)`` for :meth:`save_partitions_concurrent`."""
+
+
+class Checkpointer(abc.ABC):
+    """The checkpointer interface (the reference's trait), for engines and test doubles."""
+
+    @abc.abstractmethod
+    async def save_manifest(self, manifest: CheckpointManifest) -> None:
+        """Write a manifest to the checkpoint store: commits that checkpoint."""
+
+    @abc.abstractmethod
+    async def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
+        """Load a manifest by checkpoint id."""
+
+    @abc.abstractmethod
+    async def save_snapshot(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+    ) -> str:
+        """Write a state snapshot for one operator partition; returns its SHA-256 hex."""
+
+    @abc.abstractmethod
+    async def save_delta(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+    ) -> str:
+        """Write an incremental delta for one operator partition; returns its SHA-256 hex."""
+
+    @abc.abstractmethod
+    async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
+        """Load a snapshot or delta by store path, verifying it when a digest is given."""
+
+    @abc.abstractmethod
+    async def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
+        """Point ``_latest`` at a committed checkpoint; returns whether it moved."""
+
+    @abc.abstractmethod
+    async def read_latest(self) -> CheckpointId | None:
+        """The checkpoint ``_latest`` names, or None when there is none."""
+
+    @abc.abstractmethod
+    async def list_checkpoints(self) -> list[CheckpointId]:
+        """Every committed checkpoint id, oldest first."""
+
+    @abc.abstractmethod
+    async def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
+        """Delete a checkpoint and all its artifacts; a missing one is not an error."""
+
+    @abc.abstractmethod
+    async def save(self, data: CheckpointData) -> CheckpointManifest:
+        """Upload, commit and publish one checkpoint atomically."""
+
+    @abc.abstractmethod
+    async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
+        """Load a committed checkpoint with every artifact, verified."""
+
+    @abc.abstractmethod
+    async def load_latest(self) -> LoadedCheckpoint | None:
+        """The newest checkpoint that loads and verifies, or None when there is none."""
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+async def _bounded_gather(limit: int, jobs: Iterable[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run ``jobs`` with at most ``limit`` in flight; on the first failure cancel the rest.
+
+    Results keep the order of ``jobs``. Only ``limit`` tasks exist at a time, so a
+    10,000-artifact save does not create 10,000 pending tasks.
+    """
+    pending = list(jobs)
+    results: list[T | None] = [None] * len(pending)
+    queue = iter(enumerate(pending))
+
+    async def worker() -> None:
+        for index, job in queue:
+            results[index] = await job()
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(min(limit, len(pending))):
+            group.create_task(worker())
+    return results  # type: ignore[return-value]
+
+
+class ObjectStoreCheckpointer(Checkpointer):
+    """Production checkpointer over any object store.
+
+    ``store`` is an obstore store, a :class:`~cairn.stores.Store`, or a URL opened with
+    :func:`~cairn.open_store`. Uploads run at most ``max_concurrent_uploads`` at a time
+    and downloads at most ``max_concurrent_downloads``; transient store failures are
+    retried per ``retry``.
+    """
+
+    def __init__(
+        self,
+        store: Store | ObjectStore | str,
+        paths: CheckpointPaths | None = None,
+        max_concurrent_uploads: int = 8,
+        *,
+        retry: RetryPolicy | None = None,
+        max_concurrent_downloads: int = 8,
+    ) -> None:
+        self.paths = paths if paths is not None else CheckpointPaths()
+        if not isinstance(self.paths, CheckpointPaths):
+            raise InvalidInputError(f"paths must be a CheckpointPaths, got {paths!r}")
+        self.max_concurrent_uploads = _positive_int(
+            "max_concurrent_uploads", max_concurrent_uploads
+        )
+        self.max_concurrent_downloads = _positive_int(
+            "max_concurrent_downloads", max_concurrent_downloads
+        )
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.store: Store = RetryingStore(as_store(store), self.retry)
+        self.writer_generation = 0
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreCheckpointer({self.store!r}, {self.paths!r})"
+
+    # -- the reference's methods ---------------------------------------------------------
+
+    async def save_manifest(self, manifest: CheckpointManifest) -> None:
+        """Commit ``manifest``: write it only if no manifest exists for its id.
+
+        Raises :class:`CheckpointExistsError` if a different manifest is committed there
+        (an identical one means this commit already happened), and :class:`FencedError`
+        if a newer writer has taken over.
+        """
+        if not isinstance(manifest, CheckpointManifest):
+            raise InvalidInputError(f"expected a CheckpointManifest, got {manifest!r}")
+        try:
+            check_manifest(manifest)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"manifest {manifest.checkpoint_id}: {exc}") from None
+        await _pointer.check_not_fenced(
+            self.store, self.paths.writer_record(), self.writer_generation
+        )
+        path = self.paths.manifest(manifest.checkpoint_id)
+        body = encode_manifest(manifest)
+        try:
+            await self.store.put(path, body, mode="create")
+        except ObjectExistsError:
+            existing = await self.store.get(path)
+            if bytes(existing.data) != body:
+                raise CheckpointExistsError(str(manifest.checkpoint_id), path) from None
+            log.info("manifest %s was already written by this commit (retried write)", path)
+
+    async def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
+        """Load and check the manifest of ``checkpoint_id``.
+
+        Raises :class:`CheckpointNotFoundError` if it is not committed and
+        :class:`CorruptManifestError` if the bytes there are not its valid manifest.
+        """
+        _check_id(checkpoint_id)
+        path = self.paths.manifest(checkpoint_id)
+        try:
+            blob = await self.store.get(path)
+        except CheckpointNotFoundError:
+            raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id}") from None
+        manifest = decode_manifest(path, blob.data)
+        if manifest.checkpoint_id != checkpoint_id:
+            raise CorruptManifestError(
+                path, f"it describes checkpoint {manifest.checkpoint_id}, not {checkpoint_id}"
+            )
+        return manifest
+
+    async def save_snapshot(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+    ) -> str:
+        """Upload the full state of one partition of an uncommitted checkpoint."""
+        [(_, entry)] = await self.save_partitions_concurrent(
+            checkpoint_id, [(operator, partition, False, data)]
+        )
+        return entry.sha256
+
+    async def save_delta(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+    ) -> str:
+        """Upload an incremental delta of one partition of an uncommitted checkpoint."""
+        [(_, entry)] = await self.save_partitions_concurrent(
+            checkpoint_id, [(operator, partition, True, data)]
+        )
+        return entry.sha256
+
+    async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
+        """The bytes at store ``path``, verified against ``expected_sha256`` when given."""
+        if not isinstance(path, str) or not path:
+            raise InvalidInputError(f"artifact path must be a non-empty string, got {path!r}")
+        blob = await self.store.get(path)
+        if expected_sha256 is not None:
+            await asyncio.to_thread(verify_integrity, path, blob.data, expected_sha256)
+        return blob.data
+
+    async def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
+        """Point ``_latest`` at committed ``checkpoint_id``, by compare-and-swap.
+
+        Only moves forwards (to a greater epoch, then id) unless ``force``; returns
+        whether it moved. Raises :class:`CheckpointNotFoundError` for an uncommitted id
+        and :class:`FencedError` when a newer writer owns the store.
+        """
+        manifest = await self.load_manifest(checkpoint_id)
+        return await _pointer.advance_latest(
+            self.store,
+            self.paths.latest_pointer(),
+            checkpoint_id,
+            manifest.epoch,
+            self.writer_generation,
+            force=force,
+        )
+
+    async def read_latest(self) -> CheckpointId | None:
+        """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
+        pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
+        return pointer.checkpoint_id if pointer is not None else None
+
+    async def list_checkpoints(self) -> list[CheckpointId]:
+        """Committed checkpoints, oldest first.
+
+        One delimiter listing of the base, then one HEAD per listed directory for its
+        manifest: the cost grows with the number of checkpoints, not of their artifacts.
+        """
+        listing = await self.store.list_dir(self.paths.base_prefix)
+        candidates = sorted(
+            cid
+            for prefix in listing.prefixes
+            if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None
+        )
+
+        def probe(cid: CheckpointId) -> Callable[[], Awaitable[bool]]:
+            async def committed() -> bool:
+                try:
+                    await self.store.head(self.paths.manifest(cid))
+                except CheckpointNotFoundError:
+                    return False
+                return True
+
+            return committed
+
+        found = await _bounded_gather(self.max_concurrent_downloads, map(probe, candidates))
+        return [cid for cid, ok in zip(candidates, found, strict=True) if ok]
+
+    async def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
+        """Delete every object of ``checkpoint_id``, the manifest first."""
+        _check_id(checkpoint_id)
+        await self.store.delete([self.paths.manifest(checkpoint_id)])
+        leftovers = await self.store.list(self.paths.checkpoint_dir(checkpoint_id))
+        await self.store.delete([info.path for info in leftovers])
+
+    async def save_partitions_concurrent(
+        self, checkpoint_id: CheckpointId, uploads: Sequence[PartitionUpload]
+    ) -> list[tuple[str, PartitionSnapshotEntry]]:
+        """Upload partitions of an uncommitted checkpoint concurrently, with their digests.
+
+        At most ``max_concurrent_uploads`` uploads are in flight; digests are computed
+        off the event loop. On the first failure the other uploads are cancelled and the
+        error is raised. Writes no manifest. Raises :class:`CheckpointExistsError` if the
+        checkpoint is already committed (committed checkpoints are immutable).
+        """
+        _check_id(checkpoint_id)
+        checked = _check_uploads(uploads)
+        await self._refuse_if_committed(checkpoint_id)
+        jobs = [
+            self._upload_job(checkpoint_id, op, part, is_delta, data)
+            for op, part, is_delta, data in checked
+        ]
+        return await _bounded_gather(self.max_concurrent_uploads, jobs)
+
+    # -- the commit protocol -------------------------------------------------------------
+
+    async def take_over(self) -> int:
+        """Become the writer of this store, fencing every earlier writer.
+
+        Raises the writer generation recorded in the store by one and claims ``_latest``
+        for it. From then on a checkpointer of an older generation cannot commit:
+        its ``save`` raises :class:`FencedError`. Returns the new generation.
+        """
+        self.writer_generation = await _pointer.take_over(
+            self.store, self.paths.writer_record(), self.paths.latest_pointer()
+        )
+        return self.writer_generation
+
+    async def save(self, data: CheckpointData) -> CheckpointManifest:
+        """Upload every artifact, commit the manifest, and advance ``_latest``.
+
+        Returns the committed manifest. Nothing of the checkpoint is visible unless this
+        returns (or fails after the commit point, as with :class:`FencedError` from the
+        pointer update, in which case the manifest is rolled back).
+        """
+        if not isinstance(data, CheckpointData):
+            raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
+        cid = data.id
+        await _pointer.check_not_fenced(
+            self.store, self.paths.writer_record(), self.writer_generation
+        )
+        if data.parent_id is not None:
+            await self.load_manifest(data.parent_id)
+        await self._refuse_if_committed(cid)
+        uploads: list[PartitionUpload] = [
+            *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
+            *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
+        ]
+        jobs: list[Callable[[], Awaitable[tuple[str, PartitionSnapshotEntry] | None]]] = [
+            self._upload_job(cid, op, p, is_delta, buf) for op, p, is_delta, buf in uploads
+        ]
+        jobs += [self._offset_job(cid, src, entry) for src, entry in data.source_offsets.items()]
+        try:
+            results = await _bounded_gather(self.max_concurrent_uploads, jobs)
+        except BaseException:
+            await self._discard_uncommitted(cid)
+            raise
+        entries = [r for r in results if r is not None]
+        manifest = self._build_manifest(data, entries)
+        try:
+            await self.save_manifest(manifest)
+        except CheckpointExistsError:
+            raise
+        except BaseException:
+            # Only discard when the manifest surely did not land.
+            if not await self._manifest_exists(cid):
+                await self._discard_uncommitted(cid)
+            raise
+        try:
+            await _pointer.advance_latest(
+                self.store, self.paths.latest_pointer(), cid, data.epoch, self.writer_generation
+            )
+        except FencedError:
+            log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
+            await self.delete_checkpoint(cid)
+            raise
+        return manifest
+
+    async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
+        """Load a committed checkpoint: manifest, every artifact (verified), source offsets."""
+        manifest = await self.load_manifest(checkpoint_id)
+        entries = manifest.partition_entries()
+
+        def fetch(operator: str, entry: PartitionSnapshotEntry) -> Callable[[], Awaitable[Buffer]]:
+            async def job() -> Buffer:
+                path = self.paths.resolve(entry.owner or checkpoint_id, entry.path)
+                expected = entry.sha256 if verify else None
+                return await self.load_artifact(path, expected_sha256=expected)
+
+            return job
+
+        blobs = await _bounded_gather(
+            self.max_concurrent_downloads, [fetch(op, e) for op, e in entries]
+        )
+        chains: dict[ArtifactKey, list[ChainLink]] = {}
+        for (operator, entry), blob in zip(entries, blobs, strict=True):
+            link = ChainLink(entry=entry, owner=entry.owner or checkpoint_id, data=blob)
+            chains.setdefault((operator, entry.partition_id), []).append(link)
+        artifacts = {key: links[-1].data for key, links in chains.items()}
+        return LoadedCheckpoint(
+            manifest=manifest,
+            artifacts=artifacts,
+            source_offsets=dict(manifest.source_offsets),
+            chains=chains,
+        )
+
+    async def load_latest(self) -> LoadedCheckpoint | None:
+        """The newest committed checkpoint that loads and verifies, or None if there is none.
+
+        Follows ``_latest`` when it names a valid checkpoint and no newer committed one
+        exists. When the pointer is missing, unreadable, stale, or names a deleted or
+        corrupt checkpoint, falls back to the committed checkpoints, newest first (by
+        writer generation, then epoch, then id), and logs why.
+        """
+        pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
+        if pointer is not None and pointer.checkpoint_id is not None:
+            newer = await self._committed_newer_than(pointer)
+            if not newer:
+                try:
+                    return await self.load(pointer.checkpoint_id)
+                except (CheckpointNotFoundError, IntegrityError) as exc:
+                    log.warning(
+                        "_latest names %s, which does not load (%s): falling back",
+                        pointer.checkpoint_id,
+                        exc,
+                    )
+            else:
+                log.warning(
+                    "_latest names %s but newer commits exist: falling back", pointer.checkpoint_id
+                )
+        else:
+            log.info("no usable _latest pointer: falling back to listing")
+        return await self._load_newest_valid()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _upload_job(
+        self, cid: CheckpointId, operator: str, partition: int, is_delta: bool, data: Buffer
+    ) -> Callable[[], Awaitable[tuple[str, PartitionSnapshotEntry]]]:
+        relative = self.paths.relative_artifact(operator, partition, is_delta)
+        path = self.paths.resolve(cid, relative)
+
+        async def job() -> tuple[str, PartitionSnapshotEntry]:
+            digest, _ = await asyncio.gather(sha256_hex_async(data), self.store.put(path, data))
+            entry = PartitionSnapshotEntry(
+                partition_id=partition,
+                is_delta=is_delta,
+                path=relative,
+                size_bytes=memoryview(data).nbytes,
+                sha256=digest,
+            )
+            return operator, entry
+
+        return job
+
+    def _offset_job(
+        self, cid: CheckpointId, source: str, entry: SourceOffsetEntry
+    ) -> Callable[[], Awaitable[None]]:
+        path = self.paths.source_offset(cid, source)
+        body = msgspec.json.format(msgspec.json.encode(entry), indent=2)
+
+        async def job() -> None:
+            await self.store.put(path, body)
+
+        return job
+
+    def _build_manifest(
+        self, data: CheckpointData, entries: list[tuple[str, PartitionSnapshotEntry]]
+    ) -> CheckpointManifest:
+        per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
+        for operator, entry in entries:
+            per_operator.setdefault(operator, []).append(entry)
+        operators = {
+            op: OperatorSnapshotEntry.from_partitions(parts) for op, parts in per_operator.items()
+        }
+        base = CheckpointManifest.new(data.id, data.epoch)
+        return msgspec.structs.replace(
+            base,
+            operators=operators,
+            source_offsets=dict(data.source_offsets),
+            parent_id=data.parent_id,
+            watermark=data.watermark,
+            total_size_bytes=sum(op.total_bytes for op in operators.values()),
+            writer_generation=self.writer_generation or None,
+        )
+
+    async def _manifest_exists(self, cid: CheckpointId) -> bool:
+        try:
+            await self.store.head(self.paths.manifest(cid))
+        except CheckpointNotFoundError:
+            return False
+        return True
+
+    async def _refuse_if_committed(self, cid: CheckpointId) -> None:
+        if await self._manifest_exists(cid):
+            raise CheckpointExistsError(str(cid), self.paths.manifest(cid))
+
+    async def _discard_uncommitted(self, cid: CheckpointId) -> None:
+        """Best effort: remove what a failed save uploaded. Orphans left here are GC's job."""
+        try:
+            leftovers = await self.store.list(self.paths.checkpoint_dir(cid))
+            await self.store.delete([info.path for info in leftovers])
+        except (CheckpointerError, asyncio.CancelledError) as exc:
+            log.info("could not clean up after failed save of %s: %s", cid, exc)
+
+    async def _committed_newer_than(self, pointer: _pointer.LatestPointer) -> list[CheckpointId]:
+        assert pointer.checkpoint_id is not None
+        listing = await self.store.list_dir(self.paths.base_prefix)
+        newer = [
+            cid
+            for prefix in listing.prefixes
+            if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None
+            and cid > pointer.checkpoint_id
+        ]
+        return [cid for cid in newer if await self._manifest_exists(cid)]
+
+    async def _load_newest_valid(self) -> LoadedCheckpoint | None:
+        ids = await self.list_checkpoints()
+
+        def read(cid: CheckpointId) -> Callable[[], Awaitable[CheckpointManifest | None]]:
+            async def job() -> CheckpointManifest | None:
+                try:
+                    return await self.load_manifest(cid)
+                except (CheckpointNotFoundError, CorruptManifestError) as exc:
+                    log.warning("skipping checkpoint %s: %s", cid, exc)
+                    return None
+
+            return job
+
+        manifests = await _bounded_gather(self.max_concurrent_downloads, map(read, ids))
+        ranked = sorted(
+            (m for m in manifests if m is not None),
+            key=lambda m: (m.writer_generation or 0, m.epoch, m.checkpoint_id),
+            reverse=True,
+        )
+        for manifest in ranked:
+            try:
+                return await self.load(manifest.checkpoint_id)
+            except (CheckpointNotFoundError, IntegrityError) as exc:
+                log.warning(
+                    "checkpoint %s does not load (%s): trying an older one",
+                    manifest.checkpoint_id,
+                    exc,
+                )
+        return None
+
+
+def _check_id(checkpoint_id: object) -> None:
+    if not isinstance(checkpoint_id, CheckpointId):
+        raise InvalidInputError(f"expected a CheckpointId, got {checkpoint_id!r}")
+
+
+def _check_uploads(uploads: Sequence[PartitionUpload]) -> list[PartitionUpload]:
+    checked: list[PartitionUpload] = []
+    seen: set[tuple[str, int, bool]] = set()
+    for item in uploads:
+        if not isinstance(item, tuple) or len(item) != 4:
+            raise InvalidInputError(
+                f"each upload is (operator, partition, is_delta, data), got {item!r}"
+            )
+        operator, partition, is_delta, data = item
+        validate_name("operator", operator)
+        validate_partition(partition)
+        if not isinstance(is_delta, bool):
+            raise InvalidInputError(f"is_delta must be a bool, got {is_delta!r}")
+        try:
+            memoryview(data)
+        except TypeError:
+            raise InvalidInputError(
+                f"data for ({operator!r}, {partition}) must be bytes-like, "
+                f"got {type(data).__name__}"
+            ) from None
+        if (operator, partition, is_delta) in seen:
+            raise InvalidInputError(f"({operator!r}, {partition}) is uploaded twice")
+        seen.add((operator, partition, is_delta))
+        checked.append(item)
+    return checked

@@ -1,0 +1,143 @@
+"""What a caller hands to ``save`` and gets back from ``load``. Pure: no I/O.
+
+Invariant: a :class:`CheckpointData` that was constructed is consistent — every name
+and partition is valid, no ``(operator, partition)`` is both a snapshot and a delta,
+deltas come with the parent they apply to, and the epoch is a non-negative int — so a
+save never starts writing for input it would have to reject half-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from cairn._buffer import Buffer
+from cairn.errors import InvalidCheckpointDataError
+from cairn.ids import CheckpointId
+from cairn.layout import validate_name, validate_partition
+from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry, SourceOffsetEntry
+
+__all__ = ["ArtifactKey", "ChainLink", "CheckpointData", "LoadedCheckpoint"]
+
+ArtifactKey: TypeAlias = tuple[str, int]
+"""``(operator, partition)``."""
+
+
+def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, Buffer]:
+    if not isinstance(artifacts, Mapping):
+        raise InvalidCheckpointDataError(f"{kind} must map (operator, partition) to bytes")
+    checked: dict[ArtifactKey, Buffer] = {}
+    for key, data in artifacts.items():
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise InvalidCheckpointDataError(
+                f"{kind} key must be (operator, partition), got {key!r}"
+            )
+        operator, partition = key
+        validate_name("operator", operator)
+        validate_partition(partition)
+        try:
+            memoryview(data)
+        except TypeError:
+            raise InvalidCheckpointDataError(
+                f"{kind}[{key!r}] must be bytes-like, got {type(data).__name__}"
+            ) from None
+        checked[(operator, partition)] = data
+    return checked
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointData:
+    """One checkpoint to save.
+
+    ``snapshots`` and ``deltas`` map ``(operator, partition)`` to bytes-like data;
+    ``source_offsets`` maps a source name to its :class:`SourceOffsetEntry`. An id is
+    generated when ``checkpoint_id`` is None. Raises :class:`InvalidCheckpointDataError`
+    (or :class:`InvalidNameError`) naming the offending value.
+    """
+
+    epoch: int
+    snapshots: Mapping[ArtifactKey, Buffer] = field(default_factory=dict)
+    deltas: Mapping[ArtifactKey, Buffer] = field(default_factory=dict)
+    source_offsets: Mapping[str, SourceOffsetEntry] = field(default_factory=dict)
+    watermark: int | None = None
+    parent_id: CheckpointId | None = None
+    checkpoint_id: CheckpointId | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
+            raise InvalidCheckpointDataError(f"epoch must be an int >= 0, got {self.epoch!r}")
+        snapshots = _check_artifacts("snapshots", self.snapshots)
+        deltas = _check_artifacts("deltas", self.deltas)
+        both = sorted(set(snapshots) & set(deltas))
+        if both:
+            raise InvalidCheckpointDataError(
+                f"(operator, partition) {both[0]!r} is given both as snapshot and as delta"
+            )
+        if deltas and self.parent_id is None:
+            raise InvalidCheckpointDataError(
+                f"delta {min(deltas)!r} needs a parent_id: a delta applies to a parent's state"
+            )
+        if not isinstance(self.source_offsets, Mapping):
+            raise InvalidCheckpointDataError("source_offsets must map a source name to an entry")
+        for source, entry in self.source_offsets.items():
+            validate_name("source", source)
+            if not isinstance(entry, SourceOffsetEntry):
+                raise InvalidCheckpointDataError(
+                    f"source_offsets[{source!r}] must be a SourceOffsetEntry, got {entry!r}"
+                )
+        if self.watermark is not None and (
+            isinstance(self.watermark, bool) or not isinstance(self.watermark, int)
+        ):
+            raise InvalidCheckpointDataError(f"watermark must be an int, got {self.watermark!r}")
+        for name in ("parent_id", "checkpoint_id"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, CheckpointId):
+                raise InvalidCheckpointDataError(f"{name} must be a CheckpointId, got {value!r}")
+        if self.checkpoint_id is None:
+            object.__setattr__(self, "checkpoint_id", CheckpointId.now())
+        if self.parent_id is not None and self.parent_id == self.checkpoint_id:
+            raise InvalidCheckpointDataError(f"checkpoint {self.checkpoint_id} is its own parent")
+        object.__setattr__(self, "snapshots", snapshots)
+        object.__setattr__(self, "deltas", deltas)
+        object.__setattr__(self, "source_offsets", dict(self.source_offsets))
+
+    @property
+    def id(self) -> CheckpointId:
+        """The checkpoint id (generated at construction when none was given)."""
+        assert self.checkpoint_id is not None
+        return self.checkpoint_id
+
+
+@dataclass(frozen=True, slots=True)
+class ChainLink:
+    """One verified artifact of a partition's restore chain."""
+
+    entry: PartitionSnapshotEntry
+    owner: CheckpointId
+    data: Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedCheckpoint:
+    """A checkpoint read back from the store, every digest checked (unless told not to).
+
+    ``artifacts`` maps ``(operator, partition)`` to the newest bytes stored for it (its
+    snapshot, or its latest delta); ``chains`` gives, per partition, the base snapshot
+    and then every delta in order, which is what an engine applies to restore.
+    """
+
+    manifest: CheckpointManifest
+    artifacts: dict[ArtifactKey, Buffer]
+    source_offsets: dict[str, SourceOffsetEntry]
+    chains: dict[ArtifactKey, list[ChainLink]]
+
+    @property
+    def checkpoint_id(self) -> CheckpointId:
+        """The id of the loaded checkpoint."""
+        return self.manifest.checkpoint_id
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the loaded checkpoint."""
+        return self.manifest.epoch

@@ -1,0 +1,187 @@
+"""Every error cairn raises, under one root.
+
+```
+CheckpointerError
+├── CheckpointNotFoundError        (also FileNotFoundError) no such checkpoint or object
+├── CheckpointExistsError          a checkpoint with that id is already committed
+├── IntegrityError                 stored bytes are not what was written
+│   ├── IntegrityMismatchError     SHA-256 (or size) of an artifact differs from the manifest
+│   └── CorruptManifestError       bytes at a manifest path are not a valid manifest
+│       └── UnsupportedManifestVersionError
+├── BrokenChainError               an incremental chain misses a link
+├── FencedError                    a newer writer has taken over the store
+├── InvalidInputError              (also ValueError) the caller's arguments are wrong
+│   ├── InvalidNameError           operator / source name or partition number
+│   ├── InvalidStoreUrlError       URL that open_store cannot open
+│   └── InvalidCheckpointDataError inconsistent CheckpointData (duplicates, deltas
+│                                  without parent, negative epoch, ...)
+├── CodecError                     an artifact needs a codec this reader lacks
+└── StoreError                     the object store failed (path and operation attached)
+    ├── TransientStoreError        a failure worth retrying (timeout, connection, 5xx)
+    ├── ObjectExistsError          a create-only write met an existing object
+    └── PreconditionFailedError    a compare-and-swap write met another version
+```
+
+Invariants: no exception raised by obstore reaches a caller of cairn's public API;
+each error carries the context needed to act on it (path, checkpoint id, value).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokenChainError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "CheckpointerError",
+    "CodecError",
+    "CorruptManifestError",
+    "FencedError",
+    "IntegrityError",
+    "IntegrityMismatchError",
+    "InvalidCheckpointDataError",
+    "InvalidInputError",
+    "InvalidNameError",
+    "InvalidStoreUrlError",
+    "ObjectExistsError",
+    "PreconditionFailedError",
+    "StoreError",
+    "TransientStoreError",
+    "UnsupportedManifestVersionError",
+]
+
+
+class CheckpointerError(Exception):
+    """Root of every error raised by cairn."""
+
+
+class CheckpointNotFoundError(CheckpointerError, FileNotFoundError):
+    """A checkpoint, manifest or artifact does not exist at ``path``."""
+
+    def __init__(self, path: str, what: str = "object") -> None:
+        self.path = path
+        self.what = what
+        super().__init__(f"{what} not found: {path!r}")
+
+    def __str__(self) -> str:
+        # FileNotFoundError's own __str__ would print "[Errno None] ..." otherwise.
+        return f"{self.what} not found: {self.path!r}"
+
+
+class CheckpointExistsError(CheckpointerError):
+    """A manifest for ``checkpoint_id`` is already committed; the first one is untouched."""
+
+    def __init__(self, checkpoint_id: str, path: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.path = path
+        super().__init__(f"checkpoint {checkpoint_id} is already committed at {path!r}")
+
+
+class IntegrityError(CheckpointerError):
+    """Stored bytes are not the bytes that were written."""
+
+
+class IntegrityMismatchError(IntegrityError):
+    """The SHA-256 digest (or size) of the bytes at ``path`` is not the expected one."""
+
+    def __init__(self, path: str, expected: str, actual: str, *, what: str = "sha256") -> None:
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{what} mismatch at {path!r}: expected {expected}, got {actual}")
+
+
+class CorruptManifestError(IntegrityError):
+    """The bytes at ``path`` are not a valid checkpoint manifest (or pointer)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"corrupt manifest at {path!r}: {reason}")
+
+
+class UnsupportedManifestVersionError(CorruptManifestError):
+    """The manifest at ``path`` declares a schema ``version`` this cairn cannot read."""
+
+    def __init__(self, path: str, version: object, supported: tuple[int, ...]) -> None:
+        self.version = version
+        self.supported = supported
+        super().__init__(path, f"unsupported manifest version {version!r} (supported: {supported})")
+
+
+class BrokenChainError(CheckpointerError):
+    """An incremental chain cannot be rebuilt: ``link`` names the missing or bad piece."""
+
+    def __init__(self, link: str, reason: str) -> None:
+        self.link = link
+        self.reason = reason
+        super().__init__(f"broken checkpoint chain at {link}: {reason}")
+
+
+class FencedError(CheckpointerError):
+    """This writer was fenced off: a writer with a newer generation took over the store."""
+
+    def __init__(self, own_generation: int, current_generation: int) -> None:
+        self.own_generation = own_generation
+        self.current_generation = current_generation
+        super().__init__(
+            f"writer generation {own_generation} is fenced: "
+            f"generation {current_generation} has taken over the store"
+        )
+
+
+class InvalidInputError(CheckpointerError, ValueError):
+    """The caller passed a value cairn cannot accept; nothing was written."""
+
+
+class InvalidNameError(InvalidInputError):
+    """An operator or source name, or a partition number, is not allowed."""
+
+    def __init__(self, kind: str, value: object, reason: str) -> None:
+        self.kind = kind
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid {kind} {value!r}: {reason}")
+
+
+class InvalidStoreUrlError(InvalidInputError):
+    """``open_store`` cannot open ``url``."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"cannot open store URL {url!r}: {reason}")
+
+
+class InvalidCheckpointDataError(InvalidInputError):
+    """The checkpoint asked for is inconsistent (see the message for the offending value)."""
+
+
+class CodecError(CheckpointerError):
+    """An artifact is encoded with a codec that is unknown or not installed here."""
+
+    def __init__(self, path: str, codec: str, reason: str) -> None:
+        self.path = path
+        self.codec = codec
+        super().__init__(f"cannot decode {path!r} (codec {codec!r}): {reason}")
+
+
+class StoreError(CheckpointerError):
+    """The object store failed while doing ``operation`` on ``path``."""
+
+    def __init__(self, operation: str, path: str, reason: str) -> None:
+        self.operation = operation
+        self.path = path
+        self.reason = reason
+        super().__init__(f"store {operation} failed for {path!r}: {reason}")
+
+
+class TransientStoreError(StoreError):
+    """A store failure that may succeed if tried again (timeout, connection, 5xx, throttling)."""
+
+
+class ObjectExistsError(StoreError):
+    """A create-only write found an object already at ``path``."""
+
+
+class PreconditionFailedError(StoreError):
+    """A compare-and-swap write found another version of the object at ``path``."""

@@ -1,0 +1,190 @@
+"""Where every object of a checkpoint store lives. Pure: no I/O.
+
+```
+{base}_latest                                        hint: id of the newest commit
+{base}_writer                                        fencing record: current writer generation
+{base}{id}/manifest.json                             the commit marker, written last
+{base}{id}/operators/{operator}/partition-{p}.snap   full state
+{base}{id}/operators/{operator}/partition-{p}.delta  incremental delta
+{base}{id}/offsets/{source}.json                     source offsets
+```
+
+Invariants:
+
+* every artifact of a checkpoint is under ``checkpoint_dir(id)`` (which ends in ``/``), so
+  listing or deleting that prefix reaches exactly that checkpoint and nothing else;
+* operator and source names are validated before they become path segments, so no name
+  can climb out of its checkpoint or collide with another object's path;
+* paths recorded in manifests are relative to the checkpoint directory, so a checkpoint
+  copied to another prefix or store still resolves; :func:`validate_relative_path`
+  rejects any relative path that is absolute or climbs out.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from cairn.errors import InvalidInputError, InvalidNameError
+from cairn.ids import CheckpointId
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "MAX_PARTITION",
+    "CheckpointPaths",
+    "validate_name",
+    "validate_partition",
+    "validate_relative_path",
+]
+
+MAX_NAME_BYTES = 255
+MAX_PARTITION = 2**32 - 1
+
+MANIFEST_NAME = "manifest.json"
+LATEST_NAME = "_latest"
+WRITER_NAME = "_writer"
+
+
+def validate_name(kind: str, name: object) -> str:
+    """Return ``name`` if it is a usable operator or source name; else raise InvalidNameError.
+
+    Allowed: any non-empty text of at most 255 UTF-8 bytes that is not ``.`` or ``..`` and
+    has no ``/``, ``\\``, control character or unpaired surrogate. Spaces, ``%`` and
+    unicode are fine and round-trip exactly.
+    """
+    if not isinstance(name, str):
+        raise InvalidNameError(kind, name, "must be a string")
+    if name in ("", ".", ".."):
+        raise InvalidNameError(kind, name, "must not be empty, '.' or '..'")
+    if "/" in name or "\\" in name:
+        raise InvalidNameError(kind, name, "must not contain '/' or '\\'")
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name):
+        raise InvalidNameError(kind, name, "must not contain control or surrogate characters")
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise InvalidNameError(kind, name, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes")
+    return name
+
+
+def validate_partition(partition: object) -> int:
+    """Return ``partition`` if it is an int in 0..2**32-1; else raise InvalidNameError."""
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise InvalidNameError("partition", partition, "must be an int")
+    if not 0 <= partition <= MAX_PARTITION:
+        raise InvalidNameError("partition", partition, f"must be in 0..{MAX_PARTITION}")
+    return partition
+
+
+def validate_relative_path(path: object) -> str:
+    """Return ``path`` if it is a safe path relative to a checkpoint directory.
+
+    Rejects absolute paths, empty segments, ``.`` and ``..`` segments, backslashes and
+    control characters, so a manifest entry can never point outside its checkpoint.
+    """
+    if not isinstance(path, str) or not path:
+        raise InvalidInputError(f"artifact path must be a non-empty string, got {path!r}")
+    if path.startswith("/") or "\\" in path:
+        raise InvalidInputError(f"artifact path must be relative: {path!r}")
+    for segment in path.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidInputError(f"artifact path must not climb out or be empty: {path!r}")
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in path):
+        raise InvalidInputError(f"artifact path has control characters: {path!r}")
+    return path
+
+
+def _normalize_base(base_prefix: str) -> str:
+    if not isinstance(base_prefix, str):
+        raise InvalidInputError(f"base_prefix must be a string, got {base_prefix!r}")
+    if base_prefix == "":
+        return ""
+    base = base_prefix if base_prefix.endswith("/") else base_prefix + "/"
+    if base.startswith("/"):
+        raise InvalidInputError(f"base_prefix must be relative to the store: {base_prefix!r}")
+    for segment in base[:-1].split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidInputError(
+                f"base_prefix has an empty, '.' or '..' segment: {base_prefix!r}"
+            )
+    return base
+
+
+class CheckpointPaths:
+    """The object paths of a checkpoint store rooted at ``base_prefix``.
+
+    A missing trailing ``/`` on the base is added; ``""`` means the store root.
+    """
+
+    __slots__ = ("_base",)
+
+    def __init__(self, base_prefix: str = "checkpoints/") -> None:
+        self._base = _normalize_base(base_prefix)
+
+    @property
+    def base_prefix(self) -> str:
+        """The normalized base prefix: ``""`` or a path ending in ``/``."""
+        return self._base
+
+    def __repr__(self) -> str:
+        return f"CheckpointPaths({self._base!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CheckpointPaths) and other._base == self._base
+
+    def __hash__(self) -> int:
+        return hash(self._base)
+
+    def latest_pointer(self) -> str:
+        """The ``_latest`` pointer object."""
+        return f"{self._base}{LATEST_NAME}"
+
+    def writer_record(self) -> str:
+        """The fencing record holding the current writer generation."""
+        return f"{self._base}{WRITER_NAME}"
+
+    def checkpoint_dir(self, checkpoint_id: CheckpointId) -> str:
+        """The directory (prefix, ending in ``/``) that holds everything of one checkpoint."""
+        return f"{self._base}{checkpoint_id}/"
+
+    def manifest(self, checkpoint_id: CheckpointId) -> str:
+        """The manifest object: the commit marker of ``checkpoint_id``."""
+        return f"{self.checkpoint_dir(checkpoint_id)}{MANIFEST_NAME}"
+
+    def snapshot(self, checkpoint_id: CheckpointId, operator: str, partition: int) -> str:
+        """The full-state artifact of one operator partition."""
+        return self.resolve(checkpoint_id, self.relative_artifact(operator, partition, False))
+
+    def delta(self, checkpoint_id: CheckpointId, operator: str, partition: int) -> str:
+        """The incremental-delta artifact of one operator partition."""
+        return self.resolve(checkpoint_id, self.relative_artifact(operator, partition, True))
+
+    def source_offset(self, checkpoint_id: CheckpointId, source: str) -> str:
+        """The offsets object of one source."""
+        return self.resolve(checkpoint_id, self.relative_source_offset(source))
+
+    @staticmethod
+    def relative_artifact(operator: str, partition: int, is_delta: bool) -> str:
+        """An artifact's path relative to its checkpoint directory (as stored in manifests)."""
+        validate_name("operator", operator)
+        validate_partition(partition)
+        suffix = "delta" if is_delta else "snap"
+        return f"operators/{operator}/partition-{partition}.{suffix}"
+
+    @staticmethod
+    def relative_source_offset(source: str) -> str:
+        """A source-offset object's path relative to its checkpoint directory."""
+        validate_name("source", source)
+        return f"offsets/{source}.json"
+
+    def resolve(self, checkpoint_id: CheckpointId, relative_path: str) -> str:
+        """The full store path of ``relative_path`` inside ``checkpoint_id``'s directory."""
+        return self.checkpoint_dir(checkpoint_id) + validate_relative_path(relative_path)
+
+    def parse_checkpoint_dir(self, common_prefix: str) -> CheckpointId | None:
+        """The id named by a listed directory under the base, or None if it is not one."""
+        name = common_prefix[len(self._base) :] if common_prefix.startswith(self._base) else ""
+        name = name.rstrip("/")
+        return CheckpointId.parse(name) if CheckpointId.is_valid(name) else None
+
+    def relative_to_checkpoint(self, checkpoint_id: CheckpointId, path: str) -> str | None:
+        """``path`` relative to ``checkpoint_id``'s directory, or None if it is outside."""
+        prefix = self.checkpoint_dir(checkpoint_id)
+        return path[len(prefix) :] if path.startswith(prefix) else None

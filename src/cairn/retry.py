@@ -1,0 +1,113 @@
+"""Retry of transient store failures: capped exponential backoff with full jitter.
+
+Invariant: only :class:`TransientStoreError` is retried, at most ``attempts`` tries in
+all; not-found, permission, precondition and already-exists failures surface at once.
+Every operation of the :class:`Store` protocol is safe to repeat: reads, listings and
+deletes are idempotent, an overwrite writes the same bytes again, and the two
+conditional writes resolve their ambiguity in the caller (a retried create that meets
+"already exists" is checked by reading the object back; a retried compare-and-swap that
+meets "precondition failed" re-reads and compares again).
+
+How this combines with obstore's own HTTP retry is described at
+:data:`cairn.stores.DEFAULT_CLIENT_RETRY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from cairn._buffer import Buffer
+from cairn.errors import InvalidInputError, TransientStoreError
+from cairn.stores import Blob, ListDirResult, ObjectInfo, PutMode, Store
+
+__all__ = ["RetryPolicy", "RetryingStore"]
+
+T = TypeVar("T")
+log = logging.getLogger("cairn.retry")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a transient store failure is retried.
+
+    ``attempts`` counts every try, the first included (1 disables retrying). The delay
+    before retry *n* is uniform in ``[0, min(max_delay, initial_delay * multiplier**(n-1))]``.
+    """
+
+    attempts: int = 4
+    initial_delay: float = 0.05
+    max_delay: float = 2.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise InvalidInputError(f"RetryPolicy.attempts must be an int, got {self.attempts!r}")
+        if self.attempts < 1:
+            raise InvalidInputError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
+        for name in ("initial_delay", "max_delay"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise InvalidInputError(f"RetryPolicy.{name} must be >= 0, got {value!r}")
+        if not isinstance(self.multiplier, int | float) or self.multiplier < 1:
+            raise InvalidInputError(f"RetryPolicy.multiplier must be >= 1, got {self.multiplier!r}")
+
+    def delay(self, retry_number: int) -> float:
+        """A jittered delay before retry ``retry_number`` (1 for the first retry)."""
+        cap = min(self.max_delay, self.initial_delay * self.multiplier ** (retry_number - 1))
+        return random.uniform(0, cap)
+
+    async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Await ``operation()``, calling it again on TransientStoreError, up to the bound."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return await operation()
+            except TransientStoreError as exc:
+                if attempt == self.attempts:
+                    raise
+                delay = self.delay(attempt)
+                log.info(
+                    "retrying %s of %r in %.3fs after: %s",
+                    exc.operation,
+                    exc.path,
+                    delay,
+                    exc.reason,
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class RetryingStore:
+    """A :class:`Store` that retries the transient failures of another one."""
+
+    def __init__(self, inner: Store, policy: RetryPolicy) -> None:
+        self.inner = inner
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"RetryingStore({self.inner!r}, {self.policy!r})"
+
+    async def get(self, path: str) -> Blob:
+        return await self.policy.run(lambda: self.inner.get(path))
+
+    async def get_range(self, path: str, start: int, end: int) -> Buffer:
+        return await self.policy.run(lambda: self.inner.get_range(path, start, end))
+
+    async def head(self, path: str) -> ObjectInfo:
+        return await self.policy.run(lambda: self.inner.head(path))
+
+    async def put(self, path: str, data: Buffer, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        return await self.policy.run(lambda: self.inner.put(path, data, mode=mode))
+
+    async def list_dir(self, prefix: str) -> ListDirResult:
+        return await self.policy.run(lambda: self.inner.list_dir(prefix))
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        return await self.policy.run(lambda: self.inner.list(prefix))
+
+    async def delete(self, paths: Sequence[str]) -> None:
+        await self.policy.run(lambda: self.inner.delete(paths))

@@ -1,0 +1,190 @@
+"""A blocking façade over the async checkpointer, for code without an event loop.
+
+There is one implementation of every operation, the async one: each method here submits
+the async call to a private event loop running on a daemon thread and waits for it.
+Calling a method from a thread that is running an event loop raises
+:class:`SyncInAsyncContextError` instead of deadlocking that loop; use the async API there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from obstore.store import ObjectStore
+
+from cairn._buffer import Buffer
+from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
+from cairn.data import CheckpointData, LoadedCheckpoint
+from cairn.errors import CheckpointerError
+from cairn.ids import CheckpointId
+from cairn.layout import CheckpointPaths
+from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.retry import RetryPolicy
+from cairn.stores import Store
+
+__all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
+
+T = TypeVar("T")
+
+
+class SyncInAsyncContextError(CheckpointerError, RuntimeError):
+    """A blocking cairn call was made from inside a running event loop."""
+
+
+class _LoopThread:
+    """One event loop on a daemon thread, shared by every SyncCheckpointer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="cairn-sync-loop", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+                atexit.register(self.stop)
+            return self._loop
+
+    def stop(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        if not thread.is_alive():
+            loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise SyncInAsyncContextError(
+                "SyncCheckpointer was called from inside a running event loop; "
+                "await the ObjectStoreCheckpointer methods there instead"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
+
+
+_runner = _LoopThread()
+
+
+class SyncCheckpointer:
+    """The methods of :class:`ObjectStoreCheckpointer`, blocking.
+
+    Takes the same arguments as :class:`ObjectStoreCheckpointer`, or wraps an existing
+    one with :meth:`wrap`. ``.async_checkpointer`` is the instance doing the work.
+    """
+
+    def __init__(
+        self,
+        store: Store | ObjectStore | str,
+        paths: CheckpointPaths | None = None,
+        max_concurrent_uploads: int = 8,
+        *,
+        retry: RetryPolicy | None = None,
+        max_concurrent_downloads: int = 8,
+    ) -> None:
+        self.async_checkpointer = ObjectStoreCheckpointer(
+            store,
+            paths,
+            max_concurrent_uploads,
+            retry=retry,
+            max_concurrent_downloads=max_concurrent_downloads,
+        )
+
+    @classmethod
+    def wrap(cls, checkpointer: ObjectStoreCheckpointer) -> SyncCheckpointer:
+        """A blocking façade over an existing async checkpointer."""
+        façade = cls.__new__(cls)
+        façade.async_checkpointer = checkpointer
+        return façade
+
+    @property
+    def paths(self) -> CheckpointPaths:
+        """The layout of the store."""
+        return self.async_checkpointer.paths
+
+    def save_manifest(self, manifest: CheckpointManifest) -> None:
+        """See :meth:`ObjectStoreCheckpointer.save_manifest`."""
+        _runner.run(self.async_checkpointer.save_manifest(manifest))
+
+    def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
+        """See :meth:`ObjectStoreCheckpointer.load_manifest`."""
+        return _runner.run(self.async_checkpointer.load_manifest(checkpoint_id))
+
+    def save_snapshot(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+    ) -> str:
+        """See :meth:`ObjectStoreCheckpointer.save_snapshot`."""
+        return _runner.run(
+            self.async_checkpointer.save_snapshot(checkpoint_id, operator, partition, data)
+        )
+
+    def save_delta(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+    ) -> str:
+        """See :meth:`ObjectStoreCheckpointer.save_delta`."""
+        return _runner.run(
+            self.async_checkpointer.save_delta(checkpoint_id, operator, partition, data)
+        )
+
+    def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
+        """See :meth:`ObjectStoreCheckpointer.load_artifact`."""
+        return _runner.run(
+            self.async_checkpointer.load_artifact(path, expected_sha256=expected_sha256)
+        )
+
+    def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
+        """See :meth:`ObjectStoreCheckpointer.update_latest`."""
+        return _runner.run(self.async_checkpointer.update_latest(checkpoint_id, force=force))
+
+    def read_latest(self) -> CheckpointId | None:
+        """See :meth:`ObjectStoreCheckpointer.read_latest`."""
+        return _runner.run(self.async_checkpointer.read_latest())
+
+    def list_checkpoints(self) -> list[CheckpointId]:
+        """See :meth:`ObjectStoreCheckpointer.list_checkpoints`."""
+        return _runner.run(self.async_checkpointer.list_checkpoints())
+
+    def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
+        """See :meth:`ObjectStoreCheckpointer.delete_checkpoint`."""
+        _runner.run(self.async_checkpointer.delete_checkpoint(checkpoint_id))
+
+    def save_partitions_concurrent(
+        self, checkpoint_id: CheckpointId, uploads: Sequence[PartitionUpload]
+    ) -> list[tuple[str, PartitionSnapshotEntry]]:
+        """See :meth:`ObjectStoreCheckpointer.save_partitions_concurrent`."""
+        return _runner.run(
+            self.async_checkpointer.save_partitions_concurrent(checkpoint_id, uploads)
+        )
+
+    def take_over(self) -> int:
+        """See :meth:`ObjectStoreCheckpointer.take_over`."""
+        return _runner.run(self.async_checkpointer.take_over())
+
+    def save(self, data: CheckpointData) -> CheckpointManifest:
+        """See :meth:`ObjectStoreCheckpointer.save`."""
+        return _runner.run(self.async_checkpointer.save(data))
+
+    def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
+        """See :meth:`ObjectStoreCheckpointer.load`."""
+        return _runner.run(self.async_checkpointer.load(checkpoint_id, verify=verify))
+
+    def load_latest(self) -> LoadedCheckpoint | None:
+        """See :meth:`ObjectStoreCheckpointer.load_latest`."""
+        return _runner.run(self.async_checkpointer.load_latest())
