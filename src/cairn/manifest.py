@@ -10,11 +10,16 @@ extends. Invariants kept here:
 * every entry path is relative to the checkpoint directory of the checkpoint that owns
   the bytes (``owner``, or this checkpoint when ``owner`` is None) and cannot climb out;
 * optional fields have defaults and are omitted from the JSON when unset, so manifests
-  written without them (older writers) still load.
+  written without them (older writers) still load;
+* every manifest cairn writes ends with ``"manifest_sha256"``: the SHA-256 of the exact
+  file bytes with that value zeroed. Any changed byte (content, key or white space) is
+  detected on read, and unknown fields are refused, so a flipped key cannot hide the
+  checksum. Manifests without it (the reference's, or older writers') still load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from typing import Any
@@ -127,6 +132,18 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
 CheckpointManifestV2 = CheckpointManifest
 """The reference's name for the version-2 manifest."""
 
+_ZERO_DIGEST = "0" * 64
+
+
+class _StoredManifest(CheckpointManifest, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The manifest as stored: with the checksum of its own bytes, which is not public."""
+
+    manifest_sha256: str | None = None
+
+
+def _checksum_field(digest: str) -> bytes:
+    return b'"manifest_sha256": "' + digest.encode() + b'"'
+
 
 class _VersionProbe(msgspec.Struct):
     version: Any = msgspec.UNSET
@@ -145,13 +162,17 @@ def _dec_hook(kind: type, value: object) -> object:
 
 
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook, order="deterministic")
-_decoder = msgspec.json.Decoder(CheckpointManifest, dec_hook=_dec_hook)
+_decoder = msgspec.json.Decoder(_StoredManifest, dec_hook=_dec_hook)
 _probe_decoder = msgspec.json.Decoder(_VersionProbe)
 
 
 def encode_manifest(manifest: CheckpointManifest) -> bytes:
-    """Human-readable, deterministic JSON of ``manifest`` (2-space indent, sorted keys)."""
-    return msgspec.json.format(_encoder.encode(manifest), indent=2) + b"\n"
+    """Human-readable, deterministic JSON of ``manifest``, ending with its own checksum."""
+    fields = msgspec.structs.asdict(manifest)
+    stored = _StoredManifest(**fields, manifest_sha256=_ZERO_DIGEST)
+    body = msgspec.json.format(_encoder.encode(stored), indent=2) + b"\n"
+    placeholder = _checksum_field(_ZERO_DIGEST)
+    return body.replace(placeholder, _checksum_field(hashlib.sha256(body).hexdigest()))
 
 
 def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
@@ -169,14 +190,28 @@ def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
     if probe.version not in SUPPORTED_VERSIONS or isinstance(probe.version, bool):
         raise UnsupportedManifestVersionError(path, probe.version, SUPPORTED_VERSIONS)
     try:
-        manifest = _decoder.decode(data)
+        stored = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise CorruptManifestError(path, str(exc)) from None
+    if stored.manifest_sha256 is not None:
+        _verify_checksum(path, bytes(data), stored.manifest_sha256)
+    fields = msgspec.structs.asdict(stored)
+    del fields["manifest_sha256"]
+    manifest = CheckpointManifest(**fields)
     try:
         check_manifest(manifest)
     except InvalidInputError as exc:
         raise CorruptManifestError(path, str(exc)) from None
     return manifest
+
+
+def _verify_checksum(path: str, body: bytes, digest: str) -> None:
+    field = _checksum_field(digest)
+    if not _SHA256_HEX.fullmatch(digest) or body.count(field) != 1:
+        raise CorruptManifestError(path, "its manifest_sha256 field is damaged")
+    actual = hashlib.sha256(body.replace(field, _checksum_field(_ZERO_DIGEST))).hexdigest()
+    if actual != digest:
+        raise CorruptManifestError(path, f"manifest checksum mismatch: {actual} != {digest}")
 
 
 def check_manifest(manifest: CheckpointManifest) -> None:

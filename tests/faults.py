@@ -1,0 +1,115 @@
+"""A fault-injecting, call-counting :class:`cairn.stores.Store` wrapper for tests.
+
+It wraps a real store and, per its plan, fails the k-th call, raises bursts of transient
+errors, corrupts or truncates the bytes it returns, adds latency, and counts calls and
+the peak number of calls in flight. Faults are raised as the store boundary would raise
+them (:class:`TransientStoreError` for a network fault), so the code under test sees
+exactly what it would see from a failing store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from cairn._buffer import Buffer
+from cairn.errors import StoreError, TransientStoreError
+from cairn.stores import Blob, ListDirResult, ObjectInfo, PutMode, Store
+
+T = TypeVar("T")
+
+
+class InjectedCrash(BaseException):
+    """Raised by a ``crash_at`` fault: derives from BaseException like a kill would stop code."""
+
+
+@dataclass
+class FaultPlan:
+    """What to break. Call numbers count every store call from 1, across all operations."""
+
+    fail_calls: dict[int, Exception] = field(default_factory=dict)
+    crash_at: int | None = None
+    transient_burst: int = 0
+    transient_ops: frozenset[str] = frozenset()
+    corrupt_reads: set[str] = field(default_factory=set)
+    truncate_reads: set[str] = field(default_factory=set)
+    latency: float = 0.0
+    fail_puts_matching: str | None = None
+
+
+class FaultyStore:
+    """A :class:`Store` that forwards to ``inner`` and injects the faults of ``plan``."""
+
+    def __init__(self, inner: Store, plan: FaultPlan | None = None) -> None:
+        self.inner = inner
+        self.plan = plan if plan is not None else FaultPlan()
+        self.calls = 0
+        self.ops: collections.Counter[str] = collections.Counter()
+        self.log: list[tuple[str, str]] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.in_flight_by_op: collections.Counter[str] = collections.Counter()
+        self.peak_by_op: collections.Counter[str] = collections.Counter()
+
+    async def _run(self, op: str, path: str, call: Callable[[], Awaitable[T]]) -> T:
+        self.calls += 1
+        number = self.calls
+        self.ops[op] += 1
+        self.log.append((op, path))
+        plan = self.plan
+        if plan.crash_at is not None and number >= plan.crash_at:
+            raise InjectedCrash(f"crash injected at call {number} ({op} {path})")
+        if number in plan.fail_calls:
+            raise plan.fail_calls[number]
+        if plan.transient_burst > 0 and (not plan.transient_ops or op in plan.transient_ops):
+            plan.transient_burst -= 1
+            raise TransientStoreError(op, path, "injected transient fault")
+        if plan.fail_puts_matching is not None and op == "put" and plan.fail_puts_matching in path:
+            raise StoreError(op, path, "injected permanent fault")
+        self.in_flight += 1
+        self.in_flight_by_op[op] += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self.peak_by_op[op] = max(self.peak_by_op[op], self.in_flight_by_op[op])
+        try:
+            if plan.latency:
+                await asyncio.sleep(plan.latency)
+            return await call()
+        finally:
+            self.in_flight -= 1
+            self.in_flight_by_op[op] -= 1
+
+    def _mangle(self, path: str, data: Buffer) -> Buffer:
+        raw = bytes(data)
+        if path in self.plan.corrupt_reads and raw:
+            raw = bytes([raw[0] ^ 0x01]) + raw[1:]
+            return raw
+        if path in self.plan.truncate_reads:
+            return raw[: len(raw) // 2]
+        return data
+
+    async def get(self, path: str) -> Blob:
+        blob = await self._run("get", path, lambda: self.inner.get(path))
+        return Blob(data=self._mangle(path, blob.data), info=blob.info)
+
+    async def get_range(self, path: str, start: int, end: int) -> Buffer:
+        data = await self._run("get_range", path, lambda: self.inner.get_range(path, start, end))
+        return self._mangle(path, data)
+
+    async def head(self, path: str) -> ObjectInfo:
+        return await self._run("head", path, lambda: self.inner.head(path))
+
+    async def put(self, path: str, data: Buffer, *, mode: PutMode = "overwrite") -> ObjectInfo:
+        return await self._run("put", path, lambda: self.inner.put(path, data, mode=mode))
+
+    async def list_dir(self, prefix: str) -> ListDirResult:
+        return await self._run("list_dir", prefix, lambda: self.inner.list_dir(prefix))
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        return await self._run("list", prefix, lambda: self.inner.list(prefix))
+
+    async def delete(self, paths: Sequence[str]) -> None:
+        first = paths[0] if paths else ""
+        await self._run("delete", first, lambda: self.inner.delete(paths))

@@ -1,0 +1,47 @@
+"""SyncCheckpointer: the same methods, blocking, driving the async implementation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cairn import (
+    CheckpointData,
+    CheckpointId,
+    CheckpointManifest,
+    CheckpointNotFoundError,
+    SyncCheckpointer,
+    SyncInAsyncContextError,
+)
+
+
+def test_sync_round_trip(tmp_path: Path) -> None:
+    ckpt = SyncCheckpointer(tmp_path.as_uri())
+    assert ckpt.read_latest() is None
+    manifest = ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"state"}))
+    assert ckpt.read_latest() == manifest.checkpoint_id
+    assert ckpt.list_checkpoints() == [manifest.checkpoint_id]
+    loaded = ckpt.load_latest()
+    assert loaded is not None and bytes(loaded.artifacts[("op", 0)]) == b"state"
+    cid = CheckpointId.now()
+    digest = ckpt.save_snapshot(cid, "op", 1, b"s")
+    digest_delta = ckpt.save_delta(cid, "op", 2, b"d")
+    [(_, entry)] = ckpt.save_partitions_concurrent(cid, [("op", 3, False, b"p")])
+    assert bytes(ckpt.load_artifact(ckpt.paths.snapshot(cid, "op", 1), expected_sha256=digest))
+    assert len(digest_delta) == 64 and entry.size_bytes == 1
+    ckpt.save_manifest(CheckpointManifest.new(cid, 2))
+    assert ckpt.load_manifest(cid).epoch == 2
+    assert ckpt.update_latest(cid) is True
+    assert ckpt.load(cid).manifest.epoch == 2
+    ckpt.delete_checkpoint(manifest.checkpoint_id)
+    with pytest.raises(CheckpointNotFoundError):
+        ckpt.load(manifest.checkpoint_id)
+    assert ckpt.take_over() == 1
+
+
+async def test_sync_inside_a_running_loop_raises_clearly() -> None:
+    ckpt = SyncCheckpointer("memory://")
+    with pytest.raises(SyncInAsyncContextError, match="running event loop"):
+        ckpt.list_checkpoints()
+    assert isinstance(SyncInAsyncContextError("x"), RuntimeError)
