@@ -7,7 +7,6 @@ test that takes ``raw_store`` or ``ckpt`` runs once per backend.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,8 +61,8 @@ def ckpt(raw_store: ObjectStore) -> ObjectStoreCheckpointer:
 
 
 @pytest.fixture
-def local_root(tmp_path: Path) -> Iterator[Path]:
+def local_root(tmp_path: Path) -> Path:
     """An empty directory for file:// stores."""
     root = tmp_path / "local-store"
     root.mkdir()
-    yield root
+    return root

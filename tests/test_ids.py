@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 import time
@@ -22,7 +23,7 @@ def test_ids_are_uuid7_and_hyphenated() -> None:
 
 def test_ids_strictly_increase_within_one_millisecond() -> None:
     ids = [CheckpointId.now() for _ in range(20_000)]
-    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(ids))
     assert len({i.timestamp_ms for i in ids}) < len(ids), "many ids shared a millisecond"
     texts = [str(i) for i in ids]
     assert texts == sorted(texts), "the text order is the time order"
