@@ -38,6 +38,8 @@ class FaultPlan:
     truncate_reads: set[str] = field(default_factory=set)
     latency: float = 0.0
     fail_puts_matching: str | None = None
+    lose_put_responses_matching: str | None = None
+    before_call: Callable[[str, str], Awaitable[None]] | None = None
 
 
 class FaultyStore:
@@ -69,6 +71,8 @@ class FaultyStore:
             raise TransientStoreError(op, path, "injected transient fault")
         if plan.fail_puts_matching is not None and op == "put" and plan.fail_puts_matching in path:
             raise StoreError(op, path, "injected permanent fault")
+        if plan.before_call is not None:
+            await plan.before_call(op, path)
         self.in_flight += 1
         self.in_flight_by_op[op] += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
@@ -76,7 +80,14 @@ class FaultyStore:
         try:
             if plan.latency:
                 await asyncio.sleep(plan.latency)
-            return await call()
+            result = await call()
+            lose = plan.lose_put_responses_matching
+            if op == "put" and lose is not None and lose in path:
+                plan.lose_put_responses_matching = None  # once: the retry gets an answer
+                raise TransientStoreError(
+                    op, path, "injected: the write landed, its reply was lost"
+                )
+            return result
         finally:
             self.in_flight -= 1
             self.in_flight_by_op[op] -= 1
