@@ -9,6 +9,8 @@ import asyncio
 import random
 
 import pytest
+from conftest import FAST_RETRY
+from faults import FaultPlan, FaultyStore, InjectedCrash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import MemoryStore, ObjectStore
@@ -30,8 +32,6 @@ from cairn import (
 )
 from cairn.manifest import encode_manifest
 from cairn.stores import ObstoreStore, Store
-from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore, InjectedCrash
 
 
 def sample(epoch: int, parent: CheckpointId | None = None) -> CheckpointData:
