@@ -269,10 +269,13 @@ class ObstoreStore:
     async def delete(self, paths: Sequence[str]) -> None:
         if not paths:
             return
-        if self._local_root is None:
+        try:
             await _call("delete", paths[0], obstore.delete_async(self._store, list(paths)))
             return
-        # The local store stops at the first missing file of a batch: delete one by one.
+        except CheckpointNotFoundError:
+            pass
+        # S3 ignores missing objects in a batch; the local and Azure stores fail the batch
+        # at the first one, leaving the rest in place: finish one by one.
         for path in paths:
             with contextlib.suppress(CheckpointNotFoundError):
                 await _call("delete", path, obstore.delete_async(self._store, path))
