@@ -446,12 +446,14 @@ class ObjectStoreCheckpointer(Checkpointer):
         writer generation, then epoch, then id), and logs why.
         """
         pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
+        failed: set[CheckpointId] = set()
         if pointer is not None and pointer.checkpoint_id is not None:
             newer = await self._committed_newer_than(pointer)
             if not newer:
                 try:
                     return await self.load(pointer.checkpoint_id)
                 except (CheckpointNotFoundError, IntegrityError) as exc:
+                    failed.add(pointer.checkpoint_id)
                     log.warning(
                         "_latest names %s, which does not load (%s): falling back",
                         pointer.checkpoint_id,
@@ -463,7 +465,7 @@ class ObjectStoreCheckpointer(Checkpointer):
                 )
         else:
             log.info("no usable _latest pointer: falling back to listing")
-        return await self._load_newest_valid()
+        return await self._load_newest_valid(skip=failed)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -547,8 +549,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         ]
         return [cid for cid in newer if await self._manifest_exists(cid)]
 
-    async def _load_newest_valid(self) -> LoadedCheckpoint | None:
-        ids = await self.list_checkpoints()
+    async def _load_newest_valid(self, skip: set[CheckpointId]) -> LoadedCheckpoint | None:
+        ids = [cid for cid in await self.list_checkpoints() if cid not in skip]
 
         def read(cid: CheckpointId) -> Callable[[], Awaitable[CheckpointManifest | None]]:
             async def job() -> CheckpointManifest | None:

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Static checks: ruff (lint and format) and mypy --strict.
+source "$(dirname "$0")/_venv.sh"
+ruff check .
+ruff format --check src
+mypy

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite. Starts its own servers (moto's S3, Azurite) on loopback ports.
+CAIRN_NEED_NODE=1
+source "$(dirname "$0")/_venv.sh"
+set +e
+python -m pytest "$@"
+status=$?
+set -e
+# pytest's 5 means "no test ran": that is a failure here, not a pass.
+exit $status
