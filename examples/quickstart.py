@@ -38,8 +38,8 @@ def encode(counter: collections.Counter[str]) -> bytes:
     return "\n".join(f"{w} {n}" for w, n in sorted(counter.items())).encode()
 
 
-async def main(directory: Path) -> int:
-    store = open_store(directory.resolve().as_uri())
+async def main(store_url: str) -> int:
+    store = open_store(store_url)
     ckpt = ObjectStoreCheckpointer(store)
     text = ["the quick brown fox", "jumps over the lazy dog", "the dog sleeps"] * 50
 
@@ -87,6 +87,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         target = Path(sys.argv[1])
         target.mkdir(parents=True, exist_ok=True)
-        sys.exit(asyncio.run(main(target)))
+        sys.exit(asyncio.run(main(target.resolve().as_uri())))
     with tempfile.TemporaryDirectory(prefix="cairn-demo-") as tmp:
-        sys.exit(asyncio.run(main(Path(tmp))))
+        sys.exit(asyncio.run(main(Path(tmp).as_uri())))

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 from obstore.store import LocalStore, MemoryStore, ObjectStore
-from support.fixtures import azure_container, azurite_server, s3_bucket, s3_server  # noqa: F401
+from support.fixtures import (  # noqa: F401
+    azure_container,
+    azurite_server,
+    s3_bucket,
+    s3_proxy,
+    s3_server,
+)
 from support.servers import azure_store_options, s3_store_options
 
 from cairn import ObjectStoreCheckpointer, RetryPolicy

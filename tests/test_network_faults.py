@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from obstore.store import S3Store
+from support.proxy import FaultProxy
+from support.servers import s3_store_options
 
 from cairn import (
     CheckpointData,
@@ -22,9 +24,6 @@ from cairn import (
     open_store,
 )
 from cairn.stores import DEFAULT_CLIENT_RETRY
-from support.fixtures import s3_proxy  # noqa: F401
-from support.proxy import FaultProxy
-from support.servers import s3_store_options
 
 POLICY = RetryPolicy(attempts=3, initial_delay=0.001, max_delay=0.01)
 CLIENT_RETRIES = 2
