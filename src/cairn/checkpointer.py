@@ -37,12 +37,14 @@ from cairn import _pointer
 from cairn._buffer import Buffer
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.errors import (
+    BrokenChainError,
     CheckpointerError,
     CheckpointExistsError,
     CheckpointNotFoundError,
     CorruptManifestError,
     FencedError,
     IntegrityError,
+    InvalidCheckpointDataError,
     InvalidInputError,
     ObjectExistsError,
 )
@@ -362,9 +364,12 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def save(self, data: CheckpointData) -> CheckpointManifest:
         """Upload every artifact, commit the manifest, and advance ``_latest``.
 
-        Returns the committed manifest. Nothing of the checkpoint is visible unless this
-        returns (or fails after the commit point, as with :class:`FencedError` from the
-        pointer update, in which case the manifest is rolled back).
+        With a ``parent_id``, every partition of the parent that ``data`` does not mention
+        is carried over by reference (not uploaded again), and each delta is appended to
+        the parent's chain for its partition. Returns the committed manifest. Nothing of
+        the checkpoint is visible unless this returns (or fails after the commit point,
+        as with :class:`FencedError` from the pointer update, in which case the manifest
+        is rolled back).
         """
         if not isinstance(data, CheckpointData):
             raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
@@ -372,9 +377,17 @@ class ObjectStoreCheckpointer(Checkpointer):
         await _pointer.check_not_fenced(
             self.store, self.paths.writer_record(), self.writer_generation
         )
-        if data.parent_id is not None:
-            await self.load_manifest(data.parent_id)
         await self._refuse_if_committed(cid)
+        inherited: dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]] = {}
+        if data.parent_id is not None:
+            # The intent names the parent before anything else is read or written, so a
+            # concurrent GC protects the parent's chain while this save is in progress.
+            await self.store.put(self.paths.intent(cid), _intent_body(data.parent_id))
+            try:
+                inherited = await self._carried_chains(data)
+            except BaseException:
+                await self._discard_uncommitted(cid)
+                raise
         uploads: list[PartitionUpload] = [
             *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
             *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
@@ -388,8 +401,20 @@ class ObjectStoreCheckpointer(Checkpointer):
         except BaseException:
             await self._discard_uncommitted(cid)
             raise
-        entries = [r for r in results if r is not None]
-        manifest = self._build_manifest(data, entries)
+        entries = [link for links in inherited.values() for link in links]
+        entries += [r for r in results if r is not None]
+        return await self.commit(self._build_manifest(data, entries))
+
+    async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
+        """Commit an uploaded checkpoint: write its manifest, then advance ``_latest``.
+
+        The second half of :meth:`save`, for callers that upload the artifacts
+        themselves. If the manifest write fails before the commit point, what was
+        uploaded for the checkpoint is removed; if a newer writer generation has taken
+        over by the time ``_latest`` is swapped, the manifest is rolled back and
+        :class:`FencedError` raised.
+        """
+        cid = manifest.checkpoint_id
         try:
             await self.save_manifest(manifest)
         except CheckpointExistsError:
@@ -401,7 +426,11 @@ class ObjectStoreCheckpointer(Checkpointer):
             raise
         try:
             await _pointer.advance_latest(
-                self.store, self.paths.latest_pointer(), cid, data.epoch, self.writer_generation
+                self.store,
+                self.paths.latest_pointer(),
+                cid,
+                manifest.epoch,
+                self.writer_generation,
             )
         except FencedError:
             log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
@@ -410,32 +439,55 @@ class ObjectStoreCheckpointer(Checkpointer):
         return manifest
 
     async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
-        """Load a committed checkpoint: manifest, every artifact (verified), source offsets."""
+        """Load a committed checkpoint: manifest, every artifact (verified), source offsets.
+
+        Raises :class:`IntegrityMismatchError` naming the artifact whose digest differs,
+        and :class:`BrokenChainError` naming the link when an artifact or parent that a
+        partition's chain needs is gone.
+        """
         manifest = await self.load_manifest(checkpoint_id)
-        entries = manifest.partition_entries()
-
-        def fetch(operator: str, entry: PartitionSnapshotEntry) -> Callable[[], Awaitable[Buffer]]:
-            async def job() -> Buffer:
-                path = self.paths.resolve(entry.owner or checkpoint_id, entry.path)
-                expected = entry.sha256 if verify else None
-                return await self.load_artifact(path, expected_sha256=expected)
-
-            return job
-
+        resolved = await self._resolve_chains(manifest, set())
+        flat = [(key, owner, entry) for key, links in resolved.items() for owner, entry in links]
         blobs = await _bounded_gather(
-            self.max_concurrent_downloads, [fetch(op, e) for op, e in entries]
+            self.max_concurrent_downloads,
+            [self._fetch_link(owner, entry, verify) for _, owner, entry in flat],
         )
         chains: dict[ArtifactKey, list[ChainLink]] = {}
-        for (operator, entry), blob in zip(entries, blobs, strict=True):
-            link = ChainLink(entry=entry, owner=entry.owner or checkpoint_id, data=blob)
-            chains.setdefault((operator, entry.partition_id), []).append(link)
-        artifacts = {key: links[-1].data for key, links in chains.items()}
+        for (key, owner, entry), blob in zip(flat, blobs, strict=True):
+            chains.setdefault(key, []).append(ChainLink(entry=entry, owner=owner, data=blob))
         return LoadedCheckpoint(
             manifest=manifest,
-            artifacts=artifacts,
+            artifacts={key: links[-1].data for key, links in chains.items()},
             source_offsets=dict(manifest.source_offsets),
             chains=chains,
         )
+
+    async def load_chain(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int
+    ) -> list[ChainLink]:
+        """What rebuilds one partition: its base snapshot, then every delta in order.
+
+        Each link is verified. Raises :class:`BrokenChainError` naming the missing link
+        (parent, base or artifact), :class:`IntegrityMismatchError` naming the artifact
+        whose digest differs, and :class:`CheckpointNotFoundError` if the checkpoint has
+        no state for that partition.
+        """
+        key = (validate_name("operator", operator), validate_partition(partition))
+        manifest = await self.load_manifest(checkpoint_id)
+        resolved = await self._resolve_chains(manifest, set())
+        if key not in resolved:
+            raise CheckpointNotFoundError(
+                self.paths.checkpoint_dir(checkpoint_id), f"partition {key!r} in checkpoint"
+            )
+        links = resolved[key]
+        blobs = await _bounded_gather(
+            self.max_concurrent_downloads,
+            [self._fetch_link(owner, entry, True) for owner, entry in links],
+        )
+        return [
+            ChainLink(entry=entry, owner=owner, data=blob)
+            for (owner, entry), blob in zip(links, blobs, strict=True)
+        ]
 
     async def load_latest(self) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads and verifies, or None if there is none.
@@ -468,6 +520,85 @@ class ObjectStoreCheckpointer(Checkpointer):
         return await self._load_newest_valid(skip=failed)
 
     # -- internals -----------------------------------------------------------------------
+
+    def _fetch_link(
+        self, owner: CheckpointId, entry: PartitionSnapshotEntry, verify: bool
+    ) -> Callable[[], Awaitable[Buffer]]:
+        path = self.paths.resolve(owner, entry.path)
+
+        async def job() -> Buffer:
+            try:
+                return await self.load_artifact(
+                    path, expected_sha256=entry.sha256 if verify else None
+                )
+            except CheckpointNotFoundError:
+                raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
+
+        return job
+
+    async def _resolve_chains(
+        self, manifest: CheckpointManifest, visiting: set[CheckpointId]
+    ) -> dict[ArtifactKey, list[tuple[CheckpointId, PartitionSnapshotEntry]]]:
+        """Each partition's restore chain, as ``(owner, entry)`` links, base first.
+
+        cairn writes whole chains into every manifest. A manifest written the reference's
+        way lists only its own deltas; their base is found by walking ``parent_id``.
+        """
+        cid = manifest.checkpoint_id
+        chains: dict[ArtifactKey, list[tuple[CheckpointId, PartitionSnapshotEntry]]] = {}
+        for operator, entry in manifest.partition_entries():
+            link = (entry.owner or cid, entry)
+            chains.setdefault((operator, entry.partition_id), []).append(link)
+        headless = [key for key, links in chains.items() if links[0][1].is_delta]
+        if not headless:
+            return chains
+        parent_chains = await self._parent_chains(manifest, visiting)
+        for key in headless:
+            if key not in parent_chains:
+                raise BrokenChainError(
+                    f"{cid} {key!r}", f"no base: parent {manifest.parent_id} has no state for it"
+                )
+            chains[key] = parent_chains[key] + chains[key]
+        return chains
+
+    async def _parent_chains(
+        self, manifest: CheckpointManifest, visiting: set[CheckpointId]
+    ) -> dict[ArtifactKey, list[tuple[CheckpointId, PartitionSnapshotEntry]]]:
+        cid, parent = manifest.checkpoint_id, manifest.parent_id
+        if parent is None:
+            raise BrokenChainError(str(cid), "it holds deltas but has no parent")
+        if parent in visiting:
+            raise BrokenChainError(str(parent), "the parent chain loops")
+        try:
+            parent_manifest = await self.load_manifest(parent)
+        except CheckpointNotFoundError:
+            raise BrokenChainError(
+                f"parent {parent} of {cid}", "the parent checkpoint is missing"
+            ) from None
+        return await self._resolve_chains(parent_manifest, visiting | {cid})
+
+    async def _carried_chains(
+        self, data: CheckpointData
+    ) -> dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]:
+        """The parent's links that the new checkpoint keeps, as entries owned elsewhere.
+
+        Partitions the new checkpoint does not mention keep the parent's whole chain;
+        a delta extends it; a new snapshot replaces it.
+        """
+        assert data.parent_id is not None
+        parent = await self.load_manifest(data.parent_id)
+        parent_chains = await self._resolve_chains(parent, set())
+        missing_base = sorted(set(data.deltas) - set(parent_chains))
+        if missing_base:
+            raise InvalidCheckpointDataError(
+                f"delta {missing_base[0]!r} has no base: parent {data.parent_id} "
+                "holds no state for that partition"
+            )
+        return {
+            key: [(key[0], msgspec.structs.replace(entry, owner=owner)) for owner, entry in links]
+            for key, links in parent_chains.items()
+            if key not in data.snapshots
+        }
 
     def _upload_job(
         self, cid: CheckpointId, operator: str, partition: int, is_delta: bool, data: Buffer
@@ -578,6 +709,10 @@ class ObjectStoreCheckpointer(Checkpointer):
                     exc,
                 )
         return None
+
+
+def _intent_body(parent_id: CheckpointId) -> bytes:
+    return msgspec.json.encode({"parent_id": str(parent_id)})
 
 
 def _check_id(checkpoint_id: object) -> None:

@@ -6,9 +6,9 @@ CheckpointerError
 ├── CheckpointExistsError          a checkpoint with that id is already committed
 ├── IntegrityError                 stored bytes are not what was written
 │   ├── IntegrityMismatchError     SHA-256 (or size) of an artifact differs from the manifest
-│   └── CorruptManifestError       bytes at a manifest path are not a valid manifest
-│       └── UnsupportedManifestVersionError
-├── BrokenChainError               an incremental chain misses a link
+│   ├── CorruptManifestError       bytes at a manifest path are not a valid manifest
+│   │   └── UnsupportedManifestVersionError
+│   └── BrokenChainError           an incremental chain misses a link (parent, base, artifact)
 ├── FencedError                    a newer writer has taken over the store
 ├── InvalidInputError              (also ValueError) the caller's arguments are wrong
 │   ├── InvalidNameError           operator / source name or partition number
@@ -108,7 +108,7 @@ class UnsupportedManifestVersionError(CorruptManifestError):
         super().__init__(path, f"unsupported manifest version {version!r} (supported: {supported})")
 
 
-class BrokenChainError(CheckpointerError):
+class BrokenChainError(IntegrityError):
     """An incremental chain cannot be rebuilt: ``link`` names the missing or bad piece."""
 
     def __init__(self, link: str, reason: str) -> None:

@@ -7,6 +7,7 @@
 {base}{id}/operators/{operator}/partition-{p}.snap   full state
 {base}{id}/operators/{operator}/partition-{p}.delta  incremental delta
 {base}{id}/offsets/{source}.json                     source offsets
+{base}{id}/intent.json                               parent of an incremental save in progress
 ```
 
 Invariants:
@@ -42,6 +43,7 @@ MAX_PARTITION = 2**32 - 1
 MANIFEST_NAME = "manifest.json"
 LATEST_NAME = "_latest"
 WRITER_NAME = "_writer"
+INTENT_NAME = "intent.json"
 
 
 def validate_name(kind: str, name: object) -> str:
@@ -147,6 +149,10 @@ class CheckpointPaths:
     def manifest(self, checkpoint_id: CheckpointId) -> str:
         """The manifest object: the commit marker of ``checkpoint_id``."""
         return f"{self.checkpoint_dir(checkpoint_id)}{MANIFEST_NAME}"
+
+    def intent(self, checkpoint_id: CheckpointId) -> str:
+        """Written first by an incremental save: names the parent it builds on, for GC."""
+        return f"{self.checkpoint_dir(checkpoint_id)}{INTENT_NAME}"
 
     def snapshot(self, checkpoint_id: CheckpointId, operator: str, partition: int) -> str:
         """The full-state artifact of one operator partition."""
