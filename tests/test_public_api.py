@@ -21,6 +21,8 @@ EXPECTED = {
     "CodecError",
     "CorruptManifestError",
     "FencedError",
+    "GcResult",
+    "RetentionPolicy",
     "IntegrityError",
     "IntegrityMismatchError",
     "InvalidCheckpointDataError",

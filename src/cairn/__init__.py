@@ -39,6 +39,7 @@ from cairn.manifest import (
     PartitionSnapshotEntry,
     SourceOffsetEntry,
 )
+from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
 from cairn.stores import Store, open_store
 from cairn.sync import SyncCheckpointer, SyncInAsyncContextError
@@ -61,6 +62,7 @@ __all__ = [
     "CodecError",
     "CorruptManifestError",
     "FencedError",
+    "GcResult",
     "IntegrityError",
     "IntegrityMismatchError",
     "InvalidCheckpointDataError",
@@ -74,6 +76,7 @@ __all__ = [
     "PartitionSnapshotEntry",
     "PartitionUpload",
     "PreconditionFailedError",
+    "RetentionPolicy",
     "RetryPolicy",
     "SourceOffsetEntry",
     "Store",

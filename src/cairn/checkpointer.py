@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
@@ -60,6 +61,7 @@ from cairn.manifest import (
     decode_manifest,
     encode_manifest,
 )
+from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.stores import Store, as_store
 
@@ -518,6 +520,30 @@ class ObjectStoreCheckpointer(Checkpointer):
         else:
             log.info("no usable _latest pointer: falling back to listing")
         return await self._load_newest_valid(skip=failed)
+
+    async def gc(
+        self,
+        policy: RetentionPolicy,
+        *,
+        dry_run: bool = False,
+        min_age: dt.timedelta = dt.timedelta(hours=1),
+    ) -> GcResult:
+        """Delete the checkpoints ``policy`` does not keep, and sweep orphans.
+
+        Never deletes the checkpoint ``_latest`` names, a retained or pinned one, or any
+        artifact reachable from one; uncommitted objects younger than ``min_age`` may be
+        a save in progress and are left alone. With ``dry_run`` nothing is deleted and
+        the result says what would be. See :mod:`cairn.retention`. A pinned id that does
+        not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
+        """
+        return await run_gc(
+            self.store,
+            self.paths,
+            await self.read_latest(),
+            policy,
+            dry_run=dry_run,
+            min_age=min_age,
+        )
 
     # -- internals -----------------------------------------------------------------------
 

@@ -190,6 +190,13 @@ class CheckpointPaths:
         name = name.rstrip("/")
         return CheckpointId.parse(name) if CheckpointId.is_valid(name) else None
 
+    def checkpoint_of(self, path: str) -> CheckpointId | None:
+        """The checkpoint whose directory holds object ``path``, or None."""
+        if not path.startswith(self._base):
+            return None
+        head, slash, _ = path[len(self._base) :].partition("/")
+        return CheckpointId.parse(head) if slash and CheckpointId.is_valid(head) else None
+
     def relative_to_checkpoint(self, checkpoint_id: CheckpointId, path: str) -> str | None:
         """``path`` relative to ``checkpoint_id``'s directory, or None if it is outside."""
         prefix = self.checkpoint_dir(checkpoint_id)
