@@ -6,8 +6,9 @@ base, the ``_latest`` pointer and a :class:`RetentionPolicy`, it decides what go
 
 * never deleted: the checkpoint ``_latest`` names, a pinned or retained checkpoint, any
   object a retained checkpoint's chain references (wherever it lives), the parent chain
-  of a save in progress (named by its ``intent.json``), and anything younger than
-  ``min_age`` that is not part of a committed checkpoint (it may be a save in progress);
+  of any uncommitted save (named by its ``intent.json``, which an incremental save
+  writes before it reads its parent), and anything younger than ``min_age`` that is not
+  part of a committed checkpoint (it may be a save in progress);
 * deletion goes in two phases: every manifest to delete first, then the artifacts, so a
   crash mid-GC never leaves a listed checkpoint with missing artifacts — only orphans,
   which the next run sweeps (GC is idempotent and resumable);
@@ -26,7 +27,7 @@ import msgspec
 
 from cairn.errors import CheckpointerError, CheckpointNotFoundError, InvalidInputError
 from cairn.ids import CheckpointId
-from cairn.layout import MANIFEST_NAME, CheckpointPaths
+from cairn.layout import INTENT_NAME, MANIFEST_NAME, CheckpointPaths
 from cairn.manifest import CheckpointManifest
 from cairn.stores import ObjectInfo, Store
 
@@ -204,9 +205,12 @@ _Intent = msgspec.json.Decoder(dict[str, str])
 
 
 async def _read_state(
-    store: Store, paths: CheckpointPaths, min_age: dt.timedelta, now: dt.datetime
+    store: Store, paths: CheckpointPaths, skip: set[CheckpointId] | None = None
 ) -> tuple[dict[CheckpointId, CheckpointManifest], list[ObjectInfo], set[CheckpointId]]:
-    """Committed manifests, every object under the base, and in-progress saves' parents."""
+    """Committed manifests, every object under the base, and in-progress saves' parents.
+
+    Intents in the directories of ``skip`` (checkpoints being deleted) are not saves.
+    """
     from cairn.manifest import decode_manifest  # local: keeps the plan importable alone
 
     objects = await store.list(paths.base_prefix)
@@ -230,8 +234,9 @@ async def _read_state(
         elif (
             info.path == paths.intent(cid)
             and paths.checkpoint_dir(cid) not in committed_dirs
-            and info.last_modified > now - min_age
+            and cid not in (skip or ())
         ):
+            # Whatever its age: a stale intent is swept in this run and protects no more.
             try:
                 intent = _Intent.decode(bytes((await store.get(info.path)).data))
                 parents.add(CheckpointId.parse(intent["parent_id"]))
@@ -255,7 +260,7 @@ async def run_gc(
     if not isinstance(policy, RetentionPolicy):
         raise InvalidInputError(f"gc takes a RetentionPolicy, got {policy!r}")
     now = dt.datetime.now(dt.UTC)
-    manifests, objects, parents = await _read_state(store, paths, min_age, now)
+    manifests, objects, parents = await _read_state(store, paths)
     unknown_pins = [cid for cid in policy.pinned if cid not in manifests]
     if unknown_pins:
         raise InvalidInputError(f"pinned checkpoint {unknown_pins[0]} does not exist")
@@ -278,12 +283,18 @@ async def run_gc(
         )
         result.orphans_deleted = [info.path for info in plan.orphans]
         return result
-    # Phase 1: the manifests, so nothing half-deleted is ever listed.
+    # Phase 1: the manifests, so nothing half-deleted is ever listed; each with its intent,
+    # which would otherwise read as a save in progress and protect its parent.
+    intents = {paths.intent(cid) for cid in plan.deleted} & set(sizes)
     for path in plan.manifests_to_delete:
         if await _delete(store, path, result):
             result.bytes_reclaimed += sizes.get(path, 0)
+            intent = path[: -len(MANIFEST_NAME)] + INTENT_NAME
+            if intent in intents and await _delete(store, intent, result):
+                result.bytes_reclaimed += sizes[intent]
+    doomed_bytes = [info for info in doomed_bytes if info.path not in intents]
     # Phase 2: look again for saves that started or committed since the plan.
-    manifests_now, _, parents_now = await _read_state(store, paths, min_age, now)
+    manifests_now, _, parents_now = await _read_state(store, paths, skip=set(plan.deleted))
     known = {**manifests, **manifests_now}  # a deleted parent's manifest is still known here
     fresh = set(manifests_now) - set(manifests)
     spared_whole, spared = _reachable(paths, fresh | (parents_now & set(known)), known)

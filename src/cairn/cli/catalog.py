@@ -1,0 +1,101 @@
+"""Finding checkpoints: resolving ``ID|latest`` and reading many manifests at once.
+
+``latest`` means the newest committed checkpoint. That is the one the ``_latest``
+pointer names, except after a writer died between its commit and the pointer update;
+the pointer is only a hint, so the listing decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from cairn import (
+    CheckpointId,
+    CheckpointManifest,
+    CheckpointNotFoundError,
+    IntegrityError,
+    ObjectStoreCheckpointer,
+)
+from cairn.cli.errors import CliError, ExitCode
+
+__all__ = ["LATEST", "Listed", "read_manifests", "resolve", "resolve_many"]
+
+LATEST = "latest"
+MAX_CONCURRENT_READS = 16
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A committed checkpoint with its manifest, or why the manifest did not load."""
+
+    checkpoint_id: CheckpointId
+    manifest: CheckpointManifest | None
+    error: str | None = None
+
+
+def parse_id(text: str) -> CheckpointId:
+    """The checkpoint id ``text`` names; a usage error (exit 2) if it is not one."""
+    if not CheckpointId.is_valid(text):
+        raise CliError(
+            f"not a checkpoint id: {text!r} (expected a 36-character UUIDv7, or 'latest')",
+            ExitCode.USAGE,
+        )
+    return CheckpointId.parse(text)
+
+
+async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> CheckpointId:
+    """The committed checkpoint ``ref`` (an id or ``latest``) names in ``ckpt``'s store.
+
+    Raises :class:`CliError` (exit 2) for a malformed id, an empty store, or an id that
+    is not committed there.
+    """
+    if ref.lower() == LATEST:
+        ids = await ckpt.list_checkpoints()
+        if not ids:
+            raise CliError(f"no checkpoints in {where}", ExitCode.USAGE)
+        return ids[-1]
+    cid = parse_id(ref)
+    try:
+        await ckpt.store.head(ckpt.paths.manifest(cid))
+    except CheckpointNotFoundError:
+        raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE) from None
+    return cid
+
+
+async def resolve_many(
+    ckpt: ObjectStoreCheckpointer, refs: list[str], every: bool, where: str
+) -> list[CheckpointId]:
+    """The ids of ``refs``, or every committed checkpoint with ``every`` (oldest first)."""
+    if every and refs:
+        raise CliError("give checkpoint ids or --all, not both", ExitCode.USAGE)
+    if every:
+        return await ckpt.list_checkpoints()
+    if not refs:
+        raise CliError("name a checkpoint (an id, or 'latest'), or pass --all", ExitCode.USAGE)
+    found: list[CheckpointId] = []
+    for ref in refs:
+        cid = await resolve(ckpt, ref, where)
+        if cid not in found:
+            found.append(cid)
+    return found
+
+
+async def read_manifests(
+    ckpt: ObjectStoreCheckpointer, ids: list[CheckpointId]
+) -> list[Listed]:
+    """The manifest of each of ``ids`` (read concurrently), in the order given.
+
+    A manifest that is corrupt, or was deleted since it was listed, is reported in
+    :attr:`Listed.error` instead of failing the whole listing.
+    """
+    limit = asyncio.Semaphore(MAX_CONCURRENT_READS)
+
+    async def read(cid: CheckpointId) -> Listed:
+        async with limit:
+            try:
+                return Listed(cid, await ckpt.load_manifest(cid))
+            except (IntegrityError, CheckpointNotFoundError) as exc:
+                return Listed(cid, None, str(exc))
+
+    return list(await asyncio.gather(*(read(cid) for cid in ids)))

@@ -1,0 +1,107 @@
+"""``cairn delete`` and ``cairn gc``: removing checkpoints without breaking the others.
+
+``delete`` refuses (exit 2) to remove a checkpoint that later checkpoints build on
+(their parent, or the owner of artifacts their restore chains carry over by reference)
+unless ``--force``: deleting it would break their chains. ``gc`` applies a
+:class:`cairn.RetentionPolicy` with :meth:`ObjectStoreCheckpointer.gc`, which keeps
+whatever a retained checkpoint needs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+
+from cairn import CheckpointId, ObjectStoreCheckpointer
+from cairn.cli.catalog import read_manifests
+from cairn.cli.errors import CliError, ExitCode
+
+__all__ = ["Deleted", "delete", "parse_duration"]
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)")
+_UNIT_SECONDS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w`` (or a bare number of seconds).
+
+    Raises :class:`ValueError` (a usage error on the command line) for anything else.
+    """
+    if isinstance(text, dt.timedelta):  # typer hands defaults through the parser too
+        return text
+    spec = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", spec):
+        return dt.timedelta(seconds=float(spec))
+    position, seconds = 0, 0.0
+    for match in _DURATION_PART.finditer(spec):
+        if match.start() != position or spec[position:match.start()].strip():
+            break
+        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        position = match.end()
+    if position == 0 or spec[position:].strip():
+        raise ValueError(f"not a duration: {text!r} (use e.g. 7d, 12h, 30m, 90s, 1h30m)")
+    return dt.timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A deleted checkpoint: its epoch, the bytes its own upload held, who built on it."""
+
+    checkpoint_id: CheckpointId
+    epoch: int | None
+    size_bytes: int
+    dependents: list[CheckpointId]
+
+
+async def dependents_of(
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, ids: list[CheckpointId]
+) -> list[CheckpointId]:
+    """The committed checkpoints that name ``cid`` as parent or hold artifacts it owns.
+
+    Only later checkpoints can (ids are time-ordered), so only their manifests are read.
+    """
+    later = [other for other in ids if other > cid]
+    found: list[CheckpointId] = []
+    for listed in await read_manifests(ckpt, later):
+        manifest = listed.manifest
+        if manifest is None:
+            continue
+        if manifest.parent_id == cid or any(
+            entry.owner == cid for _, entry in manifest.partition_entries()
+        ):
+            found.append(listed.checkpoint_id)
+    return found
+
+
+async def delete(
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, force: bool, where: str
+) -> Deleted:
+    """Delete ``cid`` (manifest first, then its artifacts).
+
+    Raises :class:`CliError` with exit 2 if it is not committed, or if later
+    checkpoints build on it and ``force`` is not set.
+    """
+    ids = await ckpt.list_checkpoints()
+    if cid not in ids:
+        raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE)
+    dependents = await dependents_of(ckpt, cid, ids)
+    if dependents and not force:
+        more = f" and {len(dependents) - 1} more" if len(dependents) > 1 else ""
+        raise CliError(
+            f"checkpoint {cid} holds state that later checkpoints build on "
+            f"({dependents[0]}{more}); deleting it would break their chains. "
+            "Delete those first, or pass --force",
+            ExitCode.USAGE,
+        )
+    [listed] = await read_manifests(ckpt, [cid])
+    epoch, size = None, 0
+    if listed.manifest is not None:
+        epoch = listed.manifest.epoch
+        size = sum(
+            entry.size_bytes
+            for _, entry in listed.manifest.partition_entries()
+            if entry.owner is None
+        )
+    await ckpt.delete_checkpoint(cid)
+    return Deleted(cid, epoch, size, dependents)

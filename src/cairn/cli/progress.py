@@ -1,0 +1,99 @@
+"""Progress bars for transfers: on stderr, only on a terminal, only when they take a while.
+
+:class:`Transfer` is an async context manager. The bar appears once the work has run
+for ``delay`` seconds (about a second: quick commands never flicker) and is transient:
+it disappears when the work ends, leaving the command's real output alone. When stderr
+is not a terminal nothing is drawn at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+
+__all__ = ["Transfer"]
+
+DEFAULT_DELAY = 1.0
+
+
+class Transfer:
+    """One task's progress: ``total`` bytes, or items with ``unit="items"``.
+
+    A ``total`` of None (unknown yet, see :meth:`set_total`) shows a pulsing bar; with
+    ``unit=""`` only the description and the elapsed time are shown.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        description: str,
+        total: float | None,
+        *,
+        unit: str = "bytes",
+        delay: float = DEFAULT_DELAY,
+    ) -> None:
+        columns: list[ProgressColumn] = [
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+        ]
+        if unit == "bytes":
+            columns += [DownloadColumn(binary_units=True), TransferSpeedColumn()]
+        elif unit == "items":
+            columns.append(MofNCompleteColumn())
+        columns.append(TimeElapsedColumn())
+        self.enabled = console.is_terminal
+        self._progress = Progress(
+            *columns, console=console, transient=True, disable=not self.enabled
+        )
+        self._task: TaskID = self._progress.add_task(description, total=total)
+        self._delay = delay
+        self._timer: asyncio.TimerHandle | None = None
+        self._shown = False
+
+    def advance(self, amount: float = 1) -> None:
+        """Count ``amount`` more bytes (or items) as done."""
+        self._progress.advance(self._task, amount)
+
+    def set_total(self, total: float) -> None:
+        """Set the total once it is known."""
+        self._progress.update(self._task, total=total)
+
+    def describe(self, description: str) -> None:
+        """Change the text shown before the bar."""
+        self._progress.update(self._task, description=description)
+
+    def _show(self) -> None:
+        if self.enabled and not self._shown:
+            self._shown = True
+            self._progress.start()
+
+    async def __aenter__(self) -> Transfer:
+        if self.enabled:
+            self._timer = asyncio.get_running_loop().call_later(self._delay, self._show)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._shown:
+            self._progress.stop()

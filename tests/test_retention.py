@@ -1,0 +1,321 @@
+"""Retention and GC: what is kept, what is reclaimed, and that nothing reachable is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from conftest import FAST_RETRY
+from faults import FaultPlan, FaultyStore, InjectedCrash
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from obstore.store import MemoryStore, ObjectStore
+
+from cairn import (
+    CheckpointData,
+    CheckpointId,
+    InvalidInputError,
+    ObjectStoreCheckpointer,
+    RetentionPolicy,
+    StoreError,
+)
+from cairn.stores import ObstoreStore
+
+NOW = dt.timedelta(0)
+T = TypeVar("T")
+
+
+async def paths_in(ckpt: ObjectStoreCheckpointer) -> set[str]:
+    return {info.path for info in await ckpt.store.list("")}
+
+
+async def checkpoint_objects(ckpt: ObjectStoreCheckpointer) -> set[str]:
+    """Objects inside checkpoint directories (not _latest or its local lock sidecar)."""
+    return {p for p in await paths_in(ckpt) if ckpt.paths.checkpoint_of(p) is not None}
+
+
+async def reachable_paths(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> set[str]:
+    """Every object the checkpoint needs: its own directory and what its chains reference."""
+    own = {i.path for i in await ckpt.store.list(ckpt.paths.checkpoint_dir(cid))}
+    loaded = await ckpt.load(cid)
+    chained = {
+        ckpt.paths.resolve(link.owner, link.entry.path)
+        for links in loaded.chains.values()
+        for link in links
+    }
+    return own | chained
+
+
+async def save_series(ckpt: ObjectStoreCheckpointer, count: int) -> list[CheckpointId]:
+    """Full snapshot every third epoch, deltas in between."""
+    ids: list[CheckpointId] = []
+    for epoch in range(count):
+        if epoch % 3 == 0:
+            data = CheckpointData(
+                epoch=epoch, snapshots={("op", p): bytes([epoch]) * 100 for p in range(2)}
+            )
+        else:
+            data = CheckpointData(
+                epoch=epoch, deltas={("op", 0): bytes([epoch])}, parent_id=ids[-1]
+            )
+        ids.append((await ckpt.save(data)).checkpoint_id)
+    return ids
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"keep_last": 0},
+        {"keep_last": -1},
+        {"keep_last": True},
+        {"keep_every_n_epochs": 0},
+        {"keep_within": dt.timedelta(seconds=-1)},
+        {"keep_within": 5},
+        {"pinned": ("x",)},
+    ],
+)
+def test_bad_policies_raise_when_built(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidInputError):
+        RetentionPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_bad_gc_arguments_change_nothing(ckpt: ObjectStoreCheckpointer) -> None:
+    await save_series(ckpt, 3)
+    before = await paths_in(ckpt)
+    with pytest.raises(InvalidInputError, match="pinned"):
+        await ckpt.gc(RetentionPolicy(keep_last=1, pinned=(CheckpointId.now(),)), min_age=NOW)
+    with pytest.raises(InvalidInputError, match="min_age"):
+        await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(seconds=-1))
+    assert await paths_in(ckpt) == before
+
+
+async def test_keep_last_keeps_the_chain_it_needs(ckpt: ObjectStoreCheckpointer) -> None:
+    ids = await save_series(ckpt, 5)  # 0 full, 1 2 deltas, 3 full, 4 delta
+    result = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+    assert result.retained == [ids[4]]
+    assert sorted(result.deleted) == sorted(ids[:4])
+    assert await ckpt.list_checkpoints() == [ids[4]]
+    assert await checkpoint_objects(ckpt) == await reachable_paths(ckpt, ids[4])
+    assert result.bytes_reclaimed > 0 and not result.failures
+    chain = await ckpt.load_chain(ids[4], "op", 0)
+    assert [bytes(x.data) for x in chain] == [bytes([3]) * 100, bytes([4])]
+
+
+async def test_rules_combine_by_union_and_latest_is_kept(ckpt: ObjectStoreCheckpointer) -> None:
+    ids = await save_series(ckpt, 7)
+    await ckpt.update_latest(ids[1], force=True)  # latest is kept whatever the policy says
+    policy = RetentionPolicy(keep_last=1, keep_every_n_epochs=3, pinned=(ids[2],))
+    result = await ckpt.gc(policy, min_age=NOW)
+    kept = set(await ckpt.list_checkpoints())
+    assert kept == {ids[0], ids[1], ids[2], ids[3], ids[6]}
+    assert set(result.retained) == kept
+    for cid in kept:
+        await ckpt.load(cid)  # every retained checkpoint loads and verifies
+
+
+async def test_keep_within(ckpt: ObjectStoreCheckpointer) -> None:
+    ids = await save_series(ckpt, 3)
+    result = await ckpt.gc(RetentionPolicy(keep_within=dt.timedelta(hours=1)), min_age=NOW)
+    assert result.deleted == [] and sorted(result.retained) == ids
+
+
+async def test_dry_run_deletes_nothing(ckpt: ObjectStoreCheckpointer) -> None:
+    ids = await save_series(ckpt, 4)
+    before = await paths_in(ckpt)
+    dry = await ckpt.gc(RetentionPolicy(keep_last=1), dry_run=True, min_age=NOW)
+    assert dry.dry_run and sorted(dry.deleted) == sorted(ids[:3])
+    assert await paths_in(ckpt) == before
+    real = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+    assert real.deleted == dry.deleted and real.bytes_reclaimed == dry.bytes_reclaimed
+
+
+async def test_orphans_are_swept_only_when_old(ckpt: ObjectStoreCheckpointer) -> None:
+    await save_series(ckpt, 1)
+    orphan = CheckpointId.now()
+    await ckpt.save_snapshot(orphan, "op", 0, b"left behind by a crashed save")
+    young = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(hours=1))
+    assert young.orphans_deleted == []
+    assert ckpt.paths.snapshot(orphan, "op", 0) in await paths_in(ckpt)
+    old = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+    assert old.orphans_deleted == [ckpt.paths.snapshot(orphan, "op", 0)]
+    assert ckpt.paths.snapshot(orphan, "op", 0) not in await paths_in(ckpt)
+
+
+async def test_gc_is_resumable_after_a_crash(raw_store: ObjectStore) -> None:
+    inner = ObstoreStore(raw_store)
+    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    ids = await save_series(plain, 6)
+    for crash_at in (2, 5, 9, 14):
+        crashing = ObjectStoreCheckpointer(
+            FaultyStore(inner, FaultPlan(crash_at=crash_at)), retry=FAST_RETRY
+        )
+        with pytest.raises(InjectedCrash):
+            await crashing.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+        for cid in await plain.list_checkpoints():
+            await plain.load(cid)  # listed means whole, at every crash point
+    await plain.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+    assert await plain.list_checkpoints() == [ids[-1]]
+    assert await checkpoint_objects(plain) == await reachable_paths(plain, ids[-1])
+
+
+async def test_gc_during_an_incremental_save_does_not_break_it(raw_store: ObjectStore) -> None:
+    inner = ObstoreStore(raw_store)
+    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    ids = await save_series(plain, 3)
+    other = await plain.save(CheckpointData(epoch=10, snapshots={("x", 0): b"newer"}))
+    ran: list[int] = []
+
+    async def gc_while_uploading(op: str, path: str) -> None:
+        if op == "put" and ".delta" in path and not ran:
+            ran.append(1)  # the save has read its parent: collect everything but the latest
+            await plain.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+
+    saving = ObjectStoreCheckpointer(
+        FaultyStore(inner, FaultPlan(before_call=gc_while_uploading)), retry=FAST_RETRY
+    )
+    manifest = await saving.save(
+        CheckpointData(epoch=5, deltas={("op", 0): b"late"}, parent_id=ids[-1])
+    )
+    assert ran == [1]
+    chain = await plain.load_chain(manifest.checkpoint_id, "op", 0)
+    assert [bytes(x.data) for x in chain] == [bytes([0]) * 100, b"\x01", b"\x02", b"late"]
+    assert other.checkpoint_id in await plain.list_checkpoints()
+
+
+async def test_failures_are_reported_not_raised() -> None:
+    inner = ObstoreStore(MemoryStore())
+    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    ids = await save_series(plain, 3)
+    faulty = FaultyStore(inner)
+    failing = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    original_delete = faulty.delete
+
+    async def refuse_manifest_deletes(paths: list[str]) -> None:
+        if paths and paths[0].endswith("manifest.json"):
+            raise StoreError("delete", paths[0], "permission denied")
+        await original_delete(paths)
+
+    faulty.delete = refuse_manifest_deletes  # type: ignore[method-assign,assignment]
+    result = await failing.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+    assert len(result.failures) == 2 and "permission denied" in result.failures[0][1]
+    for cid in await plain.list_checkpoints():
+        await plain.load(cid)
+    assert set(await plain.list_checkpoints()) == set(ids)
+
+
+class GcMachine(RuleBasedStateMachine):
+    """Saves, GCs with random policies, crashes at any store call, and loads, interleaved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ObstoreStore(MemoryStore())
+        self.ckpt = ObjectStoreCheckpointer(self.inner, retry=FAST_RETRY)
+        self.epoch = 0
+        self.runner = asyncio.new_event_loop()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        self.runner.close()
+
+    def latest(self) -> CheckpointId | None:
+        return self.run(self.ckpt.read_latest())
+
+    @initialize()
+    def first(self) -> None:
+        self.save_full()
+
+    @rule()
+    def save_full(self) -> None:
+        self.epoch += 1
+        self.run(
+            self.ckpt.save(
+                CheckpointData(
+                    epoch=self.epoch,
+                    snapshots={("op", p): f"{self.epoch}/{p}".encode() for p in range(2)},
+                )
+            )
+        )
+
+    @precondition(lambda self: self.latest() is not None)
+    @rule(carry_only=st.booleans())
+    def save_incremental(self, carry_only: bool) -> None:
+        self.epoch += 1
+        deltas = {} if carry_only else {("op", 0): f"+{self.epoch}".encode()}
+        self.run(
+            self.ckpt.save(CheckpointData(epoch=self.epoch, deltas=deltas, parent_id=self.latest()))
+        )
+
+    @rule(
+        keep_last=st.integers(1, 3),
+        every=st.none() | st.integers(2, 4),
+        crash_at=st.none() | st.integers(1, 40),
+    )
+    def gc(self, keep_last: int, every: int | None, crash_at: int | None) -> None:
+        policy = RetentionPolicy(keep_last=keep_last, keep_every_n_epochs=every)
+        store = FaultyStore(self.inner, FaultPlan(crash_at=crash_at))
+        collector = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+        with contextlib.suppress(InjectedCrash):
+            self.run(collector.gc(policy, min_age=NOW))
+
+    @rule(crash_at=st.integers(1, 12))
+    def crashed_save(self, crash_at: int) -> None:
+        store = FaultyStore(self.inner, FaultPlan(crash_at=crash_at))
+        writer = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+        try:
+            self.run(
+                writer.save(
+                    CheckpointData(
+                        epoch=self.epoch + 1, snapshots={("op", p): b"crash" for p in range(2)}
+                    )
+                )
+            )
+        except InjectedCrash:
+            pass
+        else:
+            self.epoch += 1
+
+    @invariant()
+    def every_listed_checkpoint_loads_whole(self) -> None:
+        for cid in self.run(self.ckpt.list_checkpoints()):
+            loaded = self.run(self.ckpt.load(cid))
+            for links in loaded.chains.values():
+                assert not links[0].entry.is_delta, "every chain starts at a snapshot"
+
+    def teardown_check(self) -> None:
+        """After a clean keep_last=1 GC only what the kept checkpoint reaches remains."""
+        self.run(self.ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW))
+        kept = self.run(self.ckpt.list_checkpoints())
+        # The newest, and the one _latest names if a crash left the pointer behind.
+        assert 1 <= len(kept) <= 2
+        assert len(kept) == 1 or self.latest() in kept
+        remaining = self.run(checkpoint_objects(self.ckpt))
+        needed: set[str] = set()
+        for cid in kept:
+            needed |= self.run(reachable_paths(self.ckpt, cid))
+        assert remaining == needed
+
+    @rule()
+    def full_gc_then_only_reachable_objects_remain(self) -> None:
+        self.teardown_check()
+
+
+GcMachine.TestCase.settings = settings(
+    max_examples=25,
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestGcMachine = GcMachine.TestCase
