@@ -28,7 +28,7 @@ import abc
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -36,6 +36,7 @@ from obstore.store import ObjectStore
 
 from cairn import _pointer
 from cairn._buffer import Buffer
+from cairn._concurrency import bounded_gather
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.errors import (
     BrokenChainError,
@@ -134,37 +135,6 @@ def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInputError(f"{name} must be an int >= 1, got {value!r}")
     return value
-
-
-async def _bounded_gather(limit: int, jobs: Iterable[Callable[[], Awaitable[T]]]) -> list[T]:
-    """Run ``jobs`` with at most ``limit`` in flight; results keep the order of ``jobs``.
-
-    Only ``limit`` worker tasks exist, so a 10,000-artifact save does not create 10,000
-    pending tasks. On the first failure no further job starts, and the failure is raised
-    once the jobs already in flight (at most ``limit - 1``) have ended: cancelling a Python
-    await does not stop a request obstore has handed to its runtime, so waiting is what
-    guarantees that nothing of this call still lands in the store after it raised, and
-    that a clean-up after the failure sees every object written.
-    """
-    pending = list(jobs)
-    results: list[T | None] = [None] * len(pending)
-    queue = iter(enumerate(pending))
-    failures: list[BaseException] = []
-
-    async def worker() -> None:
-        for index, job in queue:
-            if failures:
-                return
-            try:
-                results[index] = await job()
-            except BaseException as exc:  # re-raised below, after the others settle
-                failures.append(exc)
-                return
-
-    await asyncio.gather(*(worker() for _ in range(min(limit, len(pending)))))
-    if failures:
-        raise failures[0]
-    return results  # type: ignore[return-value]
 
 
 class ObjectStoreCheckpointer(Checkpointer):
@@ -320,7 +290,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
             return committed
 
-        found = await _bounded_gather(self.max_concurrent_downloads, map(probe, candidates))
+        found = await bounded_gather(self.max_concurrent_downloads, map(probe, candidates))
         return [cid for cid, ok in zip(candidates, found, strict=True) if ok]
 
     async def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
@@ -347,7 +317,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             self._upload_job(checkpoint_id, op, part, is_delta, data)
             for op, part, is_delta, data in checked
         ]
-        return await _bounded_gather(self.max_concurrent_uploads, jobs)
+        return await bounded_gather(self.max_concurrent_uploads, jobs)
 
     # -- the commit protocol -------------------------------------------------------------
 
@@ -399,7 +369,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         ]
         jobs += [self._offset_job(cid, src, entry) for src, entry in data.source_offsets.items()]
         try:
-            results = await _bounded_gather(self.max_concurrent_uploads, jobs)
+            results = await bounded_gather(self.max_concurrent_uploads, jobs)
         except BaseException:
             await self._discard_uncommitted(cid)
             raise
@@ -450,7 +420,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         manifest = await self.load_manifest(checkpoint_id)
         resolved = await self._resolve_chains(manifest, set())
         flat = [(key, owner, entry) for key, links in resolved.items() for owner, entry in links]
-        blobs = await _bounded_gather(
+        blobs = await bounded_gather(
             self.max_concurrent_downloads,
             [self._fetch_link(owner, entry, verify) for _, owner, entry in flat],
         )
@@ -482,7 +452,7 @@ class ObjectStoreCheckpointer(Checkpointer):
                 self.paths.checkpoint_dir(checkpoint_id), f"partition {key!r} in checkpoint"
             )
         links = resolved[key]
-        blobs = await _bounded_gather(
+        blobs = await bounded_gather(
             self.max_concurrent_downloads,
             [self._fetch_link(owner, entry, True) for owner, entry in links],
         )
@@ -719,7 +689,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
             return job
 
-        manifests = await _bounded_gather(self.max_concurrent_downloads, map(read, ids))
+        manifests = await bounded_gather(self.max_concurrent_downloads, map(read, ids))
         ranked = sorted(
             (m for m in manifests if m is not None),
             key=lambda m: (m.writer_generation or 0, m.epoch, m.checkpoint_id),

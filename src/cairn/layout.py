@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 
 from cairn.errors import InvalidInputError, InvalidNameError
@@ -107,6 +108,12 @@ def _normalize_base(base_prefix: str) -> str:
                 f"base_prefix has an empty, '.' or '..' segment: {base_prefix!r}"
             )
     return base
+
+
+@functools.lru_cache(maxsize=65536)
+def _id_of_directory(name: str) -> CheckpointId | None:
+    # Cached: a store listing names each checkpoint directory once per object in it.
+    return CheckpointId.parse(name) if CheckpointId.is_valid(name) else None
 
 
 class CheckpointPaths:
@@ -195,7 +202,7 @@ class CheckpointPaths:
         if not path.startswith(self._base):
             return None
         head, slash, _ = path[len(self._base) :].partition("/")
-        return CheckpointId.parse(head) if slash and CheckpointId.is_valid(head) else None
+        return _id_of_directory(head) if slash else None
 
     def relative_to_checkpoint(self, checkpoint_id: CheckpointId, path: str) -> str | None:
         """``path`` relative to ``checkpoint_id``'s directory, or None if it is outside."""

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
 
+from cairn._concurrency import bounded_gather
 from cairn.errors import CheckpointerError, CheckpointNotFoundError, InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.layout import INTENT_NAME, MANIFEST_NAME, CheckpointPaths
@@ -34,6 +35,7 @@ from cairn.stores import ObjectInfo, Store
 __all__ = ["GcPlan", "GcResult", "RetentionPolicy", "plan_gc"]
 
 log = logging.getLogger("cairn.gc")
+MANIFEST_READ_CONCURRENCY = 16
 
 
 def _positive(name: str, value: object) -> None:
@@ -221,16 +223,24 @@ async def _read_state(
         for info in objects
         if info.path.endswith("/" + MANIFEST_NAME)
     }
+
+    def read_manifest(info: ObjectInfo, cid: CheckpointId) -> Callable[[], Awaitable[None]]:
+        async def job() -> None:
+            try:
+                blob = await store.get(info.path)
+            except CheckpointNotFoundError:
+                return  # deleted since the listing
+            manifests[cid] = decode_manifest(info.path, blob.data)
+
+        return job
+
+    reads: list[Callable[[], Awaitable[None]]] = []
     for info in objects:
         cid = paths.checkpoint_of(info.path)
         if cid is None:
             continue
         if info.path == paths.manifest(cid):
-            try:
-                blob = await store.get(info.path)
-                manifests[cid] = decode_manifest(info.path, blob.data)
-            except CheckpointNotFoundError:
-                continue
+            reads.append(read_manifest(info, cid))
         elif (
             info.path == paths.intent(cid)
             and paths.checkpoint_dir(cid) not in committed_dirs
@@ -242,6 +252,7 @@ async def _read_state(
                 parents.add(CheckpointId.parse(intent["parent_id"]))
             except (CheckpointNotFoundError, msgspec.DecodeError, KeyError, ValueError):
                 continue
+    await bounded_gather(MANIFEST_READ_CONCURRENCY, reads)
     return manifests, objects, parents
 
 
