@@ -11,6 +11,7 @@ from cairn import (
     CheckpointId,
     CheckpointManifest,
     CheckpointNotFoundError,
+    RetentionPolicy,
     SyncCheckpointer,
     SyncInAsyncContextError,
 )
@@ -37,6 +38,13 @@ def test_sync_round_trip(tmp_path: Path) -> None:
     ckpt.delete_checkpoint(manifest.checkpoint_id)
     with pytest.raises(CheckpointNotFoundError):
         ckpt.load(manifest.checkpoint_id)
+    chained = ckpt.save(CheckpointData(epoch=5, snapshots={("op", 3): b"p"}))
+    assert [bytes(x.data) for x in ckpt.load_chain(chained.checkpoint_id, "op", 3)] == [b"p"]
+    later = CheckpointManifest.new(CheckpointId.now(), 3)
+    assert ckpt.commit(later) == later
+    assert ckpt.read_latest() == later.checkpoint_id
+    result = ckpt.gc(RetentionPolicy(keep_last=1), dry_run=True)
+    assert result.dry_run and later.checkpoint_id in result.retained
     assert ckpt.take_over() == 1
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import datetime as dt
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -18,11 +19,12 @@ from obstore.store import ObjectStore
 
 from cairn._buffer import Buffer
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
-from cairn.data import CheckpointData, LoadedCheckpoint
+from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.errors import CheckpointerError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
 from cairn.stores import Store
 
@@ -188,3 +190,23 @@ class SyncCheckpointer:
     def load_latest(self) -> LoadedCheckpoint | None:
         """See :meth:`ObjectStoreCheckpointer.load_latest`."""
         return _runner.run(self.async_checkpointer.load_latest())
+
+    def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
+        """See :meth:`ObjectStoreCheckpointer.commit`."""
+        return _runner.run(self.async_checkpointer.commit(manifest))
+
+    def load_chain(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int
+    ) -> list[ChainLink]:
+        """See :meth:`ObjectStoreCheckpointer.load_chain`."""
+        return _runner.run(self.async_checkpointer.load_chain(checkpoint_id, operator, partition))
+
+    def gc(
+        self,
+        policy: RetentionPolicy,
+        *,
+        dry_run: bool = False,
+        min_age: dt.timedelta = dt.timedelta(hours=1),
+    ) -> GcResult:
+        """See :meth:`ObjectStoreCheckpointer.gc`."""
+        return _runner.run(self.async_checkpointer.gc(policy, dry_run=dry_run, min_age=min_age))
