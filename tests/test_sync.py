@@ -40,7 +40,7 @@ def test_sync_round_trip(tmp_path: Path) -> None:
         ckpt.load(manifest.checkpoint_id)
     chained = ckpt.save(CheckpointData(epoch=5, snapshots={("op", 3): b"p"}))
     assert [bytes(x.data) for x in ckpt.load_chain(chained.checkpoint_id, "op", 3)] == [b"p"]
-    later = CheckpointManifest.new(CheckpointId.now(), 3)
+    later = CheckpointManifest.new(CheckpointId.now(), 6)
     assert ckpt.commit(later) == later
     assert ckpt.read_latest() == later.checkpoint_id
     result = ckpt.gc(RetentionPolicy(keep_last=1), dry_run=True)
