@@ -29,6 +29,7 @@ from cairn import (
     ObjectStoreCheckpointer,
     SourceOffsetEntry,
     StoreError,
+    TransientStoreError,
 )
 from cairn.manifest import encode_manifest
 from cairn.stores import ObstoreStore, Store
@@ -161,18 +162,20 @@ async def test_lost_reply_when_another_writer_committed_is_a_conflict(
     other = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
     theirs = CheckpointData(epoch=9, snapshots={("x", 0): b"theirs"}, checkpoint_id=data.id)
 
-    async def other_writer_commits_first(op: str, path: str) -> None:
-        if op == "put" and path.endswith("manifest.json") and not faulty.plan.before_call_fired:
-            faulty.plan.before_call_fired = True
-            await other.save_manifest(other._build_manifest(theirs, []))
+    fired: list[bool] = []
 
-    plan = FaultPlan(before_call=other_writer_commits_first)
-    plan.before_call_fired = False  # type: ignore[attr-defined]
-    faulty = FaultyStore(inner, plan)
+    async def times_out_while_another_writer_commits(op: str, path: str) -> None:
+        if op == "put" and path.endswith("manifest.json") and not fired:
+            fired.append(True)
+            await other.save_manifest(other._build_manifest(theirs, []))
+            raise TransientStoreError(op, path, "injected: timed out, did not land")
+
+    faulty = FaultyStore(inner, FaultPlan(before_call=times_out_while_another_writer_commits))
     ckpt = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
     with pytest.raises(CheckpointExistsError):
         await ckpt.save(data)
     committed = await other.load_manifest(data.id)
+    assert fired == [True]
     assert committed.epoch == 9, "the other writer's commit is untouched"
     assert await ckpt.read_latest() is None, "our failed commit did not move _latest"
 
@@ -362,7 +365,7 @@ async def test_any_flipped_byte_is_detected_and_passed_by(
     ("make", "error"),
     [
         (lambda: CheckpointData(epoch=-1), InvalidCheckpointDataError),
-        (lambda: CheckpointData(epoch=True), InvalidCheckpointDataError),  # type: ignore[arg-type]
+        (lambda: CheckpointData(epoch=True), InvalidCheckpointDataError),
         (
             lambda: CheckpointData(
                 epoch=1,

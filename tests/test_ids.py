@@ -86,4 +86,4 @@ def test_from_uuid_rejects_other_versions() -> None:
 def test_ids_are_immutable() -> None:
     cid = CheckpointId.now()
     with pytest.raises(AttributeError):
-        cid._uuid = uuid.uuid4()  # type: ignore[misc]
+        cid._uuid = uuid.uuid4()

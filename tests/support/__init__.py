@@ -1,0 +1,1 @@
+"""Test support: local object-store servers, a fault-injecting proxy, pytest fixtures."""
