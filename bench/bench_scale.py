@@ -15,7 +15,7 @@ import collections
 import datetime as dt
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from obstore.store import MemoryStore
@@ -47,8 +47,20 @@ class CountingStore:
     async def head(self, path: str) -> ObjectInfo:
         return await self._count("head", lambda: self.inner.head(path))
 
-    async def put(self, path: str, data: Buffer, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        return await self._count("put", lambda: self.inner.put(path, data, mode=mode))
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        return await self._count(
+            "put", lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
+        )
+
+    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
+        return await self._count("head", lambda: self.inner.stat(path))
 
     async def list_dir(self, prefix: str) -> ListDirResult:
         return await self._count("list_dir", lambda: self.inner.list_dir(prefix))

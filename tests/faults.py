@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -112,8 +112,20 @@ class FaultyStore:
     async def head(self, path: str) -> ObjectInfo:
         return await self._run("head", path, lambda: self.inner.head(path))
 
-    async def put(self, path: str, data: Buffer, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        return await self._run("put", path, lambda: self.inner.put(path, data, mode=mode))
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        return await self._run(
+            "put", path, lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
+        )
+
+    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
+        return await self._run("head", path, lambda: self.inner.stat(path))
 
     async def list_dir(self, prefix: str) -> ListDirResult:
         return await self._run("list_dir", prefix, lambda: self.inner.list_dir(prefix))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.distributed import WorkerReport, commit_distributed, upload_partitions
 from cairn.errors import (
     BrokenChainError,
     CheckpointerError,
@@ -17,6 +18,7 @@ from cairn.errors import (
     CodecError,
     CorruptManifestError,
     FencedError,
+    IncompleteCheckpointError,
     IntegrityError,
     IntegrityMismatchError,
     InvalidCheckpointDataError,
@@ -63,6 +65,7 @@ __all__ = [
     "CorruptManifestError",
     "FencedError",
     "GcResult",
+    "IncompleteCheckpointError",
     "IntegrityError",
     "IntegrityMismatchError",
     "InvalidCheckpointDataError",
@@ -85,8 +88,11 @@ __all__ = [
     "SyncInAsyncContextError",
     "TransientStoreError",
     "UnsupportedManifestVersionError",
+    "WorkerReport",
     "__version__",
+    "commit_distributed",
     "open_store",
     "sha256_hex",
+    "upload_partitions",
     "verify_integrity",
 ]

@@ -51,7 +51,7 @@ from cairn.errors import (
     ObjectExistsError,
 )
 from cairn.ids import CheckpointId
-from cairn.integrity import sha256_hex_async, verify_integrity
+from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async, verify_integrity
 from cairn.layout import CheckpointPaths, validate_name, validate_partition
 from cairn.manifest import (
     CheckpointManifest,
@@ -301,20 +301,27 @@ class ObjectStoreCheckpointer(Checkpointer):
         await self.store.delete([info.path for info in leftovers])
 
     async def save_partitions_concurrent(
-        self, checkpoint_id: CheckpointId, uploads: Sequence[PartitionUpload]
+        self,
+        checkpoint_id: CheckpointId,
+        uploads: Sequence[PartitionUpload],
+        *,
+        metadata_key: str | None = None,
     ) -> list[tuple[str, PartitionSnapshotEntry]]:
         """Upload partitions of an uncommitted checkpoint concurrently, with their digests.
 
         At most ``max_concurrent_uploads`` uploads are in flight; digests are computed
-        off the event loop. On the first failure the other uploads are cancelled and the
-        error is raised. Writes no manifest. Raises :class:`CheckpointExistsError` if the
-        checkpoint is already committed (committed checkpoints are immutable).
+        off the event loop. On the first failure no further upload starts, and the error
+        is raised once those in flight have ended. Writes no manifest. Raises
+        :class:`CheckpointExistsError` if the checkpoint is already committed (committed
+        checkpoints are immutable). With ``metadata_key``, each artifact is hashed before
+        it is sent and its digest stored as that user-metadata key (see
+        :mod:`cairn.distributed`).
         """
         _check_id(checkpoint_id)
         checked = _check_uploads(uploads)
         await self._refuse_if_committed(checkpoint_id)
         jobs = [
-            self._upload_job(checkpoint_id, op, part, is_delta, data)
+            self._upload_job(checkpoint_id, op, part, is_delta, data, metadata_key)
             for op, part, is_delta, data in checked
         ]
         return await bounded_gather(self.max_concurrent_uploads, jobs)
@@ -597,13 +604,28 @@ class ObjectStoreCheckpointer(Checkpointer):
         }
 
     def _upload_job(
-        self, cid: CheckpointId, operator: str, partition: int, is_delta: bool, data: Buffer
+        self,
+        cid: CheckpointId,
+        operator: str,
+        partition: int,
+        is_delta: bool,
+        data: Buffer,
+        metadata_key: str | None = None,
     ) -> Callable[[], Awaitable[tuple[str, PartitionSnapshotEntry]]]:
         relative = self.paths.relative_artifact(operator, partition, is_delta)
         path = self.paths.resolve(cid, relative)
 
         async def job() -> tuple[str, PartitionSnapshotEntry]:
-            digest, _ = await asyncio.gather(sha256_hex_async(data), self.store.put(path, data))
+            if metadata_key is None and memoryview(data).nbytes > INLINE_HASH_LIMIT:
+                # Hash in a thread while the bytes travel.
+                digest, _ = await asyncio.gather(sha256_hex_async(data), self.store.put(path, data))
+            elif metadata_key is None:
+                # Small: hashing inline is cheaper than the two tasks gather would create.
+                digest = sha256_hex(data)
+                await self.store.put(path, data)
+            else:  # the digest must be known before the request: it goes in its headers
+                digest = await sha256_hex_async(data)
+                await self.store.put(path, data, metadata={metadata_key: digest})
             entry = PartitionSnapshotEntry(
                 partition_id=partition,
                 is_delta=is_delta,

@@ -13,6 +13,7 @@ CheckpointerError
 ├── InvalidInputError              (also ValueError) the caller's arguments are wrong
 │   ├── InvalidNameError           operator / source name or partition number
 │   ├── InvalidStoreUrlError       URL that open_store cannot open
+│   ├── IncompleteCheckpointError  a distributed commit misses or repeats a partition
 │   └── InvalidCheckpointDataError inconsistent CheckpointData (duplicates, deltas
 │                                  without parent, negative epoch, ...)
 ├── CodecError                     an artifact needs a codec this reader lacks
@@ -36,6 +37,7 @@ __all__ = [
     "CodecError",
     "CorruptManifestError",
     "FencedError",
+    "IncompleteCheckpointError",
     "IntegrityError",
     "IntegrityMismatchError",
     "InvalidCheckpointDataError",
@@ -154,6 +156,10 @@ class InvalidStoreUrlError(InvalidInputError):
 
 class InvalidCheckpointDataError(InvalidInputError):
     """The checkpoint asked for is inconsistent (see the message for the offending value)."""
+
+
+class IncompleteCheckpointError(InvalidInputError):
+    """Worker reports do not cover the expected partitions exactly once; nothing committed."""
 
 
 class CodecError(CheckpointerError):

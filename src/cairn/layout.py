@@ -24,7 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import functools
-import unicodedata
+import re
 
 from cairn.errors import InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
@@ -46,6 +46,11 @@ LATEST_NAME = "_latest"
 WRITER_NAME = "_writer"
 INTENT_NAME = "intent.json"
 
+# Exactly the characters of Unicode categories Cc (C0, DEL, C1) and Cs (surrogates), both
+# fixed by Unicode's stability policy: one regex scan instead of a unicodedata lookup per
+# character (validation runs for every artifact path of every save and load).
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
 
 def validate_name(kind: str, name: object) -> str:
     """Return ``name`` if it is a usable operator or source name; else raise InvalidNameError.
@@ -60,7 +65,7 @@ def validate_name(kind: str, name: object) -> str:
         raise InvalidNameError(kind, name, "must not be empty, '.' or '..'")
     if "/" in name or "\\" in name:
         raise InvalidNameError(kind, name, "must not contain '/' or '\\'")
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name):
+    if _CONTROL_OR_SURROGATE.search(name):
         raise InvalidNameError(kind, name, "must not contain control or surrogate characters")
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         raise InvalidNameError(kind, name, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes")
@@ -89,7 +94,7 @@ def validate_relative_path(path: object) -> str:
     for segment in path.split("/"):
         if segment in ("", ".", ".."):
             raise InvalidInputError(f"artifact path must not climb out or be empty: {path!r}")
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in path):
+    if _CONTROL_OR_SURROGATE.search(path):
         raise InvalidInputError(f"artifact path has control characters: {path!r}")
     return path
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -100,8 +100,20 @@ class RetryingStore:
     async def head(self, path: str) -> ObjectInfo:
         return await self.policy.run(lambda: self.inner.head(path))
 
-    async def put(self, path: str, data: Buffer, *, mode: PutMode = "overwrite") -> ObjectInfo:
-        return await self.policy.run(lambda: self.inner.put(path, data, mode=mode))
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        return await self.policy.run(
+            lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
+        )
+
+    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
+        return await self.policy.run(lambda: self.inner.stat(path))
 
     async def list_dir(self, prefix: str) -> ListDirResult:
         return await self.policy.run(lambda: self.inner.list_dir(prefix))

@@ -27,7 +27,7 @@ import datetime as dt
 import fcntl
 import os
 import re
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -123,12 +123,24 @@ class Store(Protocol):
     async def head(self, path: str) -> ObjectInfo:
         """The object's metadata; :class:`CheckpointNotFoundError` if it does not exist."""
 
-    async def put(self, path: str, data: Buffer, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
         """Write ``data`` atomically; returns what is known of the new version.
 
         ``"create"`` raises :class:`ObjectExistsError` if the object exists;
         :class:`IfMatch` raises :class:`PreconditionFailedError` if it changed.
+        ``metadata`` is stored with the object where the store supports user metadata
+        (memory, S3, GCS, Azure) and dropped where it does not (local files).
         """
+
+    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
+        """The object's metadata and user metadata, without its bytes (a HEAD request)."""
 
     async def list_dir(self, prefix: str) -> ListDirResult:
         """One level under ``prefix`` (which ends in ``/`` or is empty)."""
@@ -229,7 +241,14 @@ class ObstoreStore:
     async def head(self, path: str) -> ObjectInfo:
         return _info(await _call("head", path, obstore.head_async(self._store, path)))
 
-    async def put(self, path: str, data: Buffer, *, mode: PutMode = "overwrite") -> ObjectInfo:
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
         if isinstance(mode, IfMatch) and self._local_root is not None:
             return await self._local_compare_and_swap(path, data, mode)
         obstore_mode: Any
@@ -239,8 +258,11 @@ class ObstoreStore:
                 obstore_mode["version"] = mode.version
         else:
             obstore_mode = mode
+        attributes = dict(metadata) if metadata and self._local_root is None else None
         result = await _call(
-            "put", path, obstore.put_async(self._store, path, data, mode=obstore_mode)
+            "put",
+            path,
+            obstore.put_async(self._store, path, data, mode=obstore_mode, attributes=attributes),
         )
         return ObjectInfo(
             path=path,
@@ -248,6 +270,12 @@ class ObstoreStore:
             e_tag=result.get("e_tag"),
             last_modified=dt.datetime.now(dt.UTC),
         )
+
+    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
+        result = await _call(
+            "head", path, obstore.get_async(self._store, path, options={"head": True})
+        )
+        return _info(result.meta), {str(k): str(v) for k, v in result.attributes.items()}
 
     async def list_dir(self, prefix: str) -> ListDirResult:
         result = await _call(

@@ -1,0 +1,199 @@
+"""Many workers, one checkpoint: a two-phase save across processes and hosts.
+
+Phase one, on each worker: :func:`upload_partitions` uploads that worker's partitions
+of checkpoint ``id`` and returns a :class:`WorkerReport`, a plain value that goes to the
+coordinator over whatever channel the engine has (:meth:`WorkerReport.to_json` and
+:meth:`WorkerReport.from_json` round-trip it losslessly).
+
+Phase two, on the coordinator: :func:`commit_distributed` takes every report and commits
+once, as :meth:`ObjectStoreCheckpointer.save` does. Invariants:
+
+* it commits only if every expected ``(operator, partition)`` was reported exactly once
+  and nothing else was (:class:`IncompleteCheckpointError` otherwise);
+* it commits only entries that match the store: a HEAD per artifact checks the size and
+  the SHA-256 the worker stored as object metadata, so no artifact is downloaded
+  (:class:`IntegrityMismatchError` naming the artifact otherwise). Stores without user
+  metadata (local directories) are hashed from the file instead;
+* a failed commit writes nothing: no manifest, no pointer. A worker that dies mid-upload
+  leaves objects in an uncommitted directory, which GC's orphan sweep removes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+
+import msgspec
+
+from cairn._buffer import Buffer
+from cairn._concurrency import bounded_gather
+from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
+from cairn.data import ArtifactKey
+from cairn.errors import (
+    CheckpointNotFoundError,
+    IncompleteCheckpointError,
+    IntegrityMismatchError,
+    InvalidInputError,
+)
+from cairn.ids import CheckpointId
+from cairn.integrity import sha256_hex
+from cairn.layout import validate_name, validate_partition
+from cairn.manifest import (
+    CheckpointManifest,
+    OperatorSnapshotEntry,
+    PartitionSnapshotEntry,
+    SourceOffsetEntry,
+)
+
+__all__ = ["DIGEST_METADATA_KEY", "WorkerReport", "commit_distributed", "upload_partitions"]
+
+DIGEST_METADATA_KEY = "cairn-sha256"
+"""The user-metadata key under which a worker stores each artifact's SHA-256."""
+
+
+class WorkerReport(msgspec.Struct, frozen=True):
+    """What one worker uploaded for a checkpoint: ``(operator, entry)`` pairs."""
+
+    checkpoint_id: CheckpointId
+    worker: str
+    entries: tuple[tuple[str, PartitionSnapshotEntry], ...]
+
+    def to_json(self) -> bytes:
+        """The report as JSON, for the engine's channel to the coordinator."""
+        return _encoder.encode(self)
+
+    @classmethod
+    def from_json(cls, data: Buffer) -> WorkerReport:
+        """Parse a report; raises :class:`InvalidInputError` for anything malformed."""
+        try:
+            return _decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            raise InvalidInputError(f"not a worker report: {exc}") from None
+
+
+def _enc_hook(value: object) -> object:
+    if isinstance(value, CheckpointId):
+        return str(value)
+    raise NotImplementedError(type(value).__name__)
+
+
+def _dec_hook(kind: type, value: object) -> object:
+    if kind is CheckpointId and isinstance(value, str):
+        return CheckpointId.parse(value)
+    raise NotImplementedError(repr(kind))
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+_decoder = msgspec.json.Decoder(WorkerReport, dec_hook=_dec_hook)
+
+
+async def upload_partitions(
+    ckpt: ObjectStoreCheckpointer,
+    checkpoint_id: CheckpointId,
+    uploads: Sequence[PartitionUpload],
+    *,
+    worker: str = "",
+) -> WorkerReport:
+    """Worker side: upload these partitions of ``checkpoint_id``; report what was stored.
+
+    Each artifact is hashed before it is sent, so its SHA-256 travels with it as object
+    metadata and the coordinator can check it with a HEAD. Commits nothing.
+    """
+    entries = await ckpt.save_partitions_concurrent(
+        checkpoint_id, uploads, metadata_key=DIGEST_METADATA_KEY
+    )
+    return WorkerReport(checkpoint_id=checkpoint_id, worker=worker, entries=tuple(entries))
+
+
+def _collect(
+    checkpoint_id: CheckpointId,
+    expected: Iterable[ArtifactKey],
+    reports: Iterable[WorkerReport],
+) -> list[tuple[str, PartitionSnapshotEntry]]:
+    wanted = {(validate_name("operator", op), validate_partition(p)) for op, p in expected}
+    entries: list[tuple[str, PartitionSnapshotEntry]] = []
+    for report in reports:
+        if report.checkpoint_id != checkpoint_id:
+            raise IncompleteCheckpointError(
+                f"worker {report.worker!r} reported checkpoint {report.checkpoint_id}, "
+                f"not {checkpoint_id}"
+            )
+        entries.extend(report.entries)
+    seen = Counter((op, entry.partition_id) for op, entry in entries)
+    duplicated = sorted(key for key, count in seen.items() if count > 1)
+    if duplicated:
+        raise IncompleteCheckpointError(f"partition {duplicated[0]!r} was reported twice")
+    unexpected = sorted(set(seen) - wanted)
+    if unexpected:
+        raise IncompleteCheckpointError(f"partition {unexpected[0]!r} was not expected")
+    missing = sorted(wanted - set(seen))
+    if missing:
+        raise IncompleteCheckpointError(
+            f"{len(missing)} expected partition(s) were not reported, e.g. {missing[0]!r}"
+        )
+    return entries
+
+
+async def commit_distributed(
+    ckpt: ObjectStoreCheckpointer,
+    checkpoint_id: CheckpointId,
+    epoch: int,
+    expected: Iterable[ArtifactKey],
+    reports: Iterable[WorkerReport],
+    *,
+    source_offsets: Mapping[str, SourceOffsetEntry] | None = None,
+    watermark: int | None = None,
+) -> CheckpointManifest:
+    """Coordinator side: check every report against the store, then commit once.
+
+    Raises :class:`IncompleteCheckpointError` for a missing, duplicated or unexpected
+    partition and :class:`IntegrityMismatchError` for an entry whose size or digest is
+    not what the store holds; either way nothing is committed. Returns the manifest.
+    """
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
+    entries = _collect(checkpoint_id, expected, reports)
+    if any(entry.is_delta for _, entry in entries):
+        raise InvalidInputError("a distributed checkpoint holds full snapshots only")
+    for source in source_offsets or {}:
+        validate_name("source", source)
+    await bounded_gather(
+        ckpt.max_concurrent_downloads,
+        [_check_against_store(ckpt, checkpoint_id, entry) for _, entry in entries],
+    )
+    per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
+    for operator, entry in entries:
+        per_operator.setdefault(operator, []).append(entry)
+    operators = {op: OperatorSnapshotEntry.from_partitions(p) for op, p in per_operator.items()}
+    manifest = msgspec.structs.replace(
+        CheckpointManifest.new(checkpoint_id, epoch),
+        operators=operators,
+        source_offsets=dict(source_offsets or {}),
+        watermark=watermark,
+        total_size_bytes=sum(op.total_bytes for op in operators.values()),
+        writer_generation=ckpt.writer_generation or None,
+    )
+    return await ckpt.commit(manifest)
+
+
+def _check_against_store(
+    ckpt: ObjectStoreCheckpointer, checkpoint_id: CheckpointId, entry: PartitionSnapshotEntry
+) -> Callable[[], Awaitable[None]]:
+    path = ckpt.paths.resolve(entry.owner or checkpoint_id, entry.path)
+
+    async def check() -> None:
+        try:
+            info, metadata = await ckpt.store.stat(path)
+        except CheckpointNotFoundError:
+            raise IntegrityMismatchError(
+                path, entry.sha256, "no such object", what="artifact"
+            ) from None
+        if info.size != entry.size_bytes:
+            raise IntegrityMismatchError(path, str(entry.size_bytes), str(info.size), what="size")
+        stored_digest = metadata.get(DIGEST_METADATA_KEY)
+        if stored_digest is None:  # a store without user metadata: hash the object itself
+            stored_digest = sha256_hex((await ckpt.store.get(path)).data)
+        if stored_digest != entry.sha256:
+            raise IntegrityMismatchError(path, entry.sha256, stored_digest)
+
+    return check
