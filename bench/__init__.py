@@ -1,0 +1,1 @@
+"""Benchmarks of cairn against raw obstore (run ``python bench/bench_save.py``)."""
