@@ -15,7 +15,7 @@ import collections
 import datetime as dt
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from obstore.store import MemoryStore
@@ -57,6 +57,17 @@ class CountingStore:
     ) -> ObjectInfo:
         return await self._count(
             "put", lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
+        )
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        await self._count(
+            "put", lambda: self.inner.put_stream(path, open_chunks, metadata=metadata)
         )
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -122,6 +122,17 @@ class FaultyStore:
     ) -> ObjectInfo:
         return await self._run(
             "put", path, lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
+        )
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        await self._run(
+            "put", path, lambda: self.inner.put_stream(path, open_chunks, metadata=metadata)
         )
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:

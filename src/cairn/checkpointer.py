@@ -27,9 +27,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import datetime as dt
+import hashlib
 import logging
+import os
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 import msgspec
 from obstore.store import ObjectStore
@@ -46,6 +50,7 @@ from cairn.errors import (
     CorruptManifestError,
     FencedError,
     IntegrityError,
+    IntegrityMismatchError,
     InvalidCheckpointDataError,
     InvalidInputError,
     ObjectExistsError,
@@ -64,6 +69,7 @@ from cairn.manifest import (
 )
 from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
+from cairn.sources import READ_CHUNK, ArtifactData, StreamSource, as_buffer, check_artifact_data
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
@@ -71,7 +77,7 @@ __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
 log = logging.getLogger("cairn")
 T = TypeVar("T")
 
-PartitionUpload = tuple[str, int, bool, Buffer]
+PartitionUpload = tuple[str, int, bool, ArtifactData]
 """``(operator, partition, is_delta, data)`` for :meth:`save_partitions_concurrent`."""
 
 
@@ -88,13 +94,13 @@ class Checkpointer(abc.ABC):
 
     @abc.abstractmethod
     async def save_snapshot(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """Write a state snapshot for one operator partition; returns its SHA-256 hex."""
 
     @abc.abstractmethod
     async def save_delta(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """Write an incremental delta for one operator partition; returns its SHA-256 hex."""
 
@@ -219,7 +225,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         return manifest
 
     async def save_snapshot(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """Upload the full state of one partition of an uncommitted checkpoint."""
         [(_, entry)] = await self.save_partitions_concurrent(
@@ -228,7 +234,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         return entry.sha256
 
     async def save_delta(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """Upload an incremental delta of one partition of an uncommitted checkpoint."""
         [(_, entry)] = await self.save_partitions_concurrent(
@@ -244,6 +250,60 @@ class ObjectStoreCheckpointer(Checkpointer):
         if expected_sha256 is not None:
             await asyncio.to_thread(verify_integrity, path, blob.data, expected_sha256)
         return blob.data
+
+    async def load_artifact_to(
+        self,
+        path: str,
+        dest: os.PathLike[str] | BinaryIO,
+        *,
+        expected_sha256: str | None = None,
+        chunk_size: int = READ_CHUNK,
+    ) -> str:
+        """Stream the object at ``path`` into ``dest`` in bounded memory; returns its SHA-256.
+
+        Reads in ranges of ``chunk_size`` (the next range is fetched while the current
+        one is written), hashing as it goes. For a path ``dest``, the bytes go to a
+        temporary file beside it that is fsynced and renamed into place only once the
+        digest matches ``expected_sha256``: on a mismatch nothing appears under the final
+        name and :class:`IntegrityMismatchError` is raised. A file object receives the
+        bytes as they arrive; then a mismatch is raised after the last write, and the
+        caller must discard what it received.
+        """
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise InvalidInputError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        size = (await self.store.head(path)).size
+        if isinstance(dest, os.PathLike):
+            return await _write_atomically(
+                Path(dest),
+                lambda file: self._stream_into(path, size, file, chunk_size),
+                path,
+                expected_sha256,
+            )
+        digest = await self._stream_into(path, size, dest, chunk_size)
+        if expected_sha256 is not None and digest != expected_sha256.lower():
+            raise IntegrityMismatchError(path, expected_sha256, digest)
+        return digest
+
+    async def _stream_into(self, path: str, size: int, file: BinaryIO, chunk_size: int) -> str:
+        """Copy ``path`` into ``file`` by ranged reads, one range fetched ahead; its digest."""
+        hasher = hashlib.sha256()
+
+        def fetch(start: int) -> asyncio.Future[Buffer] | None:
+            if start >= size:
+                return None
+            end = min(start + chunk_size, size)
+            return asyncio.ensure_future(self.store.get_range(path, start, end))
+
+        upcoming = fetch(0)
+        try:
+            for start in range(0, size, chunk_size):
+                current, upcoming = upcoming, fetch(start + chunk_size)
+                assert current is not None
+                await asyncio.to_thread(_hash_and_write, hasher, file, await current)
+        finally:
+            if upcoming is not None:
+                upcoming.cancel()
+        return hasher.hexdigest()
 
     async def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
         """Point ``_latest`` at committed ``checkpoint_id``, by compare-and-swap.
@@ -609,33 +669,59 @@ class ObjectStoreCheckpointer(Checkpointer):
         operator: str,
         partition: int,
         is_delta: bool,
-        data: Buffer,
+        data: ArtifactData,
         metadata_key: str | None = None,
     ) -> Callable[[], Awaitable[tuple[str, PartitionSnapshotEntry]]]:
         relative = self.paths.relative_artifact(operator, partition, is_delta)
         path = self.paths.resolve(cid, relative)
+        buffer = as_buffer(data)
 
         async def job() -> tuple[str, PartitionSnapshotEntry]:
-            if metadata_key is None and memoryview(data).nbytes > INLINE_HASH_LIMIT:
-                # Hash in a thread while the bytes travel.
-                digest, _ = await asyncio.gather(sha256_hex_async(data), self.store.put(path, data))
-            elif metadata_key is None:
-                # Small: hashing inline is cheaper than the two tasks gather would create.
-                digest = sha256_hex(data)
-                await self.store.put(path, data)
-            else:  # the digest must be known before the request: it goes in its headers
-                digest = await sha256_hex_async(data)
-                await self.store.put(path, data, metadata={metadata_key: digest})
+            if buffer is None:
+                digest, size = await self._upload_stream(path, StreamSource(data), metadata_key)
+            else:
+                digest, size = await self._upload_buffer(path, buffer, metadata_key), buffer.nbytes
             entry = PartitionSnapshotEntry(
                 partition_id=partition,
                 is_delta=is_delta,
                 path=relative,
-                size_bytes=memoryview(data).nbytes,
+                size_bytes=size,
                 sha256=digest,
             )
             return operator, entry
 
         return job
+
+    async def _upload_buffer(self, path: str, data: memoryview, metadata_key: str | None) -> str:
+        """Upload one buffer; returns its digest."""
+        if metadata_key is None and data.nbytes > INLINE_HASH_LIMIT:
+            # Hash in a thread while the bytes travel.
+            digest, _ = await asyncio.gather(sha256_hex_async(data), self.store.put(path, data))
+        elif metadata_key is None:
+            # Small: hashing inline is cheaper than the two tasks gather would create.
+            digest = sha256_hex(data)
+            await self.store.put(path, data)
+        else:  # the digest must be known before the request: it goes in its headers
+            digest = await sha256_hex_async(data)
+            await self.store.put(path, data, metadata={metadata_key: digest})
+        return digest
+
+    async def _upload_stream(
+        self, path: str, source: StreamSource, metadata_key: str | None
+    ) -> tuple[str, int]:
+        """Upload a file or stream in parts, hashing each chunk; returns (digest, size)."""
+        metadata = None
+        if metadata_key is not None:
+            if not source.reopenable:
+                raise InvalidInputError(
+                    f"{path!r}: a one-shot stream cannot carry its digest as metadata "
+                    "(it is needed before the upload starts): pass bytes or a file"
+                )
+            async for _ in source.open():  # a first pass, only to learn the digest
+                pass
+            metadata = {metadata_key: source.sha256}
+        await self.store.put_stream(path, source.open, metadata=metadata)
+        return source.sha256, source.size
 
     def _offset_job(
         self, cid: CheckpointId, source: str, entry: SourceOffsetEntry
@@ -729,6 +815,38 @@ class ObjectStoreCheckpointer(Checkpointer):
         return None
 
 
+def _hash_and_write(hasher: hashlib._Hash, file: BinaryIO, chunk: Buffer) -> None:
+    hasher.update(chunk)
+    file.write(chunk)
+
+
+async def _write_atomically(
+    target: Path,
+    fill: Callable[[BinaryIO], Awaitable[str]],
+    source: str,
+    expected_sha256: str | None,
+) -> str:
+    """Fill a temporary file beside ``target``; rename it into place only if it verifies."""
+    if await asyncio.to_thread(target.is_dir):
+        raise InvalidInputError(f"cannot restore {source!r} into {str(target)!r}: a directory")
+    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+    file = await asyncio.to_thread(open, partial, "xb")
+    try:
+        try:
+            digest = await fill(file)
+            await asyncio.to_thread(file.flush)
+            await asyncio.to_thread(os.fsync, file.fileno())
+        finally:
+            file.close()
+        if expected_sha256 is not None and digest != expected_sha256.lower():
+            raise IntegrityMismatchError(source, expected_sha256, digest)
+        await asyncio.to_thread(os.replace, partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return digest
+
+
 def _intent_body(parent_id: CheckpointId) -> bytes:
     return msgspec.json.encode({"parent_id": str(parent_id)})
 
@@ -751,13 +869,7 @@ def _check_uploads(uploads: Sequence[PartitionUpload]) -> list[PartitionUpload]:
         validate_partition(partition)
         if not isinstance(is_delta, bool):
             raise InvalidInputError(f"is_delta must be a bool, got {is_delta!r}")
-        try:
-            memoryview(data)
-        except TypeError:
-            raise InvalidInputError(
-                f"data for ({operator!r}, {partition}) must be bytes-like, "
-                f"got {type(data).__name__}"
-            ) from None
+        check_artifact_data(f"data for ({operator!r}, {partition})", data)
         if (operator, partition, is_delta) in seen:
             raise InvalidInputError(f"({operator!r}, {partition}) is uploaded twice")
         seen.add((operator, partition, is_delta))

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from cairn._buffer import Buffer
-from cairn.errors import InvalidCheckpointDataError
+from cairn.errors import InvalidCheckpointDataError, InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry, SourceOffsetEntry
+from cairn.sources import ArtifactData, check_artifact_data
 
 __all__ = ["ArtifactKey", "ChainLink", "CheckpointData", "LoadedCheckpoint"]
 
@@ -24,10 +25,10 @@ ArtifactKey: TypeAlias = tuple[str, int]
 """``(operator, partition)``."""
 
 
-def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, Buffer]:
+def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, ArtifactData]:
     if not isinstance(artifacts, Mapping):
         raise InvalidCheckpointDataError(f"{kind} must map (operator, partition) to bytes")
-    checked: dict[ArtifactKey, Buffer] = {}
+    checked: dict[ArtifactKey, ArtifactData] = {}
     for key, data in artifacts.items():
         if not isinstance(key, tuple) or len(key) != 2:
             raise InvalidCheckpointDataError(
@@ -37,11 +38,9 @@ def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, Buffer]:
         validate_name("operator", operator)
         validate_partition(partition)
         try:
-            memoryview(data)
-        except TypeError:
-            raise InvalidCheckpointDataError(
-                f"{kind}[{key!r}] must be bytes-like, got {type(data).__name__}"
-            ) from None
+            check_artifact_data(f"{kind}[{key!r}]", data)
+        except InvalidInputError as exc:
+            raise InvalidCheckpointDataError(str(exc)) from None
         checked[(operator, partition)] = data
     return checked
 
@@ -50,15 +49,16 @@ def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, Buffer]:
 class CheckpointData:
     """One checkpoint to save.
 
-    ``snapshots`` and ``deltas`` map ``(operator, partition)`` to bytes-like data;
+    ``snapshots`` and ``deltas`` map ``(operator, partition)`` to the artifact's data:
+    bytes-like, a :class:`pathlib.Path`, a binary file, or an iterable of chunks;
     ``source_offsets`` maps a source name to its :class:`SourceOffsetEntry`. An id is
     generated when ``checkpoint_id`` is None. Raises :class:`InvalidCheckpointDataError`
     (or :class:`InvalidNameError`) naming the offending value.
     """
 
     epoch: int
-    snapshots: Mapping[ArtifactKey, Buffer] = field(default_factory=dict)
-    deltas: Mapping[ArtifactKey, Buffer] = field(default_factory=dict)
+    snapshots: Mapping[ArtifactKey, ArtifactData] = field(default_factory=dict)
+    deltas: Mapping[ArtifactKey, ArtifactData] = field(default_factory=dict)
     source_offsets: Mapping[str, SourceOffsetEntry] = field(default_factory=dict)
     watermark: int | None = None
     parent_id: CheckpointId | None = None

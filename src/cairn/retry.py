@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -111,6 +111,15 @@ class RetryingStore:
         return await self.policy.run(
             lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
         )
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        await self.policy.run(lambda: self.inner.put_stream(path, open_chunks, metadata=metadata))
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
         return await self.policy.run(lambda: self.inner.stat(path))

@@ -27,7 +27,7 @@ import datetime as dt
 import fcntl
 import os
 import re
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -70,6 +70,11 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+PART_SIZE = 8 * 1024 * 1024
+"""Multipart part size for streamed uploads (S3's minimum is 5 MiB)."""
+PARTS_IN_FLIGHT = 4
+"""Parts of one streamed upload in flight at once: memory is about PART_SIZE times this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,18 @@ class Store(Protocol):
         :class:`IfMatch` raises :class:`PreconditionFailedError` if it changed.
         ``metadata`` is stored with the object where the store supports user metadata
         (memory, S3, GCS, Azure) and dropped where it does not (local files).
+        """
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """Write the chunks of ``open_chunks()`` as one object, in a multipart upload.
+
+        ``open_chunks`` is called once per attempt; the object appears whole or not at all.
         """
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
@@ -269,6 +286,27 @@ class ObstoreStore:
             size=memoryview(data).nbytes,
             e_tag=result.get("e_tag"),
             last_modified=dt.datetime.now(dt.UTC),
+        )
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        attributes = dict(metadata) if metadata and self._local_root is None else None
+        await _call(
+            "put",
+            path,
+            obstore.put_async(
+                self._store,
+                path,
+                open_chunks(),
+                attributes=attributes,
+                chunk_size=PART_SIZE,
+                max_concurrency=PARTS_IN_FLIGHT,
+            ),
         )
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:

@@ -26,6 +26,7 @@ from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
+from cairn.sources import ArtifactData
 from cairn.stores import Store
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
@@ -130,7 +131,7 @@ class SyncCheckpointer:
         return _runner.run(self.async_checkpointer.load_manifest(checkpoint_id))
 
     def save_snapshot(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.save_snapshot`."""
         return _runner.run(
@@ -138,7 +139,7 @@ class SyncCheckpointer:
         )
 
     def save_delta(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: Buffer
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.save_delta`."""
         return _runner.run(
