@@ -41,6 +41,7 @@ from obstore.store import ObjectStore
 from cairn import _pointer
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
+from cairn.codecs import StreamDecoder, get_codec
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.errors import (
     BrokenChainError,
@@ -149,7 +150,8 @@ class ObjectStoreCheckpointer(Checkpointer):
     ``store`` is an obstore store, a :class:`~cairn.stores.Store`, or a URL opened with
     :func:`~cairn.open_store`. Uploads run at most ``max_concurrent_uploads`` at a time
     and downloads at most ``max_concurrent_downloads``; transient store failures are
-    retried per ``retry``.
+    retried per ``retry``. With ``compression="zstd"`` artifacts are stored compressed
+    (see :mod:`cairn.codecs`); readers decompress whatever each entry records.
     """
 
     def __init__(
@@ -160,8 +162,10 @@ class ObjectStoreCheckpointer(Checkpointer):
         *,
         retry: RetryPolicy | None = None,
         max_concurrent_downloads: int = 8,
+        compression: str | None = None,
     ) -> None:
         self.paths = paths if paths is not None else CheckpointPaths()
+        self.codec = get_codec(compression) if compression is not None else None
         if not isinstance(self.paths, CheckpointPaths):
             raise InvalidInputError(f"paths must be a CheckpointPaths, got {paths!r}")
         self.max_concurrent_uploads = _positive_int(
@@ -258,6 +262,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         *,
         expected_sha256: str | None = None,
         chunk_size: int = READ_CHUNK,
+        codec: str | None = None,
     ) -> str:
         """Stream the object at ``path`` into ``dest`` in bounded memory; returns its SHA-256.
 
@@ -267,24 +272,33 @@ class ObjectStoreCheckpointer(Checkpointer):
         digest matches ``expected_sha256``: on a mismatch nothing appears under the final
         name and :class:`IntegrityMismatchError` is raised. A file object receives the
         bytes as they arrive; then a mismatch is raised after the last write, and the
-        caller must discard what it received.
+        caller must discard what it received. ``codec`` (an entry's ``codec``) decodes
+        the stored bytes on the way; the digest is that of the decoded bytes.
         """
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise InvalidInputError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        decoder = get_codec(codec, path=path).decoder() if codec is not None else None
         size = (await self.store.head(path)).size
         if isinstance(dest, os.PathLike):
             return await _write_atomically(
                 Path(dest),
-                lambda file: self._stream_into(path, size, file, chunk_size),
+                lambda file: self._stream_into(path, size, file, chunk_size, decoder),
                 path,
                 expected_sha256,
             )
-        digest = await self._stream_into(path, size, dest, chunk_size)
+        digest = await self._stream_into(path, size, dest, chunk_size, decoder)
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise IntegrityMismatchError(path, expected_sha256, digest)
         return digest
 
-    async def _stream_into(self, path: str, size: int, file: BinaryIO, chunk_size: int) -> str:
+    async def _stream_into(
+        self,
+        path: str,
+        size: int,
+        file: BinaryIO,
+        chunk_size: int,
+        decoder: StreamDecoder | None = None,
+    ) -> str:
         """Copy ``path`` into ``file`` by ranged reads, one range fetched ahead; its digest."""
         hasher = hashlib.sha256()
 
@@ -299,7 +313,8 @@ class ObjectStoreCheckpointer(Checkpointer):
             for start in range(0, size, chunk_size):
                 current, upcoming = upcoming, fetch(start + chunk_size)
                 assert current is not None
-                await asyncio.to_thread(_hash_and_write, hasher, file, await current)
+                chunk = await current
+                await asyncio.to_thread(_hash_and_write, hasher, file, chunk, decoder)
         finally:
             if upcoming is not None:
                 upcoming.cancel()
@@ -591,11 +606,23 @@ class ObjectStoreCheckpointer(Checkpointer):
 
         async def job() -> Buffer:
             try:
-                return await self.load_artifact(
-                    path, expected_sha256=entry.sha256 if verify else None
-                )
+                if entry.codec is None:
+                    return await self.load_artifact(
+                        path, expected_sha256=entry.sha256 if verify else None
+                    )
+                codec = get_codec(entry.codec, path=path)
+                stored = await self.load_artifact(path)
             except CheckpointNotFoundError:
                 raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
+            try:
+                data = await asyncio.to_thread(codec.decompress, stored)
+            except Exception as exc:  # the codec's own error type: the bytes are damaged
+                raise IntegrityMismatchError(
+                    path, entry.sha256, f"undecodable {entry.codec} data ({exc})"
+                ) from None
+            if verify:
+                await asyncio.to_thread(verify_integrity, path, data, entry.sha256)
+            return data
 
         return job
 
@@ -678,7 +705,13 @@ class ObjectStoreCheckpointer(Checkpointer):
 
         async def job() -> tuple[str, PartitionSnapshotEntry]:
             if buffer is None:
-                digest, size = await self._upload_stream(path, StreamSource(data), metadata_key)
+                encoder = self.codec.encoder if self.codec is not None else None
+                source = StreamSource(data, encoder=encoder)
+                digest = await self._upload_stream(path, source, metadata_key)
+                size, stored_size = source.size, source.stored_size
+            elif self.codec is not None:
+                digest, stored_size = await self._upload_compressed(path, buffer, metadata_key)
+                size = buffer.nbytes
             else:
                 digest, size = await self._upload_buffer(path, buffer, metadata_key), buffer.nbytes
             entry = PartitionSnapshotEntry(
@@ -687,10 +720,24 @@ class ObjectStoreCheckpointer(Checkpointer):
                 path=relative,
                 size_bytes=size,
                 sha256=digest,
+                codec=self.codec.name if self.codec is not None else None,
+                stored_size_bytes=stored_size if self.codec is not None else None,
             )
             return operator, entry
 
         return job
+
+    async def _upload_compressed(
+        self, path: str, data: memoryview, metadata_key: str | None
+    ) -> tuple[str, int]:
+        """Compress and hash one buffer in threads, then upload it; (digest, stored size)."""
+        assert self.codec is not None
+        digest, stored = await asyncio.gather(
+            sha256_hex_async(data), asyncio.to_thread(self.codec.compress, data)
+        )
+        metadata = {metadata_key: digest} if metadata_key is not None else None
+        await self.store.put(path, stored, metadata=metadata)
+        return digest, len(stored)
 
     async def _upload_buffer(self, path: str, data: memoryview, metadata_key: str | None) -> str:
         """Upload one buffer; returns its digest."""
@@ -708,8 +755,8 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     async def _upload_stream(
         self, path: str, source: StreamSource, metadata_key: str | None
-    ) -> tuple[str, int]:
-        """Upload a file or stream in parts, hashing each chunk; returns (digest, size)."""
+    ) -> str:
+        """Upload a file or stream in parts, hashing each chunk; returns its digest."""
         metadata = None
         if metadata_key is not None:
             if not source.reopenable:
@@ -721,7 +768,7 @@ class ObjectStoreCheckpointer(Checkpointer):
                 pass
             metadata = {metadata_key: source.sha256}
         await self.store.put_stream(path, source.open, metadata=metadata)
-        return source.sha256, source.size
+        return source.sha256
 
     def _offset_job(
         self, cid: CheckpointId, source: str, entry: SourceOffsetEntry
@@ -815,7 +862,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         return None
 
 
-def _hash_and_write(hasher: hashlib._Hash, file: BinaryIO, chunk: Buffer) -> None:
+def _hash_and_write(
+    hasher: hashlib._Hash, file: BinaryIO, chunk: Buffer, decoder: StreamDecoder | None
+) -> None:
+    if decoder is not None:
+        chunk = decoder.decompress(chunk)
     hasher.update(chunk)
     file.write(chunk)
 

@@ -168,7 +168,8 @@ class CodecError(CheckpointerError):
     def __init__(self, path: str, codec: str, reason: str) -> None:
         self.path = path
         self.codec = codec
-        super().__init__(f"cannot decode {path!r} (codec {codec!r}): {reason}")
+        where = f"cannot decode {path!r} " if path else ""
+        super().__init__(f"{where}(codec {codec!r}): {reason}")
 
 
 class StoreError(CheckpointerError):

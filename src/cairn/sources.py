@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, TypeAlias
+from typing import Any, BinaryIO, TypeAlias
 
 from cairn._buffer import Buffer
+from cairn.codecs import StreamEncoder
 from cairn.errors import InvalidInputError
 
 __all__ = ["READ_CHUNK", "ArtifactData", "StreamSource", "as_buffer", "check_artifact_data"]
@@ -48,9 +49,7 @@ def as_buffer(data: object) -> memoryview | None:
 def check_artifact_data(what: str, data: object) -> None:
     """Raise :class:`InvalidInputError` naming ``what`` unless ``data`` is a usable source."""
     if isinstance(data, str):
-        raise InvalidInputError(
-            f"{what} is a str: pass bytes, or a pathlib.Path to upload a file"
-        )
+        raise InvalidInputError(f"{what} is a str: pass bytes, or a pathlib.Path to upload a file")
     if as_buffer(data) is not None:
         return
     if isinstance(data, os.PathLike):
@@ -72,9 +71,17 @@ class StreamSource:
     :attr:`sha256` and :attr:`size` describe exactly the bytes it produced.
     """
 
-    def __init__(self, data: ArtifactData, *, chunk_size: int = READ_CHUNK) -> None:
+    def __init__(
+        self,
+        data: ArtifactData,
+        *,
+        chunk_size: int = READ_CHUNK,
+        encoder: Callable[[], StreamEncoder] | None = None,
+    ) -> None:
         self._data = data
         self._chunk_size = chunk_size
+        self._encoder = encoder
+        self.stored_size = 0
         self._opened = 0
         self._start = data.tell() if _is_seekable_file(data) else 0  # type: ignore[union-attr]
         self.sha256 = ""
@@ -97,16 +104,24 @@ class StreamSource:
 
     async def _hashing(self, chunks: AsyncIterator[Buffer]) -> AsyncIterator[bytes]:
         hasher = hashlib.sha256()
-        size = 0
+        encoder = self._encoder() if self._encoder is not None else None
+        size = stored = 0
         async for chunk in chunks:
             view = bytes(chunk) if not isinstance(chunk, bytes) else chunk
-            if len(view) > 256 * 1024:
+            size += len(view)
+            if encoder is not None:
+                view = await asyncio.to_thread(_hash_and_encode, hasher, encoder, view)
+            elif len(view) > 256 * 1024:
                 await asyncio.to_thread(hasher.update, view)
             else:
                 hasher.update(view)
-            size += len(view)
-            yield view
-        self.sha256, self.size = hasher.hexdigest(), size
+            if view:
+                stored += len(view)
+                yield view
+        if encoder is not None and (tail := encoder.flush()):
+            stored += len(tail)
+            yield tail
+        self.sha256, self.size, self.stored_size = hasher.hexdigest(), size, stored
 
     async def _chunks(self) -> AsyncIterator[Buffer]:
         data = self._data
@@ -129,6 +144,11 @@ class StreamSource:
             iterator: Iterator[Buffer] = iter(data)  # type: ignore[arg-type]
             while (item := await asyncio.to_thread(_next_or_none, iterator)) is not None:
                 yield item
+
+
+def _hash_and_encode(hasher: Any, encoder: StreamEncoder, chunk: bytes) -> bytes:
+    hasher.update(chunk)
+    return encoder.compress(chunk)
 
 
 def _next_or_none(iterator: Iterator[Buffer]) -> Buffer | None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import datetime as dt
+import os
 import threading
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from obstore.store import ObjectStore
 
@@ -101,6 +102,7 @@ class SyncCheckpointer:
         *,
         retry: RetryPolicy | None = None,
         max_concurrent_downloads: int = 8,
+        compression: str | None = None,
     ) -> None:
         self.async_checkpointer = ObjectStoreCheckpointer(
             store,
@@ -108,6 +110,7 @@ class SyncCheckpointer:
             max_concurrent_uploads,
             retry=retry,
             max_concurrent_downloads=max_concurrent_downloads,
+            compression=compression,
         )
 
     @classmethod
@@ -150,6 +153,21 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.load_artifact`."""
         return _runner.run(
             self.async_checkpointer.load_artifact(path, expected_sha256=expected_sha256)
+        )
+
+    def load_artifact_to(
+        self,
+        path: str,
+        dest: os.PathLike[str] | BinaryIO,
+        *,
+        expected_sha256: str | None = None,
+        codec: str | None = None,
+    ) -> str:
+        """See :meth:`ObjectStoreCheckpointer.load_artifact_to`."""
+        return _runner.run(
+            self.async_checkpointer.load_artifact_to(
+                path, dest, expected_sha256=expected_sha256, codec=codec
+            )
         )
 
     def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
