@@ -40,6 +40,7 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
+from cairn.manifest import dec_hook, enc_hook
 from cairn.stores import IfMatch, PutMode, Store
 
 log = logging.getLogger("cairn")
@@ -66,20 +67,8 @@ class WriterRecord(msgspec.Struct, frozen=True):
     acquired_ms: int = 0
 
 
-def _enc_hook(value: object) -> object:
-    if isinstance(value, CheckpointId):
-        return str(value)
-    raise NotImplementedError(type(value).__name__)
-
-
-def _dec_hook(kind: type, value: object) -> object:
-    if kind is CheckpointId and isinstance(value, str):
-        return CheckpointId.parse(value)
-    raise NotImplementedError(repr(kind))
-
-
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
-_pointer_decoder = msgspec.json.Decoder(LatestPointer, dec_hook=_dec_hook)
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
+_pointer_decoder = msgspec.json.Decoder(LatestPointer, dec_hook=dec_hook)
 _writer_decoder = msgspec.json.Decoder(WriterRecord)
 
 

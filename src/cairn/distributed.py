@@ -43,6 +43,8 @@ from cairn.manifest import (
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     SourceOffsetEntry,
+    dec_hook,
+    enc_hook,
 )
 
 __all__ = ["DIGEST_METADATA_KEY", "WorkerReport", "commit_distributed", "upload_partitions"]
@@ -71,20 +73,8 @@ class WorkerReport(msgspec.Struct, frozen=True):
             raise InvalidInputError(f"not a worker report: {exc}") from None
 
 
-def _enc_hook(value: object) -> object:
-    if isinstance(value, CheckpointId):
-        return str(value)
-    raise NotImplementedError(type(value).__name__)
-
-
-def _dec_hook(kind: type, value: object) -> object:
-    if kind is CheckpointId and isinstance(value, str):
-        return CheckpointId.parse(value)
-    raise NotImplementedError(repr(kind))
-
-
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
-_decoder = msgspec.json.Decoder(WorkerReport, dec_hook=_dec_hook)
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
+_decoder = msgspec.json.Decoder(WorkerReport, dec_hook=dec_hook)
 
 
 async def upload_partitions(

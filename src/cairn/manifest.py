@@ -149,20 +149,22 @@ class _VersionProbe(msgspec.Struct):
     version: Any = msgspec.UNSET
 
 
-def _enc_hook(value: object) -> object:
+def enc_hook(value: object) -> object:
+    """msgspec encoding of the types cairn adds (a CheckpointId is its text)."""
     if isinstance(value, CheckpointId):
         return str(value)
     raise NotImplementedError(f"cannot encode {type(value).__name__}")
 
 
-def _dec_hook(kind: type, value: object) -> object:
+def dec_hook(kind: type, value: object) -> object:
+    """msgspec decoding of the types cairn adds; an invalid id is a validation error."""
     if kind is CheckpointId and isinstance(value, str):
         return CheckpointId.parse(value)  # InvalidInputError is a ValueError: msgspec reports it
     raise NotImplementedError(f"cannot decode {kind!r}")
 
 
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook, order="deterministic")
-_decoder = msgspec.json.Decoder(_StoredManifest, dec_hook=_dec_hook)
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook, order="deterministic")
+_decoder = msgspec.json.Decoder(_StoredManifest, dec_hook=dec_hook)
 _probe_decoder = msgspec.json.Decoder(_VersionProbe)
 
 
