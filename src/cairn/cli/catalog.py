@@ -81,9 +81,7 @@ async def resolve_many(
     return found
 
 
-async def read_manifests(
-    ckpt: ObjectStoreCheckpointer, ids: list[CheckpointId]
-) -> list[Listed]:
+async def read_manifests(ckpt: ObjectStoreCheckpointer, ids: list[CheckpointId]) -> list[Listed]:
     """The manifest of each of ``ids`` (read concurrently), in the order given.
 
     A manifest that is corrupt, or was deleted since it was listed, is reported in

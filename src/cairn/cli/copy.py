@@ -112,9 +112,7 @@ class _Plan:
 
     @staticmethod
     def _self_contained(manifest: CheckpointManifest) -> bool:
-        return all(
-            e.owner is None and not e.is_delta for _, e in manifest.partition_entries()
-        )
+        return all(e.owner is None and not e.is_delta for _, e in manifest.partition_entries())
 
     def order(self) -> list[CheckpointId]:
         """Every planned id, each after the checkpoints it needs."""
@@ -134,9 +132,7 @@ class _Plan:
         return done
 
 
-async def _present(
-    target: ObjectStoreCheckpointer, cid: CheckpointId
-) -> LoadedCheckpoint | None:
+async def _present(target: ObjectStoreCheckpointer, cid: CheckpointId) -> LoadedCheckpoint | None:
     try:
         await target.store.head(target.paths.manifest(cid))
     except CheckpointNotFoundError:
@@ -156,15 +152,15 @@ async def _copy_one(
     existing = await _present(target, cid)
     if existing is not None:
         if signature(existing) != wanted:
-            return Copied(cid, manifest.epoch, "failed", error=(
-                f"the target already holds a different checkpoint {cid}"
-            ))
+            return Copied(
+                cid,
+                manifest.epoch,
+                "failed",
+                error=(f"the target already holds a different checkpoint {cid}"),
+            )
         return Copied(cid, manifest.epoch, "present")
     own = [
-        (key, link)
-        for key, chain in loaded.chains.items()
-        for link in chain
-        if link.owner == cid
+        (key, link) for key, chain in loaded.chains.items() for link in chain if link.owner == cid
     ]
     data = CheckpointData(
         checkpoint_id=cid,
@@ -179,11 +175,16 @@ async def _copy_one(
     copied = await target.load(cid, verify=True)
     if signature(copied) != wanted:
         await target.delete_checkpoint(cid)
-        return Copied(cid, manifest.epoch, "failed", error=(
-            f"the copy of {cid} does not match its source (chains differ); it was removed"
-        ))
+        return Copied(
+            cid,
+            manifest.epoch,
+            "failed",
+            error=(f"the copy of {cid} does not match its source (chains differ); it was removed"),
+        )
     size = sum(memoryview(link.data).nbytes for _, link in own)
-    note = f"parent {manifest.parent_id} no longer exists: copied without it" if drop_parent else None
+    note = (
+        f"parent {manifest.parent_id} no longer exists: copied without it" if drop_parent else None
+    )
     return Copied(cid, manifest.epoch, "copied", size_bytes=size, note=note)
 
 
@@ -216,9 +217,12 @@ async def copy_checkpoints(
         if cid in plan.errors:
             result = Copied(cid, None, "failed", error=plan.errors[cid])
         elif failed_dep is not None:
-            result = Copied(cid, epoch, "failed", error=(
-                f"it builds on {failed_dep}, which could not be copied"
-            ))
+            result = Copied(
+                cid,
+                epoch,
+                "failed",
+                error=(f"it builds on {failed_dep}, which could not be copied"),
+            )
         else:
             try:
                 result = await _copy_one(source, target, cid, cid in plan.dropped_parent)

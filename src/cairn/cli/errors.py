@@ -21,8 +21,8 @@ traceback (unless ``--debug``).
 from __future__ import annotations
 
 import enum
-
-import click
+import importlib
+from types import ModuleType
 
 from cairn import (
     CheckpointerError,
@@ -38,7 +38,15 @@ from cairn import (
     TransientStoreError,
 )
 
-__all__ = ["CliError", "ExitCode", "describe", "exit_code_for", "one_line"]
+__all__ = [
+    "CliError",
+    "ExitCode",
+    "click_exceptions",
+    "describe",
+    "exit_code_for",
+    "is_usage_error",
+    "one_line",
+]
 
 MAX_MESSAGE = 600
 
@@ -50,6 +58,24 @@ class ExitCode(enum.IntEnum):
     INTEGRITY = 1
     USAGE = 2
     STORE = 3
+
+
+def click_exceptions() -> ModuleType:
+    """click's exception classes as typer raises them.
+
+    typer >= 0.26 vendors click as ``typer._click``; older versions use ``click`` itself.
+    """
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("neither typer._click nor click is installed")
+
+
+def is_usage_error(exc: BaseException) -> bool:
+    """True for a command-line usage error (unknown option, missing argument, ...)."""
+    return isinstance(exc, click_exceptions().UsageError)
 
 
 class CliError(Exception):
@@ -67,7 +93,7 @@ def exit_code_for(exc: BaseException) -> ExitCode:
         return exc.code
     if isinstance(exc, IntegrityError | CodecError | CheckpointExistsError | FencedError):
         return ExitCode.INTEGRITY
-    if isinstance(exc, InvalidInputError | CheckpointNotFoundError | click.UsageError):
+    if isinstance(exc, InvalidInputError | CheckpointNotFoundError) or is_usage_error(exc):
         return ExitCode.USAGE
     if isinstance(exc, StoreError):
         return ExitCode.STORE
@@ -103,7 +129,7 @@ def describe(exc: BaseException) -> str:
         text = f"store failure: {exc}"
     elif isinstance(exc, CheckpointerError):
         text = str(exc)
-    elif isinstance(exc, click.ClickException):
+    elif isinstance(exc, click_exceptions().ClickException):
         text = exc.format_message()
     else:
         text = f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)"

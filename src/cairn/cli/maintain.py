@@ -35,7 +35,7 @@ def parse_duration(text: str) -> dt.timedelta:
         return dt.timedelta(seconds=float(spec))
     position, seconds = 0, 0.0
     for match in _DURATION_PART.finditer(spec):
-        if match.start() != position or spec[position:match.start()].strip():
+        if match.start() != position or spec[position : match.start()].strip():
             break
         seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
         position = match.end()

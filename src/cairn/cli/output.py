@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console, RenderableType
+from rich.table import Table
 
-__all__ = ["Output", "human_age", "human_size", "iso_time"]
+__all__ = ["Output", "human_age", "human_size", "iso_time", "make_table"]
 
 PIPE_WIDTH = 160
 
@@ -96,3 +97,14 @@ def iso_time(timestamp_ms: int) -> str:
     """``timestamp_ms`` as an ISO 8601 UTC time with milliseconds."""
     moment = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def make_table(title: str, *columns: str, no_wrap: bool = False) -> Table:
+    """A rich table titled ``title``; a column name starting with ``>`` is right-aligned."""
+    made = Table(title=title, title_justify="left")
+    for column in columns:
+        right = column.startswith(">")
+        made.add_column(
+            column.removeprefix(">"), justify="right" if right else "left", no_wrap=no_wrap
+        )
+    return made

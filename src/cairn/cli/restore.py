@@ -70,13 +70,13 @@ async def plan_files(
 async def restore(
     ckpt: ObjectStoreCheckpointer, cid: CheckpointId, target: Path, progress: Transfer
 ) -> Restored:
-    """Restore ``cid`` into directory ``target`` (created if missing), then re-verify it.
+    """Restore ``cid`` into directory ``target`` (absolute; created if missing), then
+    re-verify it.
 
     Raises :class:`CliError` with exit 2 when ``target`` is a file, and with exit 1 when
     the written files do not verify.
     """
-    target = target.expanduser().resolve()
-    check_target_dir(target)
+    await asyncio.to_thread(check_target_dir, target)
     epoch, files = await plan_files(ckpt, cid)
     progress.describe(f"restoring {cid}")
     progress.set_total(sum(memoryview(data).nbytes for _, data in files))

@@ -55,11 +55,17 @@ class Session:
     url: str
     prefix: str
     output: Output
+    default_store: bool = False
 
     @classmethod
     def create(cls, store: str | None, prefix: str, json_mode: bool) -> Session:
         """A session for ``--store``, ``--prefix`` and ``--json``."""
-        return cls(url=store_url(store), prefix=prefix, output=Output(json_mode=json_mode))
+        return cls(
+            url=store_url(store),
+            prefix=prefix,
+            output=Output(json_mode=json_mode),
+            default_store=not store,
+        )
 
     def where(self) -> str:
         """``URL (prefix 'p/')``: the store named in messages."""
@@ -71,15 +77,26 @@ class Session:
         Unless ``create``, a local directory that does not exist is reported as an
         unreachable store instead of being created empty.
         """
-        return open_checkpointer(self.url, self.prefix, create=create)
+        hint = " (the default store: pass --store URL or set CAIRN_STORE)"
+        return open_checkpointer(
+            self.url, self.prefix, create=create, hint=hint if self.default_store else ""
+        )
 
 
-def open_checkpointer(url: str, prefix: str, *, create: bool) -> ObjectStoreCheckpointer:
-    """An :class:`ObjectStoreCheckpointer` over ``url`` with base ``prefix``."""
+def open_checkpointer(
+    url: str, prefix: str, *, create: bool, hint: str = ""
+) -> ObjectStoreCheckpointer:
+    """An :class:`ObjectStoreCheckpointer` over ``url`` with base ``prefix``.
+
+    Unless ``create``, a local directory that does not exist raises :class:`CliError`
+    (exit 3), with ``hint`` appended to the message.
+    """
     directory = local_dir(url)
     if directory is not None and not create and not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
-        raise CliError(f"store unreachable: local directory {directory} {what}", ExitCode.STORE)
+        raise CliError(
+            f"store unreachable: local directory {directory} {what}{hint}", ExitCode.STORE
+        )
     return ObjectStoreCheckpointer(open_store(url), CheckpointPaths(prefix))
 
 
@@ -101,9 +118,7 @@ def configure_logging(debug: bool) -> None:
     logger.propagate = False
 
 
-def run(
-    session: Session, debug: bool, command: Callable[[], Awaitable[ExitCode | None]]
-) -> None:
+def run(session: Session, debug: bool, command: Callable[[], Awaitable[ExitCode | None]]) -> None:
     """Run ``command`` on an event loop; exit with its code, or report its failure.
 
     Returns normally on success (exit 0); otherwise raises :class:`typer.Exit` with the

@@ -1,0 +1,453 @@
+"""``cairn demo``: kill a checkpointing job at a random moment and prove exactly-once.
+
+The sequence, every step through cairn's public API:
+
+1. start the job (:mod:`cairn.demo`) as a child process, on a fresh prefix of the store,
+   with its stream paced over ``--stream-seconds``;
+2. pick the kill moment at random: after the child reports its k-th checkpoint
+   (k uniform in 1..n-2 of the n it would make), plus a random part of one checkpoint
+   interval, so the kill lands while it processes events or while it uploads; then
+   ``SIGKILL`` it;
+3. restart the job in a new child process: it restores from ``load_latest`` (every
+   digest verified), replays the stream from the restored source offset, and
+   checkpoints to the end;
+4. load the final checkpoint, rebuild the state from its restore chains, and compare it
+   with an uninterrupted run over the same stream computed here: equal means every
+   event was counted exactly once, across the crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import math
+import random
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from cairn import ObjectStoreCheckpointer
+from cairn.cli.catalog import read_manifests
+from cairn.cli.errors import CliError, ExitCode
+from cairn.cli.output import human_size, make_table
+from cairn.cli.progress import Transfer
+from cairn.cli.session import Session, open_checkpointer, run
+from cairn.demo import (
+    OPERATORS,
+    PARTITIONS,
+    SOURCE,
+    SPLIT,
+    reference_pipeline,
+    restore_pipeline,
+    restored_offset,
+)
+
+__all__ = ["DemoSettings", "demo_command", "run_demo"]
+
+PHASE_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What ``cairn demo`` runs: the stream, the checkpoint cadence, the store."""
+
+    url: str
+    prefix: str
+    seed: int
+    events: int
+    checkpoint_every: int
+    full_every: int
+    stream_seconds: float
+
+    @property
+    def checkpoints(self) -> int:
+        """How many checkpoints an uninterrupted run makes (the last at the stream's end)."""
+        return math.ceil(self.events / self.checkpoint_every)
+
+    def child_command(self, paced: bool) -> list[str]:
+        """The command line of the job's process."""
+        return [
+            sys.executable,
+            "-m",
+            "cairn.demo",
+            "--store",
+            self.url,
+            "--prefix",
+            self.prefix,
+            "--seed",
+            str(self.seed),
+            "--events",
+            str(self.events),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+            "--full-every",
+            str(self.full_every),
+            "--stream-seconds",
+            str(self.stream_seconds if paced else 0.0),
+        ]
+
+
+@dataclass
+class ChildRun:
+    """What one run of the job reported on stdout, and how it ended."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    returncode: int | None = None
+    stderr: str = ""
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        """The messages of one ``type``."""
+        return [m for m in self.messages if m.get("type") == kind]
+
+
+@dataclass
+class Kill:
+    """When and how the first run was killed."""
+
+    after_checkpoints: int
+    delay_ms: int
+    pid: int
+    killed: bool = False
+
+
+async def _read_message(proc: asyncio.subprocess.Process, deadline: float) -> dict[str, Any] | None:
+    assert proc.stdout is not None
+    remaining = max(0.01, deadline - time.monotonic())
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), remaining)
+    except TimeoutError:
+        proc.kill()
+        raise CliError(
+            "the demo job stopped making progress (timed out)", ExitCode.INTEGRITY
+        ) from None
+    if not line:
+        return None
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise CliError(f"the demo job printed {line!r}", ExitCode.INTEGRITY)
+    return message
+
+
+async def _finish(proc: asyncio.subprocess.Process, run_: ChildRun, deadline: float) -> None:
+    while (message := await _read_message(proc, deadline)) is not None:
+        run_.messages.append(message)
+    assert proc.stderr is not None
+    run_.stderr = (await proc.stderr.read()).decode(errors="replace")
+    run_.returncode = await proc.wait()
+
+
+async def _spawn(settings: DemoSettings, paced: bool) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *settings.child_command(paced),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def run_killed(settings: DemoSettings, rng: random.Random) -> tuple[ChildRun, Kill]:
+    """The first run: started, then SIGKILLed at a random moment."""
+    proc = await _spawn(settings, paced=True)
+    interval = settings.stream_seconds / settings.checkpoints
+    kill = Kill(
+        after_checkpoints=rng.randint(1, max(1, settings.checkpoints - 2)),
+        delay_ms=int(rng.uniform(0, interval) * 1000),
+        pid=proc.pid,
+    )
+    run_ = ChildRun()
+    deadline = time.monotonic() + PHASE_TIMEOUT
+    while len(run_.of_type("checkpoint")) < kill.after_checkpoints:
+        message = await _read_message(proc, deadline)
+        if message is None:
+            break
+        run_.messages.append(message)
+    else:
+        await asyncio.sleep(kill.delay_ms / 1000)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+                kill.killed = True
+    await _finish(proc, run_, deadline)
+    if not kill.killed and run_.returncode != 0:
+        _child_failed("the demo job", run_)
+    return run_, kill
+
+
+def _child_failed(what: str, run_: ChildRun) -> None:
+    lines = [line for line in run_.stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else "no error output"
+    raise CliError(f"{what} exited with status {run_.returncode}: {last}", ExitCode.INTEGRITY)
+
+
+async def run_recovery(settings: DemoSettings) -> ChildRun:
+    """The restart: a new process that restores, replays and finishes the stream."""
+    proc = await _spawn(settings, paced=False)
+    run_ = ChildRun()
+    await _finish(proc, run_, time.monotonic() + PHASE_TIMEOUT)
+    if run_.returncode != 0:
+        _child_failed("the restarted demo job", run_)
+    return run_
+
+
+async def _checkpoint_rows(
+    ckpt: ObjectStoreCheckpointer, first: ChildRun, recovery: ChildRun, restored: str | None
+) -> list[dict[str, Any]]:
+    recovered_ids = {m["id"] for m in recovery.of_type("checkpoint")}
+    reported_first = {m["id"] for m in first.of_type("checkpoint")}
+    rows: list[dict[str, Any]] = []
+    for listed in await read_manifests(ckpt, await ckpt.list_checkpoints()):
+        manifest = listed.manifest
+        if manifest is None:
+            continue
+        cid = str(manifest.checkpoint_id)
+        entries = manifest.partition_entries()
+        own = [e for _, e in entries if e.owner is None]
+        own_partitions = {(op, e.partition_id) for op, e in entries if e.owner is None}
+        offset = manifest.source_offsets.get(SOURCE)
+        if cid in recovered_ids:
+            made_by = "restarted job"
+        elif cid in reported_first:
+            made_by = "first job"
+        else:
+            made_by = "first job (committed as it was killed)"
+        rows.append(
+            {
+                "id": cid,
+                "epoch": manifest.epoch,
+                "offset": int(offset.offsets[SPLIT]) if offset else None,
+                "kind": "delta" if manifest.parent_id is not None else "full",
+                "made_by": made_by,
+                "uploaded": len(own),
+                "carried": len({(op, e.partition_id) for op, e in entries} - own_partitions),
+                "uploaded_bytes": sum(e.size_bytes for e in own),
+                "restored": cid == restored,
+            }
+        )
+    return rows
+
+
+async def run_demo(settings: DemoSettings, rng: random.Random) -> dict[str, Any]:
+    """Run the whole demo and return its report (the ``--json`` document)."""
+    began = time.monotonic()
+    ckpt = open_checkpointer(settings.url, settings.prefix, create=True)
+    if await ckpt.list_checkpoints():
+        raise CliError(
+            f"prefix {settings.prefix!r} of {settings.url} already holds checkpoints; "
+            "the demo needs an empty one",
+            ExitCode.USAGE,
+        )
+    first, kill = await run_killed(settings, rng)
+    recovery = await run_recovery(settings)
+    [start] = recovery.of_type("start")
+    restored = start["restored"]
+    final = await ckpt.load_latest()
+    if final is None:
+        raise CliError("the restarted job left no checkpoint", ExitCode.INTEGRITY)
+    recovered = restore_pipeline(final)
+    reference = reference_pipeline(settings.seed, settings.events)
+    final_offset = restored_offset(final)
+    done = recovery.of_type("done")
+    exactly_once = (
+        recovered.state == reference.state
+        and final_offset == settings.events
+        and bool(done)
+        and done[-1]["state_sha256"] == reference.digest()
+    )
+    restored_id = restored["id"] if restored else None
+    return {
+        "exactly_once": exactly_once,
+        "store": settings.url,
+        "prefix": settings.prefix,
+        "seed": settings.seed,
+        "events": settings.events,
+        "checkpoint_every": settings.checkpoint_every,
+        "full_every": settings.full_every,
+        "operators": list(OPERATORS),
+        "partitions_per_operator": PARTITIONS,
+        "kill": {
+            "signal": "SIGKILL",
+            "killed": kill.killed,
+            "pid": kill.pid,
+            "after_checkpoints": kill.after_checkpoints,
+            "delay_ms": kill.delay_ms,
+            "exit_status": first.returncode,
+        },
+        "restored": restored,
+        "replayed_events": settings.events - (restored["offset"] if restored else 0),
+        "checkpoints": await _checkpoint_rows(ckpt, first, recovery, restored_id),
+        "final": {
+            "id": str(final.checkpoint_id),
+            "epoch": final.epoch,
+            "offset": final_offset,
+            "keys": recovered.keys(),
+            "state_sha256": recovered.digest(),
+        },
+        "reference_state_sha256": reference.digest(),
+        "elapsed_seconds": round(time.monotonic() - began, 2),
+    }
+
+
+def _report_view(report: dict[str, Any]) -> RenderableType:
+    table = make_table(
+        "checkpoints made",
+        ">#",
+        "ID",
+        "Made by",
+        ">Epoch",
+        ">Offset",
+        "Kind",
+        ">Uploaded",
+        ">Carried",
+        "",
+    )
+    for number, row in enumerate(report["checkpoints"], start=1):
+        table.add_row(
+            Text(str(number)),
+            Text(row["id"]),
+            Text(row["made_by"]),
+            Text(str(row["epoch"])),
+            Text(f"{row['offset']:,}"),
+            Text(row["kind"]),
+            Text(f"{row['uploaded']} ({human_size(row['uploaded_bytes'])})"),
+            Text(str(row["carried"])),
+            Text("◀ restored" if row["restored"] else "", style="bold"),
+        )
+    kill = report["kill"]
+    restored = report["restored"]
+    lines: list[RenderableType] = [
+        Text(
+            f"cairn demo: {len(report['operators'])} operators of "
+            f"{report['partitions_per_operator']} partitions each, {report['events']:,} events "
+            f"(seed {report['seed']}), a checkpoint every {report['checkpoint_every']:,} events, "
+            f"full snapshots every {report['full_every']} checkpoints"
+        ),
+        Text(f"store {report['store']}, prefix {report['prefix']!r}"),
+        table,
+    ]
+    if kill["killed"]:
+        lines.append(
+            Text(
+                f"killed the job (pid {kill['pid']}) with SIGKILL "
+                f"{kill['delay_ms']} ms after its checkpoint #{kill['after_checkpoints']}"
+            )
+        )
+    else:
+        lines.append(Text("the job finished before the kill landed", style="yellow"))
+    if restored:
+        lines.append(
+            Text(
+                f"restarted: restored checkpoint {restored['id']} (epoch {restored['epoch']}, "
+                f"source offset {restored['offset']:,}), replayed {report['replayed_events']:,} "
+                "events"
+            )
+        )
+    final = report["final"]
+    if report["exactly_once"]:
+        verdict = Text(
+            f"exactly-once: YES — the recovered final state equals the uninterrupted run's "
+            f"({final['keys']:,} keys, sha256 {final['state_sha256'][:16]}…)",
+            style="bold green",
+        )
+    else:
+        verdict = Text(
+            "exactly-once: NO — the recovered final state differs from the uninterrupted "
+            f"run's (sha256 {final['state_sha256'][:16]}… vs "
+            f"{report['reference_state_sha256'][:16]}…)",
+            style="bold red",
+        )
+    lines.append(verdict)
+    lines.append(
+        Text(
+            f"inspect it: cairn list --store {report['store']} --prefix {report['prefix']}",
+            style="dim",
+        )
+    )
+    return Group(*lines)
+
+
+def _run_prefix() -> str:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return f"demo/{stamp}-{secrets.token_hex(3)}/"
+
+
+def demo_command(
+    events: Annotated[
+        int, typer.Option("--events", min=3, help="Events in the generated stream.")
+    ] = 20_000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the generated stream.")] = 42,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option(
+            "--checkpoint-every", min=1, help="Events between checkpoints. [default: events/10]"
+        ),
+    ] = None,
+    full_every: Annotated[
+        int, typer.Option("--full-every", min=1, help="A full snapshot every N checkpoints.")
+    ] = 4,
+    stream_seconds: Annotated[
+        float,
+        typer.Option("--stream-seconds", min=0.1, help="How long the stream takes to arrive."),
+    ] = 3.0,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="CAIRN_STORE",
+            metavar="URL",
+            help="Store URL or local path. [default: ./checkpoints]",
+            show_default=False,
+        ),
+    ] = None,
+    prefix: Annotated[
+        str | None,
+        typer.Option("--prefix", help="An empty prefix for this run. [default: demo/<run>/]"),
+    ] = None,
+    json_mode: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Run a small streaming job, SIGKILL it at a random moment, restart it from its
+    latest checkpoint, and check that its final state equals an uninterrupted run's.
+
+    Exits with 0 when the recovered state proves exactly-once processing, 1 otherwise.
+    """
+    session = Session.create(store, prefix or _run_prefix(), json_mode)
+
+    async def body() -> ExitCode:
+        if session.url.startswith("memory:"):
+            raise CliError(
+                "the demo restarts its job in a new process: a memory:// store would not "
+                "survive; use a directory or a remote store",
+                ExitCode.USAGE,
+            )
+        every = checkpoint_every or max(1, events // 10)
+        settings = DemoSettings(
+            url=session.url,
+            prefix=session.prefix,
+            seed=seed,
+            events=events,
+            checkpoint_every=every,
+            full_every=full_every,
+            stream_seconds=stream_seconds,
+        )
+        if settings.checkpoints < 3:
+            raise CliError(
+                f"{events} events with a checkpoint every {every} make fewer than 3 "
+                "checkpoints: lower --checkpoint-every",
+                ExitCode.USAGE,
+            )
+        async with Transfer(session.output.err, "running the demo job", None, unit=""):
+            report = await run_demo(settings, random.Random())
+        session.output.json(report)
+        session.output.show(_report_view(report))
+        return ExitCode.OK if report["exactly_once"] else ExitCode.INTEGRITY
+
+    run(session, debug, body)

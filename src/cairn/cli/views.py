@@ -1,0 +1,406 @@
+"""What each command prints: a rich table for people, one JSON document for scripts.
+
+Every ``*_doc`` function returns the JSON document of a command (plain dicts and lists,
+ids as strings, times as ISO 8601 and milliseconds); every ``*_table`` function the
+rich renderable for the same facts, with sizes and ages in human units. Names that come
+from the store (operators, sources) are always printed as plain text, never as markup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from cairn import CheckpointId, CheckpointManifest, GcResult
+from cairn.cli.catalog import Listed
+from cairn.cli.copy import Copied
+from cairn.cli.maintain import Deleted
+from cairn.cli.output import human_age, human_size, iso_time, make_table
+from cairn.cli.restore import Restored
+from cairn.cli.verify import Verified
+
+__all__ = [
+    "copy_doc",
+    "copy_table",
+    "delete_doc",
+    "delete_text",
+    "gc_doc",
+    "gc_table",
+    "list_doc",
+    "list_table",
+    "manifest_doc",
+    "restore_doc",
+    "restore_table",
+    "show_doc",
+    "show_table",
+    "verify_doc",
+    "verify_table",
+]
+
+
+def _plain(value: object) -> Text:
+    return Text("" if value is None else str(value))
+
+
+def _id(cid: CheckpointId | None) -> str | None:
+    return None if cid is None else str(cid)
+
+
+def kind(manifest: CheckpointManifest) -> str:
+    """``full`` when the checkpoint holds every partition's state itself, else ``incremental``."""
+    entries = [entry for _, entry in manifest.partition_entries()]
+    if all(e.owner is None and not e.is_delta for e in entries):
+        return "full"
+    return "incremental"
+
+
+def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
+    """The summary of one manifest: what ``list`` shows per checkpoint."""
+    entries = [entry for _, entry in manifest.partition_entries()]
+    own = [e for e in entries if e.owner is None]
+    return {
+        "id": str(manifest.checkpoint_id),
+        "epoch": manifest.epoch,
+        "created": iso_time(manifest.timestamp_ms),
+        "timestamp_ms": manifest.timestamp_ms,
+        "kind": kind(manifest),
+        "parent_id": _id(manifest.parent_id),
+        "partitions": len({(op, e.partition_id) for op, e in manifest.partition_entries()}),
+        "artifacts": len(entries),
+        "uploaded_artifacts": len(own),
+        "size_bytes": manifest.total_size_bytes,
+        "uploaded_bytes": sum(e.size_bytes for e in own),
+        "watermark": manifest.watermark,
+        "writer_generation": manifest.writer_generation,
+    }
+
+
+# -- list ----------------------------------------------------------------------------------
+
+
+def list_doc(
+    where: dict[str, str], listed: list[Listed], latest: CheckpointId | None
+) -> dict[str, Any]:
+    """``cairn list --json``."""
+    rows: list[dict[str, Any]] = []
+    for item in listed:
+        if item.manifest is not None:
+            row = manifest_doc(item.manifest)
+        else:
+            row = {"id": str(item.checkpoint_id), "error": item.error}
+        row["latest"] = item.checkpoint_id == latest
+        rows.append(row)
+    return {**where, "latest": _id(latest), "count": len(rows), "checkpoints": rows}
+
+
+def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableType:
+    """``cairn list``: one row per committed checkpoint, oldest first."""
+    if not listed:
+        return Text("no checkpoints")
+    table = make_table(
+        f"{len(listed)} checkpoint(s), oldest first",
+        "ID",
+        ">Epoch",
+        ">Created",
+        "Kind",
+        ">Artifacts",
+        ">Size",
+        "",
+        no_wrap=True,
+    )
+    for item in listed:
+        marker = Text("◀ latest", style="bold") if item.checkpoint_id == latest else Text("")
+        manifest = item.manifest
+        if manifest is None:
+            table.add_row(
+                _plain(item.checkpoint_id),
+                Text("?"),
+                Text(""),
+                Text("unreadable", style="red"),
+                Text(""),
+                Text(""),
+                marker,
+            )
+            continue
+        doc = manifest_doc(manifest)
+        new = doc["uploaded_artifacts"]
+        artifacts = str(doc["artifacts"]) + (f" ({new} new)" if new != doc["artifacts"] else "")
+        table.add_row(
+            _plain(manifest.checkpoint_id),
+            _plain(manifest.epoch),
+            _plain(human_age(manifest.timestamp_ms)),
+            _plain(doc["kind"]),
+            _plain(artifacts),
+            _plain(human_size(manifest.total_size_bytes)),
+            marker,
+        )
+    return table
+
+
+# -- show ----------------------------------------------------------------------------------
+
+
+def show_doc(manifest: CheckpointManifest, latest: bool) -> dict[str, Any]:
+    """``cairn show --json``: the summary, source offsets, and every artifact."""
+    doc = manifest_doc(manifest)
+    doc["latest"] = latest
+    doc["source_offsets"] = {
+        name: {"source_type": e.source_type, "offsets": dict(e.offsets), "epoch": e.epoch}
+        for name, e in sorted(manifest.source_offsets.items())
+    }
+    doc["entries"] = [
+        {
+            "operator": operator,
+            "partition": entry.partition_id,
+            "kind": "delta" if entry.is_delta else "snapshot",
+            "path": entry.path,
+            "owner": str(entry.owner or manifest.checkpoint_id),
+            "carried": entry.owner is not None,
+            "size_bytes": entry.size_bytes,
+            "sha256": entry.sha256,
+            "codec": entry.codec,
+        }
+        for operator, entry in manifest.partition_entries()
+    ]
+    return doc
+
+
+def show_table(manifest: CheckpointManifest, latest: bool) -> RenderableType:
+    """``cairn show``: the checkpoint's facts, its sources, and its restore chains."""
+    doc = manifest_doc(manifest)
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    created = f"{iso_time(manifest.timestamp_ms)} ({human_age(manifest.timestamp_ms)})"
+    for name, value in (
+        ("checkpoint", f"{manifest.checkpoint_id}" + ("  ◀ latest" if latest else "")),
+        ("epoch", manifest.epoch),
+        ("created", created),
+        ("kind", doc["kind"]),
+        ("parent", manifest.parent_id or "—"),
+        (
+            "size",
+            f"{human_size(doc['size_bytes'])} in {doc['artifacts']} artifacts "
+            f"({human_size(doc['uploaded_bytes'])} uploaded by this checkpoint)",
+        ),
+        ("watermark", "—" if manifest.watermark is None else manifest.watermark),
+        ("writer generation", manifest.writer_generation or 0),
+    ):
+        facts.add_row(Text(name), _plain(value))
+    parts: list[RenderableType] = [facts]
+    if manifest.source_offsets:
+        sources = make_table("source offsets", "Source", "Type", "Offsets", ">Epoch")
+        for name, offset in sorted(manifest.source_offsets.items()):
+            offsets = ", ".join(f"{k}={v}" for k, v in sorted(offset.offsets.items()))
+            sources.add_row(
+                _plain(name), _plain(offset.source_type), _plain(offsets), _plain(offset.epoch)
+            )
+        parts.append(sources)
+    artifacts = make_table(
+        "artifacts (restore chains: base snapshot, then deltas)",
+        "Operator",
+        ">Partition",
+        "Kind",
+        ">Size",
+        "Held by",
+        "SHA-256",
+    )
+    for operator, entry in manifest.partition_entries():
+        holder = "this checkpoint" if entry.owner is None else str(entry.owner)
+        artifacts.add_row(
+            _plain(operator),
+            _plain(entry.partition_id),
+            _plain("delta" if entry.is_delta else "snapshot"),
+            _plain(human_size(entry.size_bytes)),
+            _plain(holder),
+            _plain(entry.sha256[:16] + "…"),
+        )
+    parts.append(artifacts)
+    return Group(*parts)
+
+
+# -- verify --------------------------------------------------------------------------------
+
+
+def verify_doc(where: dict[str, str], results: list[Verified]) -> dict[str, Any]:
+    """``cairn verify --json``: ``ok`` is true only when every checkpoint verified."""
+    return {
+        **where,
+        "ok": all(r.ok for r in results),
+        "checkpoints": [
+            {
+                "id": str(r.checkpoint_id),
+                "ok": r.ok,
+                "epoch": r.epoch,
+                "artifacts": r.artifacts,
+                "size_bytes": r.size_bytes,
+                "error": r.error,
+            }
+            for r in results
+        ],
+    }
+
+
+def verify_table(results: list[Verified]) -> RenderableType:
+    """``cairn verify``: one row per checkpoint, ``ok`` or what is wrong."""
+    if not results:
+        return Text("no checkpoints to verify")
+    table = make_table(
+        "verification (every SHA-256 of every restore chain)",
+        "ID",
+        ">Epoch",
+        ">Artifacts",
+        ">Size",
+        "Result",
+    )
+    for r in results:
+        result = Text("ok", style="green") if r.ok else Text(r.error or "failed", style="red")
+        table.add_row(
+            _plain(r.checkpoint_id),
+            _plain("?" if r.epoch is None else r.epoch),
+            _plain(r.artifacts if r.ok else ""),
+            _plain(human_size(r.size_bytes) if r.ok else ""),
+            result,
+        )
+    return table
+
+
+# -- restore -------------------------------------------------------------------------------
+
+
+def restore_doc(where: dict[str, str], restored: Restored) -> dict[str, Any]:
+    """``cairn restore --json``."""
+    return {
+        **where,
+        "id": str(restored.checkpoint_id),
+        "epoch": restored.epoch,
+        "to": str(restored.target),
+        "verified": True,
+        "size_bytes": restored.size_bytes,
+        "files": [{"path": path, "size_bytes": size} for path, size in restored.files],
+    }
+
+
+def restore_table(restored: Restored) -> RenderableType:
+    """``cairn restore``: the files written, then a one-line summary."""
+    table = make_table(f"files written under {restored.target}", "File", ">Size")
+    for path, size in restored.files:
+        table.add_row(_plain(path), _plain(human_size(size)))
+    summary = Text(
+        f"restored checkpoint {restored.checkpoint_id} (epoch {restored.epoch}): "
+        f"{len(restored.files)} files, {human_size(restored.size_bytes)}, "
+        "every digest verified on disk"
+    )
+    return Group(table, summary)
+
+
+# -- copy ----------------------------------------------------------------------------------
+
+
+def copy_doc(where: dict[str, str], to: dict[str, str], results: list[Copied]) -> dict[str, Any]:
+    """``cairn copy --json``: ``ok`` is true only when every checkpoint is in the target."""
+    return {
+        **where,
+        "to": to,
+        "ok": all(r.ok for r in results),
+        "checkpoints": [
+            {
+                "id": str(r.checkpoint_id),
+                "epoch": r.epoch,
+                "status": r.status,
+                "requested": r.requested,
+                "uploaded_bytes": r.size_bytes,
+                "error": r.error,
+                "note": r.note,
+            }
+            for r in results
+        ],
+    }
+
+
+def copy_table(results: list[Copied], to: str) -> RenderableType:
+    """``cairn copy``: one row per checkpoint handled, in copy order (parents first)."""
+    if not results:
+        return Text("nothing to copy")
+    table = make_table(
+        f"copy to {to} (parents first, each verified in the target)",
+        "ID",
+        ">Epoch",
+        "Result",
+        ">Uploaded",
+        "Note",
+    )
+    labels = {"copied": "copied", "present": "already there", "failed": "FAILED"}
+    for r in results:
+        style = "red" if not r.ok else "green"
+        note = r.error or r.note or ("" if r.requested else "needed by a requested checkpoint")
+        table.add_row(
+            _plain(r.checkpoint_id),
+            _plain("?" if r.epoch is None else r.epoch),
+            Text(labels[r.status], style=style),
+            _plain(human_size(r.size_bytes) if r.status == "copied" else ""),
+            _plain(note),
+        )
+    return table
+
+
+# -- delete, gc ----------------------------------------------------------------------------
+
+
+def delete_doc(where: dict[str, str], deleted: Deleted) -> dict[str, Any]:
+    """``cairn delete --json``."""
+    return {
+        **where,
+        "deleted": str(deleted.checkpoint_id),
+        "epoch": deleted.epoch,
+        "size_bytes": deleted.size_bytes,
+        "broken_dependents": [str(d) for d in deleted.dependents],
+    }
+
+
+def delete_text(deleted: Deleted) -> RenderableType:
+    """``cairn delete``: one line."""
+    epoch = "?" if deleted.epoch is None else deleted.epoch
+    text = (
+        f"deleted checkpoint {deleted.checkpoint_id} (epoch {epoch}, "
+        f"{human_size(deleted.size_bytes)} of its own artifacts)"
+    )
+    if deleted.dependents:
+        text += f"; {len(deleted.dependents)} later checkpoint(s) built on it no longer load"
+    return Text(text)
+
+
+def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
+    """``cairn gc --json``."""
+    return {
+        **where,
+        "dry_run": result.dry_run,
+        "deleted": [str(c) for c in result.deleted],
+        "retained": [str(c) for c in result.retained],
+        "bytes_reclaimed": result.bytes_reclaimed,
+        "orphans_deleted": list(result.orphans_deleted),
+        "failures": [{"path": path, "reason": reason} for path, reason in result.failures],
+    }
+
+
+def gc_table(result: GcResult) -> RenderableType:
+    """``cairn gc``: what was (or, in a dry run, would be) deleted, and what was kept."""
+    verb = "would delete" if result.dry_run else "deleted"
+    dry = " (dry run)" if result.dry_run else ""
+    table = make_table(f"garbage collection{dry}", "ID", "Decision")
+    for cid in result.deleted:
+        table.add_row(_plain(cid), Text(verb, style="yellow"))
+    for cid in result.retained:
+        table.add_row(_plain(cid), Text("kept", style="green"))
+    for path, reason in result.failures:
+        table.add_row(_plain(path), Text(f"could not delete: {reason}", style="red"))
+    summary = Text(
+        f"{verb} {len(result.deleted)} checkpoint(s) and {len(result.orphans_deleted)} "
+        f"orphaned object(s), kept {len(result.retained)}; "
+        f"{'would reclaim' if result.dry_run else 'reclaimed'} "
+        f"{human_size(result.bytes_reclaimed)}"
+    )
+    return Group(table, summary)

@@ -1,0 +1,575 @@
+"""The ``cairn`` command line, run as a user runs it: each command is a real subprocess.
+
+Stores are filled in-process with the public API (fast), then every command runs as
+``python -m cairn.cli ...`` against a local directory and against moto's S3 server,
+whose endpoint and credentials reach the subprocess only through the ``AWS_*``
+environment that obstore reads. Independent invocations run a few at a time (a
+subprocess costs ~0.3-0.5 s to start), and each test groups the assertions on one
+store. Checked for every command: exit code (0 ok, 1 integrity, 2 usage or input,
+3 store), the JSON document of ``--json``, that errors are one ``error: ...`` line on
+stderr with no traceback, and that human output is a table in human units.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+from obstore.store import S3Store
+from rich.console import Console
+from support.servers import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server
+
+from cairn import (
+    CheckpointData,
+    CheckpointId,
+    CheckpointPaths,
+    ObjectStoreCheckpointer,
+    SourceOffsetEntry,
+)
+from cairn.cli.maintain import parse_duration
+from cairn.cli.output import human_age, human_size
+from cairn.cli.progress import Transfer
+
+CLI = [sys.executable, "-m", "cairn.cli"]
+PARALLEL = 4
+CLEAN_EXIT_RUNS = 40
+PREFIX = "checkpoints/"
+
+
+# -- running the command line --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished ``cairn`` process."""
+
+    args: tuple[str, ...]
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        """The JSON document printed on stdout."""
+        return json.loads(self.stdout)
+
+    def explain(self) -> str:
+        """What to print when an assertion about this run fails."""
+        return f"cairn {' '.join(self.args)} -> {self.code}\n{self.stdout}\n{self.stderr}"
+
+    def error_line(self) -> str:
+        """The single ``error: ...`` line a failing command prints on stderr."""
+        lines = [line for line in self.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, self.explain()
+        assert lines[0].startswith("error: "), self.explain()
+        assert "Traceback" not in self.stderr, self.explain()
+        return lines[0]
+
+
+def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a subprocess: ours, without cairn's and rich's settings."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CAIRN_", "AWS_")) and k not in ("COLUMNS", "LINES")
+    }
+    env.update(extra or {})
+    return env
+
+
+def cairn(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Run:
+    """Run ``cairn ARGS`` to completion."""
+    import subprocess
+
+    proc = subprocess.run(
+        [*CLI, *args],
+        env=base_env(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return Run(tuple(args), proc.returncode, proc.stdout, proc.stderr)
+
+
+def cairn_many(
+    commands: Sequence[Sequence[str]],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> list[Run]:
+    """Run independent commands, a few at a time; results in the order given."""
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        return list(pool.map(lambda args: cairn(*args, env=env, cwd=cwd), commands))
+
+
+# -- stores --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filled:
+    """A store holding three checkpoints: a full one, a delta on it, and another full one.
+
+    ``base`` is full (epoch 1); ``delta`` (epoch 2) has ``base`` as parent, a delta for
+    ``("agg", 0)`` and carries ``("agg", 1)`` and ``("join", 0)`` over by reference;
+    ``newest`` (epoch 3) is full and independent, and is the latest.
+    """
+
+    url: str
+    base: CheckpointId
+    delta: CheckpointId
+    newest: CheckpointId
+    artifacts: dict[str, bytes]
+
+    @property
+    def ids(self) -> list[str]:
+        """The three ids, oldest first."""
+        return [str(self.base), str(self.delta), str(self.newest)]
+
+
+def offsets(position: int, epoch: int) -> dict[str, SourceOffsetEntry]:
+    """The source offsets of a test checkpoint."""
+    return {"events": SourceOffsetEntry("kafka", {"events-0": str(position)}, epoch)}
+
+
+async def fill(ckpt: ObjectStoreCheckpointer, url: str) -> Filled:
+    """Save the three checkpoints of :class:`Filled`."""
+    first = {("agg", 0): b"agg-0 base " * 50, ("agg", 1): b"agg-1 base", ("join", 0): b"j0"}
+    base = await ckpt.save(CheckpointData(epoch=1, snapshots=first, source_offsets=offsets(100, 1)))
+    delta = await ckpt.save(
+        CheckpointData(
+            epoch=2,
+            deltas={("agg", 0): b"agg-0 delta"},
+            parent_id=base.checkpoint_id,
+            source_offsets=offsets(200, 2),
+        )
+    )
+    newest = await ckpt.save(
+        CheckpointData(
+            epoch=3,
+            snapshots={("agg", 0): b"agg-0 v3", ("agg", 1): b"agg-1 v3", ("join", 0): b"j0 v3"},
+            source_offsets=offsets(300, 3),
+            watermark=1234,
+        )
+    )
+    return Filled(
+        url=url,
+        base=base.checkpoint_id,
+        delta=delta.checkpoint_id,
+        newest=newest.checkpoint_id,
+        artifacts={
+            f"{base.checkpoint_id}/operators/agg/partition-0.snap": first[("agg", 0)],
+            f"{delta.checkpoint_id}/operators/agg/partition-0.delta": b"agg-0 delta",
+        },
+    )
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Filled:
+    """A local directory store with the checkpoints of :class:`Filled`."""
+    root = tmp_path / "store"
+    root.mkdir()
+    url = root.as_uri()
+    return asyncio.run(fill(ObjectStoreCheckpointer(url, CheckpointPaths(PREFIX)), url))
+
+
+def s3_env(server: S3Server) -> dict[str, str]:
+    """What a subprocess needs to reach the moto server through ``s3://bucket`` URLs."""
+    return {
+        "AWS_ENDPOINT_URL": server.endpoint,
+        "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY,
+        "AWS_REGION": S3_REGION,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_CONDITIONAL_PUT": "etag",
+    }
+
+
+def s3_store(server: S3Server, bucket: str) -> S3Store:
+    """The bucket as an obstore store, for filling and damaging it in-process."""
+    return S3Store(
+        bucket,
+        endpoint=server.endpoint,
+        access_key_id=S3_ACCESS_KEY_ID,
+        secret_access_key=S3_SECRET_ACCESS_KEY,
+        region=S3_REGION,
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True},
+    )
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, s3_bucket: str) -> tuple[Filled, dict[str, str], S3Store]:
+    """A moto bucket with the checkpoints of :class:`Filled`, and the env to reach it."""
+    store = s3_store(s3_server, s3_bucket)
+    url = f"s3://{s3_bucket}"
+    filled = asyncio.run(fill(ObjectStoreCheckpointer(store, CheckpointPaths(PREFIX)), url))
+    return filled, s3_env(s3_server), store
+
+
+def flip_byte(path: Path, index: int = 3) -> None:
+    """Damage one byte of a local file."""
+    data = bytearray(path.read_bytes())
+    data[index] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def store_root(filled: Filled) -> Path:
+    """The directory of a local store."""
+    return Path(filled.url.removeprefix("file://"))
+
+
+# -- tests: usage --------------------------------------------------------------------------
+
+
+def test_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
+    runs = cairn_many(
+        [
+            ["--help"],
+            ["list", "--bogus"],
+            ["frobnicate"],
+            ["restore", "latest"],
+            ["gc", "--keep-last", "2", "--keep-within", "7x"],
+            ["gc", "--keep-last", "0", "--store", str(tmp_path)],
+            ["copy", "latest"],
+            ["--version"],
+        ]
+    )
+    help_, bogus, unknown, no_to, bad_age, zero, no_target, version = runs
+    assert help_.code == 0, help_.explain()
+    for command in ("list", "show", "verify", "restore", "delete", "gc", "copy", "demo"):
+        assert command in help_.stdout
+    assert version.code == 0 and version.stdout.startswith("cairn "), version.explain()
+    for run, needle in (
+        (bogus, "No such option: --bogus"),
+        (unknown, "No such command 'frobnicate'"),
+        (no_to, "Missing option '--to'"),
+        (bad_age, "not a duration: '7x'"),
+        (zero, "keep_last must be an int >= 1"),
+        (no_target, "Missing option '--to'"),
+    ):
+        assert run.code == 2, run.explain()
+        assert needle in run.error_line(), run.explain()
+
+
+# -- tests: a local store ------------------------------------------------------------------
+
+
+def test_list_show_verify_restore_on_a_local_store(local: Filled, tmp_path: Path) -> None:
+    store = ["--store", local.url]
+    target = tmp_path / "restored"
+    runs = cairn_many(
+        [
+            ["list", "--json"],  # the store comes from $CAIRN_STORE
+            ["list", *store],
+            ["show", "latest", *store, "--json"],
+            ["show", str(local.delta), *store],
+            ["verify", "--all", *store, "--json"],
+            ["restore", str(local.delta), "--to", str(target), *store, "--json"],
+        ],
+        env={"CAIRN_STORE": local.url},
+    )
+    listed, table, shown, show_table, verified, restored = runs
+    for run in runs:
+        assert run.code == 0, run.explain()
+        assert run.stderr == "", run.explain()
+
+    doc = listed.json()
+    assert [c["id"] for c in doc["checkpoints"]] == local.ids
+    assert doc["latest"] == str(local.newest) and doc["store"] == local.url
+    assert [c["kind"] for c in doc["checkpoints"]] == ["full", "incremental", "full"]
+    assert [c["latest"] for c in doc["checkpoints"]] == [False, False, True]
+    assert doc["checkpoints"][1]["parent_id"] == str(local.base)
+    assert doc["checkpoints"][1]["uploaded_artifacts"] == 1
+    for cid in local.ids:
+        assert cid in table.stdout
+    assert "◀ latest" in table.stdout and " B " in table.stdout and "ago" in table.stdout
+
+    doc = shown.json()
+    assert doc["id"] == str(local.newest) and doc["epoch"] == 3 and doc["latest"] is True
+    assert doc["source_offsets"]["events"]["offsets"] == {"events-0": "300"}
+    assert doc["watermark"] == 1234 and len(doc["entries"]) == 3
+    assert "incremental" in show_table.stdout and str(local.base) in show_table.stdout
+    assert "delta" in show_table.stdout and "events-0=200" in show_table.stdout
+
+    doc = verified.json()
+    assert doc["ok"] is True
+    assert [c["id"] for c in doc["checkpoints"]] == local.ids
+    assert [c["artifacts"] for c in doc["checkpoints"]] == [3, 4, 3]
+
+    # restore: every link of every chain, byte for byte, under its owner; no temp files.
+    doc = restored.json()
+    assert doc["id"] == str(local.delta) and doc["verified"] is True
+    written = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+    assert written == sorted(f["path"] for f in doc["files"])
+    assert not [p for p in written if p.endswith(".tmp") or "/." in p]
+    assert f"{local.delta}/manifest.json" in written
+    assert f"{local.delta}/offsets/events.json" in written
+    for relative, data in local.artifacts.items():
+        assert (target / relative).read_bytes() == data
+    # The restored directory is itself a store holding that checkpoint, and verifies.
+    again = cairn("verify", "latest", "--store", str(target), "--prefix", "", "--json")
+    assert again.code == 0, again.explain()
+    assert [c["id"] for c in again.json()["checkpoints"]] == [str(local.delta)]
+
+
+def test_bad_inputs_on_a_local_store(local: Filled, tmp_path: Path) -> None:
+    store = ["--store", local.url]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    unknown = "01a20000-0000-7000-8000-000000000000"
+    runs = cairn_many(
+        [
+            ["show", unknown, *store],
+            ["show", "not-an-id", *store],
+            ["list", "--store", "ftp://example.com/x"],
+            ["list", "--store", "s3://"],
+            ["list", "--store", "file://host/abs"],
+            ["list", "--store", str(tmp_path / "missing")],
+            ["restore", "latest", "--to", str(a_file), *store],
+            ["restore", "latest", "--to", str(a_file / "sub"), *store],
+            ["delete", unknown, *store],
+            ["delete", str(local.base), *store],
+            ["verify", *store],
+            ["list"],  # the default store, ./checkpoints, does not exist in the cwd
+            ["show", "not-an-id", *store, "--debug"],
+        ],
+        cwd=tmp_path,
+    )
+    expected = [
+        (2, f"no checkpoint {unknown} in {local.url}"),
+        (2, "not a checkpoint id: 'not-an-id'"),
+        (2, "bad store URL 'ftp://example.com/x': unknown scheme 'ftp'"),
+        (2, "bad store URL 's3://': missing bucket"),
+        (2, "bad store URL 'file://host/abs'"),
+        (3, f"store unreachable: local directory {tmp_path / 'missing'} does not exist"),
+        (2, f"cannot restore into {a_file}: it is a file"),
+        (2, f"{a_file} is a file"),
+        (2, f"no checkpoint {unknown}"),
+        (2, f"checkpoint {local.base} holds state that later checkpoints build on"),
+        (2, "name a checkpoint"),
+        (3, f"local directory {tmp_path / 'checkpoints'} does not exist (the default store"),
+    ]
+    for run, (code, needle) in zip(runs, expected, strict=False):
+        assert run.code == code, run.explain()
+        assert needle in run.error_line(), run.explain()
+    debug = runs[-1]
+    assert debug.code == 2 and "Traceback" in debug.stderr, debug.explain()
+    assert not (tmp_path / "missing").exists(), "a read-only command created the store"
+    assert a_file.read_text() == "not a directory"
+
+
+def test_verify_finds_corruption_and_restore_refuses_it(local: Filled, tmp_path: Path) -> None:
+    root = store_root(local) / PREFIX
+    damaged = f"{local.base}/operators/agg/partition-0.snap"
+    flip_byte(root / damaged)
+    manifest = root / str(local.newest) / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"epoch": 3', '"epoch": 4'))
+    store = ["--store", local.url]
+    target = tmp_path / "restored"
+    every, newest, restore, listed = cairn_many(
+        [
+            ["verify", "--all", *store, "--json"],
+            ["verify", "latest", *store],
+            ["restore", str(local.delta), "--to", str(target), *store],
+            ["list", *store, "--json"],
+        ]
+    )
+    assert every.code == 1, every.explain()
+    doc = every.json()
+    assert doc["ok"] is False
+    assert [c["ok"] for c in doc["checkpoints"]] == [False, False, False]
+    # The delta carries the damaged snapshot of its parent: both fail, naming it.
+    for result in doc["checkpoints"][:2]:
+        assert damaged in result["error"] and "is damaged" in result["error"]
+    assert "corrupt manifest" in doc["checkpoints"][2]["error"]
+    line = every.error_line()
+    assert "3 of 3 checkpoint(s) failed verification" in line and damaged in line
+
+    assert newest.code == 1, newest.explain()
+    assert "corrupt manifest" in newest.error_line() and "checksum mismatch" in newest.error_line()
+
+    assert restore.code == 1, restore.explain()
+    assert damaged in restore.error_line() and "integrity failure" in restore.error_line()
+    assert not target.exists() or not any(target.rglob("*.snap")), "restored damaged data"
+
+    assert listed.code == 0, listed.explain()
+    assert listed.json()["checkpoints"][2]["error"].startswith("corrupt manifest")
+    assert "warning: checkpoint" in listed.stderr
+
+
+def test_delete_and_gc_on_a_local_store(local: Filled) -> None:
+    store = ["--store", local.url]
+    dry = cairn("gc", "--keep-last", "1", "--min-age", "0s", "--dry-run", *store, "--json")
+    assert dry.code == 0, dry.explain()
+    assert dry.json()["dry_run"] is True
+    assert dry.json()["deleted"] == [str(local.base), str(local.delta)]
+    assert dry.json()["bytes_reclaimed"] > 0
+
+    refused, forced_list = cairn_many(
+        [["delete", str(local.base), *store], ["list", *store, "--json"]]
+    )
+    assert refused.code == 2 and "--force" in refused.error_line(), refused.explain()
+    assert forced_list.json()["count"] == 3, "the dry run or the refused delete deleted"
+
+    leaf = cairn("delete", str(local.delta), *store, "--json")
+    assert leaf.code == 0, leaf.explain()
+    assert leaf.json()["deleted"] == str(local.delta) and leaf.json()["broken_dependents"] == []
+
+    collected = cairn("gc", "--keep-last", "1", "--min-age", "0s", *store)
+    assert collected.code == 0, collected.explain()
+    assert "deleted 1 checkpoint(s)" in collected.stdout and "kept 1" in collected.stdout
+
+    remaining, gone = cairn_many([["list", *store, "--json"], ["show", str(local.base), *store]])
+    assert [c["id"] for c in remaining.json()["checkpoints"]] == [str(local.newest)]
+    assert gone.code == 2 and f"no checkpoint {local.base}" in gone.error_line()
+
+
+def test_copy_between_prefixes_keeps_chains_verified(local: Filled) -> None:
+    store = ["--store", local.url]
+    one = cairn(
+        "copy", str(local.delta), "--to", local.url, "--to-prefix", "copy/", *store, "--json"
+    )
+    assert one.code == 0, one.explain()
+    doc = one.json()
+    # The delta brings its parent along, copied first.
+    assert [(c["id"], c["status"], c["requested"]) for c in doc["checkpoints"]] == [
+        (str(local.base), "copied", False),
+        (str(local.delta), "copied", True),
+    ]
+    again, same = cairn_many(
+        [
+            ["copy", "--all", "--to", local.url, "--to-prefix", "copy/", *store, "--json"],
+            ["copy", "--all", "--to", local.url, *store],
+        ]
+    )
+    assert again.code == 0, again.explain()
+    assert [c["status"] for c in again.json()["checkpoints"]] == ["present", "present", "copied"]
+    assert same.code == 2 and "the target is the source" in same.error_line()
+    verified = cairn("verify", "--all", "--store", local.url, "--prefix", "copy/", "--json")
+    assert verified.code == 0, verified.explain()
+    assert [c["artifacts"] for c in verified.json()["checkpoints"]] == [3, 4, 3]
+
+
+# -- tests: S3 (moto) ----------------------------------------------------------------------
+
+
+def test_every_command_on_s3(
+    s3: tuple[Filled, dict[str, str], S3Store], tmp_path: Path, s3_server: S3Server
+) -> None:
+    filled, env, raw = s3
+    store = ["--store", filled.url]
+    target = tmp_path / "restored"
+    local_copy = (tmp_path / "copy").as_uri()
+    unknown = "01a20000-0000-7000-8000-000000000000"
+    runs = cairn_many(
+        [
+            ["list", *store, "--json"],
+            ["show", "latest", *store],
+            ["verify", "--all", *store, "--json"],
+            ["restore", "latest", "--to", str(target), *store, "--json"],
+            ["copy", "--all", "--to", local_copy, *store, "--json"],
+            ["show", unknown, *store],
+            ["list", "--store", "s3://no-such-bucket-cairn", "--json"],
+        ],
+        env=env,
+    )
+    listed, shown, verified, restored, copied, missing, no_bucket = runs
+    for run in runs[:5]:
+        assert run.code == 0, run.explain()
+    assert [c["id"] for c in listed.json()["checkpoints"]] == filled.ids
+    assert str(filled.newest) in shown.stdout and "◀ latest" in shown.stdout
+    assert verified.json()["ok"] is True
+    assert restored.json()["id"] == str(filled.newest)
+    assert (target / str(filled.newest) / "manifest.json").is_file()
+    assert [c["status"] for c in copied.json()["checkpoints"]] == ["copied"] * 3
+    assert missing.code == 2 and f"no checkpoint {unknown}" in missing.error_line()
+    assert no_bucket.code == 3 and no_bucket.stdout == "", no_bucket.explain()
+    assert "store failure" in no_bucket.error_line()
+
+    # Back from the local copy into another prefix of the bucket; then damage, delete, gc.
+    back = cairn(
+        "copy",
+        "latest",
+        "--store",
+        local_copy,
+        "--to",
+        filled.url,
+        "--to-prefix",
+        "back/",
+        "--json",
+        env=env,
+    )
+    assert back.code == 0 and back.json()["ok"] is True, back.explain()
+    damaged = f"{PREFIX}{filled.base}/operators/agg/partition-0.snap"
+    obstore.put(raw, damaged, b"tampered bytes")
+    corrupt, back_ok, refused = cairn_many(
+        [
+            ["verify", str(filled.base), *store],
+            ["verify", "--all", "--store", filled.url, "--prefix", "back/", "--json"],
+            ["delete", str(filled.base), *store],
+        ],
+        env=env,
+    )
+    assert corrupt.code == 1 and damaged in corrupt.error_line(), corrupt.explain()
+    assert back_ok.code == 0 and back_ok.json()["ok"] is True, back_ok.explain()
+    assert refused.code == 2 and "--force" in refused.error_line(), refused.explain()
+    gc = cairn("gc", "--keep-last", "1", "--min-age", "0s", *store, "--json", env=env)
+    assert gc.code == 0, gc.explain()
+    assert gc.json()["deleted"] == [str(filled.base), str(filled.delta)]
+    assert cairn("list", *store, "--json", env=env).json()["count"] == 1
+
+
+# -- tests: process exit -------------------------------------------------------------------
+
+
+def test_the_process_exits_cleanly_every_time(local: Filled) -> None:
+    """obstore's runtime threads must not abort the interpreter at exit (SIGABRT, 134)."""
+    runs = cairn_many([["list", "--store", local.url, "--json"]] * CLEAN_EXIT_RUNS)
+    codes = [run.code for run in runs]
+    failures = [run for run in runs if run.code != 0]
+    assert not failures, f"exit codes: {codes}; first failure:\n{failures[0].explain()}"
+    assert all(run.json()["count"] == 3 and run.stderr == "" for run in runs)
+
+
+# -- tests: helpers, in-process ------------------------------------------------------------
+
+
+def test_units_and_durations() -> None:
+    assert human_size(0) == "0 B" and human_size(1536) == "1.5 KiB"
+    assert human_size(5 * 1024**3) == "5.0 GiB" and human_size(300 * 1024**2) == "300 MiB"
+    assert human_age(1_000, now_ms=1_500) == "just now"
+    assert human_age(0, now_ms=42_000) == "42 s ago" and human_age(0, now_ms=7_200_000) == "2 h ago"
+    assert parse_duration("7d").total_seconds() == 7 * 86400
+    assert parse_duration("1h30m").total_seconds() == 5400
+    assert parse_duration("0s").total_seconds() == 0 and parse_duration("90").total_seconds() == 90
+    for bad in ("7x", "", "d", "1h 30", "-1d"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+
+
+def test_progress_shows_only_on_a_terminal_after_a_delay() -> None:
+    async def work(console: Console, seconds: float) -> None:
+        async with Transfer(console, "copying", 10, unit="items", delay=0.05) as bar:
+            for _ in range(10):
+                bar.advance(1)
+                await asyncio.sleep(seconds / 10)
+
+    screen = io.StringIO()
+    asyncio.run(work(Console(file=screen, force_terminal=True, width=80), 0.3))
+    assert "copying" in screen.getvalue()  # drawn, then cleared (transient)
+    quick = io.StringIO()
+    asyncio.run(work(Console(file=quick, force_terminal=True, width=80), 0.0))
+    assert quick.getvalue() == ""  # done before the delay: never drawn
+    pipe = io.StringIO()
+    asyncio.run(work(Console(file=pipe, force_terminal=False, width=80), 0.3))
+    assert pipe.getvalue() == ""  # not a terminal: never drawn
