@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
-# The main job: save, list, load and verify checkpoints on a local directory store.
+# The main job: `cairn demo`, a streaming job killed mid-run and recovered exactly-once,
+# on a local directory store (./checkpoints unless --store says otherwise).
 source "$(dirname "$0")/_venv.sh"
-exec python examples/quickstart.py "$@"
+exec cairn demo "$@"

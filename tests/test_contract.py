@@ -380,3 +380,12 @@ async def test_concurrent_saves_on_one_checkpointer(ckpt: ObjectStoreCheckpointe
     await asyncio.gather(*(ckpt.save(d) for d in datas))
     assert await ckpt.list_checkpoints() == sorted(d.id for d in datas)
     assert await ckpt.read_latest() == datas[-1].id
+
+
+async def test_exists_and_a_kept_timestamp(ckpt: ObjectStoreCheckpointer) -> None:
+    data = CheckpointData(epoch=1, timestamp_ms=1_600_000_000_000)
+    assert not await ckpt.exists(data.id)
+    manifest = await ckpt.save(data)
+    assert await ckpt.exists(data.id)
+    assert manifest.timestamp_ms == 1_600_000_000_000
+    assert (await ckpt.load_manifest(data.id)).timestamp_ms == 1_600_000_000_000

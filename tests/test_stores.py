@@ -148,3 +148,10 @@ def test_local_compare_and_swap_holds_between_processes(tmp_path: Path) -> None:
         w.join(timeout=120)
         assert w.exitcode == 0
     assert (tmp_path / "counter").read_bytes() == b"160", "no increment was lost"
+
+
+def test_file_url_without_mkdir_needs_the_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "not-there"
+    with pytest.raises(InvalidStoreUrlError, match="not-there"):
+        open_store(missing.as_uri(), mkdir=False)
+    assert not missing.exists()

@@ -209,6 +209,11 @@ class ObjectStoreCheckpointer(Checkpointer):
                 raise CheckpointExistsError(str(manifest.checkpoint_id), path) from None
             log.info("manifest %s was already written by this commit (retried write)", path)
 
+    async def exists(self, checkpoint_id: CheckpointId) -> bool:
+        """True when ``checkpoint_id`` is committed (one HEAD of its manifest)."""
+        _check_id(checkpoint_id)
+        return await self._manifest_exists(checkpoint_id)
+
     async def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
         """Load and check the manifest of ``checkpoint_id``.
 
@@ -791,6 +796,8 @@ class ObjectStoreCheckpointer(Checkpointer):
             op: OperatorSnapshotEntry.from_partitions(parts) for op, parts in per_operator.items()
         }
         base = CheckpointManifest.new(data.id, data.epoch)
+        if data.timestamp_ms is not None:  # a copy keeps its original's time
+            base = msgspec.structs.replace(base, timestamp_ms=data.timestamp_ms)
         return msgspec.structs.replace(
             base,
             operators=operators,

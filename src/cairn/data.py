@@ -52,7 +52,8 @@ class CheckpointData:
     ``snapshots`` and ``deltas`` map ``(operator, partition)`` to the artifact's data:
     bytes-like, a :class:`pathlib.Path`, a binary file, or an iterable of chunks;
     ``source_offsets`` maps a source name to its :class:`SourceOffsetEntry`. An id is
-    generated when ``checkpoint_id`` is None. Raises :class:`InvalidCheckpointDataError`
+    generated when ``checkpoint_id`` is None; ``timestamp_ms`` (default: now) is for
+    copies that keep their original's commit time. Raises :class:`InvalidCheckpointDataError`
     (or :class:`InvalidNameError`) naming the offending value.
     """
 
@@ -63,6 +64,7 @@ class CheckpointData:
     watermark: int | None = None
     parent_id: CheckpointId | None = None
     checkpoint_id: CheckpointId | None = None
+    timestamp_ms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
@@ -90,6 +92,14 @@ class CheckpointData:
             isinstance(self.watermark, bool) or not isinstance(self.watermark, int)
         ):
             raise InvalidCheckpointDataError(f"watermark must be an int, got {self.watermark!r}")
+        if self.timestamp_ms is not None and (
+            isinstance(self.timestamp_ms, bool)
+            or not isinstance(self.timestamp_ms, int)
+            or self.timestamp_ms < 0
+        ):
+            raise InvalidCheckpointDataError(
+                f"timestamp_ms must be an int >= 0, got {self.timestamp_ms!r}"
+            )
         for name in ("parent_id", "checkpoint_id"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, CheckpointId):

@@ -454,7 +454,8 @@ def _open_local(url: str, host: str, path: str, options: dict[str, Any]) -> Loca
     if unknown:
         raise InvalidStoreUrlError(url, f"unknown option(s) for file stores: {sorted(unknown)}")
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        if options.get("mkdir", True):
+            Path(path).mkdir(parents=True, exist_ok=True)
         return LocalStore(path, **options)
     except (BaseError, OSError) as exc:
         raise InvalidStoreUrlError(url, _first_line(exc)) from None

@@ -129,6 +129,10 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.save_manifest`."""
         _runner.run(self.async_checkpointer.save_manifest(manifest))
 
+    def exists(self, checkpoint_id: CheckpointId) -> bool:
+        """See :meth:`ObjectStoreCheckpointer.exists`."""
+        return _runner.run(self.async_checkpointer.exists(checkpoint_id))
+
     def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.load_manifest`."""
         return _runner.run(self.async_checkpointer.load_manifest(checkpoint_id))

@@ -56,10 +56,8 @@ async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> Checkp
             raise CliError(f"no checkpoints in {where}", ExitCode.USAGE)
         return ids[-1]
     cid = parse_id(ref)
-    try:
-        await ckpt.store.head(ckpt.paths.manifest(cid))
-    except CheckpointNotFoundError:
-        raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE) from None
+    if not await ckpt.exists(cid):
+        raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE)
     return cid
 
 

@@ -104,11 +104,7 @@ class _Plan:
             pending.extend(deps)
 
     async def _exists(self, cid: CheckpointId) -> bool:
-        try:
-            await self.source.store.head(self.source.paths.manifest(cid))
-        except CheckpointNotFoundError:
-            return False
-        return True
+        return await self.source.exists(cid)
 
     @staticmethod
     def _self_contained(manifest: CheckpointManifest) -> bool:
@@ -170,6 +166,7 @@ async def _copy_one(
         source_offsets=loaded.source_offsets,
         watermark=manifest.watermark,
         parent_id=None if drop_parent else manifest.parent_id,
+        timestamp_ms=manifest.timestamp_ms,
     )
     await target.save(data)
     copied = await target.load(cid, verify=True)
