@@ -82,6 +82,9 @@ class CountingStore:
     async def delete(self, paths: Sequence[str]) -> None:
         await self._count("delete", lambda: self.inner.delete(paths))
 
+    async def delete_prefix(self, prefix: str) -> None:
+        await self._count("delete", lambda: self.inner.delete_prefix(prefix))
+
 
 async def measure(
     store: CountingStore, action: Callable[[], Awaitable[object]]

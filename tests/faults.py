@@ -147,3 +147,6 @@ class FaultyStore:
     async def delete(self, paths: Sequence[str]) -> None:
         first = paths[0] if paths else ""
         await self._run("delete", first, lambda: self.inner.delete(paths))
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await self._run("delete", prefix, lambda: self.inner.delete_prefix(prefix))

@@ -155,3 +155,17 @@ def test_file_url_without_mkdir_needs_the_directory(tmp_path: Path) -> None:
     with pytest.raises(InvalidStoreUrlError, match="not-there"):
         open_store(missing.as_uri(), mkdir=False)
     assert not missing.exists()
+
+
+async def test_deleting_a_local_checkpoint_removes_staging_leftovers(tmp_path: Path) -> None:
+    from cairn import CheckpointData, ObjectStoreCheckpointer
+
+    ckpt = ObjectStoreCheckpointer(LocalStore(tmp_path))
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"x"}))
+    folder = tmp_path / ckpt.paths.checkpoint_dir(manifest.checkpoint_id)
+    # What a write killed mid-way leaves: a staging file no listing shows.
+    (folder / "operators" / "op" / "partition-1.snap#1").write_bytes(b"half")
+    assert "partition-1" not in str(await ckpt.store.list(""))
+    await ckpt.delete_checkpoint(manifest.checkpoint_id)
+    assert not folder.exists()
+    assert await ckpt.list_checkpoints() == []

@@ -377,8 +377,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """Delete every object of ``checkpoint_id``, the manifest first."""
         _check_id(checkpoint_id)
         await self.store.delete([self.paths.manifest(checkpoint_id)])
-        leftovers = await self.store.list(self.paths.checkpoint_dir(checkpoint_id))
-        await self.store.delete([info.path for info in leftovers])
+        await self.store.delete_prefix(self.paths.checkpoint_dir(checkpoint_id))
 
     async def save_partitions_concurrent(
         self,
@@ -822,8 +821,7 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def _discard_uncommitted(self, cid: CheckpointId) -> None:
         """Best effort: remove what a failed save uploaded. Orphans left here are GC's job."""
         try:
-            leftovers = await self.store.list(self.paths.checkpoint_dir(cid))
-            await self.store.delete([info.path for info in leftovers])
+            await self.store.delete_prefix(self.paths.checkpoint_dir(cid))
         except (CheckpointerError, asyncio.CancelledError) as exc:
             log.info("could not clean up after failed save of %s: %s", cid, exc)
 

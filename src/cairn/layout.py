@@ -118,7 +118,10 @@ def _normalize_base(base_prefix: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def _id_of_directory(name: str) -> CheckpointId | None:
     # Cached: a store listing names each checkpoint directory once per object in it.
-    return CheckpointId.parse(name) if CheckpointId.is_valid(name) else None
+    try:
+        return CheckpointId.parse(name)
+    except InvalidInputError:
+        return None
 
 
 class CheckpointPaths:
@@ -199,8 +202,7 @@ class CheckpointPaths:
     def parse_checkpoint_dir(self, common_prefix: str) -> CheckpointId | None:
         """The id named by a listed directory under the base, or None if it is not one."""
         name = common_prefix[len(self._base) :] if common_prefix.startswith(self._base) else ""
-        name = name.rstrip("/")
-        return CheckpointId.parse(name) if CheckpointId.is_valid(name) else None
+        return _id_of_directory(name.rstrip("/"))
 
     def checkpoint_of(self, path: str) -> CheckpointId | None:
         """The checkpoint whose directory holds object ``path``, or None."""

@@ -132,3 +132,6 @@ class RetryingStore:
 
     async def delete(self, paths: Sequence[str]) -> None:
         await self.policy.run(lambda: self.inner.delete(paths))
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await self.policy.run(lambda: self.inner.delete_prefix(prefix))

@@ -27,6 +27,7 @@ import datetime as dt
 import fcntl
 import os
 import re
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from obstore.exceptions import (
 )
 from obstore.store import LocalStore, MemoryStore, ObjectStore, from_url
 
+from cairn import _shutdown
 from cairn._buffer import Buffer
 from cairn.errors import (
     CheckpointerError,
@@ -168,6 +170,13 @@ class Store(Protocol):
     async def delete(self, paths: Sequence[str]) -> None:
         """Delete ``paths``; missing ones are not an error."""
 
+    async def delete_prefix(self, prefix: str) -> None:
+        """Delete everything under ``prefix`` (ending in ``/``), listed or not.
+
+        On a local directory this also removes what a listing cannot see: the staging
+        files (``name#N``) that a write killed mid-way leaves, and the emptied folders.
+        """
+
 
 # ---------------------------------------------------------------------------------------
 # Error translation
@@ -213,6 +222,8 @@ async def _call(operation: str, path: str, awaitable: Awaitable[T]) -> T:
         return await awaitable
     except (BaseError, OSError, NotImplementedError) as exc:
         raise translate_error(operation, path, exc) from exc
+    finally:
+        _shutdown.note_store_call()
 
 
 def _info(meta: Any) -> ObjectInfo:
@@ -345,6 +356,17 @@ class ObstoreStore:
         for path in paths:
             with contextlib.suppress(CheckpointNotFoundError):
                 await _call("delete", path, obstore.delete_async(self._store, path))
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await self.delete([info.path for info in await self.list(prefix)])
+        if self._local_root is not None and prefix.endswith("/") and prefix.strip("/"):
+            folder = self._local_root / prefix
+            try:
+                await asyncio.to_thread(shutil.rmtree, folder)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise translate_error("delete", prefix, exc) from exc
 
     async def _local_compare_and_swap(self, path: str, data: Buffer, mode: IfMatch) -> ObjectInfo:
         assert self._local_root is not None
