@@ -51,7 +51,9 @@ def sample(epoch: int, parent: CheckpointId | None = None) -> CheckpointData:
 
 
 def expected_artifacts(epoch: int) -> dict[tuple[str, int], bytes]:
-    return {k: bytes(v) for k, v in sample(epoch).snapshots.items()}
+    return {
+        (f"op{o}", p): f"state {epoch} {o} {p}".encode() * 50 for o in range(2) for p in range(3)
+    }
 
 
 async def snapshot_of_store(store: Store) -> dict[str, bytes]:

@@ -7,6 +7,7 @@ name a store by URL.
 
 from __future__ import annotations
 
+from cairn import _shutdown
 from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.distributed import WorkerReport, commit_distributed, upload_partitions
@@ -45,6 +46,8 @@ from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
 from cairn.stores import Store, open_store
 from cairn.sync import SyncCheckpointer, SyncInAsyncContextError
+
+_shutdown.install()  # a clean exit right after a store call: see cairn/_shutdown.py
 
 __version__ = "0.1.0"
 
