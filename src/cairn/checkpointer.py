@@ -550,10 +550,16 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def load_latest(self) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads and verifies, or None if there is none.
 
-        Follows ``_latest`` when it names a valid checkpoint and no newer committed one
-        exists. When the pointer is missing, unreadable, stale, or names a deleted or
-        corrupt checkpoint, falls back to the committed checkpoints, newest first (by
-        writer generation, then epoch, then id), and logs why.
+        Follows ``_latest`` when it names a valid checkpoint and no checkpoint with a
+        newer id is committed. When the pointer is missing, unreadable, stale, or names
+        a deleted or corrupt checkpoint, falls back to the committed checkpoints, newest
+        first (by writer generation, then epoch, then id), and logs why.
+
+        The staleness check looks at ids, not epochs: it costs one listing, not one read
+        per checkpoint. So if concurrent writers commit out of id order and one dies
+        between its manifest and its pointer swap, a checkpoint with an older id but a
+        higher epoch can be committed yet not returned here until the pointer moves past
+        it. With one writer (fencing) ids and epochs rise together and this cannot happen.
         """
         pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
         failed: set[CheckpointId] = set()
