@@ -210,8 +210,3 @@ class CheckpointPaths:
             return None
         head, slash, _ = path[len(self._base) :].partition("/")
         return _id_of_directory(head) if slash else None
-
-    def relative_to_checkpoint(self, checkpoint_id: CheckpointId, path: str) -> str | None:
-        """``path`` relative to ``checkpoint_id``'s directory, or None if it is outside."""
-        prefix = self.checkpoint_dir(checkpoint_id)
-        return path[len(prefix) :] if path.startswith(prefix) else None
