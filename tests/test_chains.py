@@ -82,6 +82,9 @@ async def test_broken_chains_name_the_link(ckpt: ObjectStoreCheckpointer) -> Non
     with pytest.raises(IntegrityMismatchError) as mismatch:
         await ckpt.load_chain(d2.checkpoint_id, "agg", 0)
     assert mismatch.value.path == delta_path
+    # Mend the delta, so that the missing base is the only broken link (with two, which
+    # one is reported first depends on which download fails first).
+    await ckpt.store.put(delta_path, b"+a1")
     await ckpt.delete_checkpoint(base.checkpoint_id)
     base_path = ckpt.paths.snapshot(base.checkpoint_id, "agg", 0)
     with pytest.raises(BrokenChainError) as broken:
