@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -34,7 +33,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as ``python bench/bench_list.py``
     sys.path.insert(0, str(REPO))
 
-from bench.bench_save import Scenario, bounded, fixed, measure, print_report, report  # noqa: E402
+from bench.bench_save import (  # noqa: E402
+    Scenario,
+    bounded,
+    emit_json,
+    fixed,
+    measure,
+    print_report,
+    report,
+)
 
 ARTIFACTS = 5
 CONCURRENCY = 8
@@ -102,11 +109,7 @@ def main() -> None:
     out["checkpoints"] = args.checkpoints
     out["artifacts_per_checkpoint"] = ARTIFACTS
     print_report(out)
-    text = json.dumps(out, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(out, args.json)
 
 
 if __name__ == "__main__":

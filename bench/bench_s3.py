@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ from bench.bench_save import (  # noqa: E402
     StoreFactory,
     Variant,
     cairn_save,
+    emit_json,
     measure,
     print_report,
     raw_save,
@@ -163,11 +163,7 @@ def main() -> None:
             ],
         )
     )
-    text = json.dumps(out, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(out, args.json)
 
 
 if __name__ == "__main__":

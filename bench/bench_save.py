@@ -356,6 +356,15 @@ async def run_all(reps: int, only: str) -> list[Scenario]:
     return done
 
 
+def emit_json(out: dict[str, Any], path: str | None) -> None:
+    """Print the report as JSON, and also write it to ``path`` when one is given."""
+    text = json.dumps(out, indent=2)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 5")
@@ -366,11 +375,7 @@ def main() -> None:
     reps = args.reps or (3 if args.quick else 5)
     out = report(asyncio.run(run_all(reps, args.only)), reps)
     print_report(out)
-    text = json.dumps(out, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(out, args.json)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as ``python bench/bench_stream.py``
     sys.path.insert(0, str(REPO))
 
-from bench.bench_save import MiB, Scenario, artifact_path, print_report, report, table  # noqa: E402
+from bench.bench_save import (  # noqa: E402
+    MiB,
+    Scenario,
+    artifact_path,
+    emit_json,
+    print_report,
+    report,
+    table,
+)
 
 BLOCK = 64 * MiB
 CHUNK = 8 * MiB
@@ -400,11 +408,7 @@ def main() -> None:
     print_report(out)
     print()
     print_memory(out["memory"])
-    text = json.dumps(out, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(out, args.json)
 
 
 if __name__ == "__main__":
