@@ -6,22 +6,44 @@ the direct path (one ``put``, hashed in a thread alongside it). Everything else 
 :class:`StreamSource`: its chunks flow into a multipart upload while each is hashed, so
 a 2 GiB file is uploaded in memory bounded by the part size times the parts in flight.
 
+"Bytes-like" means any C-contiguous buffer (bytes, bytearray, memoryview of any format,
+``array.array``, a numpy array): its raw bytes are sent, without a copy, as
+:func:`cairn._buffer.raw_bytes` describes. Anything else where bytes are expected is an
+error, never converted: ``bytes(3)`` is three zero bytes, so an iterable of ints (say
+``list(b"abc")``) would otherwise be stored as zeros and verify. A buffer is read in
+place while its save runs, so it must not change until ``save`` returns; a chunk that is
+not ``bytes`` is copied as it is taken, since a reader may refill it for the next one.
+
 Invariants: the digest and size recorded are those of exactly the bytes that were sent;
 a source is read once per attempt; a file (path or seekable object) can be sent again
 when a transient failure makes the upload retry, and a one-shot iterator cannot (the
-retry then fails with :class:`InvalidInputError` saying so, rather than sending less).
+retry then fails with :class:`InvalidInputError` saying so, rather than sending less);
+what can be refused without reading the source (a str, a mapping, a set, a text file,
+a list with a chunk that is not bytes-like, a non-contiguous buffer) is refused by
+:func:`check_artifact_data`, before anything is uploaded, and a chunk that only
+iteration reveals to be wrong fails the upload with :class:`InvalidInputError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+    Set,
+)
 from pathlib import Path
 from typing import Any, BinaryIO, TypeAlias
 
-from cairn._buffer import Buffer
+from cairn._buffer import Buffer, raw_bytes
 from cairn.codecs import StreamEncoder
 from cairn.errors import InvalidInputError
 
@@ -36,27 +58,51 @@ ArtifactData: TypeAlias = (
 """What ``save`` accepts for one artifact."""
 
 
-def as_buffer(data: object) -> memoryview | None:
-    """A view of ``data`` if it is bytes-like, else None."""
-    if isinstance(data, str):
-        return None
-    try:
-        return memoryview(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
+def as_buffer(data: object, what: str = "artifact data") -> memoryview | None:
+    """``data``'s raw bytes as a flat, zero-copy view if it is bytes-like, else None.
+
+    A buffer that cannot be sent as it is (not C-contiguous, say) raises
+    :class:`InvalidInputError` naming ``what``; see :func:`cairn._buffer.raw_bytes`.
+    """
+    return raw_bytes(data, what)
 
 
 def check_artifact_data(what: str, data: object) -> None:
-    """Raise :class:`InvalidInputError` naming ``what`` unless ``data`` is a usable source."""
+    """Raise :class:`InvalidInputError` naming ``what`` unless ``data`` is a usable source.
+
+    Decides everything that can be decided without reading the data: a one-shot
+    iterator's chunks are checked as they are read, by :class:`StreamSource`.
+    """
     if isinstance(data, str):
         raise InvalidInputError(f"{what} is a str: pass bytes, or a pathlib.Path to upload a file")
-    if as_buffer(data) is not None:
+    if as_buffer(data, what) is not None:
         return
     if isinstance(data, os.PathLike):
         if not Path(data).is_file():
             raise InvalidInputError(f"{what} names no readable file: {os.fspath(data)!r}")
         return
-    if hasattr(data, "read") or isinstance(data, Iterable | AsyncIterable):
+    if hasattr(data, "read"):
+        if _is_text_file(data):
+            raise InvalidInputError(
+                f"{what} is a file opened in text mode ({type(data).__name__}), which reads "
+                "str: open it in binary mode ('rb'), or pass its path"
+            )
+        return
+    if isinstance(data, Mapping):
+        raise InvalidInputError(
+            f"{what} is a mapping ({type(data).__name__}), not bytes: iterating it gives its "
+            "keys; serialize it to bytes first"
+        )
+    if isinstance(data, Set):
+        raise InvalidInputError(
+            f"{what} is a set ({type(data).__name__}): its order is arbitrary, so its chunks "
+            "have no defined concatenation; pass a list of bytes chunks"
+        )
+    if isinstance(data, Sequence):  # readable without consuming it: check every chunk now
+        for index, chunk in enumerate(data):
+            _chunk_view(chunk, what, index)
+        return
+    if isinstance(data, Iterable | AsyncIterable):
         return
     raise InvalidInputError(
         f"{what} must be bytes-like, a path, a binary file or an iterable of chunks, "
@@ -77,8 +123,10 @@ class StreamSource:
         *,
         chunk_size: int = READ_CHUNK,
         encoder: Callable[[], StreamEncoder] | None = None,
+        what: str = "artifact data",
     ) -> None:
         self._data = data
+        self._what = what
         self._chunk_size = chunk_size
         self._encoder = encoder
         self.stored_size = 0
@@ -102,28 +150,34 @@ class StreamSource:
         self._opened += 1
         return self._hashing(self._chunks())
 
-    async def _hashing(self, chunks: AsyncIterator[Buffer]) -> AsyncIterator[bytes]:
+    async def _hashing(self, chunks: AsyncIterator[object]) -> AsyncIterator[bytes]:
         hasher = hashlib.sha256()
         encoder = self._encoder() if self._encoder is not None else None
         size = stored = 0
+        index = 0
         async for chunk in chunks:
-            view = bytes(chunk) if not isinstance(chunk, bytes) else chunk
-            size += len(view)
+            view = _chunk_view(chunk, self._what, index)
+            index += 1
+            size += view.nbytes
             if encoder is not None:
-                view = await asyncio.to_thread(_hash_and_encode, hasher, encoder, view)
-            elif len(view) > 256 * 1024:
-                await asyncio.to_thread(hasher.update, view)
+                out = await asyncio.to_thread(_hash_and_encode, hasher, encoder, view)
             else:
-                hasher.update(view)
-            if view:
-                stored += len(view)
-                yield view
+                # A mutable chunk is copied: the caller may refill it once asked for the
+                # next one, while the store may still hold this one for its part.
+                out = chunk if isinstance(chunk, bytes) else view.tobytes()
+                if len(out) > 256 * 1024:
+                    await asyncio.to_thread(hasher.update, out)
+                else:
+                    hasher.update(out)
+            if out:
+                stored += len(out)
+                yield out
         if encoder is not None and (tail := encoder.flush()):
             stored += len(tail)
             yield tail
         self.sha256, self.size, self.stored_size = hasher.hexdigest(), size, stored
 
-    async def _chunks(self) -> AsyncIterator[Buffer]:
+    async def _chunks(self) -> AsyncIterator[object]:
         data = self._data
         if isinstance(data, os.PathLike):
             file = await asyncio.to_thread(open, data, "rb")
@@ -141,18 +195,35 @@ class StreamSource:
             async for part in data:
                 yield part
         else:
-            iterator: Iterator[Buffer] = iter(data)  # type: ignore[arg-type]
-            while (item := await asyncio.to_thread(_next_or_none, iterator)) is not None:
+            iterator: Iterator[object] = iter(data)  # type: ignore[arg-type]
+            # A sentinel, not None: a None chunk is an error to report, not the end.
+            while (item := await asyncio.to_thread(next, iterator, _END)) is not _END:
                 yield item
 
 
-def _hash_and_encode(hasher: Any, encoder: StreamEncoder, chunk: bytes) -> bytes:
+_END = object()
+
+
+def _chunk_view(chunk: object, what: str, index: int) -> memoryview:
+    """Chunk ``index`` of ``what`` as flat bytes; :class:`InvalidInputError` if it is not."""
+    view = raw_bytes(chunk, f"chunk {index} of {what}")
+    if view is None:
+        hint = ""
+        if isinstance(chunk, int):
+            hint = " (iterating a bytes object yields ints: pass the bytes object itself)"
+        elif isinstance(chunk, str):
+            hint = " (encode text to bytes, or open files in binary mode)"
+        raise InvalidInputError(
+            f"chunk {index} of {what} is of type {type(chunk).__name__}, not bytes-like: an "
+            "iterable or file must yield bytes, bytearray, memoryview or another "
+            f"C-contiguous buffer{hint}"
+        )
+    return view
+
+
+def _hash_and_encode(hasher: Any, encoder: StreamEncoder, chunk: memoryview) -> bytes:
     hasher.update(chunk)
     return encoder.compress(chunk)
-
-
-def _next_or_none(iterator: Iterator[Buffer]) -> Buffer | None:
-    return next(iterator, None)
 
 
 async def _read_file(file: BinaryIO, chunk_size: int) -> AsyncIterator[bytes]:
@@ -161,6 +232,16 @@ async def _read_file(file: BinaryIO, chunk_size: int) -> AsyncIterator[bytes]:
         if not chunk:
             return
         yield chunk
+
+
+def _is_text_file(data: object) -> bool:
+    if isinstance(data, io.TextIOBase):
+        return True
+    if isinstance(data, io.BufferedIOBase | io.RawIOBase):
+        return False
+    # Duck-typed files (tempfile wrappers, say) say how they were opened in their mode.
+    mode = getattr(data, "mode", None)
+    return isinstance(mode, str) and "b" not in mode
 
 
 def _is_seekable_file(data: object) -> bool:
