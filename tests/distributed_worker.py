@@ -7,6 +7,7 @@ obstore runtime, as a worker on another host would be.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from multiprocessing.queues import Queue
 from typing import Any
 
@@ -20,6 +21,8 @@ from cairn import (
     WorkerReport,
     upload_partitions,
 )
+
+WORKER_LEASE = dt.timedelta(seconds=1)
 
 
 def partition_bytes(operator: str, partition: int) -> bytes:
@@ -43,7 +46,8 @@ def run_worker(
     """
 
     async def upload() -> WorkerReport:
-        ckpt = ObjectStoreCheckpointer(S3Store(bucket, **options))
+        # A short lease, so that the lease of a worker the tests kill lapses quickly.
+        ckpt = ObjectStoreCheckpointer(S3Store(bucket, **options), lease=WORKER_LEASE)
         cid = CheckpointId.parse(checkpoint_id)
         uploads = [(op, p, False, partition_bytes(op, p)) for op, p in keys]
         if mode != "slow":

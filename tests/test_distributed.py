@@ -14,13 +14,15 @@ from typing import Any
 
 import msgspec
 import pytest
-from distributed_worker import partition_bytes, run_worker
+from distributed_worker import WORKER_LEASE, partition_bytes, run_worker
 from obstore.store import LocalStore, S3Store
 from support.servers import S3Server, s3_store_options
 
 from cairn import (
+    CheckpointAbortedError,
     CheckpointData,
     CheckpointId,
+    CheckpointManifest,
     IncompleteCheckpointError,
     IntegrityMismatchError,
     InvalidInputError,
@@ -131,9 +133,14 @@ async def test_a_worker_killed_mid_upload_commits_nothing(cluster: Cluster) -> N
     assert await ckpt.read_latest() == before.checkpoint_id
     left = [i.path for i in await ckpt.store.list(prefix)]
     assert left, "the workers did leave orphans behind"
+    await asyncio.sleep(WORKER_LEASE.total_seconds() + 0.2)  # no worker renews it any more
     swept = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
     assert sorted(swept.orphans_deleted) == sorted(left)
-    assert await ckpt.store.list(prefix) == []
+    # GC claimed the id before sweeping: only its tombstone is left, and nothing can commit.
+    [tombstone] = await ckpt.store.list(prefix)
+    assert tombstone.path == ckpt.paths.manifest(cluster.cid) and tombstone.size == 0
+    with pytest.raises(CheckpointAbortedError):
+        await ckpt.commit(CheckpointManifest.new(cluster.cid, 2))
 
 
 async def test_a_worker_reporting_a_wrong_digest_commits_nothing(cluster: Cluster) -> None:

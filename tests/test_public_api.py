@@ -8,6 +8,7 @@ from cairn import errors
 EXPECTED = {
     "ArtifactKey",
     "BrokenChainError",
+    "CheckpointAbortedError",
     "ChainLink",
     "CheckpointData",
     "CheckpointExistsError",

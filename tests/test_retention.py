@@ -40,9 +40,19 @@ async def paths_in(ckpt: ObjectStoreCheckpointer) -> set[str]:
     return {info.path for info in await ckpt.store.list("")}
 
 
+async def tombstones(ckpt: ObjectStoreCheckpointer) -> set[str]:
+    """The claims GC leaves in swept directories (empty manifests, kept for a while)."""
+    return {
+        info.path
+        for info in await ckpt.store.list("")
+        if info.path.endswith("/manifest.json") and info.size == 0
+    }
+
+
 async def checkpoint_objects(ckpt: ObjectStoreCheckpointer) -> set[str]:
-    """Objects inside checkpoint directories (not _latest or its local lock sidecar)."""
-    return {p for p in await paths_in(ckpt) if ckpt.paths.checkpoint_of(p) is not None}
+    """Objects inside checkpoint directories (not _latest, its lock sidecar, or tombstones)."""
+    inside = {p for p in await paths_in(ckpt) if ckpt.paths.checkpoint_of(p) is not None}
+    return inside - await tombstones(ckpt)
 
 
 async def reachable_paths(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> set[str]:
@@ -114,11 +124,13 @@ async def test_keep_last_keeps_the_chain_it_needs(ckpt: ObjectStoreCheckpointer)
 
 async def test_rules_combine_by_union_and_latest_is_kept(ckpt: ObjectStoreCheckpointer) -> None:
     ids = await save_series(ckpt, 7)
-    await ckpt.update_latest(ids[1], force=True)  # latest is kept whatever the policy says
+    # Latest, and whatever is newer (the pointer may still move there), is kept whatever
+    # the policy says.
+    await ckpt.update_latest(ids[4], force=True)
     policy = RetentionPolicy(keep_last=1, keep_every_n_epochs=3, pinned=(ids[2],))
     result = await ckpt.gc(policy, min_age=NOW)
     kept = set(await ckpt.list_checkpoints())
-    assert kept == {ids[0], ids[1], ids[2], ids[3], ids[6]}
+    assert kept == {ids[0], ids[2], ids[3], ids[4], ids[5], ids[6]}
     assert set(result.retained) == kept
     for cid in kept:
         await ckpt.load(cid)  # every retained checkpoint loads and verifies
@@ -143,13 +155,19 @@ async def test_dry_run_deletes_nothing(ckpt: ObjectStoreCheckpointer) -> None:
 async def test_orphans_are_swept_only_when_old(ckpt: ObjectStoreCheckpointer) -> None:
     await save_series(ckpt, 1)
     orphan = CheckpointId.now()
-    await ckpt.save_snapshot(orphan, "op", 0, b"left behind by a crashed save")
+    crashed = ObjectStoreCheckpointer(ckpt.store, lease=dt.timedelta(milliseconds=30))
+    await crashed.save_snapshot(orphan, "op", 0, b"left behind by a crashed save")
+    await asyncio.sleep(0.05)  # its lease lapses: only min_age protects it now
     young = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(hours=1))
     assert young.orphans_deleted == []
     assert ckpt.paths.snapshot(orphan, "op", 0) in await paths_in(ckpt)
     old = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW)
-    assert old.orphans_deleted == [ckpt.paths.snapshot(orphan, "op", 0)]
-    assert ckpt.paths.snapshot(orphan, "op", 0) not in await paths_in(ckpt)
+    swept = [ckpt.paths.snapshot(orphan, "op", 0), ckpt.paths.intent(orphan)]
+    assert sorted(old.orphans_deleted) == sorted(swept)
+    assert not set(swept) & await paths_in(ckpt)
+    # GC claimed the id first: the crashed save can never commit it now.
+    assert await tombstones(ckpt) == {ckpt.paths.manifest(orphan)}
+    assert not await ckpt.exists(orphan)
 
 
 async def test_gc_is_resumable_after_a_crash(raw_store: ObjectStore) -> None:
@@ -273,7 +291,10 @@ class GcMachine(RuleBasedStateMachine):
     @rule(crash_at=st.integers(1, 12))
     def crashed_save(self, crash_at: int) -> None:
         store = FaultyStore(self.inner, FaultPlan(crash_at=crash_at))
-        writer = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+        # A killed process stops renewing its lease: a short one lapses by the next GC.
+        writer = ObjectStoreCheckpointer(
+            store, retry=FAST_RETRY, lease=dt.timedelta(milliseconds=1)
+        )
         try:
             self.run(
                 writer.save(

@@ -13,6 +13,7 @@ from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.distributed import WorkerReport, commit_distributed, upload_partitions
 from cairn.errors import (
     BrokenChainError,
+    CheckpointAbortedError,
     CheckpointerError,
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -54,6 +55,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArtifactKey",
     "BrokenChainError",
+    "CheckpointAbortedError",
     "ChainLink",
     "CheckpointData",
     "CheckpointExistsError",

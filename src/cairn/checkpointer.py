@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import logging
@@ -38,13 +39,14 @@ from typing import BinaryIO, TypeVar
 import msgspec
 from obstore.store import ObjectStore
 
-from cairn import _pointer
+from cairn import _lease, _pointer
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn.codecs import StreamDecoder, get_codec
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.errors import (
     BrokenChainError,
+    CheckpointAbortedError,
     CheckpointerError,
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -151,7 +153,9 @@ class ObjectStoreCheckpointer(Checkpointer):
     :func:`~cairn.open_store`. Uploads run at most ``max_concurrent_uploads`` at a time
     and downloads at most ``max_concurrent_downloads``; transient store failures are
     retried per ``retry``. With ``compression="zstd"`` artifacts are stored compressed
-    (see :mod:`cairn.codecs`); readers decompress whatever each entry records.
+    (see :mod:`cairn.codecs`); readers decompress whatever each entry records. A save in
+    progress holds a ``lease`` on its directory, renewed every third of it, that keeps
+    GC away however long the save runs (see :mod:`cairn._lease`).
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         retry: RetryPolicy | None = None,
         max_concurrent_downloads: int = 8,
         compression: str | None = None,
+        lease: dt.timedelta = _lease.DEFAULT_LEASE,
     ) -> None:
         self.paths = paths if paths is not None else CheckpointPaths()
         self.codec = get_codec(compression) if compression is not None else None
@@ -174,6 +179,9 @@ class ObjectStoreCheckpointer(Checkpointer):
         self.max_concurrent_downloads = _positive_int(
             "max_concurrent_downloads", max_concurrent_downloads
         )
+        if not isinstance(lease, dt.timedelta) or lease <= dt.timedelta(0):
+            raise InvalidInputError(f"lease must be a positive timedelta, got {lease!r}")
+        self.lease = lease
         self.retry = retry if retry is not None else RetryPolicy()
         self.store: Store = RetryingStore(as_store(store), self.retry)
         self.writer_generation = 0
@@ -205,6 +213,8 @@ class ObjectStoreCheckpointer(Checkpointer):
             await self.store.put(path, body, mode="create")
         except ObjectExistsError:
             existing = await self.store.get(path)
+            if bytes(existing.data) == _lease.TOMBSTONE:
+                raise CheckpointAbortedError(str(manifest.checkpoint_id), path) from None
             if bytes(existing.data) != body:
                 raise CheckpointExistsError(str(manifest.checkpoint_id), path) from None
             log.info("manifest %s was already written by this commit (retried write)", path)
@@ -226,6 +236,8 @@ class ObjectStoreCheckpointer(Checkpointer):
             blob = await self.store.get(path)
         except CheckpointNotFoundError:
             raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id}") from None
+        if memoryview(blob.data).nbytes == 0:
+            raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id} (aborted by GC)")
         manifest = decode_manifest(path, blob.data)
         if manifest.checkpoint_id != checkpoint_id:
             raise CorruptManifestError(
@@ -361,14 +373,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         )
 
         def probe(cid: CheckpointId) -> Callable[[], Awaitable[bool]]:
-            async def committed() -> bool:
-                try:
-                    await self.store.head(self.paths.manifest(cid))
-                except CheckpointNotFoundError:
-                    return False
-                return True
-
-            return committed
+            return lambda: self._manifest_exists(cid)
 
         found = await bounded_gather(self.max_concurrent_downloads, map(probe, candidates))
         return [cid for cid, ok in zip(candidates, found, strict=True) if ok]
@@ -394,7 +399,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         :class:`CheckpointExistsError` if the checkpoint is already committed (committed
         checkpoints are immutable). With ``metadata_key``, each artifact is hashed before
         it is sent and its digest stored as that user-metadata key (see
-        :mod:`cairn.distributed`).
+        :mod:`cairn.distributed`). The uploads hold the checkpoint's lease while they run;
+        it lapses ``lease`` after they end unless the checkpoint is committed first.
         """
         _check_id(checkpoint_id)
         checked = _check_uploads(uploads)
@@ -403,7 +409,8 @@ class ObjectStoreCheckpointer(Checkpointer):
             self._upload_job(checkpoint_id, op, part, is_delta, data, metadata_key)
             for op, part, is_delta, data in checked
         ]
-        return await bounded_gather(self.max_concurrent_uploads, jobs)
+        async with self._lease(checkpoint_id, None):
+            return await bounded_gather(self.max_concurrent_uploads, jobs)
 
     # -- the commit protocol -------------------------------------------------------------
 
@@ -427,7 +434,10 @@ class ObjectStoreCheckpointer(Checkpointer):
         the parent's chain for its partition. Returns the committed manifest. Nothing of
         the checkpoint is visible unless this returns (or fails after the commit point,
         as with :class:`FencedError` from the pointer update, in which case the manifest
-        is rolled back).
+        is rolled back). The save holds a lease on its directory from its first write to
+        its commit; if GC claimed the id anyway (the lease lapsed, for instance because
+        the process stalled), it raises :class:`CheckpointAbortedError` and commits
+        nothing.
         """
         if not isinstance(data, CheckpointData):
             raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
@@ -436,16 +446,24 @@ class ObjectStoreCheckpointer(Checkpointer):
             self.store, self.paths.writer_record(), self.writer_generation
         )
         await self._refuse_if_committed(cid)
-        inherited: dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]] = {}
-        if data.parent_id is not None:
-            # The intent names the parent before anything else is read or written, so a
-            # concurrent GC protects the parent's chain while this save is in progress.
-            await self.store.put(self.paths.intent(cid), _intent_body(data.parent_id))
+        # The lease's intent names the parent before anything else is read or written, so
+        # a concurrent GC keeps the parent's chain and this directory while the save runs.
+        async with self._lease(cid, data.parent_id):
             try:
-                inherited = await self._carried_chains(data)
+                entries = await self._upload_all(data)
             except BaseException:
                 await self._discard_uncommitted(cid)
                 raise
+            manifest = self._build_manifest(data, entries)
+            await self._write_manifest(manifest)
+        return await self._publish(manifest)
+
+    async def _upload_all(self, data: CheckpointData) -> list[tuple[str, PartitionSnapshotEntry]]:
+        """Upload what ``data`` holds; its entries, with those carried from the parent."""
+        cid = data.id
+        inherited: dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]] = {}
+        if data.parent_id is not None:
+            inherited = await self._carried_chains(data)
         uploads: list[PartitionUpload] = [
             *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
             *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
@@ -454,34 +472,50 @@ class ObjectStoreCheckpointer(Checkpointer):
             self._upload_job(cid, op, p, is_delta, buf) for op, p, is_delta, buf in uploads
         ]
         jobs += [self._offset_job(cid, src, entry) for src, entry in data.source_offsets.items()]
-        try:
-            results = await bounded_gather(self.max_concurrent_uploads, jobs)
-        except BaseException:
-            await self._discard_uncommitted(cid)
-            raise
+        results = await bounded_gather(self.max_concurrent_uploads, jobs)
         entries = [link for links in inherited.values() for link in links]
         entries += [r for r in results if r is not None]
-        return await self.commit(self._build_manifest(data, entries))
+        return entries
 
     async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
         """Commit an uploaded checkpoint: write its manifest, then advance ``_latest``.
 
         The second half of :meth:`save`, for callers that upload the artifacts
-        themselves. If the manifest write fails before the commit point, what was
-        uploaded for the checkpoint is removed; if a newer writer generation has taken
-        over by the time ``_latest`` is swapped, the manifest is rolled back and
-        :class:`FencedError` raised.
+        themselves. Every artifact the manifest names must be in the store (else
+        :class:`BrokenChainError`, and nothing is committed). If the manifest write fails
+        before the commit point, what was uploaded for the checkpoint is removed; if GC
+        claimed the id first, :class:`CheckpointAbortedError`; if a newer writer
+        generation has taken over by the time ``_latest`` is swapped, the manifest is
+        rolled back and :class:`FencedError` raised.
         """
+        await self._write_manifest(manifest)
+        return await self._publish(manifest)
+
+    async def _write_manifest(self, manifest: CheckpointManifest) -> None:
+        """The commit point: check every artifact is there, then create the manifest."""
         cid = manifest.checkpoint_id
         try:
+            try:
+                await self._check_artifacts_present(manifest)
+            except BrokenChainError:
+                await self._raise_if_claimed(cid)
+                raise
             await self.save_manifest(manifest)
-        except CheckpointExistsError:
+        except (CheckpointExistsError, CheckpointAbortedError):
             raise
         except BaseException:
             # Only discard when the manifest surely did not land.
             if not await self._manifest_exists(cid):
                 await self._discard_uncommitted(cid)
             raise
+
+    async def _publish(self, manifest: CheckpointManifest) -> CheckpointManifest:
+        """After the commit: end the lease, then advance ``_latest`` (or roll back if fenced)."""
+        cid = manifest.checkpoint_id
+        try:
+            await self.store.delete([self.paths.intent(cid)])
+        except CheckpointerError as exc:  # GC removes a committed checkpoint's intent too
+            log.info("could not remove the intent of committed %s: %s", cid, exc)
         try:
             await _pointer.advance_latest(
                 self.store,
@@ -495,6 +529,48 @@ class ObjectStoreCheckpointer(Checkpointer):
             await self.delete_checkpoint(cid)
             raise
         return manifest
+
+    async def _raise_if_claimed(self, cid: CheckpointId) -> None:
+        """Raise :class:`CheckpointAbortedError` if GC has claimed ``cid``."""
+        path = self.paths.manifest(cid)
+        try:
+            info = await self.store.head(path)
+        except CheckpointNotFoundError:
+            return
+        if _lease.is_tombstone(info):
+            raise CheckpointAbortedError(str(cid), path)
+
+    async def _check_artifacts_present(self, manifest: CheckpointManifest) -> None:
+        """Raise :class:`BrokenChainError` unless every entry's object is in the store.
+
+        One listing per directory that holds entries (this checkpoint's, and those of the
+        checkpoints it carries entries from), sizes checked, so that a manifest is never
+        written over artifacts that are gone.
+        """
+        cid = manifest.checkpoint_id
+        wanted: dict[str, dict[str, int]] = {}
+        for _, entry in manifest.partition_entries():
+            owner = entry.owner or cid
+            stored = entry.stored_size_bytes if entry.codec is not None else None
+            wanted.setdefault(self.paths.checkpoint_dir(owner), {})[
+                self.paths.resolve(owner, entry.path)
+            ] = stored if stored is not None else entry.size_bytes
+
+        def check(directory: str) -> Callable[[], Awaitable[None]]:
+            async def job() -> None:
+                present = {info.path: info.size for info in await self.store.list(directory)}
+                for path, size in wanted[directory].items():
+                    if present.get(path) != size:
+                        found = "missing" if path not in present else f"{present[path]} bytes"
+                        raise BrokenChainError(
+                            path,
+                            f"{found} at commit time (expected {size} bytes): "
+                            f"checkpoint {cid} is not committed",
+                        )
+
+            return job
+
+        await bounded_gather(self.max_concurrent_downloads, map(check, wanted))
 
     async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
         """Load a committed checkpoint: manifest, every artifact (verified), source offsets.
@@ -598,16 +674,14 @@ class ObjectStoreCheckpointer(Checkpointer):
         the result says what would be. See :mod:`cairn.retention`. A pinned id that does
         not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
         """
-        return await run_gc(
-            self.store,
-            self.paths,
-            await self.read_latest(),
-            policy,
-            dry_run=dry_run,
-            min_age=min_age,
-        )
+        return await run_gc(self.store, self.paths, policy, dry_run=dry_run, min_age=min_age)
 
     # -- internals -----------------------------------------------------------------------
+
+    def _lease(
+        self, cid: CheckpointId, parent_id: CheckpointId | None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        return _lease.hold_lease(self.store, self.paths.intent(cid), parent_id, self.lease)
 
     def _fetch_link(
         self, owner: CheckpointId, entry: PartitionSnapshotEntry, verify: bool
@@ -711,12 +785,12 @@ class ObjectStoreCheckpointer(Checkpointer):
     ) -> Callable[[], Awaitable[tuple[str, PartitionSnapshotEntry]]]:
         relative = self.paths.relative_artifact(operator, partition, is_delta)
         path = self.paths.resolve(cid, relative)
-        buffer = as_buffer(data)
+        buffer = as_buffer(data, f"artifact {path!r}")
 
         async def job() -> tuple[str, PartitionSnapshotEntry]:
             if buffer is None:
                 encoder = self.codec.encoder if self.codec is not None else None
-                source = StreamSource(data, encoder=encoder)
+                source = StreamSource(data, encoder=encoder, what=f"artifact {path!r}")
                 digest = await self._upload_stream(path, source, metadata_key)
                 size, stored_size = source.size, source.stored_size
             elif self.codec is not None:
@@ -814,11 +888,12 @@ class ObjectStoreCheckpointer(Checkpointer):
         )
 
     async def _manifest_exists(self, cid: CheckpointId) -> bool:
+        """True when ``cid`` is committed: its manifest exists and is not a tombstone."""
         try:
-            await self.store.head(self.paths.manifest(cid))
+            info = await self.store.head(self.paths.manifest(cid))
         except CheckpointNotFoundError:
             return False
-        return True
+        return not _lease.is_tombstone(info)
 
     async def _refuse_if_committed(self, cid: CheckpointId) -> None:
         if await self._manifest_exists(cid):
@@ -907,10 +982,6 @@ async def _write_atomically(
         partial.unlink(missing_ok=True)
         raise
     return digest
-
-
-def _intent_body(parent_id: CheckpointId) -> bytes:
-    return msgspec.json.encode({"parent_id": str(parent_id)})
 
 
 def _check_id(checkpoint_id: object) -> None:

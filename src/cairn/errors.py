@@ -10,6 +10,7 @@ CheckpointerError
 │   │   └── UnsupportedManifestVersionError
 │   └── BrokenChainError           an incremental chain misses a link (parent, base, artifact)
 ├── FencedError                    a newer writer has taken over the store
+├── CheckpointAbortedError         GC claimed a save's checkpoint id before it committed
 ├── InvalidInputError              (also ValueError) the caller's arguments are wrong
 │   ├── InvalidNameError           operator / source name or partition number
 │   ├── InvalidStoreUrlError       URL that open_store cannot open
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "BrokenChainError",
+    "CheckpointAbortedError",
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "CheckpointerError",
@@ -131,6 +133,22 @@ class FencedError(CheckpointerError):
         )
 
 
+class CheckpointAbortedError(CheckpointerError):
+    """GC claimed ``checkpoint_id`` (its save's lease had lapsed) before the save committed.
+
+    Nothing of that checkpoint is committed, and its id can never commit: save again
+    with a new :class:`~cairn.CheckpointData`. See :mod:`cairn._lease`.
+    """
+
+    def __init__(self, checkpoint_id: str, path: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.path = path
+        super().__init__(
+            f"checkpoint {checkpoint_id} was aborted before it committed: GC claimed it "
+            f"({path!r} is a tombstone) after its save's lease lapsed; nothing was committed"
+        )
+
+
 class InvalidInputError(CheckpointerError, ValueError):
     """The caller passed a value cairn cannot accept; nothing was written."""
 
@@ -173,12 +191,19 @@ class CodecError(CheckpointerError):
 
 
 class StoreError(CheckpointerError):
-    """The object store failed while doing ``operation`` on ``path``."""
+    """The object store failed while doing ``operation`` on ``path``.
 
-    def __init__(self, operation: str, path: str, reason: str) -> None:
+    ``status`` is the HTTP status the store answered the failed request with, when it
+    answered one (None for connection failures, timeouts and non-HTTP stores).
+    """
+
+    def __init__(
+        self, operation: str, path: str, reason: str, *, status: int | None = None
+    ) -> None:
         self.operation = operation
         self.path = path
         self.reason = reason
+        self.status = status
         super().__init__(f"store {operation} failed for {path!r}: {reason}")
 
 

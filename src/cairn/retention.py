@@ -1,14 +1,19 @@
 """Retention policies and garbage collection: keep what matters, reclaim the rest safely.
 
-The plan (:func:`plan_gc`) is pure: from the committed manifests, every object under the
-base, the ``_latest`` pointer and a :class:`RetentionPolicy`, it decides what goes.
-:func:`run_gc` reads the store, plans, and executes. Invariants:
+:func:`read_state` reads the store (one listing, the manifests, the intents of saves in
+progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goes;
+:func:`run_gc` reads, claims, plans and executes. Invariants:
 
-* never deleted: the checkpoint ``_latest`` names, a pinned or retained checkpoint, any
-  object a retained checkpoint's chain references (wherever it lives), the parent chain
-  of any uncommitted save (named by its ``intent.json``, which an incremental save
-  writes before it reads its parent), and anything younger than ``min_age`` that is not
-  part of a committed checkpoint (it may be a save in progress);
+* never deleted: a retained or pinned checkpoint; the checkpoint ``_latest`` names and
+  every committed checkpoint newer than it (the pointer only moves forwards, so at any
+  moment of the deletion it names one of those), and, when there is no usable pointer,
+  every committed checkpoint; any object a kept checkpoint's chain references, wherever
+  it lives; a checkpoint whose manifest does not decode (reported, left alone);
+* a save in progress is never swept: a directory whose intent holds a live lease, or
+  that has an object younger than ``min_age``, is left whole and its parent's chain kept.
+  Any other uncommitted directory is swept only after GC has claimed its id with a
+  tombstone, which the save's own commit races for: one of the two wins, never both
+  (:mod:`cairn._lease`);
 * deletion goes in two phases: every manifest to delete first, then the artifacts, so a
   crash mid-GC never leaves a listed checkpoint with missing artifacts — only orphans,
   which the next run sweeps (GC is idempotent and resumable);
@@ -23,16 +28,21 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import msgspec
-
 from cairn._concurrency import bounded_gather
-from cairn.errors import CheckpointerError, CheckpointNotFoundError, InvalidInputError
+from cairn._lease import TOMBSTONE_RETENTION, Intent, claim, decode_intent, is_live, is_tombstone
+from cairn._pointer import LatestPointer, read_pointer
+from cairn.errors import (
+    CheckpointerError,
+    CheckpointNotFoundError,
+    IntegrityError,
+    InvalidInputError,
+)
 from cairn.ids import CheckpointId
-from cairn.layout import INTENT_NAME, MANIFEST_NAME, CheckpointPaths
-from cairn.manifest import CheckpointManifest
+from cairn.layout import CheckpointPaths
+from cairn.manifest import CheckpointManifest, decode_manifest
 from cairn.stores import ObjectInfo, Store
 
-__all__ = ["GcPlan", "GcResult", "RetentionPolicy", "plan_gc"]
+__all__ = ["GcPlan", "GcResult", "RetentionPolicy", "StoreState", "plan_gc", "read_state"]
 
 log = logging.getLogger("cairn.gc")
 MANIFEST_READ_CONCURRENCY = 16
@@ -158,42 +168,117 @@ def _reachable(
     return whole, referenced
 
 
+@dataclass(frozen=True, slots=True)
+class StoreState:
+    """What GC read from the store: pure data for :func:`plan_gc`.
+
+    ``intents`` and ``tombstones`` are those of uncommitted directories only; ``damaged``
+    are committed directories whose manifest does not decode (GC leaves them alone: what
+    they reference cannot be known). ``latest`` is the pointer as read, or None.
+    """
+
+    manifests: dict[CheckpointId, CheckpointManifest]
+    objects: list[ObjectInfo]
+    intents: dict[CheckpointId, tuple[ObjectInfo, Intent | None]]
+    tombstones: dict[CheckpointId, ObjectInfo]
+    damaged: dict[CheckpointId, str]
+    latest: LatestPointer | None
+
+
+def uncommitted_dirs(
+    state: StoreState, paths: CheckpointPaths, *, now: dt.datetime, min_age: dt.timedelta
+) -> tuple[dict[CheckpointId, CheckpointId | None], set[CheckpointId]]:
+    """Split uncommitted directories into those to leave alone and those to reclaim.
+
+    Returns ``(busy, abandoned)``: ``busy`` maps each directory GC must not touch (a live
+    lease, or an object younger than ``min_age``) to the parent its intent names (its
+    chain is protected too); ``abandoned`` holds the unclaimed ones with neither, which GC
+    claims before it sweeps them. Tombstoned directories are in neither: they are dead.
+    """
+    newest: dict[CheckpointId, dt.datetime] = {}
+    for info in state.objects:
+        cid = paths.checkpoint_of(info.path)
+        if cid is None or cid in state.manifests or cid in state.damaged:
+            continue
+        if cid in state.tombstones:
+            continue
+        newest[cid] = max(newest.get(cid, info.last_modified), info.last_modified)
+    busy: dict[CheckpointId, CheckpointId | None] = {}
+    abandoned: set[CheckpointId] = set()
+    for cid, last in newest.items():
+        info_intent = state.intents.get(cid)
+        intent = info_intent[1] if info_intent else None
+        live = info_intent is not None and is_live(info_intent[0], intent, now)
+        if live or last > now - min_age:
+            busy[cid] = intent.parent_id if intent is not None else None
+        else:
+            abandoned.add(cid)
+    return busy, abandoned
+
+
+def _latest_order(
+    latest: LatestPointer | None, manifests: Mapping[CheckpointId, CheckpointManifest]
+) -> tuple[int, int] | None:
+    """The ``(epoch, id)`` order of what ``_latest`` names; None when nothing usable."""
+    if latest is None or latest.checkpoint_id is None:
+        return None
+    cid = latest.checkpoint_id
+    epoch = manifests[cid].epoch if cid in manifests else latest.epoch
+    return (epoch, cid.uuid.int)
+
+
 def plan_gc(
     paths: CheckpointPaths,
-    manifests: Mapping[CheckpointId, CheckpointManifest],
-    objects: Iterable[ObjectInfo],
-    latest: CheckpointId | None,
+    state: StoreState,
     policy: RetentionPolicy,
     *,
     now: dt.datetime,
     min_age: dt.timedelta,
-    in_progress_parents: Iterable[CheckpointId] = (),
+    claimed: Iterable[CheckpointId] = (),
 ) -> GcPlan:
     """Decide what a GC deletes. Pure: no I/O.
 
-    ``manifests`` are the committed checkpoints; ``objects`` every object under the base
-    (with sizes and modification times); ``in_progress_parents`` the parents named by
-    young uncommitted checkpoints' intents.
+    Kept whole: what ``policy`` retains, the checkpoint ``_latest`` names and every
+    checkpoint newer than it (``_latest`` only moves forwards, so whatever it names at any
+    later moment is one of these), every committed checkpoint when there is no usable
+    pointer, the parents of busy uncommitted directories, and whatever all of those
+    reference. Swept: the uncommitted directories in ``claimed`` (their ids can never
+    commit) and tombstones left alone for :data:`TOMBSTONE_RETENTION`.
     """
+    manifests = state.manifests
     now_ms = int(now.timestamp() * 1000)
     keep = policy.retained(manifests, now_ms) & set(manifests) | set(policy.pinned)
-    if latest is not None and latest in manifests:
-        keep.add(latest)
-    keep.update(p for p in in_progress_parents if p in manifests)
+    order = _latest_order(state.latest, manifests)
+    if order is None:
+        keep |= set(manifests)
+    else:
+        keep |= {cid for cid, m in manifests.items() if (m.epoch, cid.uuid.int) >= order}
+    busy, _ = uncommitted_dirs(state, paths, now=now, min_age=min_age)
+    keep.update(p for p in busy.values() if p is not None and p in manifests)
     whole, referenced = _reachable(paths, keep, manifests)
     doomed = sorted(set(manifests) - whole)
-    cutoff = now - min_age
+    dead = set(claimed) | set(state.tombstones)
+    in_dir: dict[CheckpointId, int] = {}
+    for info in state.objects:
+        cid = paths.checkpoint_of(info.path)
+        if cid is not None:
+            in_dir[cid] = in_dir.get(cid, 0) + 1
     to_delete: list[ObjectInfo] = []
     orphans: list[ObjectInfo] = []
-    for info in objects:
+    for info in state.objects:
         cid = paths.checkpoint_of(info.path)
-        if cid is None or cid in whole or info.path in referenced:
+        if cid is None or info.path in referenced:
             continue
         if cid in manifests:
-            if not info.path.endswith("/" + MANIFEST_NAME):
+            if info.path == paths.intent(cid):
+                to_delete.append(info)  # a committed save's leftover intent protects nothing
+            elif cid not in whole and info.path != paths.manifest(cid):
                 to_delete.append(info)
-        elif info.last_modified <= cutoff:
-            orphans.append(info)
+        elif cid in dead:
+            is_the_tombstone = info.path == paths.manifest(cid)
+            expired = in_dir[cid] == 1 and info.last_modified <= now - TOMBSTONE_RETENTION
+            if not is_the_tombstone or expired:
+                orphans.append(info)
     return GcPlan(
         retained=sorted(whole & set(manifests)),
         deleted=doomed,
@@ -203,63 +288,66 @@ def plan_gc(
     )
 
 
-_Intent = msgspec.json.Decoder(dict[str, str])
+async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
+    """Read what :func:`plan_gc` needs: one listing, the manifests, the intents, the pointer.
 
-
-async def _read_state(
-    store: Store, paths: CheckpointPaths, skip: set[CheckpointId] | None = None
-) -> tuple[dict[CheckpointId, CheckpointManifest], list[ObjectInfo], set[CheckpointId]]:
-    """Committed manifests, every object under the base, and in-progress saves' parents.
-
-    Intents in the directories of ``skip`` (checkpoints being deleted) are not saves.
+    The pointer is read before the listing; :func:`plan_gc`'s rule for it holds whatever
+    moves in between.
     """
-    from cairn.manifest import decode_manifest  # local: keeps the plan importable alone
-
+    latest, _, _ = await read_pointer(store, paths.latest_pointer())
     objects = await store.list(paths.base_prefix)
     manifests: dict[CheckpointId, CheckpointManifest] = {}
-    parents: set[CheckpointId] = set()
-    committed_dirs = {
-        info.path[: -len(MANIFEST_NAME)]
-        for info in objects
-        if info.path.endswith("/" + MANIFEST_NAME)
-    }
-
-    def read_manifest(info: ObjectInfo, cid: CheckpointId) -> Callable[[], Awaitable[None]]:
-        async def job() -> None:
-            try:
-                blob = await store.get(info.path)
-            except CheckpointNotFoundError:
-                return  # deleted since the listing
-            manifests[cid] = decode_manifest(info.path, blob.data)
-
-        return job
-
-    reads: list[Callable[[], Awaitable[None]]] = []
+    damaged: dict[CheckpointId, str] = {}
+    tombstones: dict[CheckpointId, ObjectInfo] = {}
+    intents: dict[CheckpointId, tuple[ObjectInfo, Intent | None]] = {}
+    committed: set[CheckpointId] = set()
+    intent_infos: list[tuple[CheckpointId, ObjectInfo]] = []
     for info in objects:
         cid = paths.checkpoint_of(info.path)
         if cid is None:
             continue
         if info.path == paths.manifest(cid):
-            reads.append(read_manifest(info, cid))
-        elif (
-            info.path == paths.intent(cid)
-            and paths.checkpoint_dir(cid) not in committed_dirs
-            and cid not in (skip or ())
-        ):
-            # Whatever its age: a stale intent is swept in this run and protects no more.
+            if is_tombstone(info):
+                tombstones[cid] = info
+            else:
+                committed.add(cid)
+        elif info.path == paths.intent(cid):
+            intent_infos.append((cid, info))
+
+    def read_manifest(cid: CheckpointId) -> Callable[[], Awaitable[None]]:
+        async def job() -> None:
+            path = paths.manifest(cid)
             try:
-                intent = _Intent.decode(bytes((await store.get(info.path)).data))
-                parents.add(CheckpointId.parse(intent["parent_id"]))
-            except (CheckpointNotFoundError, msgspec.DecodeError, KeyError, ValueError):
-                continue
+                blob = await store.get(path)
+                manifests[cid] = decode_manifest(path, blob.data)
+            except CheckpointNotFoundError:
+                return  # deleted since the listing
+            except IntegrityError as exc:
+                log.warning("gc leaves damaged checkpoint %s alone: %s", cid, exc)
+                damaged[cid] = str(exc)
+
+        return job
+
+    def read_intent(cid: CheckpointId, info: ObjectInfo) -> Callable[[], Awaitable[None]]:
+        async def job() -> None:
+            try:
+                blob = await store.get(info.path)
+            except CheckpointNotFoundError:
+                return
+            # The listing's time is the lease's start as GC saw it; the bytes say for how long.
+            intents[cid] = (info, decode_intent(bytes(blob.data)))
+
+        return job
+
+    reads = [read_manifest(cid) for cid in committed]
+    reads += [read_intent(cid, info) for cid, info in intent_infos if cid not in committed]
     await bounded_gather(MANIFEST_READ_CONCURRENCY, reads)
-    return manifests, objects, parents
+    return StoreState(manifests, objects, intents, tombstones, damaged, latest)
 
 
 async def run_gc(
     store: Store,
     paths: CheckpointPaths,
-    latest: CheckpointId | None,
     policy: RetentionPolicy,
     *,
     dry_run: bool,
@@ -271,53 +359,56 @@ async def run_gc(
     if not isinstance(policy, RetentionPolicy):
         raise InvalidInputError(f"gc takes a RetentionPolicy, got {policy!r}")
     now = dt.datetime.now(dt.UTC)
-    manifests, objects, parents = await _read_state(store, paths)
-    unknown_pins = [cid for cid in policy.pinned if cid not in manifests]
+    state = await read_state(store, paths)
+    unknown_pins = [cid for cid in policy.pinned if cid not in state.manifests]
     if unknown_pins:
         raise InvalidInputError(f"pinned checkpoint {unknown_pins[0]} does not exist")
-    plan = plan_gc(
-        paths,
-        manifests,
-        objects,
-        latest,
-        policy,
-        now=now,
-        min_age=min_age,
-        in_progress_parents=parents,
-    )
+    _, abandoned = uncommitted_dirs(state, paths, now=now, min_age=min_age)
+    claimed = abandoned if dry_run else await _claim_all(store, paths, abandoned)
+    plan = plan_gc(paths, state, policy, now=now, min_age=min_age, claimed=claimed)
     result = GcResult(retained=plan.retained, deleted=plan.deleted, dry_run=dry_run)
+    result.failures.extend((paths.manifest(cid), why) for cid, why in state.damaged.items())
     doomed_bytes = [*plan.objects_to_delete, *plan.orphans]
-    sizes = {info.path: info.size for info in objects}
+    sizes = {info.path: info.size for info in state.objects}
     if dry_run:
         result.bytes_reclaimed = sum(sizes.get(p, 0) for p in plan.manifests_to_delete) + sum(
             info.size for info in doomed_bytes
         )
         result.orphans_deleted = [info.path for info in plan.orphans]
         return result
-    # Phase 1: the manifests, so nothing half-deleted is ever listed; each with its intent,
-    # which would otherwise read as a save in progress and protect its parent.
-    intents = {paths.intent(cid) for cid in plan.deleted} & set(sizes)
+    # Phase 1: the manifests, so nothing half-deleted is ever listed.
     for path in plan.manifests_to_delete:
         if await _delete(store, path, result):
             result.bytes_reclaimed += sizes.get(path, 0)
-            intent = path[: -len(MANIFEST_NAME)] + INTENT_NAME
-            if intent in intents and await _delete(store, intent, result):
-                result.bytes_reclaimed += sizes[intent]
-    doomed_bytes = [info for info in doomed_bytes if info.path not in intents]
     # Phase 2: look again for saves that started or committed since the plan.
-    manifests_now, _, parents_now = await _read_state(store, paths, skip=set(plan.deleted))
-    known = {**manifests, **manifests_now}  # a deleted parent's manifest is still known here
-    fresh = set(manifests_now) - set(manifests)
-    spared_whole, spared = _reachable(paths, fresh | (parents_now & set(known)), known)
-    spared |= {info.path for info in doomed_bytes if paths.checkpoint_of(info.path) in spared_whole}
+    now_state = await read_state(store, paths)
+    known = {**state.manifests, **now_state.manifests}  # deleted manifests are still known here
+    fresh = set(now_state.manifests) - set(state.manifests)
+    busy_now, _ = uncommitted_dirs(now_state, paths, now=dt.datetime.now(dt.UTC), min_age=min_age)
+    parents_now = {p for p in busy_now.values() if p is not None and p in known}
+    spared_whole, spared = _reachable(paths, fresh | parents_now, known)
     for info in doomed_bytes:
-        if info.path in spared:
+        cid = paths.checkpoint_of(info.path)
+        if info.path in spared or cid in spared_whole:
             continue
         if await _delete(store, info.path, result):
             result.bytes_reclaimed += info.size
             if info in plan.orphans:
                 result.orphans_deleted.append(info.path)
     return result
+
+
+async def _claim_all(
+    store: Store, paths: CheckpointPaths, abandoned: Iterable[CheckpointId]
+) -> set[CheckpointId]:
+    """Claim each abandoned id (see :mod:`cairn._lease`); the ones claimed."""
+    claimed: set[CheckpointId] = set()
+    for cid in sorted(abandoned):
+        if await claim(store, paths.manifest(cid)):
+            claimed.add(cid)
+        else:
+            log.info("gc spares %s: it committed while gc was planning", cid)
+    return claimed
 
 
 async def _delete(store: Store, path: str, result: GcResult) -> bool:

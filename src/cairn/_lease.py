@@ -1,0 +1,142 @@
+"""Leases and claims: how a save in progress and a GC agree on who owns an uncommitted id.
+
+A save uploads for a while before it commits; GC must neither sweep what a running save
+uploaded nor wait for ever on what a crashed save left. The protocol:
+
+* **Lease.** Before it uploads anything, a save writes ``{id}/intent.json`` (the parent it
+  builds on, if any, and the lease duration). While the save runs it rewrites the intent
+  every third of the lease, so the object's modification time is the start of the current
+  lease. GC treats an uncommitted directory whose intent is younger than its lease as a
+  save in progress: it deletes nothing in it and keeps the parent's chain, whatever its
+  ``min_age``. A committed save deletes its intent; the protection ends with the save.
+* **Claim.** GC reclaims an uncommitted directory only after claiming its id: a
+  create-only write of an empty ``manifest.json``, the *tombstone*. The manifest path is
+  the one object that a commit (which writes it create-only too) and a claim race for,
+  so the store lets exactly one of them win: a save whose id was claimed fails at its
+  commit with :class:`~cairn.errors.CheckpointAbortedError` and nothing of it is
+  committed; a GC whose claim meets a real manifest spares the directory as committed.
+
+So clocks decide only *when* GC tries to claim (liveness), never whether a commit and a
+sweep can both happen (safety). Readers take a zero-byte ``manifest.json`` for "not
+committed" (no manifest is ever empty). GC removes a tombstone once nothing else is left
+in its directory and it is older than :data:`TOMBSTONE_RETENTION`; a save also checks,
+just before its commit, that every artifact its manifest names is present, so a save
+stalled for longer than that between its check and its commit is the one case left open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from cairn.errors import CheckpointerError, CheckpointNotFoundError, ObjectExistsError
+from cairn.ids import CheckpointId
+from cairn.manifest import dec_hook, enc_hook
+from cairn.stores import ObjectInfo, Store
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "TOMBSTONE",
+    "TOMBSTONE_RETENTION",
+    "Intent",
+    "claim",
+    "decode_intent",
+    "hold_lease",
+    "is_live",
+    "is_tombstone",
+]
+
+log = logging.getLogger("cairn")
+
+DEFAULT_LEASE = dt.timedelta(seconds=60)
+"""How long a save's intent protects its directory without being renewed."""
+TOMBSTONE = b""
+"""The content of a claimed id's ``manifest.json``."""
+TOMBSTONE_RETENTION = dt.timedelta(days=1)
+"""How long GC keeps a tombstone after its directory was swept."""
+
+
+class Intent(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Content of ``intent.json``: what a save in progress builds on, and its lease.
+
+    ``lease_ms`` 0 (intents written before leases existed) protects nothing by itself:
+    GC then goes by the age of the directory's objects (``min_age``).
+    """
+
+    parent_id: CheckpointId | None = None
+    lease_ms: int = 0
+
+
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
+_decoder = msgspec.json.Decoder(Intent, dec_hook=dec_hook)
+
+
+def decode_intent(data: bytes) -> Intent | None:
+    """The intent in ``data``; None when it is damaged (it then protects nothing)."""
+    try:
+        intent = _decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError, NotImplementedError):
+        return None
+    return intent if intent.lease_ms >= 0 else None
+
+
+def is_live(info: ObjectInfo, intent: Intent | None, now: dt.datetime) -> bool:
+    """True when the intent at ``info`` was (re)written less than its lease ago."""
+    if intent is None or intent.lease_ms <= 0:
+        return False
+    return info.last_modified + dt.timedelta(milliseconds=intent.lease_ms) > now
+
+
+def is_tombstone(info: ObjectInfo) -> bool:
+    """True when ``info`` (a ``manifest.json``) is a claim, not a commit."""
+    return info.size == 0
+
+
+@contextlib.asynccontextmanager
+async def hold_lease(
+    store: Store, path: str, parent_id: CheckpointId | None, duration: dt.timedelta
+) -> AsyncIterator[None]:
+    """Write the intent at ``path`` and renew it every third of ``duration`` until exit.
+
+    A renewal that fails is logged and tried again at the next period: the lease may then
+    lapse, which costs the save its commit (GC may claim the id), never correctness.
+    """
+    body = _encoder.encode(Intent(parent_id, int(duration.total_seconds() * 1000)))
+    await store.put(path, body)
+    period = duration.total_seconds() / 3
+
+    async def renew_forever() -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await store.put(path, body)
+            except CheckpointerError as exc:
+                log.warning("could not renew the lease %s: %s", path, exc)
+
+    renewal = asyncio.create_task(renew_forever())
+    try:
+        yield
+    finally:
+        renewal.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewal
+
+
+async def claim(store: Store, manifest_path: str) -> bool:
+    """Claim an uncommitted id for GC by writing its tombstone; False if it is committed.
+
+    True also when the id was claimed before (an empty manifest is already there).
+    """
+    try:
+        await store.put(manifest_path, TOMBSTONE, mode="create")
+    except ObjectExistsError:
+        try:
+            return is_tombstone(await store.head(manifest_path))
+        except CheckpointNotFoundError:
+            return False  # deleted meanwhile: claim again in a later run
+    return True
