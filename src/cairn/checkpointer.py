@@ -50,6 +50,7 @@ from cairn.errors import (
     CheckpointerError,
     CheckpointExistsError,
     CheckpointNotFoundError,
+    CodecError,
     CorruptManifestError,
     FencedError,
     IntegrityError,
@@ -67,6 +68,7 @@ from cairn.manifest import (
     PartitionSnapshotEntry,
     SourceOffsetEntry,
     check_manifest,
+    dec_hook,
     decode_manifest,
     encode_manifest,
 )
@@ -644,7 +646,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             if not newer:
                 try:
                     return await self.load(pointer.checkpoint_id)
-                except (CheckpointNotFoundError, IntegrityError) as exc:
+                except _DAMAGE as exc:
                     failed.add(pointer.checkpoint_id)
                     log.warning(
                         "_latest names %s, which does not load (%s): falling back",
@@ -918,34 +920,86 @@ class ObjectStoreCheckpointer(Checkpointer):
         return [cid for cid in newer if await self._manifest_exists(cid)]
 
     async def _load_newest_valid(self, skip: set[CheckpointId]) -> LoadedCheckpoint | None:
-        ids = [cid for cid in await self.list_checkpoints() if cid not in skip]
+        """The committed checkpoint that ranks first and loads, trying the next on damage.
 
-        def read(cid: CheckpointId) -> Callable[[], Awaitable[CheckpointManifest | None]]:
-            async def job() -> CheckpointManifest | None:
+        Ranked by (writer generation, epoch, id), highest first. Ranking needs only each
+        manifest's header, so every manifest is read but only its three ranking fields are
+        decoded; the full decode, checks and artifact verification then run on the first
+        candidate alone, and on the next only if it fails. A manifest whose header decodes
+        but whose whole does not fails there, so the choice is exactly that of decoding
+        every manifest in full: a valid manifest's header is its content.
+        """
+        listing = await self.store.list_dir(self.paths.base_prefix)
+        candidates = sorted(
+            (
+                cid
+                for prefix in listing.prefixes
+                if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None
+                and cid not in skip
+            ),
+            reverse=True,
+        )
+
+        def read(cid: CheckpointId) -> Callable[[], Awaitable[_ManifestHeader | None]]:
+            async def job() -> _ManifestHeader | None:
+                path = self.paths.manifest(cid)
                 try:
-                    return await self.load_manifest(cid)
-                except (CheckpointNotFoundError, CorruptManifestError) as exc:
-                    log.warning("skipping checkpoint %s: %s", cid, exc)
-                    return None
+                    blob = await self.store.get(path)
+                except CheckpointNotFoundError:
+                    return None  # not committed (or deleted since the listing)
+                return _decode_header(path, cid, blob.data)
 
             return job
 
-        manifests = await bounded_gather(self.max_concurrent_downloads, map(read, ids))
+        headers = await bounded_gather(self.max_concurrent_downloads, map(read, candidates))
         ranked = sorted(
-            (m for m in manifests if m is not None),
-            key=lambda m: (m.writer_generation or 0, m.epoch, m.checkpoint_id),
+            (h for h in headers if h is not None),
+            key=lambda h: (h.writer_generation or 0, h.epoch, h.checkpoint_id),
             reverse=True,
         )
-        for manifest in ranked:
+        for header in ranked:
             try:
-                return await self.load(manifest.checkpoint_id)
-            except (CheckpointNotFoundError, IntegrityError) as exc:
+                return await self.load(header.checkpoint_id)
+            except _DAMAGE as exc:
                 log.warning(
                     "checkpoint %s does not load (%s): trying an older one",
-                    manifest.checkpoint_id,
+                    header.checkpoint_id,
                     exc,
                 )
         return None
+
+
+class _ManifestHeader(msgspec.Struct, frozen=True):
+    """The fields of a manifest that rank it; decoding skips the rest (no checks)."""
+
+    checkpoint_id: CheckpointId
+    epoch: int
+    writer_generation: int | None = None
+
+
+_header_decoder = msgspec.json.Decoder(_ManifestHeader, dec_hook=dec_hook)
+
+_DAMAGE = (CheckpointNotFoundError, IntegrityError, CodecError)
+"""What makes one checkpoint unloadable without saying anything of the others.
+
+A :class:`StoreError` is not damage: a store that refuses or fails a read would refuse
+the older checkpoints too, and answering None ("no checkpoint") would be a lie.
+"""
+
+
+def _decode_header(path: str, cid: CheckpointId, data: Buffer) -> _ManifestHeader | None:
+    """The ranking fields of the manifest at ``path``; None (with a warning) if unreadable."""
+    if memoryview(data).nbytes == 0:
+        return None  # a tombstone: GC claimed this id
+    try:
+        header = _header_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        log.warning("skipping checkpoint %s: corrupt manifest at %r: %s", cid, path, exc)
+        return None
+    if header.checkpoint_id != cid:
+        log.warning("skipping checkpoint %s: %r describes %s", cid, path, header.checkpoint_id)
+        return None
+    return header
 
 
 def _hash_and_write(
