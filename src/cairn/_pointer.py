@@ -22,6 +22,27 @@ claim happened before the takeover (and is kept); any later one is refused.
 
 Both records accept what the reference implementation wrote (a bare checkpoint id for
 ``_latest``), and both are JSON.
+
+Damaged records. Decoding either record raises nothing but :class:`CorruptManifestError`
+naming it: not JSON, JSON nested too deeply, a value of the wrong type (a number where
+an id belongs), a negative generation, or one over :data:`MAX_GENERATION`. What each
+operation does then:
+
+* a damaged ``_latest`` reads as no pointer (with a warning): readers fall back to
+  listing, and the next pointer swap or takeover replaces it by compare-and-swap;
+* a damaged ``_writer`` is a fence whose height is unknown, so it stops every writer:
+  ``save`` (and :func:`check_not_fenced`) raises :class:`CorruptManifestError` instead of
+  guessing, because guessing low could let a fenced writer commit beside its successor.
+  Nothing is written; :func:`take_over` is the repair;
+* :func:`take_over` raises the generation above every generation visible in the store:
+  ``max(_writer, _latest's writer_generation) + 1``. When ``_writer`` is damaged, that
+  is ``_latest``'s generation + 1, which fences every live writer: a writer holds a
+  generation only once its own takeover claimed ``_latest`` for it, and the pointer's
+  generation never goes down, so no live writer is above it. If ``_latest`` is missing
+  or damaged as well, nothing bounds the live generations, so the repair uses the
+  current time in milliseconds: generations grow by one per takeover, so they stay far
+  below the clock (unless a repair on a clock running ahead set one, and more
+  takeovers followed than milliseconds have passed since). A repair logs a warning.
 """
 
 from __future__ import annotations
@@ -40,12 +61,20 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.manifest import dec_hook, enc_hook
+from cairn.manifest import MAX_INT64, dec_hook, enc_hook
 from cairn.stores import IfMatch, PutMode, Store
 
 log = logging.getLogger("cairn")
 
 MAX_CAS_ROUNDS = 100
+
+MAX_RECORD_BYTES = 64 * 1024
+"""The largest ``_latest`` or ``_writer`` record that is read (they are under 200 bytes)."""
+
+MAX_GENERATION = 2**62
+"""The highest writer generation. One takeover adds one, and a repair starts from the
+clock (about 2**41 ms), so a record above this is damage, and the headroom leaves room
+for every takeover that follows without leaving the 64 bits of JSON integers."""
 
 
 class LatestPointer(msgspec.Struct, frozen=True):
@@ -72,15 +101,52 @@ _pointer_decoder = msgspec.json.Decoder(LatestPointer, dec_hook=dec_hook)
 _writer_decoder = msgspec.json.Decoder(WriterRecord)
 
 
+def _in_range(value: int, low: int, high: int) -> bool:
+    return low <= value <= high
+
+
 def decode_pointer(path: str, data: bytes) -> LatestPointer:
-    """Parse ``_latest``: our JSON, or the bare id the reference writes."""
+    """Parse ``_latest``: our JSON, or the bare id the reference writes.
+
+    Raises :class:`CorruptManifestError` naming ``path`` for anything else.
+    """
+    if len(data) > MAX_RECORD_BYTES:
+        raise CorruptManifestError(path, f"latest pointer of {len(data)} bytes is not one")
     text = bytes(data).strip()
     if CheckpointId.is_valid(text.decode("utf-8", "replace")):
         return LatestPointer(checkpoint_id=CheckpointId.parse(text.decode()), epoch=-1)
     try:
-        return _pointer_decoder.decode(text)
+        pointer = _pointer_decoder.decode(text)
     except msgspec.DecodeError as exc:
         raise CorruptManifestError(path, f"unreadable latest pointer: {exc}") from None
+    except RecursionError:
+        raise CorruptManifestError(path, "unreadable latest pointer: nested too deeply") from None
+    if not _in_range(pointer.epoch, -1, MAX_INT64):
+        raise CorruptManifestError(path, f"latest pointer has epoch {pointer.epoch}")
+    if not _in_range(pointer.writer_generation, 0, MAX_GENERATION):
+        raise CorruptManifestError(
+            path, f"latest pointer has writer generation {pointer.writer_generation}"
+        )
+    return pointer
+
+
+def decode_writer(path: str, data: bytes) -> WriterRecord:
+    """Parse ``_writer``; raises :class:`CorruptManifestError` naming ``path`` if damaged."""
+    if len(data) > MAX_RECORD_BYTES:
+        raise CorruptManifestError(path, f"writer record of {len(data)} bytes is not one")
+    try:
+        record = _writer_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptManifestError(path, f"unreadable writer record: {exc}") from None
+    except RecursionError:
+        raise CorruptManifestError(path, "unreadable writer record: nested too deeply") from None
+    if not _in_range(record.generation, 0, MAX_GENERATION):
+        raise CorruptManifestError(
+            path, f"writer record has generation {record.generation}, not in 0..{MAX_GENERATION}"
+        )
+    if not _in_range(record.acquired_ms, 0, MAX_INT64):
+        raise CorruptManifestError(path, f"writer record has acquired_ms {record.acquired_ms}")
+    return record
 
 
 async def read_pointer(store: Store, path: str) -> tuple[LatestPointer | None, str | None, bool]:
@@ -96,16 +162,30 @@ async def read_pointer(store: Store, path: str) -> tuple[LatestPointer | None, s
         return None, blob.info.e_tag, True
 
 
+async def _read_writer(store: Store, path: str) -> tuple[WriterRecord | None, str | None, bool]:
+    """``(record, e_tag, exists)``; a damaged record reads as None (with a warning)."""
+    try:
+        blob = await store.get(path)
+    except CheckpointNotFoundError:
+        return WriterRecord(0), None, False
+    try:
+        return decode_writer(path, bytes(blob.data)), blob.info.e_tag, True
+    except CorruptManifestError as exc:
+        log.warning("%s: take_over() replaces it", exc)
+        return None, blob.info.e_tag, True
+
+
 async def read_generation(store: Store, path: str) -> tuple[int, str | None]:
-    """The current writer generation (0 when no writer ever took over) and its e-tag."""
+    """The current writer generation (0 when no writer ever took over) and its e-tag.
+
+    Raises :class:`CorruptManifestError` if the record is damaged (see the module
+    docstring: :func:`take_over` repairs it).
+    """
     try:
         blob = await store.get(path)
     except CheckpointNotFoundError:
         return 0, None
-    try:
-        return _writer_decoder.decode(bytes(blob.data)).generation, blob.info.e_tag
-    except msgspec.DecodeError as exc:
-        raise CorruptManifestError(path, f"unreadable writer record: {exc}") from None
+    return decode_writer(path, bytes(blob.data)).generation, blob.info.e_tag
 
 
 async def _swap(store: Store, path: str, data: bytes, e_tag: str | None, exists: bool) -> bool:
@@ -152,18 +232,42 @@ async def advance_latest(
 
 
 async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
-    """Become the store's writer: raise the generation by one and claim ``_latest``.
+    """Become the store's writer: raise the generation and claim ``_latest``.
 
-    Returns the new generation. Every writer of an older generation is fenced from then on.
+    The new generation is one above every generation visible in the store, ``_writer``'s
+    and ``_latest``'s, so a lost or rewound ``_writer`` cannot leave it below the
+    pointer; a damaged ``_writer`` is replaced (see the module docstring for why the
+    repaired generation fences every earlier writer). Returns the new generation. Every
+    writer of an older generation is fenced from then on.
     """
     for _ in range(MAX_CAS_ROUNDS):
-        generation, e_tag = await read_generation(store, writer_path)
-        record = WriterRecord(generation + 1, time.time_ns() // 10**6)
-        if await _swap(store, writer_path, _encoder.encode(record), e_tag, e_tag is not None):
+        record, e_tag, exists = await _read_writer(store, writer_path)
+        pointer, _, pointer_exists = await read_pointer(store, latest_path)
+        visible = [r.generation for r in (record,) if r is not None]
+        visible += [p.writer_generation for p in (pointer,) if p is not None]
+        if not visible:  # nothing readable bounds the live generations: the clock does
+            visible.append(time.time_ns() // 10**6)
+        new_generation = max(visible) + 1
+        if new_generation > MAX_GENERATION:
+            raise CorruptManifestError(
+                writer_path, f"writer generation {max(visible)} leaves no room for a takeover"
+            )
+        replaced = WriterRecord(new_generation, time.time_ns() // 10**6)
+        if await _swap(store, writer_path, _encoder.encode(replaced), e_tag, exists):
+            if record is None:
+                if pointer is not None:
+                    why = f"the latest pointer names generation {pointer.writer_generation}"
+                else:
+                    why = f"the latest pointer is {'damaged' if pointer_exists else 'missing'}"
+                log.warning(
+                    "replaced the damaged writer record %s with generation %d (%s)",
+                    writer_path,
+                    new_generation,
+                    why,
+                )
             break
     else:
         raise StoreError("put", writer_path, "gave up: the writer record is too contended")
-    new_generation = generation + 1
     for _ in range(MAX_CAS_ROUNDS):
         current, e_tag, exists = await read_pointer(store, latest_path)
         if current is not None and current.writer_generation >= new_generation:
@@ -179,7 +283,11 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
 
 
 async def check_not_fenced(store: Store, writer_path: str, generation: int) -> None:
-    """Raise :class:`FencedError` if a newer writer generation has taken over."""
+    """Raise :class:`FencedError` if a newer writer generation has taken over.
+
+    A damaged ``_writer`` raises :class:`CorruptManifestError`: a fence of unknown height
+    stops every writer until :func:`take_over` repairs it.
+    """
     current, _ = await read_generation(store, writer_path)
     if current > generation:
         raise FencedError(generation, current)

@@ -2,8 +2,10 @@
 
 Invariant: a :class:`CheckpointData` that was constructed is consistent — every name
 and partition is valid, no ``(operator, partition)`` is both a snapshot and a delta,
-deltas come with the parent they apply to, and the epoch is a non-negative int — so a
-save never starts writing for input it would have to reject half-way.
+deltas come with the parent they apply to, and every number is in the range its
+manifest accepts (epoch in 0..2**63-1, timestamp no later than year 9999, see
+:mod:`cairn.manifest`) — so a save never starts writing for input it would have to
+reject half-way, nor commits a manifest that readers would take for damage.
 """
 
 from __future__ import annotations
@@ -13,16 +15,27 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from cairn._buffer import Buffer
-from cairn.errors import InvalidCheckpointDataError, InvalidInputError
+from cairn.errors import InvalidCheckpointDataError, InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
 from cairn.layout import validate_name, validate_partition
-from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry, SourceOffsetEntry
+from cairn.manifest import (
+    MAX_INT64,
+    MAX_TIMESTAMP_MS,
+    CheckpointManifest,
+    PartitionSnapshotEntry,
+    SourceOffsetEntry,
+    check_source_offset,
+)
 from cairn.sources import ArtifactData, check_artifact_data
 
 __all__ = ["ArtifactKey", "ChainLink", "CheckpointData", "LoadedCheckpoint"]
 
 ArtifactKey: TypeAlias = tuple[str, int]
 """``(operator, partition)``."""
+
+
+def _is_int_in(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, ArtifactData]:
@@ -67,8 +80,10 @@ class CheckpointData:
     timestamp_ms: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
-            raise InvalidCheckpointDataError(f"epoch must be an int >= 0, got {self.epoch!r}")
+        if not _is_int_in(self.epoch, 0, MAX_INT64):
+            raise InvalidCheckpointDataError(
+                f"epoch must be an int in 0..{MAX_INT64}, got {self.epoch!r}"
+            )
         snapshots = _check_artifacts("snapshots", self.snapshots)
         deltas = _check_artifacts("deltas", self.deltas)
         both = sorted(set(snapshots) & set(deltas))
@@ -88,17 +103,20 @@ class CheckpointData:
                 raise InvalidCheckpointDataError(
                     f"source_offsets[{source!r}] must be a SourceOffsetEntry, got {entry!r}"
                 )
-        if self.watermark is not None and (
-            isinstance(self.watermark, bool) or not isinstance(self.watermark, int)
-        ):
-            raise InvalidCheckpointDataError(f"watermark must be an int, got {self.watermark!r}")
-        if self.timestamp_ms is not None and (
-            isinstance(self.timestamp_ms, bool)
-            or not isinstance(self.timestamp_ms, int)
-            or self.timestamp_ms < 0
-        ):
+            try:
+                check_source_offset(source, entry)
+            except InvalidNameError:
+                raise
+            except InvalidInputError as exc:
+                raise InvalidCheckpointDataError(str(exc)) from None
+        if self.watermark is not None and not _is_int_in(self.watermark, -MAX_INT64 - 1, MAX_INT64):
             raise InvalidCheckpointDataError(
-                f"timestamp_ms must be an int >= 0, got {self.timestamp_ms!r}"
+                f"watermark must be a signed 64-bit int, got {self.watermark!r}"
+            )
+        if self.timestamp_ms is not None and not _is_int_in(self.timestamp_ms, 0, MAX_TIMESTAMP_MS):
+            raise InvalidCheckpointDataError(
+                f"timestamp_ms must be an int in 0..{MAX_TIMESTAMP_MS} (up to year 9999), "
+                f"got {self.timestamp_ms!r}"
             )
         for name in ("parent_id", "checkpoint_id"):
             value = getattr(self, name)

@@ -43,6 +43,7 @@ from cairn.manifest import (
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     SourceOffsetEntry,
+    check_entry,
     dec_hook,
     enc_hook,
 )
@@ -66,11 +67,27 @@ class WorkerReport(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_json(cls, data: Buffer) -> WorkerReport:
-        """Parse a report; raises :class:`InvalidInputError` for anything malformed."""
+        """Parse a report; raises :class:`InvalidInputError` for anything malformed.
+
+        Malformed includes JSON nested too deeply, a value of the wrong type (a number
+        where an id belongs), and an entry that :func:`cairn.manifest.check_entry`
+        refuses (a path that is not the layout's, a bad digest, an unknown codec).
+        """
         try:
-            return _decoder.decode(data)
+            report = _decoder.decode(data)
         except msgspec.DecodeError as exc:
             raise InvalidInputError(f"not a worker report: {exc}") from None
+        except RecursionError:
+            raise InvalidInputError("not a worker report: its JSON is nested too deeply") from None
+        for operator, entry in report.entries:
+            try:
+                validate_name("operator", operator)
+                check_entry(operator, entry, report.checkpoint_id)
+            except InvalidInputError as exc:
+                raise InvalidInputError(
+                    f"not a worker report: worker {report.worker!r}: {exc}"
+                ) from None
+        return report
 
 
 _encoder = msgspec.json.Encoder(enc_hook=enc_hook)

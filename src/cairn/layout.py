@@ -18,7 +18,11 @@ Invariants:
   can climb out of its checkpoint or collide with another object's path;
 * paths recorded in manifests are relative to the checkpoint directory, so a checkpoint
   copied to another prefix or store still resolves; :func:`validate_relative_path`
-  rejects any relative path that is absolute or climbs out.
+  rejects any relative path that is absolute or climbs out;
+* every name that validates can be stored in a local directory and restored by
+  ``cairn restore``: each path component stays within the 255-byte limit of common file
+  systems (ext4, XFS, APFS, NTFS), including the temporary names their writers use
+  (see :data:`MAX_SOURCE_NAME_BYTES`).
 """
 
 from __future__ import annotations
@@ -32,14 +36,37 @@ from cairn.ids import CheckpointId
 __all__ = [
     "MAX_NAME_BYTES",
     "MAX_PARTITION",
+    "MAX_RELATIVE_PATH_BYTES",
+    "MAX_SOURCE_NAME_BYTES",
     "CheckpointPaths",
+    "short_repr",
     "validate_name",
     "validate_partition",
     "validate_relative_path",
 ]
 
 MAX_NAME_BYTES = 255
+"""The longest operator name, in UTF-8 bytes: it is a directory name (``operators/{op}/``),
+and 255 bytes is the file-name limit of ext4, XFS, APFS and NTFS."""
+
+_TEMP_NAME_ROOM = 14
+"""Bytes a writer of a file may add to its name for a temporary twin: ``cairn restore``
+writes ``.{name}.XXXXXXXX.tmp`` (14 more) and obstore's local store ``{name}#{n}``."""
+
+_SOURCE_SUFFIX = ".json"
+
+MAX_SOURCE_NAME_BYTES = MAX_NAME_BYTES - len(_SOURCE_SUFFIX) - _TEMP_NAME_ROOM
+"""The longest source name, in UTF-8 bytes (236). A source name becomes a file name,
+``offsets/{source}.json``, and its temporary twin must fit in 255 bytes too."""
+
 MAX_PARTITION = 2**32 - 1
+
+MAX_RELATIVE_PATH_BYTES = 1024
+"""The longest artifact path relative to a checkpoint directory, in UTF-8 bytes. The
+longest path cairn makes is ``operators/{255 bytes}/partition-4294967295.delta`` (292);
+the bound leaves room and keeps every full path far below the 4096 of ``PATH_MAX``."""
+
+_NAME_LIMITS = {"source": MAX_SOURCE_NAME_BYTES}
 
 MANIFEST_NAME = "manifest.json"
 LATEST_NAME = "_latest"
@@ -52,12 +79,22 @@ INTENT_NAME = "intent.json"
 _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def validate_name(kind: str, name: object) -> str:
+def short_repr(value: object, limit: int = 160) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: damaged records can hold
+    megabytes in one string, and an error message names the value, not all of it."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
+def validate_name(kind: str, name: object, *, max_bytes: int | None = None) -> str:
     """Return ``name`` if it is a usable operator or source name; else raise InvalidNameError.
 
-    Allowed: any non-empty text of at most 255 UTF-8 bytes that is not ``.`` or ``..`` and
-    has no ``/``, ``\\``, control character or unpaired surrogate. Spaces, ``%`` and
-    unicode are fine and round-trip exactly.
+    Allowed: any non-empty text that is not ``.`` or ``..``, has no ``/``, ``\\``, control
+    character or unpaired surrogate, and is at most :data:`MAX_NAME_BYTES` UTF-8 bytes
+    for an operator, :data:`MAX_SOURCE_NAME_BYTES` for a ``"source"`` (``max_bytes``
+    overrides the limit). Spaces, ``%`` and unicode are fine and round-trip exactly.
     """
     if not isinstance(name, str):
         raise InvalidNameError(kind, name, "must be a string")
@@ -67,8 +104,10 @@ def validate_name(kind: str, name: object) -> str:
         raise InvalidNameError(kind, name, "must not contain '/' or '\\'")
     if _CONTROL_OR_SURROGATE.search(name):
         raise InvalidNameError(kind, name, "must not contain control or surrogate characters")
-    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
-        raise InvalidNameError(kind, name, f"must be at most {MAX_NAME_BYTES} UTF-8 bytes")
+    limit = max_bytes if max_bytes is not None else _NAME_LIMITS.get(kind, MAX_NAME_BYTES)
+    size = len(name.encode("utf-8"))
+    if size > limit:
+        raise InvalidNameError(kind, name, f"is {size} UTF-8 bytes, the limit is {limit}")
     return name
 
 
@@ -85,17 +124,32 @@ def validate_relative_path(path: object) -> str:
     """Return ``path`` if it is a safe path relative to a checkpoint directory.
 
     Rejects absolute paths, empty segments, ``.`` and ``..`` segments, backslashes and
-    control characters, so a manifest entry can never point outside its checkpoint.
+    control characters, so a manifest entry can never point outside its checkpoint; and
+    a segment over :data:`MAX_NAME_BYTES` or a path over :data:`MAX_RELATIVE_PATH_BYTES`
+    UTF-8 bytes, which no store could hold in a local directory.
     """
     if not isinstance(path, str) or not path:
-        raise InvalidInputError(f"artifact path must be a non-empty string, got {path!r}")
+        raise InvalidInputError(f"artifact path must be a non-empty string, got {short_repr(path)}")
     if path.startswith("/") or "\\" in path:
-        raise InvalidInputError(f"artifact path must be relative: {path!r}")
+        raise InvalidInputError(f"artifact path must be relative: {short_repr(path)}")
     for segment in path.split("/"):
         if segment in ("", ".", ".."):
-            raise InvalidInputError(f"artifact path must not climb out or be empty: {path!r}")
+            raise InvalidInputError(
+                f"artifact path must not climb out or be empty: {short_repr(path)}"
+            )
     if _CONTROL_OR_SURROGATE.search(path):
-        raise InvalidInputError(f"artifact path has control characters: {path!r}")
+        raise InvalidInputError(f"artifact path has control characters: {short_repr(path)}")
+    size = len(path.encode("utf-8"))
+    if size > MAX_RELATIVE_PATH_BYTES:
+        raise InvalidInputError(
+            f"artifact path is {size} UTF-8 bytes, over {MAX_RELATIVE_PATH_BYTES}: "
+            f"{short_repr(path)}"
+        )
+    for segment in path.split("/"):
+        if len(segment.encode("utf-8")) > MAX_NAME_BYTES:
+            raise InvalidInputError(
+                f"artifact path has a segment over {MAX_NAME_BYTES} UTF-8 bytes: {short_repr(path)}"
+            )
     return path
 
 
@@ -193,7 +247,7 @@ class CheckpointPaths:
     def relative_source_offset(source: str) -> str:
         """A source-offset object's path relative to its checkpoint directory."""
         validate_name("source", source)
-        return f"offsets/{source}.json"
+        return f"offsets/{source}{_SOURCE_SUFFIX}"
 
     def resolve(self, checkpoint_id: CheckpointId, relative_path: str) -> str:
         """The full store path of ``relative_path`` inside ``checkpoint_id``'s directory."""

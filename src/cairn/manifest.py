@@ -14,7 +14,25 @@ extends. Invariants kept here:
 * every manifest cairn writes ends with ``"manifest_sha256"``: the SHA-256 of the exact
   file bytes with that value zeroed. Any changed byte (content, key or white space) is
   detected on read, and unknown fields are refused, so a flipped key cannot hide the
-  checksum. Manifests without it (the reference's, or older writers') still load.
+  checksum. Manifests without it (the reference's, or older writers') still load;
+* a manifest is at most :data:`MAX_MANIFEST_BYTES`: larger is refused when encoding
+  (:class:`InvalidCheckpointDataError`) and, before any parsing, when decoding;
+* decoding never raises anything but :class:`CorruptManifestError` (and its subclass):
+  a JSON value of the wrong type, nesting deep enough to exhaust the parser's stack,
+  an integer outside what JSON readers in other languages can hold (epochs, sizes and
+  generations are non-negative signed 64-bit integers, watermarks and source epochs
+  signed ones), or a time ``datetime`` cannot show (after year 9999) is damage, so a
+  reader can skip the checkpoint and fall back;
+* an entry's ``path`` is exactly the layout's path for its operator, partition and kind
+  (:meth:`CheckpointPaths.relative_artifact`), as cairn has always written it and as the
+  reference's schema documents it; any other path (one too long for a local file
+  system, one through ``manifest.json``) would make a read fail as a store error
+  instead of as damage;
+* an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
+  does not know (a newer writer's codec, or damage) makes the manifest unreadable here,
+  like an unsupported schema version: :class:`CorruptManifestError`, so readers fall back.
+  A known codec whose library is missing is not damage: the read raises
+  :class:`CodecError` (install the extra) and the checkpoint is not skipped.
 """
 
 from __future__ import annotations
@@ -27,12 +45,28 @@ from typing import Any
 import msgspec
 
 from cairn._buffer import Buffer
-from cairn.errors import CorruptManifestError, InvalidInputError, UnsupportedManifestVersionError
+from cairn.codecs import CODECS
+from cairn.errors import (
+    CorruptManifestError,
+    InvalidCheckpointDataError,
+    InvalidInputError,
+    UnsupportedManifestVersionError,
+)
 from cairn.ids import CheckpointId
-from cairn.layout import validate_name, validate_partition, validate_relative_path
+from cairn.layout import (
+    MAX_NAME_BYTES,
+    CheckpointPaths,
+    short_repr,
+    validate_name,
+    validate_partition,
+    validate_relative_path,
+)
 
 __all__ = [
     "MANIFEST_VERSION",
+    "MAX_INT64",
+    "MAX_MANIFEST_BYTES",
+    "MAX_TIMESTAMP_MS",
     "CheckpointManifest",
     "CheckpointManifestV2",
     "OperatorSnapshotEntry",
@@ -45,6 +79,22 @@ __all__ = [
 MANIFEST_VERSION = 2
 SUPPORTED_VERSIONS = (2,)
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+MAX_MANIFEST_BYTES = 64 * 2**20
+"""The largest manifest cairn writes or reads: 64 MiB.
+
+An entry takes about 250 bytes (420 for a carried, compressed delta), so this holds
+some 150,000 restore-chain links: 20,000 partitions with chains of seven. Decoding one
+takes about three times its size in memory at peak (its bytes, then the entries:
+190 MiB for 63 MiB, measured); the bound keeps a damaged or hostile manifest from
+costing more, and is checked before any byte is parsed."""
+
+MAX_INT64 = 2**63 - 1
+"""The largest epoch, size, generation or watermark: JSON readers in other languages
+(Rust's serde, Java's Jackson, Go) hold integers in 64 bits."""
+
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+"""The latest ``timestamp_ms``: 9999-12-31T23:59:59.999Z, the last time ``datetime`` shows."""
 
 
 class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -157,10 +207,17 @@ def enc_hook(value: object) -> object:
 
 
 def dec_hook(kind: type, value: object) -> object:
-    """msgspec decoding of the types cairn adds; an invalid id is a validation error."""
-    if kind is CheckpointId and isinstance(value, str):
-        return CheckpointId.parse(value)  # InvalidInputError is a ValueError: msgspec reports it
-    raise NotImplementedError(f"cannot decode {kind!r}")
+    """msgspec decoding of the types cairn adds; an invalid id is a validation error.
+
+    Anything but a string where an id belongs (a number, a list, an object) is a
+    ``TypeError``, and a malformed string an :class:`InvalidInputError` (a ``ValueError``):
+    msgspec turns both into a ``ValidationError`` naming the JSON path.
+    """
+    if kind is CheckpointId:
+        if not isinstance(value, str):
+            raise TypeError(f"Expected a checkpoint id string, got `{type(value).__name__}`")
+        return CheckpointId.parse(value)
+    raise NotImplementedError(f"cannot decode {kind!r}")  # a type cairn never declares
 
 
 _encoder = msgspec.json.Encoder(enc_hook=enc_hook, order="deterministic")
@@ -169,10 +226,20 @@ _probe_decoder = msgspec.json.Decoder(_VersionProbe)
 
 
 def encode_manifest(manifest: CheckpointManifest) -> bytes:
-    """Human-readable, deterministic JSON of ``manifest``, ending with its own checksum."""
+    """Human-readable, deterministic JSON of ``manifest``, ending with its own checksum.
+
+    Raises :class:`InvalidCheckpointDataError` if it would exceed :data:`MAX_MANIFEST_BYTES`.
+    """
     fields = msgspec.structs.asdict(manifest)
     stored = _StoredManifest(**fields, manifest_sha256=_ZERO_DIGEST)
     body = msgspec.json.format(_encoder.encode(stored), indent=2) + b"\n"
+    if len(body) > MAX_MANIFEST_BYTES:
+        entries = sum(len(op.partitions) for op in manifest.operators.values())
+        raise InvalidCheckpointDataError(
+            f"the manifest of checkpoint {manifest.checkpoint_id} would be {len(body)} bytes "
+            f"({entries} artifact entries), over the limit of {MAX_MANIFEST_BYTES} bytes: "
+            "save fewer partitions per checkpoint, or a full snapshot to shorten the chains"
+        )
     placeholder = _checksum_field(_ZERO_DIGEST)
     return body.replace(placeholder, _checksum_field(hashlib.sha256(body).hexdigest()))
 
@@ -181,12 +248,20 @@ def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
     """Parse and check the manifest bytes read from ``path``.
 
     Raises :class:`UnsupportedManifestVersionError` for another schema version and
-    :class:`CorruptManifestError` for anything else that is not a valid manifest.
+    :class:`CorruptManifestError` for anything else that is not a valid manifest,
+    including one over :data:`MAX_MANIFEST_BYTES` (refused before it is parsed).
     """
+    size = memoryview(data).nbytes
+    if size > MAX_MANIFEST_BYTES:
+        raise CorruptManifestError(
+            path, f"it is {size} bytes, over the limit of {MAX_MANIFEST_BYTES} bytes"
+        )
     try:
         probe = _probe_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise CorruptManifestError(path, f"not a JSON object: {exc}") from None
+    except RecursionError:
+        raise CorruptManifestError(path, "its JSON is nested too deeply") from None
     if probe.version is msgspec.UNSET:
         raise CorruptManifestError(path, "no 'version' field")
     if probe.version not in SUPPORTED_VERSIONS or isinstance(probe.version, bool):
@@ -195,54 +270,154 @@ def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
         stored = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise CorruptManifestError(path, str(exc)) from None
+    except RecursionError:
+        raise CorruptManifestError(path, "its JSON is nested too deeply") from None
     if stored.manifest_sha256 is not None:
-        _verify_checksum(path, bytes(data), stored.manifest_sha256)
+        _verify_checksum(path, data, stored.manifest_sha256)
     fields = msgspec.structs.asdict(stored)
     del fields["manifest_sha256"]
     manifest = CheckpointManifest(**fields)
     try:
-        check_manifest(manifest)
+        check_manifest(manifest, stored=True)
     except InvalidInputError as exc:
         raise CorruptManifestError(path, str(exc)) from None
     return manifest
 
 
-def _verify_checksum(path: str, body: bytes, digest: str) -> None:
+def _verify_checksum(path: str, data: Buffer, digest: str) -> None:
+    # On the caller's buffer, without a copy: a manifest may be tens of megabytes.
+    body = memoryview(data)
     field = _checksum_field(digest)
-    if not _SHA256_HEX.fullmatch(digest) or body.count(field) != 1:
+    found = [m.span() for m, _ in zip(re.finditer(re.escape(field), body), range(2), strict=False)]
+    if not _SHA256_HEX.fullmatch(digest) or len(found) != 1:
         raise CorruptManifestError(path, "its manifest_sha256 field is damaged")
-    actual = hashlib.sha256(body.replace(field, _checksum_field(_ZERO_DIGEST))).hexdigest()
+    start, end = found[0]
+    hasher = hashlib.sha256(body[:start])
+    hasher.update(_checksum_field(_ZERO_DIGEST))
+    hasher.update(body[end:])
+    actual = hasher.hexdigest()
     if actual != digest:
         raise CorruptManifestError(path, f"manifest checksum mismatch: {actual} != {digest}")
 
 
-def check_manifest(manifest: CheckpointManifest) -> None:
-    """Raise :class:`InvalidInputError` if ``manifest`` is not internally consistent."""
-    if manifest.epoch < 0:
+def _check_int(what: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{what} must be an int, got {short_repr(value)}")
+    if not low <= value <= high:
+        raise InvalidInputError(f"{what} {value} is out of range {low}..{high}")
+
+
+def check_source_offset(source: str, offset: object, *, stored: bool = False) -> None:
+    """Raise :class:`InvalidInputError` unless ``offset`` is a valid entry for ``source``.
+
+    ``stored`` accepts the longer source names older writers allowed (see
+    :func:`check_manifest`).
+    """
+    validate_name("source", source, max_bytes=MAX_NAME_BYTES if stored else None)
+    if not isinstance(offset, SourceOffsetEntry):
+        raise InvalidInputError(
+            f"source {source!r}: expected a SourceOffsetEntry, got {short_repr(offset)}"
+        )
+    if not isinstance(offset.source_type, str):
+        raise InvalidInputError(f"source {source!r} has no source_type")
+    if not isinstance(offset.offsets, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in offset.offsets.items()
+    ):
+        raise InvalidInputError(f"source {source!r}: offsets must map str to str")
+    _check_int(f"source {source!r} epoch", offset.epoch, -MAX_INT64 - 1, MAX_INT64)
+
+
+def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None = None) -> None:
+    """Raise :class:`InvalidInputError` unless ``part`` is a valid entry of ``operator``.
+
+    Its path must be the layout's path for its partition and kind, its sizes in
+    0..:data:`MAX_INT64`, its digest a SHA-256 hex digest, its codec a known one, and
+    its owner another checkpoint than ``checkpoint_id``.
+    """
+    if not isinstance(part, PartitionSnapshotEntry):
+        raise InvalidInputError(
+            f"operator {operator!r}: expected a PartitionSnapshotEntry, got {short_repr(part)}"
+        )
+    validate_partition(part.partition_id)
+    if not isinstance(part.is_delta, bool):
+        raise InvalidInputError(f"is_delta must be a bool, got {short_repr(part.is_delta)}")
+    expected = CheckpointPaths.relative_artifact(operator, part.partition_id, part.is_delta)
+    if part.path != expected:
+        validate_relative_path(part.path)  # its more precise reason first, if it has one
+        kind = "delta" if part.is_delta else "snapshot"
+        raise InvalidInputError(
+            f"entry {short_repr(part.path)} of operator {operator!r} is not at the layout's "
+            f"path for partition {part.partition_id}'s {kind}: {expected!r}"
+        )
+    where = repr(part.path)  # the layout's path: as short as the operator's name
+    _check_int(f"size_bytes of {where}", part.size_bytes, 0, MAX_INT64)
+    if part.stored_size_bytes is not None:
+        _check_int(f"stored_size_bytes of {where}", part.stored_size_bytes, 0, MAX_INT64)
+    if not isinstance(part.sha256, str) or not _SHA256_HEX.fullmatch(part.sha256):
+        raise InvalidInputError(f"not a SHA-256 hex digest for {where}")
+    if part.owner is not None:
+        if not isinstance(part.owner, CheckpointId):
+            raise InvalidInputError(f"owner of {where} must be a CheckpointId")
+        if part.owner == checkpoint_id:
+            raise InvalidInputError(f"entry {where} names its own checkpoint as owner")
+    if part.codec is not None and part.codec not in CODECS:
+        raise InvalidInputError(
+            f"entry {where} is stored with codec {short_repr(part.codec)}, "
+            f"which this cairn does not know (known: {', '.join(CODECS)})"
+        )
+
+
+def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> None:
+    """Raise :class:`InvalidInputError` if ``manifest`` is not internally consistent.
+
+    ``stored`` is for a manifest read from a store: it accepts source names up to 255
+    bytes, which writers allowed before :data:`cairn.layout.MAX_SOURCE_NAME_BYTES`, so
+    their checkpoints still load.
+    """
+    if isinstance(manifest.version, bool) or manifest.version not in SUPPORTED_VERSIONS:
+        raise InvalidInputError(
+            f"unsupported manifest version {short_repr(manifest.version)} "
+            f"(supported: {SUPPORTED_VERSIONS})"
+        )
+    if not isinstance(manifest.checkpoint_id, CheckpointId):
+        raise InvalidInputError(
+            f"checkpoint_id must be a CheckpointId, got {manifest.checkpoint_id!r}"
+        )
+    if manifest.parent_id is not None:
+        if not isinstance(manifest.parent_id, CheckpointId):
+            raise InvalidInputError(f"parent_id must be a CheckpointId, got {manifest.parent_id!r}")
+        if manifest.parent_id == manifest.checkpoint_id:
+            raise InvalidInputError(f"checkpoint {manifest.checkpoint_id} is its own parent")
+    if isinstance(manifest.epoch, int) and manifest.epoch < 0:
         raise InvalidInputError(f"negative epoch {manifest.epoch}")
+    _check_int("epoch", manifest.epoch, 0, MAX_INT64)
+    _check_int("timestamp_ms", manifest.timestamp_ms, 0, MAX_TIMESTAMP_MS)
+    _check_int("total_size_bytes", manifest.total_size_bytes, 0, MAX_INT64)
+    if manifest.watermark is not None:
+        _check_int("watermark", manifest.watermark, -MAX_INT64 - 1, MAX_INT64)
+    if manifest.writer_generation is not None:
+        _check_int("writer_generation", manifest.writer_generation, 0, MAX_INT64)
+    if not isinstance(manifest.source_offsets, dict) or not isinstance(manifest.operators, dict):
+        raise InvalidInputError("operators and source_offsets must be dicts")
     for source, offset in manifest.source_offsets.items():
-        validate_name("source", source)
-        if not isinstance(offset.source_type, str):
-            raise InvalidInputError(f"source {source!r} has no source_type")
+        check_source_offset(source, offset, stored=stored)
     seen_paths: set[tuple[CheckpointId | None, str]] = set()
     for operator, entry in manifest.operators.items():
         validate_name("operator", operator)
+        if not isinstance(entry, OperatorSnapshotEntry) or not isinstance(
+            entry.partitions, tuple | list
+        ):
+            raise InvalidInputError(f"operator {operator!r}: expected an OperatorSnapshotEntry")
+        _check_int(f"total_bytes of operator {operator!r}", entry.total_bytes, 0, MAX_INT64)
         snapshots: set[int] = set()
         for part in entry.partitions:
-            validate_partition(part.partition_id)
-            validate_relative_path(part.path)
-            if not part.is_delta:
+            if isinstance(part, PartitionSnapshotEntry) and part.is_delta is False:
                 if part.partition_id in snapshots:
                     raise InvalidInputError(
                         f"operator {operator!r} has two snapshots of partition {part.partition_id}"
                     )
                 snapshots.add(part.partition_id)
+            check_entry(operator, part, manifest.checkpoint_id)
             if (part.owner, part.path) in seen_paths:
                 raise InvalidInputError(f"two entries share the path {part.path!r}")
             seen_paths.add((part.owner, part.path))
-            if part.size_bytes < 0 or (part.stored_size_bytes or 0) < 0:
-                raise InvalidInputError(f"negative size for {part.path!r}")
-            if not _SHA256_HEX.fullmatch(part.sha256):
-                raise InvalidInputError(f"not a SHA-256 hex digest for {part.path!r}")
-            if part.owner is not None and part.owner == manifest.checkpoint_id:
-                raise InvalidInputError(f"entry {part.path!r} names its own checkpoint as owner")

@@ -19,9 +19,10 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-__all__ = ["Output", "human_age", "human_size", "iso_time", "make_table"]
+__all__ = ["Output", "human_age", "human_size", "iso_time", "make_table", "time_text"]
 
 PIPE_WIDTH = 160
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _console(stderr: bool) -> Console:
@@ -75,9 +76,15 @@ def human_size(size: int) -> str:
 
 
 def human_age(timestamp_ms: int, now_ms: int | None = None) -> str:
-    """How long ago ``timestamp_ms`` was: ``just now``, ``42 s ago``, ``3 min ago``, ..."""
+    """How long ago ``timestamp_ms`` was: ``just now``, ``42 s ago``, ``3 min ago``, ...
+
+    Never raises: a time too far off for a float reads ``in the future`` or ``long ago``.
+    """
     now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
-    seconds = (now - timestamp_ms) / 1000
+    try:
+        seconds = (now - timestamp_ms) / 1000
+    except OverflowError:
+        return "in the future" if timestamp_ms > now else "long ago"
     if seconds < 0:
         return "in the future"
     if seconds < 1:
@@ -93,10 +100,23 @@ def human_age(timestamp_ms: int, now_ms: int | None = None) -> str:
     return f"{int(seconds // (86400 * 30))} months ago"
 
 
-def iso_time(timestamp_ms: int) -> str:
-    """``timestamp_ms`` as an ISO 8601 UTC time with milliseconds."""
-    moment = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+def iso_time(timestamp_ms: int) -> str | None:
+    """``timestamp_ms`` as an ISO 8601 UTC time with milliseconds; None if it has none.
+
+    Times before year 1 or after year 9999 have no ISO 8601 form (``datetime`` cannot
+    hold them); callers show the raw milliseconds instead.
+    """
+    try:
+        moment = _EPOCH + dt.timedelta(milliseconds=timestamp_ms)
+    except OverflowError:
+        return None
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def time_text(timestamp_ms: int) -> str:
+    """``timestamp_ms`` for people: its ISO 8601 time, or the raw milliseconds if it has none."""
+    iso = iso_time(timestamp_ms)
+    return iso if iso is not None else f"{timestamp_ms} ms after 1970 (not a date)"
 
 
 def make_table(title: str, *columns: str, no_wrap: bool = False) -> Table:

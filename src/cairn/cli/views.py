@@ -4,6 +4,16 @@ Every ``*_doc`` function returns the JSON document of a command (plain dicts and
 ids as strings, times as ISO 8601 and milliseconds); every ``*_table`` function the
 rich renderable for the same facts, with sizes and ages in human units. Names that come
 from the store (operators, sources) are always printed as plain text, never as markup.
+A time with no date (beyond year 9999) is never an error: ``created`` is null in JSON
+and the raw milliseconds for people.
+
+``show`` of a large checkpoint (over :data:`SHOW_ENTRIES_LIMIT` artifacts) is a
+summary by default: one row per operator (partitions, snapshots, deltas, carried
+artifacts, bytes), at most :data:`SHOW_ROWS_LIMIT` rows per table. ``--partitions``
+lists every artifact and every source. The JSON document follows the same rule, so the
+two outputs always hold the same facts: ``operators`` (the per-operator summary) and
+``source_offsets`` are always complete, and ``entries`` (one per artifact) is present
+exactly when the artifacts are listed (``"listed": true``).
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from cairn import CheckpointId, CheckpointManifest, GcResult
 from cairn.cli.catalog import Listed
 from cairn.cli.copy import Copied
 from cairn.cli.maintain import Deleted
-from cairn.cli.output import human_age, human_size, iso_time, make_table
+from cairn.cli.output import human_age, human_size, iso_time, make_table, time_text
 from cairn.cli.restore import Restored
 from cairn.cli.verify import Verified
 
@@ -35,10 +45,18 @@ __all__ = [
     "restore_doc",
     "restore_table",
     "show_doc",
+    "show_lists_entries",
     "show_table",
     "verify_doc",
     "verify_table",
 ]
+
+
+SHOW_ENTRIES_LIMIT = 200
+"""``show`` lists every artifact of a checkpoint up to this many; above, it summarises."""
+
+SHOW_ROWS_LIMIT = 50
+"""The most operators or sources a summarising ``show`` prints, each in its own table."""
 
 
 def _plain(value: object) -> Text:
@@ -143,38 +161,80 @@ def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableT
 # -- show ----------------------------------------------------------------------------------
 
 
-def show_doc(manifest: CheckpointManifest, latest: bool) -> dict[str, Any]:
-    """``cairn show --json``: the summary, source offsets, and every artifact."""
+def show_lists_entries(manifest: CheckpointManifest, partitions: bool) -> bool:
+    """Whether ``show`` lists every artifact: asked to (``--partitions``), or few enough."""
+    count = sum(len(entry.partitions) for entry in manifest.operators.values())
+    return partitions or (
+        count <= SHOW_ENTRIES_LIMIT and len(manifest.source_offsets) <= SHOW_ROWS_LIMIT
+    )
+
+
+def operator_summaries(manifest: CheckpointManifest) -> list[dict[str, Any]]:
+    """Per operator: partitions, snapshots, deltas, carried artifacts and bytes."""
+    rows: list[dict[str, Any]] = []
+    for operator, entry in sorted(manifest.operators.items()):
+        parts = entry.partitions
+        deltas = sum(1 for p in parts if p.is_delta)
+        rows.append(
+            {
+                "operator": operator,
+                "partitions": len({p.partition_id for p in parts}),
+                "artifacts": len(parts),
+                "snapshots": len(parts) - deltas,
+                "deltas": deltas,
+                "carried": sum(1 for p in parts if p.owner is not None),
+                "size_bytes": sum(p.size_bytes for p in parts),
+            }
+        )
+    return rows
+
+
+def show_doc(manifest: CheckpointManifest, latest: bool, listed: bool = True) -> dict[str, Any]:
+    """``cairn show --json``: the summary, source offsets, per-operator totals, and (when
+    ``listed``) every artifact."""
     doc = manifest_doc(manifest)
     doc["latest"] = latest
     doc["source_offsets"] = {
         name: {"source_type": e.source_type, "offsets": dict(e.offsets), "epoch": e.epoch}
         for name, e in sorted(manifest.source_offsets.items())
     }
-    doc["entries"] = [
-        {
-            "operator": operator,
-            "partition": entry.partition_id,
-            "kind": "delta" if entry.is_delta else "snapshot",
-            "path": entry.path,
-            "owner": str(entry.owner or manifest.checkpoint_id),
-            "carried": entry.owner is not None,
-            "size_bytes": entry.size_bytes,
-            "sha256": entry.sha256,
-            "codec": entry.codec,
-        }
-        for operator, entry in manifest.partition_entries()
-    ]
+    doc["operators"] = operator_summaries(manifest)
+    doc["listed"] = listed
+    if listed:
+        doc["entries"] = [
+            {
+                "operator": operator,
+                "partition": entry.partition_id,
+                "kind": "delta" if entry.is_delta else "snapshot",
+                "path": entry.path,
+                "owner": str(entry.owner or manifest.checkpoint_id),
+                "carried": entry.owner is not None,
+                "size_bytes": entry.size_bytes,
+                "sha256": entry.sha256,
+                "codec": entry.codec,
+            }
+            for operator, entry in manifest.partition_entries()
+        ]
     return doc
 
 
-def show_table(manifest: CheckpointManifest, latest: bool) -> RenderableType:
-    """``cairn show``: the checkpoint's facts, its sources, and its restore chains."""
+def _more(shown: int, total: int, what: str) -> RenderableType | None:
+    if shown >= total:
+        return None
+    return Text(f"{total - shown} more {what} not shown; --partitions lists every one")
+
+
+def show_table(manifest: CheckpointManifest, latest: bool, listed: bool = True) -> RenderableType:
+    """``cairn show``: the checkpoint's facts, its sources, and its restore chains.
+
+    Unless ``listed``, the chains are summarised per operator and each table holds at
+    most :data:`SHOW_ROWS_LIMIT` rows.
+    """
     doc = manifest_doc(manifest)
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
-    created = f"{iso_time(manifest.timestamp_ms)} ({human_age(manifest.timestamp_ms)})"
+    created = f"{time_text(manifest.timestamp_ms)} ({human_age(manifest.timestamp_ms)})"
     for name, value in (
         ("checkpoint", f"{manifest.checkpoint_id}" + ("  ◀ latest" if latest else "")),
         ("epoch", manifest.epoch),
@@ -191,14 +251,49 @@ def show_table(manifest: CheckpointManifest, latest: bool) -> RenderableType:
     ):
         facts.add_row(Text(name), _plain(value))
     parts: list[RenderableType] = [facts]
+    limit = None if listed else SHOW_ROWS_LIMIT
     if manifest.source_offsets:
         sources = make_table("source offsets", "Source", "Type", "Offsets", ">Epoch")
-        for name, offset in sorted(manifest.source_offsets.items()):
+        chosen = sorted(manifest.source_offsets.items())[:limit]
+        for name, offset in chosen:
             offsets = ", ".join(f"{k}={v}" for k, v in sorted(offset.offsets.items()))
             sources.add_row(
                 _plain(name), _plain(offset.source_type), _plain(offsets), _plain(offset.epoch)
             )
         parts.append(sources)
+        more = _more(len(chosen), len(manifest.source_offsets), "sources")
+        if more is not None:
+            parts.append(more)
+    if listed:
+        parts.append(_artifacts_table(manifest))
+        return Group(*parts)
+    summaries = operator_summaries(manifest)
+    table = make_table(
+        f"{doc['artifacts']} artifacts in {len(summaries)} operators",
+        "Operator",
+        ">Partitions",
+        ">Snapshots",
+        ">Deltas",
+        ">Carried",
+        ">Size",
+    )
+    for row in summaries[:limit]:
+        table.add_row(
+            _plain(row["operator"]),
+            _plain(row["partitions"]),
+            _plain(row["snapshots"]),
+            _plain(row["deltas"]),
+            _plain(row["carried"]),
+            _plain(human_size(row["size_bytes"])),
+        )
+    parts.append(table)
+    hidden = len(summaries) - SHOW_ROWS_LIMIT
+    more = f"{hidden} more operators not shown; " if hidden > 0 else ""
+    parts.append(Text(f"{more}--partitions lists every artifact"))
+    return Group(*parts)
+
+
+def _artifacts_table(manifest: CheckpointManifest) -> RenderableType:
     artifacts = make_table(
         "artifacts (restore chains: base snapshot, then deltas)",
         "Operator",
@@ -218,8 +313,7 @@ def show_table(manifest: CheckpointManifest, latest: bool) -> RenderableType:
             _plain(holder),
             _plain(entry.sha256[:16] + "…"),
         )
-    parts.append(artifacts)
-    return Group(*parts)
+    return artifacts
 
 
 # -- verify --------------------------------------------------------------------------------
