@@ -69,18 +69,40 @@ def test_remote_urls_open_without_io() -> None:
         (FileNotFoundError("x"), CheckpointNotFoundError),
         (AlreadyExistsError("exists"), ObjectExistsError),
         (PreconditionError("etag"), PreconditionFailedError),
+        # obstore 0.12's text: Display, then the Debug form that classification reads.
         (
             GenericError(
-                "Generic S3 error: Error performing GET http://h/b/x - HTTP error: "
-                "error sending request"
+                "Generic S3 error: Error performing GET http://h/b/x in 1ms - HTTP error: "
+                'error sending request\n\nDebug source:\nGeneric {\n    store: "S3",\n'
+                "    source: RetryError(\n        RetryErrorImpl {\n            inner: Http(\n"
+                "                HttpError {\n                    kind: Interrupted,\n"
+                "                    source: reqwest::Error {\n"
+                "                        kind: Request,\n                    },\n"
+                "                },\n            ),\n        },\n    ),\n}"
             ),
             TransientStoreError,
         ),
         (
             GenericError(
-                "Generic S3 error: Server returned non-2xx status code: 503 Service Unavailable"
+                "Generic S3 error: Error performing GET http://h/b/x in 1ms - Server returned "
+                "non-2xx status code: 503 Service Unavailable: \n\nDebug source:\nGeneric {\n"
+                '    store: "S3",\n    source: RetryError(\n        RetryErrorImpl {\n'
+                "            inner: Status {\n                status: 503,\n"
+                "                body: None,\n            },\n        },\n    ),\n}"
             ),
             TransientStoreError,
+        ),
+        (
+            GenericError(
+                "Generic S3 error: Error performing GET http://h/b/x in 1ms - Server returned "
+                "non-2xx status code: 400 Bad Request: connection closed\n\nDebug source:\n"
+                'Generic {\n    store: "S3",\n    source: RetryError(\n'
+                "        RetryErrorImpl {\n            inner: Status {\n"
+                "                status: 400,\n                body: Some(\n"
+                '                    "connection closed",\n                ),\n'
+                "            },\n        },\n    ),\n}"
+            ),
+            StoreError,
         ),
         (GenericError("Generic S3 error: Client error with status 403 Forbidden"), StoreError),
         (TimeoutError(), TransientStoreError),

@@ -7,6 +7,7 @@ exact request counts.
 
 from __future__ import annotations
 
+import http.client
 import socket
 import sys
 import threading
@@ -24,7 +25,7 @@ from obstore.exceptions import (
 )
 from obstore.store import AzureStore, ObjectStore, S3Store, from_url
 from support import servers
-from support.proxy import FaultProxy, ProxyStats
+from support.proxy import S3_SLOW_DOWN_BODY, FaultProxy, ProxyStats
 from support.servers import (
     AzuriteServer,
     S3Server,
@@ -312,6 +313,58 @@ async def test_proxy_serves_async_clients(proxy: FaultProxy, s3_bucket: str) -> 
     assert proxy.stats() == ProxyStats(connections=3, requests=3, dropped=0, cut=0, failed=1)
 
 
+def _head_bucket(proxy: FaultProxy, bucket: str) -> str:
+    """One HEAD of the bucket on a new connection: ``"200 OK"``, ``"503 Slow Down"`` or
+    ``"reset"`` (the connection was reset, not closed: a FIN would be RemoteDisconnected)."""
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
+    try:
+        conn.request("HEAD", f"/{bucket}")
+        response = conn.getresponse()
+    except ConnectionResetError:
+        return "reset"
+    finally:
+        conn.close()
+    return f"{response.status} {response.reason}"
+
+
+def test_throttle_answers_a_seeded_fraction_and_resets_another(
+    proxy: FaultProxy, s3_bucket: str
+) -> None:
+    proxy.throttle(0.3, 0.1, seed=7)
+    first = [_head_bucket(proxy, s3_bucket) for _ in range(60)]
+    assert set(first) == {"200 OK", "503 Slow Down", "reset"}
+    throttled, resets = first.count("503 Slow Down"), first.count("reset")
+    assert 10 <= throttled <= 28 and 2 <= resets <= 12, (throttled, resets)
+    assert proxy.stats() == ProxyStats(
+        connections=60, requests=60, dropped=0, cut=0, failed=throttled, resets=resets
+    )
+    proxy.throttle(0.3, 0.1, seed=7)  # re-arming restarts the seeded sequence
+    assert [_head_bucket(proxy, s3_bucket) for _ in range(60)] == first
+    proxy.throttle(0.3, 0.1, seed=8)
+    assert [_head_bucket(proxy, s3_bucket) for _ in range(60)] != first
+    proxy.reset()
+    assert {_head_bucket(proxy, s3_bucket) for _ in range(10)} == {"200 OK"}
+
+
+def test_throttled_requests_fail_through_obstore_and_are_retried(
+    proxy: FaultProxy, s3_bucket: str
+) -> None:
+    obstore.put(_via(proxy, s3_bucket, retries=0), "k", DATA)
+    proxy.throttle(1.0)
+    with pytest.raises(GenericError, match="503"):
+        _read(_via(proxy, s3_bucket, retries=0), "k")
+    proxy.throttle(0.0, 1.0)
+    with pytest.raises(GenericError, match="error sending request"):
+        _read(_via(proxy, s3_bucket, retries=0), "k")
+    proxy.reset_counters()
+    proxy.throttle(0.3, 0.1, seed=3)
+    for _ in range(10):
+        assert _read(_via(proxy, s3_bucket, retries=10), "k") == DATA
+    stats = proxy.stats()
+    assert stats.requests == 10 + stats.failed + stats.resets
+    assert stats.failed > 0 and stats.resets > 0, stats
+
+
 def test_requests_are_counted_on_keep_alive_connections(
     azurite_server: AzuriteServer, azure_container: str
 ) -> None:
@@ -408,6 +461,49 @@ def test_injected_failure_reads_the_whole_body_first(recorder: _Recorder) -> Non
         assert response.endswith(b"</Error>\n")
         assert proxy.stats() == ProxyStats(connections=1, requests=1, dropped=0, cut=0, failed=1)
     assert recorder.received() == b""
+
+
+def test_throttle_fails_with_the_s3_slow_down_response_after_the_body(
+    recorder: _Recorder,
+) -> None:
+    with FaultProxy("127.0.0.1", recorder.port) as proxy:
+        proxy.throttle(1.0)
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+            client.sendall(SIZED)
+            response = b""
+            while data := client.recv(65536):
+                response += data
+        head, _, body = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 Slow Down\r\n")
+        assert f"Content-Length: {len(S3_SLOW_DOWN_BODY)}".encode() in head
+        assert body == S3_SLOW_DOWN_BODY
+        assert b"<Code>SlowDown</Code>" in body
+        assert proxy.stats() == ProxyStats(
+            connections=1, requests=1, dropped=0, cut=0, failed=1, resets=0
+        )
+    assert recorder.received() == b""
+
+
+def test_throttle_resets_the_connection_after_the_head(recorder: _Recorder) -> None:
+    with FaultProxy("127.0.0.1", recorder.port) as proxy:
+        proxy.throttle(0.0, 1.0)
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+            client.sendall(SIZED[: SIZED.index(b"\r\n\r\n") + 4])  # the head, no body
+            with pytest.raises(ConnectionResetError):
+                client.recv(1)
+        assert proxy.stats() == ProxyStats(
+            connections=1, requests=1, dropped=0, cut=0, failed=0, resets=1
+        )
+    assert recorder.received() == b""
+
+
+@pytest.mark.parametrize(
+    ("fail", "reset", "status"), [(-0.1, 0.0, 503), (0.7, 0.4, 503), (0.3, 0.0, 100)]
+)
+def test_throttle_rejects_bad_settings(fail: float, reset: float, status: int) -> None:
+    proxy = FaultProxy("127.0.0.1", 1)
+    with pytest.raises(ValueError, match="fraction|status"):
+        proxy.throttle(fail, reset, status=status)
 
 
 def test_stop_closes_live_connections(recorder: _Recorder) -> None:

@@ -8,8 +8,28 @@ conditional writes resolve their ambiguity in the caller (a retried create that 
 "already exists" is checked by reading the object back; a retried compare-and-swap that
 meets "precondition failed" re-reads and compares again).
 
-How this combines with obstore's own HTTP retry is described at
-:data:`cairn.stores.DEFAULT_CLIENT_RETRY`.
+What is transient is decided once, where obstore's exceptions become cairn's
+(:func:`cairn.stores.translate_error`), by the failure's kind and HTTP status and never by
+the wording of its message: Python's ``TimeoutError`` and ``ConnectionError``; HTTP 408,
+429, 500, 502, 503 (S3's ``SlowDown`` among them) and 504; and object_store's connect,
+send, timeout and interrupted (connection reset or closed mid-exchange) failures. obstore
+exposes no attribute for these, so they are read from the structured Debug form it
+appends to every message (a ``status: 503,`` field in a ``Status {`` block, a
+``kind: Interrupted,`` field in an ``HttpError {`` block), which no response body can
+imitate, and the status is kept on the error (:attr:`cairn.StoreError.status`).
+Matching words instead retried a ``403`` or a ``400`` whose text mentioned a timeout or a
+closed connection, and would miss a throttling answer worded in a way it did not know.
+
+Bound. obstore tries each HTTP request at most ``max_retries + 1`` times (it retries 5xx,
+429 and connection failures, and timeouts and resets of idempotent requests only; see
+:data:`cairn.stores.DEFAULT_CLIENT_RETRY`, 3 tries), and :class:`RetryPolicy` tries the
+operation at most ``attempts`` times, so a store operation that needs ``k`` requests (1
+for everything but paged listings and ``delete_prefix``) sends at most
+``k * (max_retries + 1) * attempts`` of them: 12 with the defaults. Between attempts it
+sleeps at most ``sum(min(max_delay, initial_delay * multiplier**(n - 1)))`` over
+``n = 1 .. attempts - 1`` (0.35 s with the defaults), each delay drawn uniformly below
+its cap ("full jitter"), so that clients throttled together spread their retries
+instead of coming back in step.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ Guarantees:
   consumed, under a lock, by exactly one connection (``drop_next``, ``cut_after``) or
   one request (``fail_requests_with``). Arming a fault replaces the previous setting
   of the same kind.
+* ``throttle()`` is a standing, probabilistic mode (until ``reset()``): each request
+  draws once from a ``random.Random(seed)``, under the lock, and is answered with an
+  error response (by default S3's ``503 Slow Down`` and its XML body), or has its
+  connection reset (RST) right after its head, or is forwarded. The sequence of
+  verdicts is a pure function of the seed; which request gets which verdict depends
+  only on the order in which request heads arrive. A request armed by
+  ``fail_requests_with`` takes that failure and draws nothing.
 * Connection faults are decided when a connection is *accepted*: connections a client
   already holds in its pool are not affected. To make each obstore request open a new
   connection, build the store with ``client_options={"pool_max_idle_per_host": "0"}``
@@ -21,7 +28,9 @@ Guarantees:
   or ``Transfer-Encoding: chunked`` with trailers), so the next head is found exactly.
   A request is counted before it is forwarded: once a client call has returned, every
   request it sent has been counted. Dropped connections count in ``connections`` and
-  ``dropped`` only (their requests are never read).
+  ``dropped`` only (their requests are never read). ``failed`` counts requests answered
+  with an injected error response (``fail_requests_with`` or ``throttle``), ``resets``
+  the requests whose connection ``throttle`` reset; neither kind reaches the server.
 
 Not supported: TLS, HTTP/2, protocol upgrades. A client->server stream that does not
 parse as HTTP/1.x is still forwarded, raw, but its requests are no longer counted.
@@ -32,13 +41,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
+import random
+import socket
+import struct
 import threading
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self
 from urllib.parse import urlsplit
 
-__all__ = ["FaultProxy", "ProxyStats"]
+__all__ = ["S3_SLOW_DOWN_BODY", "FaultProxy", "ProxyStats"]
+
+S3_SLOW_DOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
+    b"<RequestId>4442587FB7D0A2F9</RequestId>"
+    b"<HostId>FaultProxy/throttle</HostId></Error>\n"
+)
+"""The body S3 sends with ``503 Slow Down`` when a prefix exceeds its request rate."""
 
 _HEAD_LIMIT = 1 << 20
 _CHUNK = 1 << 16
@@ -53,6 +73,7 @@ class ProxyStats:
     dropped: int
     cut: int
     failed: int
+    resets: int = 0
 
 
 class _NotHttp(Exception):
@@ -137,21 +158,53 @@ async def _relay_body(
         await writer.drain()
 
 
-def _error_response(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "Injected Fault"
-    code = "".join(phrase.split())
-    body = (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Error><Code>{code}</Code><Message>injected by FaultProxy</Message></Error>\n"
-    ).encode()
+def _error_response(status: int, phrase: str | None = None, body: bytes | None = None) -> bytes:
+    if phrase is None:
+        try:
+            phrase = http.HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Injected Fault"
+    if body is None:
+        code = "".join(phrase.split())
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>injected by FaultProxy</Message></Error>\n"
+        ).encode()
     head = (
         f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/xml\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     return head + body
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What to do with one request: forward it, answer ``response``, or reset."""
+
+    action: Literal["forward", "fail", "reset"]
+    response: bytes = b""
+
+
+_FORWARD = _Verdict("forward")
+_RESET = _Verdict("reset")
+
+
+@dataclass(frozen=True)
+class _Throttle:
+    fail_fraction: float
+    reset_fraction: float
+    response: bytes
+    rng: random.Random
+
+
+def _abort_with_rst(writer: asyncio.StreamWriter) -> None:
+    """Close the connection with a TCP RST (SO_LINGER 0), not a FIN: what the client
+    sees as "connection reset by peer"."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -178,7 +231,9 @@ class FaultProxy:
         self._cut_bytes = 0
         self._fail_status = 0
         self._fail_left: int | None = 0  # None: every request until reset()
+        self._throttle: _Throttle | None = None
         self._connections = self._requests = self._dropped = self._cut = self._failed = 0
+        self._resets = 0
 
     @classmethod
     def for_endpoint(cls, endpoint: str) -> FaultProxy:
@@ -298,22 +353,56 @@ class FaultProxy:
         with self._lock:
             self._fail_status, self._fail_left = status, n
 
+    def throttle(
+        self,
+        fail_fraction: float = 0.3,
+        reset_fraction: float = 0.0,
+        *,
+        seed: int = 0,
+        status: int = 503,
+        phrase: str = "Slow Down",
+        body: bytes = S3_SLOW_DOWN_BODY,
+    ) -> None:
+        """Until ``reset()``, answer a ``fail_fraction`` of requests with ``status``,
+        ``phrase`` and ``body`` (by default S3's SlowDown), and reset the connection (RST)
+        of a ``reset_fraction`` of requests right after their head; forward the rest.
+
+        Each request draws once from ``random.Random(seed)``: a draw below
+        ``fail_fraction`` fails it, one below ``fail_fraction + reset_fraction`` resets
+        it. A failed request's body is read first (unless the client expects
+        100-continue); a reset one's is not. Neither reaches the server.
+        """
+        if min(fail_fraction, reset_fraction) < 0 or fail_fraction + reset_fraction > 1:
+            raise ValueError("fractions must be >= 0 and add up to at most 1")
+        if not 200 <= status <= 599:
+            raise ValueError("status must be in 200..599")
+        response = _error_response(status, phrase, body)
+        with self._lock:
+            self._throttle = _Throttle(fail_fraction, reset_fraction, response, random.Random(seed))
+
     def reset(self) -> None:
         """Disarm every fault: back to pass-through. Counters are kept."""
         with self._lock:
             self._drop_left = self._cut_left = 0
             self._fail_left = 0
+            self._throttle = None
 
     def reset_counters(self) -> None:
         with self._lock:
             self._connections = self._requests = self._dropped = self._cut = self._failed = 0
+            self._resets = 0
 
     # -- counters (any thread) ----------------------------------------------------------
 
     def stats(self) -> ProxyStats:
         with self._lock:
             return ProxyStats(
-                self._connections, self._requests, self._dropped, self._cut, self._failed
+                self._connections,
+                self._requests,
+                self._dropped,
+                self._cut,
+                self._failed,
+                self._resets,
             )
 
     @property
@@ -337,8 +426,13 @@ class FaultProxy:
 
     @property
     def failed(self) -> int:
-        """Requests answered by ``fail_requests_with``."""
+        """Requests answered with an injected error (``fail_requests_with``, ``throttle``)."""
         return self.stats().failed
+
+    @property
+    def resets(self) -> int:
+        """Requests whose connection ``throttle`` reset after their head."""
+        return self.stats().resets
 
     # -- per-connection work (loop thread) ---------------------------------------------
 
@@ -354,16 +448,26 @@ class FaultProxy:
                 return False, self._cut_bytes
             return False, None
 
-    def _take_request(self) -> int | None:
-        """Count one request; return the status to fail it with, if a failure is armed."""
+    def _take_request(self) -> _Verdict:
+        """Count one request and decide its fate (see ``fail_requests_with``, ``throttle``)."""
         with self._lock:
             self._requests += 1
             if self._fail_left is None or self._fail_left > 0:
                 if self._fail_left is not None:
                     self._fail_left -= 1
                 self._failed += 1
-                return self._fail_status
-            return None
+                return _Verdict("fail", _error_response(self._fail_status))
+            throttle = self._throttle
+            if throttle is None:
+                return _FORWARD
+            draw = throttle.rng.random()
+            if draw < throttle.fail_fraction:
+                self._failed += 1
+                return _Verdict("fail", throttle.response)
+            if draw < throttle.fail_fraction + throttle.reset_fraction:
+                self._resets += 1
+                return _RESET
+            return _FORWARD
 
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -422,11 +526,14 @@ class FaultProxy:
                 uwriter.write(raw)
                 await self._pipe_raw(creader, uwriter)
                 return
-            status = self._take_request()
-            if status is not None:
+            verdict = self._take_request()
+            if verdict.action == "reset":
+                _abort_with_rst(cwriter)
+                return
+            if verdict.action == "fail":
                 if not head.expect_continue:
                     await _relay_body(creader, None, head)
-                cwriter.write(_error_response(status))
+                cwriter.write(verdict.response)
                 await cwriter.drain()
                 return
             uwriter.write(raw)

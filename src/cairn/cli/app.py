@@ -111,12 +111,25 @@ def list_command(
 @app.command("show")
 def show_command(
     ref: Annotated[str, typer.Argument(metavar="ID|latest", help="A checkpoint id or 'latest'.")],
+    partitions: Annotated[
+        bool,
+        typer.Option(
+            "--partitions",
+            help="List every artifact and source, however many (with --json too).",
+        ),
+    ] = False,
     store: StoreOption = None,
     prefix: PrefixOption = DEFAULT_PREFIX,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Show one checkpoint's manifest: sources, offsets, and every artifact of its chains."""
+    """Show one checkpoint's manifest: sources, offsets, and every artifact of its chains.
+
+    Over 200 artifacts (or 50 sources), a summary per operator instead.
+
+    --partitions lists every artifact and source. --json follows the same rule:
+    a summary has "listed": false and no "entries".
+    """
     session = Session.create(store, prefix, json_mode)
 
     async def body() -> None:
@@ -125,8 +138,9 @@ def show_command(
         manifest = await ckpt.load_manifest(cid)
         ids = await ckpt.list_checkpoints()
         latest = bool(ids) and ids[-1] == cid
-        session.output.json({**_where(session), **views.show_doc(manifest, latest)})
-        session.output.show(views.show_table(manifest, latest))
+        listed = views.show_lists_entries(manifest, partitions)
+        session.output.json({**_where(session), **views.show_doc(manifest, latest, listed)})
+        session.output.show(views.show_table(manifest, latest, listed))
 
     run(session, debug, body)
 
@@ -185,6 +199,8 @@ def restore_command(
     DIR mirrors the store layout ({id}/manifest.json, {owner}/operators/..., {id}/offsets/
     ...), so it is itself a store: `cairn verify ID --store DIR --prefix ""`. Each file is
     written to a temporary name, fsynced and renamed; the result is re-verified on disk.
+    A symbolic link inside DIR where a file or folder is to be written is refused
+    (exit 2), never followed or replaced.
     """
     session = Session.create(store, prefix, json_mode)
     target = to.expanduser().resolve()

@@ -13,6 +13,14 @@ earlier checkpoint of its chain. Every artifact is verified when it is read from
 store, written atomically (:func:`cairn.cli.files.write_atomic`), the manifest last;
 then the directory is loaded back with cairn (``file://DIR``, prefix ``""``) and every
 digest checked again, so what is on disk is proven to be the checkpoint.
+
+``DIR`` itself may be a symbolic link (the user named it), but nothing below it is
+followed or replaced: if a file to be restored, or a directory on the way to one, is
+already a symbolic link in ``DIR``, the restore is refused (exit 2) naming the link,
+before any file is written; and each file is written relative to directory descriptors
+opened without following links (:func:`cairn.cli.files.write_atomic`), so a link
+that appears meanwhile is refused too. Remove the link, or restore into another
+directory.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import msgspec
 
 from cairn import CheckpointId, IntegrityError, ObjectStoreCheckpointer
 from cairn.cli.errors import CliError, ExitCode, describe
-from cairn.cli.files import check_target_dir, write_atomic
+from cairn.cli.files import check_target_dir, find_link, refuse_link, write_atomic
 from cairn.cli.progress import Transfer
 from cairn.cli.session import open_checkpointer
 
@@ -73,16 +81,20 @@ async def restore(
     """Restore ``cid`` into directory ``target`` (absolute; created if missing), then
     re-verify it.
 
-    Raises :class:`CliError` with exit 2 when ``target`` is a file, and with exit 1 when
-    the written files do not verify.
+    Raises :class:`CliError` with exit 2 when ``target`` is a file or a symbolic link
+    stands where a file is to be written (see the module docstring), and with exit 1
+    when the written files do not verify.
     """
     await asyncio.to_thread(check_target_dir, target)
     epoch, files = await plan_files(ckpt, cid)
+    link = await asyncio.to_thread(find_link, target, [relative for relative, _ in files])
+    if link is not None:
+        raise refuse_link(link)
     progress.describe(f"restoring {cid}")
     progress.set_total(sum(memoryview(data).nbytes for _, data in files))
     written: list[tuple[str, int]] = []
     for relative, data in files:
-        await asyncio.to_thread(write_atomic, target / relative, data)
+        await asyncio.to_thread(write_atomic, target / relative, data, root=target)
         size = memoryview(data).nbytes
         written.append((relative, size))
         progress.advance(size)
