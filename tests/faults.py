@@ -1,10 +1,11 @@
 """A fault-injecting, call-counting :class:`cairn.stores.Store` wrapper for tests.
 
 It wraps a real store and, per its plan, fails the k-th call, raises bursts of transient
-errors, corrupts or truncates the bytes it returns, adds latency, and counts calls and
-the peak number of calls in flight. Faults are raised as the store boundary would raise
-them (:class:`TransientStoreError` for a network fault), so the code under test sees
-exactly what it would see from a failing store.
+errors, corrupts or truncates the bytes it returns, adds latency, loses the replies of
+writes that did land (:class:`PutFault`), and counts calls and the peak number of calls
+in flight. Faults are raised as the store boundary would raise them
+(:class:`TransientStoreError` for a network fault), so the code under test sees exactly
+what it would see from a failing store.
 """
 
 from __future__ import annotations
@@ -13,13 +14,60 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from cairn._buffer import Buffer
 from cairn.errors import StoreError, TransientStoreError
-from cairn.stores import Blob, ListDirResult, ObjectInfo, PutMode, Store
+from cairn.stores import Blob, IfMatch, ListDirResult, ObjectInfo, PutMode, Store
 
 T = TypeVar("T")
+
+PutKind = Literal["overwrite", "create", "if_match"]
+"""A put's mode, as :class:`PutFault` matches it (``put_stream`` is an overwrite)."""
+
+PutStep = Literal["pass", "fail", "lose"]
+"""What a :class:`PutFault` does to one matching put: nothing; a transient failure
+before the put reaches the store; or apply the put, then lose its reply."""
+
+CONDITIONAL_PUTS: frozenset[PutKind] = frozenset({"create", "if_match"})
+
+
+def put_kind(mode: PutMode) -> PutKind:
+    """The :data:`PutKind` of a put ``mode``."""
+    return "if_match" if isinstance(mode, IfMatch) else mode
+
+
+@dataclass
+class PutFault:
+    """A script of faults for the puts whose path contains ``path_contains`` and whose
+    mode is one of ``kinds``: the i-th such call (from 1, retries included, since every
+    attempt reaches the wrapper) suffers ``steps[i - 1]``; calls past the script pass.
+
+    ``fired`` records, per matching call, ``(call number, path, kind, what happened)``:
+    ``"lost"`` (the put landed, its reply was replaced by a TransientStoreError),
+    ``"failed"`` (it never reached the store), ``"passed"``, or ``"refused: <error
+    type>"`` when the store refused the put (for a ``"lose"`` step there was then no
+    reply to lose, so that error goes through unchanged).
+    """
+
+    path_contains: str
+    steps: Sequence[PutStep] = ("lose",)
+    kinds: frozenset[PutKind] = CONDITIONAL_PUTS
+    fired: list[tuple[int, str, PutKind, str]] = field(default_factory=list)
+
+    def matches(self, path: str, kind: PutKind) -> bool:
+        """Whether a put of ``kind`` to ``path`` is one this script counts."""
+        return self.path_contains in path and kind in self.kinds
+
+    def next_step(self) -> PutStep:
+        """The step for the next matching call (and count it)."""
+        index = len(self.fired)
+        return self.steps[index] if index < len(self.steps) else "pass"
+
+    @property
+    def lost(self) -> int:
+        """How many replies of puts that landed this script has lost."""
+        return sum(1 for *_, what in self.fired if what == "lost")
 
 
 class InjectedCrash(BaseException):
@@ -39,6 +87,7 @@ class FaultPlan:
     latency: float = 0.0
     fail_puts_matching: str | None = None
     lose_put_responses_matching: str | None = None
+    put_faults: list[PutFault] = field(default_factory=list)
     before_call: Callable[[str, str], Awaitable[None]] | None = None
 
 
@@ -56,7 +105,13 @@ class FaultyStore:
         self.in_flight_by_op: collections.Counter[str] = collections.Counter()
         self.peak_by_op: collections.Counter[str] = collections.Counter()
 
-    async def _run(self, op: str, path: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _run(
+        self,
+        op: str,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        kind: PutKind | None = None,
+    ) -> T:
         self.calls += 1
         number = self.calls
         self.ops[op] += 1
@@ -73,6 +128,20 @@ class FaultyStore:
             raise StoreError(op, path, "injected permanent fault")
         if plan.before_call is not None:
             await plan.before_call(op, path)
+        scripted = [
+            (fault, fault.next_step())
+            for fault in plan.put_faults
+            if kind is not None and fault.matches(path, kind)
+        ]
+        steps = {step for _, step in scripted}
+
+        def record(outcome: Callable[[PutStep], str]) -> None:
+            for fault, step in scripted:
+                fault.fired.append((number, path, kind or "overwrite", outcome(step)))
+
+        if "fail" in steps:
+            record(lambda _: "failed")
+            raise TransientStoreError(op, path, "injected: the write did not reach the store")
         self.in_flight += 1
         self.in_flight_by_op[op] += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
@@ -80,7 +149,17 @@ class FaultyStore:
         try:
             if plan.latency:
                 await asyncio.sleep(plan.latency)
-            result = await call()
+            try:
+                result = await call()
+            except BaseException as exc:
+                refused = f"refused: {type(exc).__name__}"
+                record(lambda _: refused)
+                raise
+            record(lambda step: "lost" if step == "lose" else "passed")
+            if "lose" in steps:
+                raise TransientStoreError(
+                    op, path, "injected: the write landed, its reply was lost"
+                )
             lose = plan.lose_put_responses_matching
             if op == "put" and lose is not None and lose in path:
                 plan.lose_put_responses_matching = None  # once: the retry gets an answer
@@ -121,7 +200,10 @@ class FaultyStore:
         metadata: Mapping[str, str] | None = None,
     ) -> ObjectInfo:
         return await self._run(
-            "put", path, lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
+            "put",
+            path,
+            lambda: self.inner.put(path, data, mode=mode, metadata=metadata),
+            put_kind(mode),
         )
 
     async def put_stream(
@@ -132,7 +214,10 @@ class FaultyStore:
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         await self._run(
-            "put", path, lambda: self.inner.put_stream(path, open_chunks, metadata=metadata)
+            "put",
+            path,
+            lambda: self.inner.put_stream(path, open_chunks, metadata=metadata),
+            "overwrite",
         )
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:

@@ -50,7 +50,6 @@ from cairn.errors import (
     CheckpointerError,
     CheckpointExistsError,
     CheckpointNotFoundError,
-    CodecError,
     CorruptManifestError,
     FencedError,
     IntegrityError,
@@ -58,6 +57,7 @@ from cairn.errors import (
     InvalidCheckpointDataError,
     InvalidInputError,
     ObjectExistsError,
+    StoreError,
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async, verify_integrity
@@ -439,7 +439,13 @@ class ObjectStoreCheckpointer(Checkpointer):
         is rolled back). The save holds a lease on its directory from its first write to
         its commit; if GC claimed the id anyway (the lease lapsed, for instance because
         the process stalled), it raises :class:`CheckpointAbortedError` and commits
-        nothing.
+        nothing. A write whose reply was lost is resolved by reading back: a manifest
+        that landed counts as committed (the save returns), and a pointer swap that runs
+        out of retries after the commit leaves ``_latest`` behind (a hint: readers fall
+        back to listing) but does not fail the save. One case stays open: if the store
+        keeps failing so that the outcome cannot be learnt (the manifest cannot be read
+        back, or the fence checked after a failed swap), that :class:`StoreError`
+        propagates and the checkpoint may be committed (:meth:`exists` tells).
         """
         if not isinstance(data, CheckpointData):
             raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
@@ -505,6 +511,16 @@ class ObjectStoreCheckpointer(Checkpointer):
             await self.save_manifest(manifest)
         except (CheckpointExistsError, CheckpointAbortedError):
             raise
+        except StoreError as exc:
+            # The retries ran out, but an attempt may have landed with its reply lost: our
+            # own bytes at the manifest path mean the commit happened, so go on as
+            # committed. (If this read fails too, its error propagates: the outcome is
+            # unknown, and nothing is discarded.)
+            if await self._manifest_is(cid, encode_manifest(manifest)):
+                log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
+                return
+            await self._discard_uncommitted(cid)
+            raise
         except BaseException:
             # Only discard when the manifest surely did not land.
             if not await self._manifest_exists(cid):
@@ -519,18 +535,35 @@ class ObjectStoreCheckpointer(Checkpointer):
         except CheckpointerError as exc:  # GC removes a committed checkpoint's intent too
             log.info("could not remove the intent of committed %s: %s", cid, exc)
         try:
-            await _pointer.advance_latest(
-                self.store,
-                self.paths.latest_pointer(),
-                cid,
-                manifest.epoch,
-                self.writer_generation,
-            )
+            try:
+                await _pointer.advance_latest(
+                    self.store,
+                    self.paths.latest_pointer(),
+                    cid,
+                    manifest.epoch,
+                    self.writer_generation,
+                )
+            except StoreError as exc:
+                # The checkpoint is committed; _latest is only a hint (readers fall back to
+                # listing), so a swap that ran out of retries does not fail the save. But
+                # the swap is where a takeover is noticed: check the fence instead.
+                await _pointer.check_not_fenced(
+                    self.store, self.paths.writer_record(), self.writer_generation
+                )
+                log.warning("checkpoint %s is committed, _latest not advanced: %s", cid, exc)
         except FencedError:
             log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
             await self.delete_checkpoint(cid)
             raise
         return manifest
+
+    async def _manifest_is(self, cid: CheckpointId, body: bytes) -> bool:
+        """True when the manifest stored for ``cid`` is exactly ``body``."""
+        try:
+            blob = await self.store.get(self.paths.manifest(cid))
+        except CheckpointNotFoundError:
+            return False
+        return bytes(blob.data) == body
 
     async def _raise_if_claimed(self, cid: CheckpointId) -> None:
         """Raise :class:`CheckpointAbortedError` if GC has claimed ``cid``."""
@@ -934,8 +967,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             (
                 cid
                 for prefix in listing.prefixes
-                if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None
-                and cid not in skip
+                if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None and cid not in skip
             ),
             reverse=True,
         )
@@ -979,11 +1011,14 @@ class _ManifestHeader(msgspec.Struct, frozen=True):
 
 _header_decoder = msgspec.json.Decoder(_ManifestHeader, dec_hook=dec_hook)
 
-_DAMAGE = (CheckpointNotFoundError, IntegrityError, CodecError)
+_DAMAGE = (CheckpointNotFoundError, IntegrityError)
 """What makes one checkpoint unloadable without saying anything of the others.
 
-A :class:`StoreError` is not damage: a store that refuses or fails a read would refuse
-the older checkpoints too, and answering None ("no checkpoint") would be a lie.
+A manifest naming a codec nobody knows is a :class:`CorruptManifestError` (damage). Not
+damage, so raised: a :class:`StoreError` (a store that refuses or fails a read would
+refuse the older checkpoints too, and answering None, "no checkpoint", would be a lie)
+and a :class:`CodecError` (a known codec this environment lacks: restoring older state
+silently would hide a missing install).
 """
 
 
