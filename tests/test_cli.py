@@ -574,3 +574,20 @@ def test_progress_shows_only_on_a_terminal_after_a_delay() -> None:
     pipe = io.StringIO()
     asyncio.run(work(Console(file=pipe, force_terminal=False, width=80), 0.3))
     assert pipe.getvalue() == ""  # not a terminal: never drawn
+
+
+def test_an_unexpected_error_propagates_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not an AttributeError from looking up an exception class typer no longer has."""
+    import typer
+
+    import cairn.cli
+    from cairn.cli.app import app
+
+    def broken_pipe(*args: Any, **kwargs: Any) -> Any:
+        raise BrokenPipeError("stdout closed")
+
+    command = typer.main.get_command(app)
+    monkeypatch.setattr(command, "invoke", broken_pipe)
+    monkeypatch.setattr(typer.main, "get_command", lambda app: command)
+    with pytest.raises(BrokenPipeError):
+        cairn.cli.main(["list"])

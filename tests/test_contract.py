@@ -69,7 +69,10 @@ async def test_save_delta_goes_to_the_delta_path(ckpt: ObjectStoreCheckpointer) 
     cid = CheckpointId.now()
     digest = await ckpt.save_delta(cid, "agg", 0, b"delta")
     assert digest == sha(b"delta")
-    assert await all_paths(ckpt) == [ckpt.paths.delta(cid, "agg", 0)]
+    # With the lease the upload held: it lapses unless the checkpoint commits.
+    assert await all_paths(ckpt) == sorted(
+        [ckpt.paths.delta(cid, "agg", 0), ckpt.paths.intent(cid)]
+    )
 
 
 async def test_load_artifact_verifies_when_given_a_digest(ckpt: ObjectStoreCheckpointer) -> None:
@@ -332,7 +335,7 @@ async def test_concurrency_bound_is_observed(raw_store: ObjectStore) -> None:
     ckpt = ObjectStoreCheckpointer(counting, max_concurrent_uploads=3, retry=FAST_RETRY)
     uploads = [("op", p, False, bytes([p]) * 1000) for p in range(20)]
     await ckpt.save_partitions_concurrent(CheckpointId.now(), uploads)
-    assert counting.ops["put"] == 20
+    assert counting.ops["put"] == 20 + 1  # and the lease's intent, before the uploads
     assert counting.peak_by_op["put"] == 3
 
 

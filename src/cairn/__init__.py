@@ -55,8 +55,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ArtifactKey",
     "BrokenChainError",
-    "CheckpointAbortedError",
     "ChainLink",
+    "CheckpointAbortedError",
     "CheckpointData",
     "CheckpointExistsError",
     "CheckpointId",

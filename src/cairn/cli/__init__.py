@@ -27,12 +27,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     Usage errors are reported as one ``error: ...`` line on stderr with exit code 2;
     every other failure is handled by the command itself (see :mod:`cairn.cli.errors`).
     """
+    import importlib
+
     import typer
 
     from cairn.cli.app import app
     from cairn.cli.errors import ExitCode, click_exceptions, one_line
 
     errors = click_exceptions()
+    # typer >= 0.26 keeps Abort in typer.exceptions, beside its vendored click; older
+    # versions raise click's own.
+    aborted = getattr(errors, "Abort", None) or importlib.import_module("typer.exceptions").Abort
     command = typer.main.get_command(app)
     try:
         result = command.main(
@@ -49,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.ClickException as exc:
         typer.echo(f"error: {one_line(exc.format_message())}", err=True)
         return int(exc.exit_code)
-    except errors.Abort:
+    except aborted:
         typer.echo("error: aborted", err=True)
         return 130
     return result if isinstance(result, int) else int(ExitCode.OK)
