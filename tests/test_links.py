@@ -304,17 +304,22 @@ async def test_latest_pointer_and_its_lock_are_never_written_through(
     lock.unlink(missing_ok=True)
     lock.symlink_to(outside.root / "created-by-lock")  # dangling: O_CREAT would create it
 
-    with pytest.raises(StoreError, match="lock file '._latest.lock' is a symbolic link"):
-        await save(ckpt, 2)
+    # The save is committed; its pointer swap is refused (logged), never written through.
+    second = await save(ckpt, 2)
     outside.assert_untouched()
+    assert await ckpt.exists(second) and await ckpt.read_latest() == first
+    with pytest.raises(StoreError, match="lock file '._latest.lock' is a symbolic link"):
+        await ckpt.update_latest(second)
 
     lock.unlink()
     pointer = root / PREFIX / "_latest"
     pointer.unlink()
     pointer.symlink_to(outside.root / "secret.txt")
-    with pytest.raises(StoreError, match="'checkpoints/_latest' is a symbolic link"):
-        await save(ckpt, 3)
+    third = await save(ckpt, 3)
     outside.assert_untouched()
+    assert await ckpt.exists(third) and pointer.is_symlink()
+    with pytest.raises(StoreError, match="'checkpoints/_latest' is a symbolic link"):
+        await ckpt.update_latest(third)
     # The pointer reads as absent, so readers fall back to listing.
     loaded = await ckpt.load_latest()
     assert loaded is not None and loaded.epoch == 3

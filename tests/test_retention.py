@@ -25,6 +25,7 @@ from obstore.store import MemoryStore, ObjectStore
 from cairn import (
     CheckpointData,
     CheckpointId,
+    FencedError,
     InvalidInputError,
     ObjectStoreCheckpointer,
     RetentionPolicy,
@@ -288,6 +289,47 @@ class GcMachine(RuleBasedStateMachine):
         with contextlib.suppress(InjectedCrash):
             self.run(collector.gc(policy, min_age=NOW))
 
+    @precondition(lambda self: self.latest() is not None)
+    @rule(keep_last=st.integers(1, 2), incremental=st.booleans(), at_put=st.integers(1, 3))
+    def slow_save_with_gc_inside(self, keep_last: int, incremental: bool, at_put: int) -> None:
+        """A save during which a GC with min_age 0 runs: it commits whole and loads."""
+        ran: list[int] = []
+        puts = {"n": 0}
+
+        async def gc_mid_save(op: str, path: str) -> None:
+            if op == "put" and "/operators/" in path:
+                puts["n"] += 1
+                if puts["n"] == at_put and not ran:
+                    ran.append(1)
+                    collector = ObjectStoreCheckpointer(self.inner, retry=FAST_RETRY)
+                    await collector.gc(RetentionPolicy(keep_last=keep_last), min_age=NOW)
+
+        saver = ObjectStoreCheckpointer(
+            FaultyStore(self.inner, FaultPlan(before_call=gc_mid_save)), retry=FAST_RETRY
+        )
+        saver.writer_generation = self.ckpt.writer_generation
+        self.epoch += 1
+        if incremental:
+            data = CheckpointData(
+                epoch=self.epoch, deltas={("op", 0): b"+slow"}, parent_id=self.latest()
+            )
+        else:
+            data = CheckpointData(
+                epoch=self.epoch, snapshots={("op", p): b"slow %d" % p for p in range(3)}
+            )
+        manifest = self.run(saver.save(data))
+        assert self.latest() == manifest.checkpoint_id
+        self.run(self.ckpt.load(manifest.checkpoint_id))
+
+    @rule()
+    def takeover(self) -> None:
+        """A new writer takes over; the old one can no longer commit."""
+        stale = self.ckpt
+        self.ckpt = ObjectStoreCheckpointer(self.inner, retry=FAST_RETRY)
+        self.run(self.ckpt.take_over())
+        with pytest.raises(FencedError):
+            self.run(stale.save(CheckpointData(epoch=self.epoch + 1, snapshots={("op", 0): b"x"})))
+
     @rule(crash_at=st.integers(1, 12))
     def crashed_save(self, crash_at: int) -> None:
         store = FaultyStore(self.inner, FaultPlan(crash_at=crash_at))
@@ -295,6 +337,7 @@ class GcMachine(RuleBasedStateMachine):
         writer = ObjectStoreCheckpointer(
             store, retry=FAST_RETRY, lease=dt.timedelta(milliseconds=1)
         )
+        writer.writer_generation = self.ckpt.writer_generation
         try:
             self.run(
                 writer.save(

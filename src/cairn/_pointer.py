@@ -20,6 +20,21 @@ becomes latest. The two records use the same CAS primitive, so a takeover and an
 writer's commit are ordered by the store: a commit whose pointer swap landed before the
 claim happened before the takeover (and is kept); any later one is refused.
 
+Where a fenced generation ends. A writer that passed its check of ``_writer`` just
+before a takeover can still write its manifest after it (and die before its pointer swap
+would have failed). Such a checkpoint is committed, but it never happened for the new
+writer. So :func:`take_over`, once it has claimed ``_latest``, records in ``_writer`` a
+:class:`Fence`: the generations it fenced, and the checkpoint ``_latest`` named at the
+claim. The rule every reader applies (:func:`admits`): **a checkpoint of a generation
+older than the current one counts only if its ``(epoch, id)`` is at most that of the
+checkpoint ``_latest`` named when the next generation took over**; any other was
+committed by a fenced writer after the takeover, and is never returned by
+``load_latest``, named as the latest, or built upon. A takeover that died between its
+claim and its fence is completed by the next takeover (``_latest`` still names what the
+claim left there, since only the dead writer could have moved it); generations older
+than every recorded fence (stores written before fences existed) are bounded by nothing
+but ``_latest`` itself.
+
 Both records accept what the reference implementation wrote (a bare checkpoint id for
 ``_latest``), and both are JSON.
 
@@ -89,16 +104,52 @@ class LatestPointer(msgspec.Struct, frozen=True):
         return (self.epoch, self.checkpoint_id.uuid.int if self.checkpoint_id else -1)
 
 
+class Fence(msgspec.Struct, frozen=True):
+    """Generations up to ``generation`` ended where ``_latest`` stood at the next takeover.
+
+    ``checkpoint_id`` and ``epoch`` are what ``_latest`` named when the takeover claimed
+    it (None and -1 when it named nothing).
+    """
+
+    generation: int
+    checkpoint_id: CheckpointId | None = None
+    epoch: int = -1
+
+    def order(self) -> tuple[int, int]:
+        """The greatest ``(epoch, id)`` a checkpoint of a fenced generation may have."""
+        return (self.epoch, self.checkpoint_id.uuid.int if self.checkpoint_id else -1)
+
+
+MAX_FENCES = 1000
+"""Fences kept in ``_writer``; the oldest go first (their generations then fall under the
+next fence kept, a looser bound)."""
+
+
 class WriterRecord(msgspec.Struct, frozen=True):
-    """Content of ``_writer``: the generation of the writer that owns the store."""
+    """Content of ``_writer``: the generation of the writer that owns the store, and
+    where each fenced generation ended."""
 
     generation: int
     acquired_ms: int = 0
+    fences: tuple[Fence, ...] = ()
+
+    def admits(self, generation: int, order: tuple[int, int]) -> bool:
+        """Whether a checkpoint of ``generation`` at ``(epoch, id)`` ``order`` counts.
+
+        See the module docstring: a checkpoint of a fenced generation counts only up to
+        where its generation ended.
+        """
+        if generation >= self.generation:
+            return True
+        bounds = [fence for fence in self.fences if fence.generation >= generation]
+        if not bounds:
+            return True  # no record of where it ended (written before fences existed)
+        return order <= min(bounds, key=lambda fence: fence.generation).order()
 
 
 _encoder = msgspec.json.Encoder(enc_hook=enc_hook)
 _pointer_decoder = msgspec.json.Decoder(LatestPointer, dec_hook=dec_hook)
-_writer_decoder = msgspec.json.Decoder(WriterRecord)
+_writer_decoder = msgspec.json.Decoder(WriterRecord, dec_hook=dec_hook)
 
 
 def _in_range(value: int, low: int, high: int) -> bool:
@@ -146,6 +197,11 @@ def decode_writer(path: str, data: bytes) -> WriterRecord:
         )
     if not _in_range(record.acquired_ms, 0, MAX_INT64):
         raise CorruptManifestError(path, f"writer record has acquired_ms {record.acquired_ms}")
+    for fence in record.fences:
+        if not _in_range(fence.generation, 0, MAX_GENERATION) or not _in_range(
+            fence.epoch, -1, MAX_INT64
+        ):
+            raise CorruptManifestError(path, f"writer record has a damaged fence: {fence}")
     return record
 
 
@@ -162,7 +218,7 @@ async def read_pointer(store: Store, path: str) -> tuple[LatestPointer | None, s
         return None, blob.info.e_tag, True
 
 
-async def _read_writer(store: Store, path: str) -> tuple[WriterRecord | None, str | None, bool]:
+async def read_writer(store: Store, path: str) -> tuple[WriterRecord | None, str | None, bool]:
     """``(record, e_tag, exists)``; a damaged record reads as None (with a warning)."""
     try:
         blob = await store.get(path)
@@ -241,7 +297,7 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
     writer of an older generation is fenced from then on.
     """
     for _ in range(MAX_CAS_ROUNDS):
-        record, e_tag, exists = await _read_writer(store, writer_path)
+        record, e_tag, exists = await read_writer(store, writer_path)
         pointer, _, pointer_exists = await read_pointer(store, latest_path)
         visible = [r.generation for r in (record,) if r is not None]
         visible += [p.writer_generation for p in (pointer,) if p is not None]
@@ -252,7 +308,8 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
             raise CorruptManifestError(
                 writer_path, f"writer generation {max(visible)} leaves no room for a takeover"
             )
-        replaced = WriterRecord(new_generation, time.time_ns() // 10**6)
+        fences = _completed_fences(record, pointer)
+        replaced = WriterRecord(new_generation, time.time_ns() // 10**6, fences)
         if await _swap(store, writer_path, _encoder.encode(replaced), e_tag, exists):
             if record is None:
                 if pointer is not None:
@@ -278,16 +335,63 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
             new_generation,
         )
         if await _swap(store, latest_path, _encoder.encode(claimed), e_tag, exists):
-            return new_generation
-    raise StoreError("put", latest_path, "gave up: the latest pointer is too contended")
+            break
+    else:
+        raise StoreError("put", latest_path, "gave up: the latest pointer is too contended")
+    fence = Fence(new_generation - 1, claimed.checkpoint_id, claimed.epoch)
+    await _record_fence(store, writer_path, new_generation, fence)
+    return new_generation
 
 
-async def check_not_fenced(store: Store, writer_path: str, generation: int) -> None:
+def _completed_fences(
+    record: WriterRecord | None, pointer: LatestPointer | None
+) -> tuple[Fence, ...]:
+    """``record``'s fences, plus the one a takeover that died after its claim never wrote.
+
+    That takeover's claim is still what ``_latest`` names (its generation is the
+    pointer's): only the dead writer could have moved it on.
+    """
+    if record is None:
+        return ()  # a damaged record: where earlier generations ended is lost
+    fences = record.fences
+    recorded = max((fence.generation for fence in fences), default=-1)
+    if (
+        record.generation > 0
+        and recorded < record.generation - 1
+        and pointer is not None
+        and pointer.writer_generation == record.generation
+    ):
+        fences += (Fence(record.generation - 1, pointer.checkpoint_id, pointer.epoch),)
+    return fences
+
+
+async def _record_fence(store: Store, writer_path: str, generation: int, fence: Fence) -> None:
+    """Add ``fence`` to ``_writer`` by compare-and-swap, while it still holds ``generation``."""
+    for _ in range(MAX_CAS_ROUNDS):
+        record, e_tag, exists = await read_writer(store, writer_path)
+        if record is None or record.generation != generation:
+            current = record.generation if record is not None else -1
+            raise FencedError(generation, current)  # a newer takeover completes our fence
+        fences = (*record.fences, fence)[-MAX_FENCES:]
+        updated = msgspec.structs.replace(record, fences=fences)
+        if await _swap(store, writer_path, _encoder.encode(updated), e_tag, exists):
+            return
+    raise StoreError("put", writer_path, "gave up: the writer record is too contended")
+
+
+async def check_not_fenced(store: Store, writer_path: str, generation: int) -> WriterRecord:
     """Raise :class:`FencedError` if a newer writer generation has taken over.
 
-    A damaged ``_writer`` raises :class:`CorruptManifestError`: a fence of unknown height
-    stops every writer until :func:`take_over` repairs it.
+    Returns the record read (a generation-0 one when there is none). A damaged
+    ``_writer`` raises :class:`CorruptManifestError`: a fence of unknown height stops every
+    writer until :func:`take_over` repairs it.
     """
-    current, _ = await read_generation(store, writer_path)
-    if current > generation:
-        raise FencedError(generation, current)
+    try:
+        blob = await store.get(writer_path)
+    except CheckpointNotFoundError:
+        record = WriterRecord(0)
+    else:
+        record = decode_writer(writer_path, bytes(blob.data))
+    if record.generation > generation:
+        raise FencedError(generation, record.generation)
+    return record

@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -450,7 +450,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         if not isinstance(data, CheckpointData):
             raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
         cid = data.id
-        await _pointer.check_not_fenced(
+        record = await _pointer.check_not_fenced(
             self.store, self.paths.writer_record(), self.writer_generation
         )
         await self._refuse_if_committed(cid)
@@ -458,7 +458,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         # a concurrent GC keeps the parent's chain and this directory while the save runs.
         async with self._lease(cid, data.parent_id):
             try:
-                entries = await self._upload_all(data)
+                entries = await self._upload_all(data, record)
             except BaseException:
                 await self._discard_uncommitted(cid)
                 raise
@@ -466,12 +466,14 @@ class ObjectStoreCheckpointer(Checkpointer):
             await self._write_manifest(manifest)
         return await self._publish(manifest)
 
-    async def _upload_all(self, data: CheckpointData) -> list[tuple[str, PartitionSnapshotEntry]]:
+    async def _upload_all(
+        self, data: CheckpointData, record: _pointer.WriterRecord
+    ) -> list[tuple[str, PartitionSnapshotEntry]]:
         """Upload what ``data`` holds; its entries, with those carried from the parent."""
         cid = data.id
         inherited: dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]] = {}
         if data.parent_id is not None:
-            inherited = await self._carried_chains(data)
+            inherited = await self._carried_chains(data, record)
         uploads: list[PartitionUpload] = [
             *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
             *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
@@ -661,38 +663,36 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def load_latest(self) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads and verifies, or None if there is none.
 
-        Follows ``_latest`` when it names a valid checkpoint and no checkpoint with a
-        newer id is committed. When the pointer is missing, unreadable, stale, or names
-        a deleted or corrupt checkpoint, falls back to the committed checkpoints, newest
-        first (by writer generation, then epoch, then id), and logs why.
-
-        The staleness check looks at ids, not epochs: it costs one listing, not one read
-        per checkpoint. So if concurrent writers commit out of id order and one dies
-        between its manifest and its pointer swap, a checkpoint with an older id but a
-        higher epoch can be committed yet not returned here until the pointer moves past
-        it. With one writer (fencing) ids and epochs rise together and this cannot happen.
+        Tries the committed checkpoints in the order of :meth:`_latest_candidates`: what
+        ``_latest`` names, unless a checkpoint committed after it outranks it (its writer
+        stopped between its commit and its pointer swap); then every committed checkpoint
+        ranked by writer generation, epoch and id. A checkpoint committed by a fenced
+        writer after the takeover never counts (see :mod:`cairn._pointer`). Each one that
+        does not load (a deleted or damaged manifest or artifact) is logged and skipped.
         """
-        pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
-        failed: set[CheckpointId] = set()
-        if pointer is not None and pointer.checkpoint_id is not None:
-            newer = await self._committed_newer_than(pointer)
-            if not newer:
-                try:
-                    return await self.load(pointer.checkpoint_id)
-                except _DAMAGE as exc:
-                    failed.add(pointer.checkpoint_id)
-                    log.warning(
-                        "_latest names %s, which does not load (%s): falling back",
-                        pointer.checkpoint_id,
-                        exc,
-                    )
-            else:
-                log.warning(
-                    "_latest names %s but newer commits exist: falling back", pointer.checkpoint_id
-                )
-        else:
-            log.info("no usable _latest pointer: falling back to listing")
-        return await self._load_newest_valid(skip=failed)
+        async for cid in self._latest_candidates():
+            try:
+                return await self.load(cid)
+            except _DAMAGE as exc:
+                log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
+        return None
+
+    async def latest_id(self) -> CheckpointId | None:
+        """What "latest" means: the checkpoint :meth:`load_latest` tries first, by manifest.
+
+        The same order as :meth:`load_latest`, skipping checkpoints whose manifest does
+        not read, without reading artifacts: a checkpoint whose artifacts are damaged is
+        still the latest here (so ``cairn verify latest`` reports it), while
+        :meth:`load_latest` moves on to an older one. None when nothing is committed.
+        """
+        async for cid in self._latest_candidates():
+            try:
+                await self.load_manifest(cid)
+            except _DAMAGE as exc:
+                log.warning("checkpoint %s has no readable manifest (%s)", cid, exc)
+                continue
+            return cid
+        return None
 
     async def gc(
         self,
@@ -787,15 +787,23 @@ class ObjectStoreCheckpointer(Checkpointer):
         return await self._resolve_chains(parent_manifest, visiting | {cid})
 
     async def _carried_chains(
-        self, data: CheckpointData
+        self, data: CheckpointData, record: _pointer.WriterRecord
     ) -> dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]:
         """The parent's links that the new checkpoint keeps, as entries owned elsewhere.
 
         Partitions the new checkpoint does not mention keep the parent's whole chain;
-        a delta extends it; a new snapshot replaces it.
+        a delta extends it; a new snapshot replaces it. A parent committed by a fenced
+        writer after the takeover is refused (see :mod:`cairn._pointer`).
         """
         assert data.parent_id is not None
         parent = await self.load_manifest(data.parent_id)
+        generation = parent.writer_generation or 0
+        if not record.admits(generation, (parent.epoch, parent.checkpoint_id.uuid.int)):
+            raise InvalidCheckpointDataError(
+                f"parent {data.parent_id} was committed by writer generation {generation} "
+                f"after generation {record.generation} took over (a fenced writer's "
+                "checkpoint): it is not one to build upon"
+            )
         parent_chains = await self._resolve_chains(parent, set())
         missing_base = sorted(set(data.deltas) - set(parent_chains))
         if missing_base:
@@ -941,36 +949,81 @@ class ObjectStoreCheckpointer(Checkpointer):
         except (CheckpointerError, asyncio.CancelledError) as exc:
             log.info("could not clean up after failed save of %s: %s", cid, exc)
 
-    async def _committed_newer_than(self, pointer: _pointer.LatestPointer) -> list[CheckpointId]:
-        assert pointer.checkpoint_id is not None
+    async def _latest_candidates(self) -> AsyncIterator[CheckpointId]:
+        """Committed checkpoints, in the order :meth:`load_latest` tries them.
+
+        First what ``_latest`` names, if no admitted checkpoint committed after it
+        outranks it. Then the ranking: every committed checkpoint the writer record
+        admits, by (writer generation, epoch, id), highest first. Ranking reads every
+        manifest but decodes only its three ranking fields; a manifest whose header
+        decodes but whose whole does not fails when loaded, so the order is exactly that
+        of decoding every manifest in full (a valid manifest's header is its content).
+        """
+        record, _, _ = await _pointer.read_writer(self.store, self.paths.writer_record())
+        pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
+        named = pointer.checkpoint_id if pointer is not None else None
+        tried = None
+        if named is not None and await self._pointer_is_current(named, record):
+            tried = named
+            yield named
+        elif named is None:
+            log.info("no usable _latest pointer: ranking the committed checkpoints")
         listing = await self.store.list_dir(self.paths.base_prefix)
-        newer = [
+        ids = [
             cid
             for prefix in listing.prefixes
-            if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None
-            and cid > pointer.checkpoint_id
+            if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None and cid != tried
         ]
-        return [cid for cid in newer if await self._manifest_exists(cid)]
-
-    async def _load_newest_valid(self, skip: set[CheckpointId]) -> LoadedCheckpoint | None:
-        """The committed checkpoint that ranks first and loads, trying the next on damage.
-
-        Ranked by (writer generation, epoch, id), highest first. Ranking needs only each
-        manifest's header, so every manifest is read but only its three ranking fields are
-        decoded; the full decode, checks and artifact verification then run on the first
-        candidate alone, and on the next only if it fails. A manifest whose header decodes
-        but whose whole does not fails there, so the choice is exactly that of decoding
-        every manifest in full: a valid manifest's header is its content.
-        """
-        listing = await self.store.list_dir(self.paths.base_prefix)
-        candidates = sorted(
-            (
-                cid
-                for prefix in listing.prefixes
-                if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None and cid not in skip
-            ),
+        headers = await self._read_headers(sorted(ids, reverse=True))
+        ranked = sorted(
+            (h for h in headers if h is not None and _admitted(record, h)),
+            key=_rank,
             reverse=True,
         )
+        for header in ranked:
+            yield header.checkpoint_id
+
+    async def _pointer_is_current(
+        self, named: CheckpointId, record: _pointer.WriterRecord | None
+    ) -> bool:
+        """False when a checkpoint committed after the one ``_latest`` names outranks it."""
+        listing = await self.store.list_dir(self.paths.base_prefix)
+        newer = sorted(
+            cid
+            for prefix in listing.prefixes
+            if (cid := self.paths.parse_checkpoint_dir(prefix)) is not None and cid > named
+        )
+        if not newer:
+            return True
+        own, *later = await self._read_headers([named, *newer])
+        if own is None:
+            log.warning("_latest names %s, whose manifest does not read: ranking", named)
+            return False
+        above = [
+            h for h in later if h is not None and _admitted(record, h) and _rank(h) > _rank(own)
+        ]
+        if above:
+            best = max(above, key=_rank)
+            log.warning(
+                "_latest names %s (epoch %d), but %s (epoch %d) was committed after it and "
+                "never published: its writer stopped between its commit and its pointer "
+                "swap; ranking the committed checkpoints",
+                named,
+                own.epoch,
+                best.checkpoint_id,
+                best.epoch,
+            )
+            return False
+        if any(h is not None for h in later):
+            log.info(
+                "_latest names %s; the checkpoints committed after it rank lower (an older "
+                "epoch saved later, or a fenced writer's): following _latest",
+                named,
+            )
+        return True
+
+    async def _read_headers(self, ids: list[CheckpointId]) -> list[_ManifestHeader | None]:
+        """The ranking fields of each manifest of ``ids``; None where there is none."""
 
         def read(cid: CheckpointId) -> Callable[[], Awaitable[_ManifestHeader | None]]:
             async def job() -> _ManifestHeader | None:
@@ -983,22 +1036,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
             return job
 
-        headers = await bounded_gather(self.max_concurrent_downloads, map(read, candidates))
-        ranked = sorted(
-            (h for h in headers if h is not None),
-            key=lambda h: (h.writer_generation or 0, h.epoch, h.checkpoint_id),
-            reverse=True,
-        )
-        for header in ranked:
-            try:
-                return await self.load(header.checkpoint_id)
-            except _DAMAGE as exc:
-                log.warning(
-                    "checkpoint %s does not load (%s): trying an older one",
-                    header.checkpoint_id,
-                    exc,
-                )
-        return None
+        return await bounded_gather(self.max_concurrent_downloads, map(read, ids))
 
 
 class _ManifestHeader(msgspec.Struct, frozen=True):
@@ -1010,6 +1048,18 @@ class _ManifestHeader(msgspec.Struct, frozen=True):
 
 
 _header_decoder = msgspec.json.Decoder(_ManifestHeader, dec_hook=dec_hook)
+
+
+def _rank(header: _ManifestHeader) -> tuple[int, int, CheckpointId]:
+    """The order in which :meth:`ObjectStoreCheckpointer.load_latest` tries checkpoints."""
+    return (header.writer_generation or 0, header.epoch, header.checkpoint_id)
+
+
+def _admitted(record: _pointer.WriterRecord | None, header: _ManifestHeader) -> bool:
+    """Whether the writer record lets this checkpoint count (a damaged record: all do)."""
+    order = (header.epoch, header.checkpoint_id.uuid.int)
+    return record is None or record.admits(header.writer_generation or 0, order)
+
 
 _DAMAGE = (CheckpointNotFoundError, IntegrityError)
 """What makes one checkpoint unloadable without saying anything of the others.

@@ -1,8 +1,9 @@
 """Finding checkpoints: resolving ``ID|latest`` and reading many manifests at once.
 
-``latest`` means the newest committed checkpoint. That is the one the ``_latest``
-pointer names, except after a writer died between its commit and the pointer update;
-the pointer is only a hint, so the listing decides.
+``latest`` means what it means in the library (:meth:`ObjectStoreCheckpointer.latest_id`):
+the checkpoint ``load_latest`` tries first. That is the one the ``_latest`` pointer names,
+unless a checkpoint committed after it outranks it (its writer died between its commit
+and its pointer swap); a fenced writer's late commit never is.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> Checkp
     is not committed there.
     """
     if ref.lower() == LATEST:
-        ids = await ckpt.list_checkpoints()
-        if not ids:
+        latest = await ckpt.latest_id()
+        if latest is None:
             raise CliError(f"no checkpoints in {where}", ExitCode.USAGE)
-        return ids[-1]
+        return latest
     cid = parse_id(ref)
     if not await ckpt.exists(cid):
         raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE)
