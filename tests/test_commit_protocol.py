@@ -31,6 +31,7 @@ from cairn import (
     StoreError,
     TransientStoreError,
 )
+from cairn._commit import assemble_manifest
 from cairn.manifest import encode_manifest
 from cairn.stores import ObstoreStore, Store
 
@@ -169,7 +170,7 @@ async def test_lost_reply_when_another_writer_committed_is_a_conflict(
     async def times_out_while_another_writer_commits(op: str, path: str) -> None:
         if op == "put" and path.endswith("manifest.json") and not fired:
             fired.append(True)
-            await other.save_manifest(other._build_manifest(theirs, []))
+            await other.save_manifest(assemble_manifest(theirs.id, theirs.epoch, []))
             raise TransientStoreError(op, path, "injected: timed out, did not land")
 
     faulty = FaultyStore(inner, FaultPlan(before_call=times_out_while_another_writer_commits))
@@ -329,7 +330,7 @@ async def test_a_stale_pointer_after_a_crash_is_passed_by(ckpt: ObjectStoreCheck
     uploaded = await ckpt.save_partitions_concurrent(
         orphan_commit.id, [(o, p, False, d) for (o, p), d in orphan_commit.snapshots.items()]
     )
-    await ckpt.save_manifest(ckpt._build_manifest(orphan_commit, uploaded))
+    await ckpt.save_manifest(assemble_manifest(orphan_commit.id, orphan_commit.epoch, uploaded))
     await assert_loads(ckpt, 2)
 
 

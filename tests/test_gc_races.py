@@ -27,6 +27,7 @@ from cairn import (
     StoreError,
 )
 from cairn._buffer import Buffer
+from cairn._commit import assemble_manifest, upload_all
 from cairn._pointer import WriterRecord
 from cairn.stores import ObjectInfo, ObstoreStore
 
@@ -130,8 +131,8 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
         CheckpointData(epoch=1, snapshots={("op", 0): b"base", ("op", 1): b"kept"})
     )
     data = CheckpointData(epoch=2, deltas={("op", 0): b"+1"}, parent_id=parent.checkpoint_id)
-    entries = await ckpt._upload_all(data, WriterRecord(0))
-    manifest = ckpt._build_manifest(data, entries)
+    entries = await upload_all(ckpt.context, data, WriterRecord(0))
+    manifest = assemble_manifest(data.id, data.epoch, entries, parent_id=data.parent_id)
     # Someone deletes an artifact the new manifest carries over from its parent.
     gone = ckpt.paths.snapshot(parent.checkpoint_id, "op", 1)
     await ckpt.store.delete([gone])
@@ -141,7 +142,8 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
     assert not await ckpt.exists(data.id)
     # And one of its own.
     data2 = CheckpointData(epoch=3, snapshots={("op", 0): b"x" * 100})
-    manifest2 = ckpt._build_manifest(data2, await ckpt._upload_all(data2, WriterRecord(0)))
+    entries2 = await upload_all(ckpt.context, data2, WriterRecord(0))
+    manifest2 = assemble_manifest(data2.id, data2.epoch, entries2)
     own = ckpt.paths.snapshot(data2.id, "op", 0)
     await ckpt.store.delete([own])
     with pytest.raises(BrokenChainError, match="missing at commit time"):

@@ -26,7 +26,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 import msgspec
 
 from cairn._buffer import Buffer
+from cairn._commit import assemble_manifest
 from cairn._concurrency import bounded_gather
+from cairn._validate import is_int
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ArtifactKey
 from cairn.errors import (
@@ -40,7 +42,6 @@ from cairn.integrity import sha256_hex
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import (
     CheckpointManifest,
-    OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     SourceOffsetEntry,
     check_entry,
@@ -157,7 +158,7 @@ async def commit_distributed(
     partition and :class:`IntegrityMismatchError` for an entry whose size or digest is
     not what the store holds; either way nothing is committed. Returns the manifest.
     """
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+    if not is_int(epoch) or epoch < 0:
         raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
     entries = _collect(checkpoint_id, expected, reports)
     if any(entry.is_delta for _, entry in entries):
@@ -168,17 +169,13 @@ async def commit_distributed(
         ckpt.max_concurrent_downloads,
         [_check_against_store(ckpt, checkpoint_id, entry) for _, entry in entries],
     )
-    per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
-    for operator, entry in entries:
-        per_operator.setdefault(operator, []).append(entry)
-    operators = {op: OperatorSnapshotEntry.from_partitions(p) for op, p in per_operator.items()}
-    manifest = msgspec.structs.replace(
-        CheckpointManifest.new(checkpoint_id, epoch),
-        operators=operators,
-        source_offsets=dict(source_offsets or {}),
+    manifest = assemble_manifest(
+        checkpoint_id,
+        epoch,
+        entries,
+        source_offsets=source_offsets,
         watermark=watermark,
-        total_size_bytes=sum(op.total_bytes for op in operators.values()),
-        writer_generation=ckpt.writer_generation or None,
+        writer_generation=ckpt.writer_generation,
     )
     return await ckpt.commit(manifest)
 

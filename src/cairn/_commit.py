@@ -1,0 +1,313 @@
+"""The commit protocol: how a checkpoint comes to exist, atomically, or not at all.
+
+A save (:func:`save`):
+
+1. checks that no newer writer generation has taken over (fencing, :mod:`cairn._pointer`);
+2. takes the lease on its directory (:mod:`cairn._lease`), which names the parent it
+   builds on, so a concurrent GC leaves both alone however long the save runs;
+3. uploads every snapshot, delta and source offset under ``{base}{id}/``, concurrently,
+   hashing each while it uploads (:mod:`cairn._upload`), and carries the parent's chains
+   over by reference (:mod:`cairn._chains`);
+4. checks that every artifact its manifest names is in the store, then writes
+   ``{base}{id}/manifest.json`` only if absent: **this single write is the commit**;
+5. ends the lease (deletes its intent) and advances ``_latest`` by compare-and-swap,
+   only forwards, only if not fenced.
+
+Invariants:
+
+* before step 4's write the checkpoint does not exist for any reader (listing and
+  loading go through the manifest); after it, it is immutable: the manifest is never
+  overwritten and artifacts are not rewritten once a manifest exists;
+* a manifest is never written over artifacts that are gone;
+* a create that meets "already exists" is resolved by reading the manifest back: our own
+  bytes mean our commit happened (a retried write whose reply was lost), a tombstone
+  means GC claimed the id first (:class:`CheckpointAbortedError`, nothing committed),
+  anything else is :class:`CheckpointExistsError`;
+* a save that fails before its commit removes what it uploaded (best effort: GC sweeps
+  the rest); a commit fenced at its pointer swap is rolled back and raises
+  :class:`FencedError`; a pointer swap that fails otherwise after the commit leaves
+  ``_latest`` behind (a hint) but does not fail the save;
+* deletion removes the manifest first, so a half-deleted checkpoint is never listed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+
+import msgspec
+
+from cairn import _catalog, _chains, _lease, _pointer, _upload
+from cairn._concurrency import bounded_gather
+from cairn._context import Context, check_id
+from cairn.data import ArtifactKey, CheckpointData
+from cairn.errors import (
+    BrokenChainError,
+    CheckpointAbortedError,
+    CheckpointerError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    FencedError,
+    InvalidInputError,
+    ObjectExistsError,
+    StoreError,
+)
+from cairn.ids import CheckpointId
+from cairn.manifest import (
+    CheckpointManifest,
+    OperatorSnapshotEntry,
+    PartitionSnapshotEntry,
+    SourceOffsetEntry,
+    check_manifest,
+    encode_manifest,
+)
+
+__all__ = [
+    "assemble_manifest",
+    "commit",
+    "delete_checkpoint",
+    "refuse_if_committed",
+    "save",
+    "save_manifest",
+]
+
+log = logging.getLogger("cairn")
+
+Entry = tuple[str, PartitionSnapshotEntry]
+
+
+async def save(ctx: Context, generation: int, data: CheckpointData) -> CheckpointManifest:
+    """Steps 1 to 5 of the module docstring for ``data``; the committed manifest."""
+    if not isinstance(data, CheckpointData):
+        raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
+    cid = data.id
+    record = await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
+    await refuse_if_committed(ctx, cid)
+    async with _lease.hold_lease(ctx.store, ctx.paths.intent(cid), data.parent_id, ctx.lease):
+        try:
+            entries = await upload_all(ctx, data, record)
+        except BaseException:
+            await _discard_uncommitted(ctx, cid)
+            raise
+        manifest = assemble_manifest(
+            data.id,
+            data.epoch,
+            entries,
+            parent_id=data.parent_id,
+            source_offsets=data.source_offsets,
+            watermark=data.watermark,
+            timestamp_ms=data.timestamp_ms,
+            writer_generation=generation,
+        )
+        await _write_manifest(ctx, generation, manifest)
+    return await _publish(ctx, generation, manifest)
+
+
+async def upload_all(
+    ctx: Context, data: CheckpointData, record: _pointer.WriterRecord
+) -> list[Entry]:
+    """Upload what ``data`` holds; its entries, with those carried from the parent."""
+    cid = data.id
+    inherited: dict[ArtifactKey, list[Entry]] = {}
+    if data.parent_id is not None:
+        inherited = await _chains.carried_chains(ctx, data, record)
+    uploads: list[_upload.PartitionUpload] = [
+        *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
+        *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
+    ]
+    jobs: list[Callable[[], Awaitable[Entry | None]]] = [
+        _upload.upload_job(ctx, cid, op, p, is_delta, buf) for op, p, is_delta, buf in uploads
+    ]
+    jobs += [_upload.offset_job(ctx, cid, src, e) for src, e in data.source_offsets.items()]
+    results = await bounded_gather(ctx.max_concurrent_uploads, jobs)
+    entries = [link for links in inherited.values() for link in links]
+    entries += [r for r in results if r is not None]
+    return entries
+
+
+def assemble_manifest(
+    checkpoint_id: CheckpointId,
+    epoch: int,
+    entries: Iterable[Entry],
+    *,
+    parent_id: CheckpointId | None = None,
+    source_offsets: Mapping[str, SourceOffsetEntry] | None = None,
+    watermark: int | None = None,
+    timestamp_ms: int | None = None,
+    writer_generation: int = 0,
+) -> CheckpointManifest:
+    """The manifest of ``(operator, entry)`` pairs: entries per operator, in chain order."""
+    per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
+    for operator, entry in entries:
+        per_operator.setdefault(operator, []).append(entry)
+    operators = {op: OperatorSnapshotEntry.from_partitions(p) for op, p in per_operator.items()}
+    base = CheckpointManifest.new(checkpoint_id, epoch)
+    if timestamp_ms is not None:  # a copy keeps its original's time
+        base = msgspec.structs.replace(base, timestamp_ms=timestamp_ms)
+    return msgspec.structs.replace(
+        base,
+        operators=operators,
+        source_offsets=dict(source_offsets or {}),
+        parent_id=parent_id,
+        watermark=watermark,
+        total_size_bytes=sum(op.total_bytes for op in operators.values()),
+        writer_generation=writer_generation or None,
+    )
+
+
+async def commit(ctx: Context, generation: int, manifest: CheckpointManifest) -> CheckpointManifest:
+    """Steps 4 and 5 for artifacts the caller uploaded; the committed manifest."""
+    await _write_manifest(ctx, generation, manifest)
+    return await _publish(ctx, generation, manifest)
+
+
+async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:
+    """Write ``manifest`` only if no manifest exists for its id (the commit point itself)."""
+    if not isinstance(manifest, CheckpointManifest):
+        raise InvalidInputError(f"expected a CheckpointManifest, got {manifest!r}")
+    try:
+        check_manifest(manifest)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"manifest {manifest.checkpoint_id}: {exc}") from None
+    await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
+    path = ctx.paths.manifest(manifest.checkpoint_id)
+    body = encode_manifest(manifest)
+    try:
+        await ctx.store.put(path, body, mode="create")
+    except ObjectExistsError:
+        existing = await ctx.store.get(path)
+        if bytes(existing.data) == _lease.TOMBSTONE:
+            raise CheckpointAbortedError(str(manifest.checkpoint_id), path) from None
+        if bytes(existing.data) != body:
+            raise CheckpointExistsError(str(manifest.checkpoint_id), path) from None
+        log.info("manifest %s was already written by this commit (retried write)", path)
+
+
+async def _write_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:
+    """The commit point: check every artifact is there, then create the manifest."""
+    cid = manifest.checkpoint_id
+    try:
+        try:
+            await _check_artifacts_present(ctx, manifest)
+        except BrokenChainError:
+            await _raise_if_claimed(ctx, cid)
+            raise
+        await save_manifest(ctx, generation, manifest)
+    except (CheckpointExistsError, CheckpointAbortedError):
+        raise
+    except StoreError as exc:
+        # The retries ran out, but an attempt may have landed with its reply lost: our own
+        # bytes at the manifest path mean the commit happened, so go on as committed. (If
+        # this read fails too, its error propagates: the outcome is unknown, and nothing
+        # is discarded.)
+        if await _manifest_is(ctx, cid, encode_manifest(manifest)):
+            log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
+            return
+        await _discard_uncommitted(ctx, cid)
+        raise
+    except BaseException:
+        # Only discard when the manifest surely did not land.
+        if not await _catalog.committed(ctx, cid):
+            await _discard_uncommitted(ctx, cid)
+        raise
+
+
+async def _publish(
+    ctx: Context, generation: int, manifest: CheckpointManifest
+) -> CheckpointManifest:
+    """After the commit: end the lease, then advance ``_latest`` (or roll back if fenced)."""
+    cid = manifest.checkpoint_id
+    try:
+        await ctx.store.delete([ctx.paths.intent(cid)])
+    except CheckpointerError as exc:  # GC removes a committed checkpoint's intent too
+        log.info("could not remove the intent of committed %s: %s", cid, exc)
+    try:
+        try:
+            await _pointer.advance_latest(
+                ctx.store, ctx.paths.latest_pointer(), cid, manifest.epoch, generation
+            )
+        except StoreError as exc:
+            # The checkpoint is committed; _latest is only a hint (readers fall back to
+            # listing), so a swap that ran out of retries does not fail the save. But the
+            # swap is where a takeover is noticed: check the fence instead.
+            await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
+            log.warning("checkpoint %s is committed, _latest not advanced: %s", cid, exc)
+    except FencedError:
+        log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
+        await delete_checkpoint(ctx, cid)
+        raise
+    return manifest
+
+
+async def _manifest_is(ctx: Context, cid: CheckpointId, body: bytes) -> bool:
+    """True when the manifest stored for ``cid`` is exactly ``body``."""
+    try:
+        blob = await ctx.store.get(ctx.paths.manifest(cid))
+    except CheckpointNotFoundError:
+        return False
+    return bytes(blob.data) == body
+
+
+async def _raise_if_claimed(ctx: Context, cid: CheckpointId) -> None:
+    """Raise :class:`CheckpointAbortedError` if GC has claimed ``cid``."""
+    path = ctx.paths.manifest(cid)
+    try:
+        info = await ctx.store.head(path)
+    except CheckpointNotFoundError:
+        return
+    if _lease.is_tombstone(info):
+        raise CheckpointAbortedError(str(cid), path)
+
+
+async def _check_artifacts_present(ctx: Context, manifest: CheckpointManifest) -> None:
+    """Raise :class:`BrokenChainError` unless every entry's object is in the store.
+
+    One listing per directory that holds entries (this checkpoint's, and those of the
+    checkpoints it carries entries from), sizes checked.
+    """
+    cid = manifest.checkpoint_id
+    wanted: dict[str, dict[str, int]] = {}
+    for _, entry in manifest.partition_entries():
+        owner = entry.owner or cid
+        stored = entry.stored_size_bytes if entry.codec is not None else None
+        wanted.setdefault(ctx.paths.checkpoint_dir(owner), {})[
+            ctx.paths.resolve(owner, entry.path)
+        ] = stored if stored is not None else entry.size_bytes
+
+    def check(directory: str) -> Callable[[], Awaitable[None]]:
+        async def job() -> None:
+            present = {info.path: info.size for info in await ctx.store.list(directory)}
+            for path, size in wanted[directory].items():
+                if present.get(path) != size:
+                    found = "missing" if path not in present else f"{present[path]} bytes"
+                    raise BrokenChainError(
+                        path,
+                        f"{found} at commit time (expected {size} bytes): "
+                        f"checkpoint {cid} is not committed",
+                    )
+
+        return job
+
+    await bounded_gather(ctx.max_concurrent_downloads, map(check, wanted))
+
+
+async def refuse_if_committed(ctx: Context, cid: CheckpointId) -> None:
+    """Raise :class:`CheckpointExistsError` if ``cid`` is committed (it is immutable)."""
+    if await _catalog.committed(ctx, cid):
+        raise CheckpointExistsError(str(cid), ctx.paths.manifest(cid))
+
+
+async def _discard_uncommitted(ctx: Context, cid: CheckpointId) -> None:
+    """Best effort: remove what a failed save uploaded. Orphans left here are GC's job."""
+    try:
+        await ctx.store.delete_prefix(ctx.paths.checkpoint_dir(cid))
+    except (CheckpointerError, asyncio.CancelledError) as exc:
+        log.info("could not clean up after failed save of %s: %s", cid, exc)
+
+
+async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId) -> None:
+    """Delete every object of ``checkpoint_id``, the manifest first."""
+    check_id(checkpoint_id)
+    await ctx.store.delete([ctx.paths.manifest(checkpoint_id)])
+    await ctx.store.delete_prefix(ctx.paths.checkpoint_dir(checkpoint_id))

@@ -1,0 +1,40 @@
+"""What every part of one checkpointer shares: its store, its layout and its limits. Pure.
+
+The checkpointer's parts (:mod:`cairn._catalog`, :mod:`cairn._upload`,
+:mod:`cairn._download`, :mod:`cairn._chains`, :mod:`cairn._commit`) are functions of a
+:class:`Context`; :class:`~cairn.ObjectStoreCheckpointer` builds one from its settings.
+Invariant: ``store`` is the retrying store, so every call any part makes is retried
+only on transient failures, with the checkpointer's policy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from cairn.codecs import Codec
+from cairn.errors import InvalidInputError
+from cairn.ids import CheckpointId
+from cairn.layout import CheckpointPaths
+from cairn.stores import Store
+
+__all__ = ["Context", "check_id"]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """A checkpointer's store (retrying), layout, concurrency limits, codec and lease."""
+
+    store: Store
+    paths: CheckpointPaths
+    max_concurrent_uploads: int
+    max_concurrent_downloads: int
+    codec: Codec | None
+    lease: dt.timedelta
+
+
+def check_id(checkpoint_id: object) -> CheckpointId:
+    """``checkpoint_id`` if it is a :class:`CheckpointId`; :class:`InvalidInputError` if not."""
+    if not isinstance(checkpoint_id, CheckpointId):
+        raise InvalidInputError(f"expected a CheckpointId, got {checkpoint_id!r}")
+    return checkpoint_id

@@ -1,0 +1,176 @@
+"""Artifact upload: every snapshot, delta and source offset of an uncommitted checkpoint.
+
+Invariants:
+
+* each artifact is hashed exactly once, over the caller's own bytes (before any
+  compression), and the digest and size recorded in its entry are those of those bytes;
+  buffers are hashed in a worker thread while they travel, streams chunk by chunk;
+* at most ``max_concurrent_uploads`` uploads are in flight; on the first failure no
+  further upload starts, and the failure is raised once those in flight have ended;
+* nothing here writes a manifest: an upload is invisible to every reader until
+  :mod:`cairn._commit` commits it, and the uploads hold the checkpoint's lease while they
+  run (:mod:`cairn._lease`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+import msgspec
+
+from cairn import _lease
+from cairn._concurrency import bounded_gather
+from cairn._context import Context
+from cairn.errors import InvalidInputError
+from cairn.ids import CheckpointId
+from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
+from cairn.layout import validate_name, validate_partition
+from cairn.manifest import PartitionSnapshotEntry, SourceOffsetEntry
+from cairn.sources import ArtifactData, StreamSource, as_buffer, check_artifact_data
+
+__all__ = ["PartitionUpload", "check_uploads", "offset_job", "upload_job", "upload_partitions"]
+
+PartitionUpload = tuple[str, int, bool, ArtifactData]
+"""``(operator, partition, is_delta, data)`` for ``save_partitions_concurrent``."""
+
+Entry = tuple[str, PartitionSnapshotEntry]
+
+
+async def upload_partitions(
+    ctx: Context,
+    checkpoint_id: CheckpointId,
+    uploads: Sequence[PartitionUpload],
+    metadata_key: str | None,
+) -> list[Entry]:
+    """Upload checked ``uploads`` of ``checkpoint_id`` under its lease; their entries."""
+    jobs = [
+        upload_job(ctx, checkpoint_id, op, part, is_delta, data, metadata_key)
+        for op, part, is_delta, data in uploads
+    ]
+    async with _lease.hold_lease(ctx.store, ctx.paths.intent(checkpoint_id), None, ctx.lease):
+        return await bounded_gather(ctx.max_concurrent_uploads, jobs)
+
+
+def upload_job(
+    ctx: Context,
+    cid: CheckpointId,
+    operator: str,
+    partition: int,
+    is_delta: bool,
+    data: ArtifactData,
+    metadata_key: str | None = None,
+) -> Callable[[], Awaitable[Entry]]:
+    """The upload of one partition's artifact, to run under :func:`bounded_gather`."""
+    relative = ctx.paths.relative_artifact(operator, partition, is_delta)
+    path = ctx.paths.resolve(cid, relative)
+    buffer = as_buffer(data, f"artifact {path!r}")
+    codec = ctx.codec
+
+    async def job() -> Entry:
+        stored_size: int | None = None
+        if buffer is None:
+            encoder = codec.encoder if codec is not None else None
+            source = StreamSource(data, encoder=encoder, what=f"artifact {path!r}")
+            digest = await _upload_stream(ctx, path, source, metadata_key)
+            size, stored_size = source.size, source.stored_size
+        elif codec is not None:
+            digest, stored_size = await _upload_compressed(ctx, path, buffer, metadata_key)
+            size = buffer.nbytes
+        else:
+            digest, size = await _upload_buffer(ctx, path, buffer, metadata_key), buffer.nbytes
+        entry = PartitionSnapshotEntry(
+            partition_id=partition,
+            is_delta=is_delta,
+            path=relative,
+            size_bytes=size,
+            sha256=digest,
+            codec=codec.name if codec is not None else None,
+            stored_size_bytes=stored_size if codec is not None else None,
+        )
+        return operator, entry
+
+    return job
+
+
+async def _upload_compressed(
+    ctx: Context, path: str, data: memoryview, metadata_key: str | None
+) -> tuple[str, int]:
+    """Compress and hash one buffer in threads, then upload it; (digest, stored size)."""
+    assert ctx.codec is not None
+    digest, stored = await asyncio.gather(
+        sha256_hex_async(data), asyncio.to_thread(ctx.codec.compress, data)
+    )
+    metadata = {metadata_key: digest} if metadata_key is not None else None
+    await ctx.store.put(path, stored, metadata=metadata)
+    return digest, len(stored)
+
+
+async def _upload_buffer(
+    ctx: Context, path: str, data: memoryview, metadata_key: str | None
+) -> str:
+    """Upload one buffer; returns its digest."""
+    if metadata_key is None and data.nbytes > INLINE_HASH_LIMIT:
+        # Hash in a thread while the bytes travel.
+        digest, _ = await asyncio.gather(sha256_hex_async(data), ctx.store.put(path, data))
+    elif metadata_key is None:
+        # Small: hashing inline is cheaper than the two tasks gather would create.
+        digest = sha256_hex(data)
+        await ctx.store.put(path, data)
+    else:  # the digest must be known before the request: it goes in its headers
+        digest = await sha256_hex_async(data)
+        await ctx.store.put(path, data, metadata={metadata_key: digest})
+    return digest
+
+
+async def _upload_stream(
+    ctx: Context, path: str, source: StreamSource, metadata_key: str | None
+) -> str:
+    """Upload a file or stream in parts, hashing each chunk; returns its digest."""
+    metadata = None
+    if metadata_key is not None:
+        if not source.reopenable:
+            raise InvalidInputError(
+                f"{path!r}: a one-shot stream cannot carry its digest as metadata "
+                "(it is needed before the upload starts): pass bytes or a file"
+            )
+        async for _ in source.open():  # a first pass, only to learn the digest
+            pass
+        metadata = {metadata_key: source.sha256}
+    await ctx.store.put_stream(path, source.open, metadata=metadata)
+    return source.sha256
+
+
+def offset_job(
+    ctx: Context, cid: CheckpointId, source: str, entry: SourceOffsetEntry
+) -> Callable[[], Awaitable[None]]:
+    """The upload of one source's offsets (a readable copy; the manifest holds them too)."""
+    path = ctx.paths.source_offset(cid, source)
+    body = msgspec.json.format(msgspec.json.encode(entry), indent=2)
+
+    async def job() -> None:
+        await ctx.store.put(path, body)
+
+    return job
+
+
+def check_uploads(uploads: Sequence[PartitionUpload]) -> list[PartitionUpload]:
+    """``uploads`` checked before any I/O: names, partitions, data, no duplicates."""
+    checked: list[PartitionUpload] = []
+    seen: set[tuple[str, int, bool]] = set()
+    for item in uploads:
+        if not isinstance(item, tuple) or len(item) != 4:
+            raise InvalidInputError(
+                f"each upload is (operator, partition, is_delta, data), got {item!r}"
+            )
+        operator, partition, is_delta, data = item
+        validate_name("operator", operator)
+        validate_partition(partition)
+        if not isinstance(is_delta, bool):
+            raise InvalidInputError(f"is_delta must be a bool, got {is_delta!r}")
+        check_artifact_data(f"data for ({operator!r}, {partition})", data)
+        if (operator, partition, is_delta) in seen:
+            raise InvalidInputError(f"({operator!r}, {partition}) is uploaded twice")
+        seen.add((operator, partition, is_delta))
+        checked.append(item)
+    return checked
