@@ -53,3 +53,24 @@ async def test_sync_inside_a_running_loop_raises_clearly() -> None:
     with pytest.raises(SyncInAsyncContextError, match="running event loop"):
         ckpt.list_checkpoints()
     assert isinstance(SyncInAsyncContextError("x"), RuntimeError)
+
+
+def test_every_async_method_has_a_sync_twin_with_the_same_signature() -> None:
+    """The blocking façade is written out by hand: this is what keeps it from drifting."""
+    import inspect
+
+    from cairn import ObjectStoreCheckpointer, SyncCheckpointer
+
+    public = {
+        name: member
+        for name, member in inspect.getmembers(ObjectStoreCheckpointer)
+        if not name.startswith("_") and inspect.iscoroutinefunction(member)
+    }
+    assert {"save", "load_latest", "gc", "load_artifact_to"} <= set(public)
+    for name, method in public.items():
+        twin = getattr(SyncCheckpointer, name, None)
+        assert twin is not None, f"SyncCheckpointer lacks {name}"
+        assert not inspect.iscoroutinefunction(twin), name
+        assert inspect.signature(twin) == inspect.signature(method), name
+    init = inspect.signature(SyncCheckpointer.__init__)
+    assert init == inspect.signature(ObjectStoreCheckpointer.__init__)

@@ -30,6 +30,7 @@ from cairn.errors import (
     ObjectExistsError,
     PreconditionFailedError,
     StoreError,
+    SyncInAsyncContextError,
     TransientStoreError,
     UnsupportedManifestVersionError,
 )
@@ -46,7 +47,7 @@ from cairn.manifest import (
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
 from cairn.stores import Store, open_store
-from cairn.sync import SyncCheckpointer, SyncInAsyncContextError
+from cairn.sync import SyncCheckpointer
 
 _shutdown.install()  # a clean exit right after a store call: see cairn/_shutdown.py
 

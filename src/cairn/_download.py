@@ -25,6 +25,7 @@ from cairn import _catalog, _chains
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
+from cairn._validate import positive_int
 from cairn.codecs import StreamDecoder, get_codec
 from cairn.data import ArtifactKey, ChainLink, LoadedCheckpoint
 from cairn.errors import (
@@ -129,8 +130,7 @@ async def load_artifact_to(
     codec: str | None,
 ) -> str:
     """Stream the object at ``path`` into ``dest``; its SHA-256 (see the façade's docs)."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise InvalidInputError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    positive_int("chunk_size", chunk_size)
     decoder = get_codec(codec, path=path).decoder() if codec is not None else None
     size = (await ctx.store.head(path)).size
     if isinstance(dest, os.PathLike):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from cairn._buffer import Buffer
+from cairn._validate import is_int
 from cairn.errors import InvalidCheckpointDataError, InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
 from cairn.layout import validate_name, validate_partition
@@ -35,7 +36,7 @@ ArtifactKey: TypeAlias = tuple[str, int]
 
 
 def _is_int_in(value: object, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    return is_int(value) and low <= value <= high
 
 
 def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, ArtifactData]:

@@ -18,6 +18,7 @@ CheckpointerError
 │   └── InvalidCheckpointDataError inconsistent CheckpointData (duplicates, deltas
 │                                  without parent, negative epoch, ...)
 ├── CodecError                     an artifact needs a codec this reader lacks
+├── SyncInAsyncContextError        (also RuntimeError) a blocking call inside an event loop
 └── StoreError                     the object store failed (path and operation attached)
     ├── TransientStoreError        a failure worth retrying (timeout, connection, 5xx)
     ├── ObjectExistsError          a create-only write met an existing object
@@ -49,6 +50,7 @@ __all__ = [
     "ObjectExistsError",
     "PreconditionFailedError",
     "StoreError",
+    "SyncInAsyncContextError",
     "TransientStoreError",
     "UnsupportedManifestVersionError",
 ]
@@ -188,6 +190,11 @@ class CodecError(CheckpointerError):
         self.codec = codec
         where = f"cannot decode {path!r} " if path else ""
         super().__init__(f"{where}(codec {codec!r}): {reason}")
+
+
+class SyncInAsyncContextError(CheckpointerError, RuntimeError):
+    """A blocking cairn call (:class:`~cairn.SyncCheckpointer`) was made inside a running
+    event loop, which it would deadlock: await the async API there instead."""
 
 
 class StoreError(CheckpointerError):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import re
 
+from cairn._validate import is_int
 from cairn.errors import InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
 
@@ -113,7 +114,7 @@ def validate_name(kind: str, name: object, *, max_bytes: int | None = None) -> s
 
 def validate_partition(partition: object) -> int:
     """Return ``partition`` if it is an int in 0..2**32-1; else raise InvalidNameError."""
-    if isinstance(partition, bool) or not isinstance(partition, int):
+    if not is_int(partition):
         raise InvalidNameError("partition", partition, "must be an int")
     if not 0 <= partition <= MAX_PARTITION:
         raise InvalidNameError("partition", partition, f"must be in 0..{MAX_PARTITION}")

@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 
 from cairn._buffer import Buffer
+from cairn._validate import is_int
 from cairn.codecs import CODECS
 from cairn.errors import (
     CorruptManifestError,
@@ -301,7 +302,7 @@ def _verify_checksum(path: str, data: Buffer, digest: str) -> None:
 
 
 def _check_int(what: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise InvalidInputError(f"{what} must be an int, got {short_repr(value)}")
     if not low <= value <= high:
         raise InvalidInputError(f"{what} {value} is out of range {low}..{high}")

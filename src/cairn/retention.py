@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from cairn._concurrency import bounded_gather
 from cairn._lease import TOMBSTONE_RETENTION, Intent, claim, decode_intent, is_live, is_tombstone
 from cairn._pointer import LatestPointer, read_pointer
+from cairn._validate import positive_int
 from cairn.errors import (
     CheckpointerError,
     CheckpointNotFoundError,
@@ -49,10 +50,8 @@ MANIFEST_READ_CONCURRENCY = 16
 
 
 def _positive(name: str, value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"RetentionPolicy.{name} must be an int >= 1, got {value!r}")
+    if value is not None:
+        positive_int(f"RetentionPolicy.{name}", value)
 
 
 @dataclass(frozen=True, slots=True)

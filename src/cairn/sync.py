@@ -4,6 +4,9 @@ There is one implementation of every operation, the async one: each method here 
 the async call to a private event loop running on a daemon thread and waits for it.
 Calling a method from a thread that is running an event loop raises
 :class:`SyncInAsyncContextError` instead of deadlocking that loop; use the async API there.
+
+The methods are written out (so that editors and type checkers see real signatures);
+``tests/test_sync.py`` compares each with its async twin, so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -19,24 +22,21 @@ from typing import Any, BinaryIO, TypeVar
 from obstore.store import ObjectStore
 
 from cairn._buffer import Buffer
+from cairn._lease import DEFAULT_LEASE
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
-from cairn.errors import CheckpointerError
+from cairn.errors import SyncInAsyncContextError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
-from cairn.sources import ArtifactData
+from cairn.sources import READ_CHUNK, ArtifactData
 from cairn.stores import Store
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 
 T = TypeVar("T")
-
-
-class SyncInAsyncContextError(CheckpointerError, RuntimeError):
-    """A blocking cairn call was made from inside a running event loop."""
 
 
 class _LoopThread:
@@ -103,6 +103,7 @@ class SyncCheckpointer:
         retry: RetryPolicy | None = None,
         max_concurrent_downloads: int = 8,
         compression: str | None = None,
+        lease: dt.timedelta = DEFAULT_LEASE,
     ) -> None:
         self.async_checkpointer = ObjectStoreCheckpointer(
             store,
@@ -111,6 +112,7 @@ class SyncCheckpointer:
             retry=retry,
             max_concurrent_downloads=max_concurrent_downloads,
             compression=compression,
+            lease=lease,
         )
 
     @classmethod
@@ -165,12 +167,13 @@ class SyncCheckpointer:
         dest: os.PathLike[str] | BinaryIO,
         *,
         expected_sha256: str | None = None,
+        chunk_size: int = READ_CHUNK,
         codec: str | None = None,
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.load_artifact_to`."""
         return _runner.run(
             self.async_checkpointer.load_artifact_to(
-                path, dest, expected_sha256=expected_sha256, codec=codec
+                path, dest, expected_sha256=expected_sha256, chunk_size=chunk_size, codec=codec
             )
         )
 
@@ -182,6 +185,10 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.read_latest`."""
         return _runner.run(self.async_checkpointer.read_latest())
 
+    def latest_id(self) -> CheckpointId | None:
+        """See :meth:`ObjectStoreCheckpointer.latest_id`."""
+        return _runner.run(self.async_checkpointer.latest_id())
+
     def list_checkpoints(self) -> list[CheckpointId]:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoints`."""
         return _runner.run(self.async_checkpointer.list_checkpoints())
@@ -191,11 +198,17 @@ class SyncCheckpointer:
         _runner.run(self.async_checkpointer.delete_checkpoint(checkpoint_id))
 
     def save_partitions_concurrent(
-        self, checkpoint_id: CheckpointId, uploads: Sequence[PartitionUpload]
+        self,
+        checkpoint_id: CheckpointId,
+        uploads: Sequence[PartitionUpload],
+        *,
+        metadata_key: str | None = None,
     ) -> list[tuple[str, PartitionSnapshotEntry]]:
         """See :meth:`ObjectStoreCheckpointer.save_partitions_concurrent`."""
         return _runner.run(
-            self.async_checkpointer.save_partitions_concurrent(checkpoint_id, uploads)
+            self.async_checkpointer.save_partitions_concurrent(
+                checkpoint_id, uploads, metadata_key=metadata_key
+            )
         )
 
     def take_over(self) -> int:
