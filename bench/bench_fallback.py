@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as ``python bench/bench_fallback.py``
     sys.path.insert(0, str(REPO))
 
-from bench.bench_save import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     Scenario,
     bounded,
     emit_json,

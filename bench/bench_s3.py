@@ -34,17 +34,16 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_s3.py``
     sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "tests"))  # for support.servers
 
-from bench.bench_save import (  # noqa: E402
+from bench.bench_save import cairn_save, raw_save  # noqa: E402
+from bench.harness import (  # noqa: E402
     MiB,
     Run,
     Scenario,
     StoreFactory,
     Variant,
-    cairn_save,
     emit_json,
     measure,
     print_report,
-    raw_save,
     report,
     table,
 )

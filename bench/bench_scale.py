@@ -15,75 +15,34 @@ import collections
 import datetime as dt
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from obstore.store import MemoryStore
 
 from cairn import CheckpointData, ObjectStoreCheckpointer, RetentionPolicy
-from cairn._buffer import Buffer
-from cairn.stores import Blob, ListDirResult, ObjectInfo, ObstoreStore, PutMode, Store
+from cairn.stores import ForwardingStore, ObstoreStore, PutMode, Store, StoreMethod
 
 T = TypeVar("T")
 
 
-class CountingStore:
-    """A Store that counts calls per operation."""
+class CountingStore(ForwardingStore):
+    """A Store that counts calls per operation (by Store method name)."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: collections.Counter[str] = collections.Counter()
 
-    async def _count(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
-        self.calls[op] += 1
+    async def _around(
+        self,
+        operation: StoreMethod,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        mode: PutMode | None = None,
+    ) -> T:
+        self.calls[operation] += 1
         return await call()
-
-    async def get(self, path: str) -> Blob:
-        return await self._count("get", lambda: self.inner.get(path))
-
-    async def get_range(self, path: str, start: int, end: int) -> Buffer:
-        return await self._count("get_range", lambda: self.inner.get_range(path, start, end))
-
-    async def head(self, path: str) -> ObjectInfo:
-        return await self._count("head", lambda: self.inner.head(path))
-
-    async def put(
-        self,
-        path: str,
-        data: Buffer,
-        *,
-        mode: PutMode = "overwrite",
-        metadata: Mapping[str, str] | None = None,
-    ) -> ObjectInfo:
-        return await self._count(
-            "put", lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
-        )
-
-    async def put_stream(
-        self,
-        path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
-        *,
-        metadata: Mapping[str, str] | None = None,
-    ) -> None:
-        await self._count(
-            "put", lambda: self.inner.put_stream(path, open_chunks, metadata=metadata)
-        )
-
-    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
-        return await self._count("head", lambda: self.inner.stat(path))
-
-    async def list_dir(self, prefix: str) -> ListDirResult:
-        return await self._count("list_dir", lambda: self.inner.list_dir(prefix))
-
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        return await self._count("list", lambda: self.inner.list(prefix))
-
-    async def delete(self, paths: Sequence[str]) -> None:
-        await self._count("delete", lambda: self.inner.delete(paths))
-
-    async def delete_prefix(self, prefix: str) -> None:
-        await self._count("delete", lambda: self.inner.delete_prefix(prefix))
 
 
 async def measure(
