@@ -76,7 +76,7 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.manifest import MAX_INT64, dec_hook, enc_hook
+from cairn.manifest import MAX_INT64, dec_hook, decode_record, enc_hook
 from cairn.stores import IfMatch, PutMode, Store
 
 log = logging.getLogger("cairn")
@@ -161,17 +161,10 @@ def decode_pointer(path: str, data: bytes) -> LatestPointer:
 
     Raises :class:`CorruptManifestError` naming ``path`` for anything else.
     """
-    if len(data) > MAX_RECORD_BYTES:
-        raise CorruptManifestError(path, f"latest pointer of {len(data)} bytes is not one")
     text = bytes(data).strip()
     if CheckpointId.is_valid(text.decode("utf-8", "replace")):
         return LatestPointer(checkpoint_id=CheckpointId.parse(text.decode()), epoch=-1)
-    try:
-        pointer = _pointer_decoder.decode(text)
-    except msgspec.DecodeError as exc:
-        raise CorruptManifestError(path, f"unreadable latest pointer: {exc}") from None
-    except RecursionError:
-        raise CorruptManifestError(path, "unreadable latest pointer: nested too deeply") from None
+    pointer = decode_record(_pointer_decoder, path, text, "latest pointer", MAX_RECORD_BYTES)
     if not _in_range(pointer.epoch, -1, MAX_INT64):
         raise CorruptManifestError(path, f"latest pointer has epoch {pointer.epoch}")
     if not _in_range(pointer.writer_generation, 0, MAX_GENERATION):
@@ -183,14 +176,7 @@ def decode_pointer(path: str, data: bytes) -> LatestPointer:
 
 def decode_writer(path: str, data: bytes) -> WriterRecord:
     """Parse ``_writer``; raises :class:`CorruptManifestError` naming ``path`` if damaged."""
-    if len(data) > MAX_RECORD_BYTES:
-        raise CorruptManifestError(path, f"writer record of {len(data)} bytes is not one")
-    try:
-        record = _writer_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise CorruptManifestError(path, f"unreadable writer record: {exc}") from None
-    except RecursionError:
-        raise CorruptManifestError(path, "unreadable writer record: nested too deeply") from None
+    record = decode_record(_writer_decoder, path, data, "writer record", MAX_RECORD_BYTES)
     if not _in_range(record.generation, 0, MAX_GENERATION):
         raise CorruptManifestError(
             path, f"writer record has generation {record.generation}, not in 0..{MAX_GENERATION}"

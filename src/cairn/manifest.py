@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -76,6 +76,8 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
 ]
+
+_Record = TypeVar("_Record")
 
 MANIFEST_VERSION = 2
 SUPPORTED_VERSIONS = (2,)
@@ -243,6 +245,25 @@ def encode_manifest(manifest: CheckpointManifest) -> bytes:
         )
     placeholder = _checksum_field(_ZERO_DIGEST)
     return body.replace(placeholder, _checksum_field(hashlib.sha256(body).hexdigest()))
+
+
+def decode_record(
+    decoder: msgspec.json.Decoder[_Record], path: str, data: Buffer, what: str, limit: int
+) -> _Record:
+    """Decode one small JSON record read from ``path`` (a pointer, a writer record, ...).
+
+    Anything damaged — over ``limit`` bytes (refused unparsed), not JSON, nested too
+    deeply, of the wrong shape — is a :class:`CorruptManifestError` naming ``path``.
+    """
+    size = memoryview(data).nbytes
+    if size > limit:
+        raise CorruptManifestError(path, f"{what} of {size} bytes is not one")
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptManifestError(path, f"unreadable {what}: {exc}") from None
+    except RecursionError:
+        raise CorruptManifestError(path, f"unreadable {what}: nested too deeply") from None
 
 
 def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
