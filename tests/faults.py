@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from cairn._buffer import Buffer
 from cairn.errors import StoreError, TransientStoreError
-from cairn.stores import Blob, IfMatch, ListDirResult, ObjectInfo, PutMode, Store
+from cairn.stores import Blob, ForwardingStore, IfMatch, PutMode, Store, StoreMethod
 
 T = TypeVar("T")
 
@@ -30,6 +30,10 @@ PutStep = Literal["pass", "fail", "lose"]
 before the put reaches the store; or apply the put, then lose its reply."""
 
 CONDITIONAL_PUTS: frozenset[PutKind] = frozenset({"create", "if_match"})
+
+OP_NAMES: dict[StoreMethod, str] = {"stat": "head", "put_stream": "put", "delete_prefix": "delete"}
+"""The name a call is counted and matched under (``ops``, ``log``, ``transient_ops``) where
+it is not the method's own: by the request it makes, so ``stat`` is a ``head``."""
 
 
 def put_kind(mode: PutMode) -> PutKind:
@@ -91,11 +95,11 @@ class FaultPlan:
     before_call: Callable[[str, str], Awaitable[None]] | None = None
 
 
-class FaultyStore:
+class FaultyStore(ForwardingStore):
     """A :class:`Store` that forwards to ``inner`` and injects the faults of ``plan``."""
 
     def __init__(self, inner: Store, plan: FaultPlan | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan if plan is not None else FaultPlan()
         self.calls = 0
         self.ops: collections.Counter[str] = collections.Counter()
@@ -171,6 +175,17 @@ class FaultyStore:
             self.in_flight -= 1
             self.in_flight_by_op[op] -= 1
 
+    async def _around(
+        self,
+        operation: StoreMethod,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        mode: PutMode | None = None,
+    ) -> T:
+        kind = put_kind(mode) if mode is not None else None
+        return await self._run(OP_NAMES.get(operation, operation), path, call, kind)
+
     def _mangle(self, path: str, data: Buffer) -> Buffer:
         raw = bytes(data)
         if path in self.plan.corrupt_reads and raw:
@@ -181,57 +196,8 @@ class FaultyStore:
         return data
 
     async def get(self, path: str) -> Blob:
-        blob = await self._run("get", path, lambda: self.inner.get(path))
+        blob = await super().get(path)
         return Blob(data=self._mangle(path, blob.data), info=blob.info)
 
     async def get_range(self, path: str, start: int, end: int) -> Buffer:
-        data = await self._run("get_range", path, lambda: self.inner.get_range(path, start, end))
-        return self._mangle(path, data)
-
-    async def head(self, path: str) -> ObjectInfo:
-        return await self._run("head", path, lambda: self.inner.head(path))
-
-    async def put(
-        self,
-        path: str,
-        data: Buffer,
-        *,
-        mode: PutMode = "overwrite",
-        metadata: Mapping[str, str] | None = None,
-    ) -> ObjectInfo:
-        return await self._run(
-            "put",
-            path,
-            lambda: self.inner.put(path, data, mode=mode, metadata=metadata),
-            put_kind(mode),
-        )
-
-    async def put_stream(
-        self,
-        path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
-        *,
-        metadata: Mapping[str, str] | None = None,
-    ) -> None:
-        await self._run(
-            "put",
-            path,
-            lambda: self.inner.put_stream(path, open_chunks, metadata=metadata),
-            "overwrite",
-        )
-
-    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
-        return await self._run("head", path, lambda: self.inner.stat(path))
-
-    async def list_dir(self, prefix: str) -> ListDirResult:
-        return await self._run("list_dir", prefix, lambda: self.inner.list_dir(prefix))
-
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        return await self._run("list", prefix, lambda: self.inner.list(prefix))
-
-    async def delete(self, paths: Sequence[str]) -> None:
-        first = paths[0] if paths else ""
-        await self._run("delete", first, lambda: self.inner.delete(paths))
-
-    async def delete_prefix(self, prefix: str) -> None:
-        await self._run("delete", prefix, lambda: self.inner.delete_prefix(prefix))
+        return self._mangle(path, await super().get_range(path, start, end))

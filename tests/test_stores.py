@@ -1,15 +1,22 @@
-"""open_store, error translation at the store boundary, and the local compare-and-swap."""
+"""open_store, error translation, capabilities, the forwarding base of wrappers, and the
+local compare-and-swap between processes. The rules every store keeps are the store
+contract's (tests/test_store_contract.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import obstore
 import pytest
+from faults import FaultPlan, FaultyStore, PutFault
 from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionError
-from obstore.store import LocalStore, MemoryStore
+from obstore.store import HTTPStore, LocalStore, MemoryStore
 
 from cairn import (
     CheckpointNotFoundError,
@@ -20,7 +27,25 @@ from cairn import (
     TransientStoreError,
     open_store,
 )
-from cairn.stores import IfMatch, ObstoreStore, translate_error
+from cairn._buffer import Buffer
+from cairn.retry import RetryingStore, RetryPolicy
+from cairn.stores import (
+    Blob,
+    ForwardingStore,
+    IfMatch,
+    ListDirResult,
+    ObjectInfo,
+    ObstoreStore,
+    PutMode,
+    Store,
+    StoreCapabilities,
+    StoreMethod,
+    as_store,
+    capabilities_of,
+    translate_error,
+)
+
+T = TypeVar("T")
 
 
 def test_memory_and_file_urls(tmp_path: Path) -> None:
@@ -36,12 +61,13 @@ def test_memory_and_file_urls(tmp_path: Path) -> None:
     ("url", "match"),
     [
         ("ftp://host/x", "unknown scheme"),
-        ("nonsense", "unknown scheme"),
+        ("nonsense:x", "unknown scheme"),
         ("file://relative/dir", "not host"),
         ("file:", "absolute path"),
         ("s3://", "missing bucket"),
+        ("s3:/x", "malformed URL: s3: must be followed by //"),
         ("memory://x", "no path"),
-        ("", "unknown scheme"),
+        ("", "empty"),
     ],
 )
 def test_bad_urls_raise_naming_the_url(url: str, match: str) -> None:
@@ -115,33 +141,6 @@ def test_error_translation(exc: BaseException, expected: type[Exception]) -> Non
     assert "some/path" in str(translated)
 
 
-async def test_no_raw_obstore_error_escapes(tmp_path: Path) -> None:
-    store = ObstoreStore(LocalStore(tmp_path))
-    with pytest.raises(CheckpointNotFoundError):
-        await store.get("missing")
-    with pytest.raises(CheckpointNotFoundError):
-        await store.head("missing")
-    await store.delete(["missing", "also/missing"])
-    await store.put("a", b"1", mode="create")
-    with pytest.raises(ObjectExistsError):
-        await store.put("a", b"2", mode="create")
-
-
-async def test_local_compare_and_swap(tmp_path: Path) -> None:
-    store = ObstoreStore(LocalStore(tmp_path))
-    first = await store.put("ptr", b"one")
-    current = await store.head("ptr")
-    assert first.e_tag is not None
-    swapped = await store.put("ptr", b"two", mode=IfMatch(current.e_tag or ""))
-    assert bytes((await store.get("ptr")).data) == b"two"
-    with pytest.raises(PreconditionFailedError):
-        await store.put("ptr", b"three", mode=IfMatch(current.e_tag or ""))
-    assert bytes((await store.get("ptr")).data) == b"two"
-    assert swapped.e_tag == (await store.head("ptr")).e_tag
-    with pytest.raises(PreconditionFailedError):
-        await store.put("gone", b"x", mode=IfMatch(current.e_tag or ""))
-
-
 def _cas_increment(root: str, rounds: int) -> None:
     async def run() -> None:
         store = ObstoreStore(LocalStore(root))
@@ -191,3 +190,263 @@ async def test_deleting_a_local_checkpoint_removes_staging_leftovers(tmp_path: P
     await ckpt.delete_checkpoint(manifest.checkpoint_id)
     assert not folder.exists()
     assert await ckpt.list_checkpoints() == []
+
+
+# -- capabilities --------------------------------------------------------------------------
+
+
+def test_obstore_stores_declare_what_their_type_does(tmp_path: Path) -> None:
+    native = StoreCapabilities(native_compare_and_swap=True, user_metadata=True)
+    assert ObstoreStore(MemoryStore()).capabilities == native
+    s3 = open_store("s3://bucket/prefix", region="us-east-1", skip_signature=True)
+    assert ObstoreStore(s3).capabilities == native
+    assert ObstoreStore(LocalStore(tmp_path)).capabilities == StoreCapabilities(
+        native_compare_and_swap=False, user_metadata=False, local_path=tmp_path
+    )
+    assert ObstoreStore(HTTPStore.from_url("https://example.com/x")).capabilities == (
+        StoreCapabilities()
+    )
+
+
+def test_wrappers_declare_the_capabilities_of_what_they_wrap(tmp_path: Path) -> None:
+    inner = ObstoreStore(LocalStore(tmp_path))
+    wrapped = RetryingStore(FaultyStore(inner), RetryPolicy())
+    assert capabilities_of(wrapped) == inner.capabilities
+    assert capabilities_of(wrapped).local_path == tmp_path
+
+
+class BareStore:
+    """A third-party store written without capabilities: every method, nothing more."""
+
+    async def get(self, path: str) -> Blob:
+        raise NotImplementedError
+
+    async def get_range(self, path: str, start: int, end: int) -> Buffer:
+        raise NotImplementedError
+
+    async def head(self, path: str) -> ObjectInfo:
+        raise NotImplementedError
+
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        raise NotImplementedError
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        raise NotImplementedError
+
+    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
+        raise NotImplementedError
+
+    async def list_dir(self, prefix: str) -> ListDirResult:
+        raise NotImplementedError
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        raise NotImplementedError
+
+    async def delete(self, paths: Sequence[str]) -> None:
+        raise NotImplementedError
+
+    async def delete_prefix(self, prefix: str) -> None:
+        raise NotImplementedError
+
+
+def test_a_store_that_declares_no_capabilities_is_assumed_to_have_none() -> None:
+    bare = BareStore()
+    assert isinstance(bare, Store) and as_store(bare) is bare
+    assert capabilities_of(bare) == StoreCapabilities()
+    assert StoreCapabilities() == StoreCapabilities(
+        native_compare_and_swap=False, user_metadata=False, local_path=None
+    )
+    assert capabilities_of(RetryingStore(bare, RetryPolicy())) == StoreCapabilities()
+    mislabelled = BareStore()
+    mislabelled.capabilities = {"native_compare_and_swap": True}  # type: ignore[attr-defined]
+    assert capabilities_of(mislabelled) == StoreCapabilities()
+
+
+# -- the forwarding base -------------------------------------------------------------------
+
+
+class RecordingStore(BareStore):
+    """Records each call with its arguments, and returns a fresh sentinel for it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any], object]] = []
+
+    def _record(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        result = object()
+        self.calls.append((name, args, kwargs, result))
+        return result
+
+    async def get(self, path: str) -> Any:
+        return self._record("get", path)
+
+    async def get_range(self, path: str, start: int, end: int) -> Any:
+        return self._record("get_range", path, start, end)
+
+    async def head(self, path: str) -> Any:
+        return self._record("head", path)
+
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any:
+        return self._record("put", path, data, mode=mode, metadata=metadata)
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any:
+        return self._record("put_stream", path, open_chunks, metadata=metadata)
+
+    async def stat(self, path: str) -> Any:
+        return self._record("stat", path)
+
+    async def list_dir(self, prefix: str) -> Any:
+        return self._record("list_dir", prefix)
+
+    async def list(self, prefix: str) -> Any:
+        return self._record("list", prefix)
+
+    async def delete(self, paths: Sequence[str]) -> Any:
+        return self._record("delete", paths)
+
+    async def delete_prefix(self, prefix: str) -> Any:
+        return self._record("delete_prefix", prefix)
+
+
+class HookLog(ForwardingStore):
+    """Records what the hook is told about each call."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.seen: list[tuple[StoreMethod, str, PutMode | None]] = []
+
+    async def _around(
+        self,
+        operation: StoreMethod,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        mode: PutMode | None = None,
+    ) -> T:
+        self.seen.append((operation, path, mode))
+        return await call()
+
+
+async def test_the_forwarding_base_passes_every_argument_and_result_through() -> None:
+    inner = RecordingStore()
+    store = HookLog(inner)
+    data = memoryview(bytearray(b"payload"))
+    metadata = {"sha256": "ab"}
+    if_match = IfMatch("etag-1", version="v1")
+    paths = ["x", "y"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"never read by the recording store"
+
+    returned = [
+        await store.get("g"),
+        await store.get_range("r", 3, 9),
+        await store.head("h"),
+        await store.put("p", data, mode=if_match, metadata=metadata),
+        await store.put("o", data),
+    ]
+    await store.put_stream("s", chunks, metadata=metadata)
+    returned.append(await store.stat("st"))
+    returned.append(await store.list_dir("d/"))
+    returned.append(await store.list("l/"))
+    await store.delete(paths)
+    await store.delete([])
+    await store.delete_prefix("dp/")
+    sentinels = [result for *_, result in inner.calls]
+    assert returned == [sentinels[i] for i in (0, 1, 2, 3, 4, 6, 7, 8)]
+    calls = [(name, args, kwargs) for name, args, kwargs, _ in inner.calls]
+    assert calls == [
+        ("get", ("g",), {}),
+        ("get_range", ("r", 3, 9), {}),
+        ("head", ("h",), {}),
+        ("put", ("p", data), {"mode": if_match, "metadata": metadata}),
+        ("put", ("o", data), {"mode": "overwrite", "metadata": None}),
+        ("put_stream", ("s", chunks), {"metadata": metadata}),
+        ("stat", ("st",), {}),
+        ("list_dir", ("d/",), {}),
+        ("list", ("l/",), {}),
+        ("delete", (paths,), {}),
+        ("delete", ([],), {}),
+        ("delete_prefix", ("dp/",), {}),
+    ]
+    # The very objects, not copies: the stream callable, the buffer, the metadata.
+    assert inner.calls[5][1][1] is chunks
+    assert inner.calls[3][1][1] is data and inner.calls[3][2]["metadata"] is metadata
+    assert inner.calls[3][2]["mode"] is if_match and inner.calls[9][1][0] is paths
+    assert store.seen == [
+        ("get", "g", None),
+        ("get_range", "r", None),
+        ("head", "h", None),
+        ("put", "p", if_match),
+        ("put", "o", "overwrite"),
+        ("put_stream", "s", "overwrite"),
+        ("stat", "st", None),
+        ("list_dir", "d/", None),
+        ("list", "l/", None),
+        ("delete", "x", None),
+        ("delete", "", None),
+        ("delete_prefix", "dp/", None),
+    ]
+    assert repr(store) == f"HookLog({inner!r})"
+
+
+async def test_a_retried_stream_is_opened_again_and_lands_whole() -> None:
+    inner = ObstoreStore(MemoryStore())
+    lose_first = PutFault("stream.bin", steps=("lose",), kinds=frozenset({"overwrite"}))
+    store = RetryingStore(
+        FaultyStore(inner, FaultPlan(put_faults=[lose_first])),
+        RetryPolicy(attempts=2, initial_delay=0, max_delay=0),
+    )
+    opened: list[int] = []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        attempt = len(opened)
+        yield f"attempt {attempt}, ".encode()
+        yield b"second chunk"
+
+    def open_chunks() -> AsyncIterator[bytes]:
+        opened.append(len(opened) + 1)
+        return chunks()
+
+    await store.put_stream("stream.bin", open_chunks)
+    assert opened == [1, 2]
+    assert [what for *_, what in lose_first.fired] == ["lost", "passed"]
+    assert bytes((await inner.get("stream.bin")).data) == b"attempt 2, second chunk"
+
+
+def test_importing_cairn_does_not_import_pytest() -> None:
+    code = (
+        "import sys, cairn, cairn.stores, cairn.retry\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pytest', '_pytest'))\n"
+        "assert not loaded, loaded\n"
+        "assert 'cairn.testing' not in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr

@@ -24,8 +24,8 @@ import io
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import pytest
 from obstore.exceptions import GenericError
@@ -47,19 +47,19 @@ from cairn import (
     StoreError,
     TransientStoreError,
 )
-from cairn._buffer import Buffer
 from cairn.cli.copy import copy_checkpoints
 from cairn.cli.progress import Transfer
 from cairn.retry import RetryingStore
 from cairn.stores import (
-    Blob,
-    ListDirResult,
-    ObjectInfo,
+    ForwardingStore,
     ObstoreStore,
     PutMode,
     Store,
+    StoreMethod,
     translate_error,
 )
+
+T = TypeVar("T")
 
 CLIENT_RETRIES = 2
 POLICY = RetryPolicy(attempts=5, initial_delay=0.001, max_delay=0.01)
@@ -81,68 +81,29 @@ REQUESTS_PER_CALL: Mapping[str, int] = {
 of fewer than 1,000 keys; ``delete_prefix`` lists, then deletes in one batch request)."""
 
 
-class CountingStore:
+class CountingStore(ForwardingStore):
     """A :class:`Store` that forwards to ``inner`` and counts the calls of each method."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: collections.Counter[str] = collections.Counter()
 
     def requests(self, tries_per_request: int = 1) -> int:
         """The requests the counted calls may send if each is tried that many times."""
         return tries_per_request * sum(REQUESTS_PER_CALL[m] * n for m, n in self.calls.items())
 
-    async def get(self, path: str) -> Blob:
-        self.calls["get"] += 1
-        return await self.inner.get(path)
-
-    async def get_range(self, path: str, start: int, end: int) -> Buffer:
-        self.calls["get_range"] += 1
-        return await self.inner.get_range(path, start, end)
-
-    async def head(self, path: str) -> ObjectInfo:
-        self.calls["head"] += 1
-        return await self.inner.head(path)
-
-    async def put(
+    async def _around(
         self,
+        operation: StoreMethod,
         path: str,
-        data: Buffer,
+        call: Callable[[], Awaitable[T]],
         *,
-        mode: PutMode = "overwrite",
-        metadata: Mapping[str, str] | None = None,
-    ) -> ObjectInfo:
-        self.calls["put"] += 1
-        return await self.inner.put(path, data, mode=mode, metadata=metadata)
-
-    async def put_stream(
-        self,
-        path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
-        *,
-        metadata: Mapping[str, str] | None = None,
-    ) -> None:
-        raise AssertionError(f"unexpected streamed upload of {path!r}: these tests save bytes")
-
-    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
-        self.calls["stat"] += 1
-        return await self.inner.stat(path)
-
-    async def list_dir(self, prefix: str) -> ListDirResult:
-        self.calls["list_dir"] += 1
-        return await self.inner.list_dir(prefix)
-
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        self.calls["list"] += 1
-        return await self.inner.list(prefix)
-
-    async def delete(self, paths: Sequence[str]) -> None:
-        self.calls["delete"] += 1
-        await self.inner.delete(paths)
-
-    async def delete_prefix(self, prefix: str) -> None:
-        self.calls["delete_prefix"] += 1
-        await self.inner.delete_prefix(prefix)
+        mode: PutMode | None = None,
+    ) -> T:
+        if operation == "put_stream":
+            raise AssertionError(f"unexpected streamed upload of {path!r}: these tests save bytes")
+        self.calls[operation] += 1
+        return await call()
 
 
 def via(proxy: FaultProxy, bucket: str, retries: int = CLIENT_RETRIES, **client: str) -> S3Store:

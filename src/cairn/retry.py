@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cairn._buffer import Buffer
+from cairn import _observe
 from cairn.errors import InvalidInputError, TransientStoreError
-from cairn.stores import Blob, ListDirResult, ObjectInfo, PutMode, Store
+from cairn.stores import ForwardingStore, PutMode, Store, StoreMethod
 
 __all__ = ["RetryPolicy", "RetryingStore"]
 
@@ -90,6 +90,7 @@ class RetryPolicy:
                 if attempt == self.attempts:
                     raise
                 delay = self.delay(attempt)
+                _observe.note_retry()
                 log.info(
                     "retrying %s of %r in %.3fs after: %s",
                     exc.operation,
@@ -101,57 +102,26 @@ class RetryPolicy:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-class RetryingStore:
-    """A :class:`Store` that retries the transient failures of another one."""
+class RetryingStore(ForwardingStore):
+    """A :class:`Store` that retries the transient failures of another one.
+
+    Every operation goes through :meth:`RetryPolicy.run`; ``put_stream`` calls
+    ``open_chunks`` again for each attempt, so a retry never resumes a spent stream.
+    """
 
     def __init__(self, inner: Store, policy: RetryPolicy) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.policy = policy
 
     def __repr__(self) -> str:
         return f"RetryingStore({self.inner!r}, {self.policy!r})"
 
-    async def get(self, path: str) -> Blob:
-        return await self.policy.run(lambda: self.inner.get(path))
-
-    async def get_range(self, path: str, start: int, end: int) -> Buffer:
-        return await self.policy.run(lambda: self.inner.get_range(path, start, end))
-
-    async def head(self, path: str) -> ObjectInfo:
-        return await self.policy.run(lambda: self.inner.head(path))
-
-    async def put(
+    async def _around(
         self,
+        operation: StoreMethod,
         path: str,
-        data: Buffer,
+        call: Callable[[], Awaitable[T]],
         *,
-        mode: PutMode = "overwrite",
-        metadata: Mapping[str, str] | None = None,
-    ) -> ObjectInfo:
-        return await self.policy.run(
-            lambda: self.inner.put(path, data, mode=mode, metadata=metadata)
-        )
-
-    async def put_stream(
-        self,
-        path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
-        *,
-        metadata: Mapping[str, str] | None = None,
-    ) -> None:
-        await self.policy.run(lambda: self.inner.put_stream(path, open_chunks, metadata=metadata))
-
-    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
-        return await self.policy.run(lambda: self.inner.stat(path))
-
-    async def list_dir(self, prefix: str) -> ListDirResult:
-        return await self.policy.run(lambda: self.inner.list_dir(prefix))
-
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        return await self.policy.run(lambda: self.inner.list(prefix))
-
-    async def delete(self, paths: Sequence[str]) -> None:
-        await self.policy.run(lambda: self.inner.delete(paths))
-
-    async def delete_prefix(self, prefix: str) -> None:
-        await self.policy.run(lambda: self.inner.delete_prefix(prefix))
+        mode: PutMode | None = None,
+    ) -> T:
+        return await self.policy.run(call)

@@ -3,6 +3,11 @@
 :class:`Store` is the small async protocol the checkpointer calls. :class:`ObstoreStore`
 implements it over any obstore store; tests and users may pass their own implementation
 (a wrapper that counts calls, delays or injects faults) wherever a store is accepted.
+:class:`ForwardingStore` is the base of such wrappers: it forwards every operation to an
+inner store through one hook. A store may declare :class:`StoreCapabilities` (read them
+with :func:`capabilities_of`); code that must treat backends differently asks for the
+capability it needs, never for a backend type. :mod:`cairn.testing` holds the contract
+every store and wrapper passes.
 
 Invariants kept at this boundary:
 
@@ -12,10 +17,11 @@ Invariants kept at this boundary:
   :class:`TransientStoreError`; not-found, permission, precondition and already-exists
   never are;
 * ``put(mode=IfMatch(...))`` is a compare-and-swap on every backend. obstore's local
-  store has no conditional update, so for ``file://`` stores it is done under an OS file
-  lock (``fcntl.flock``) on a sidecar ``.{name}.lock`` file next to the object, around
-  read-compare-replace, where the replace is obstore's atomic rename. That holds between
-  processes on one host (not across hosts sharing a network filesystem);
+  store has no conditional update (``native_compare_and_swap`` is False), so for
+  ``file://`` stores it is done under an OS file lock (``fcntl.flock``) on a sidecar
+  ``.{name}.lock`` file next to the object, around read-compare-replace, where the
+  replace is obstore's atomic rename. That holds between processes on one host (not
+  across hosts sharing a network filesystem);
 * ``delete`` of a missing object is not an error;
 * a local store never follows a symbolic link below its root (the root itself may be
   one: the caller chose it), so nothing outside the root is read, written or deleted
@@ -60,13 +66,22 @@ from obstore.exceptions import (
     PreconditionError,
     UnauthenticatedError,
 )
-from obstore.store import LocalStore, MemoryStore, ObjectStore, from_url
+from obstore.store import (
+    AzureStore,
+    GCSStore,
+    LocalStore,
+    MemoryStore,
+    ObjectStore,
+    S3Store,
+    from_url,
+)
 
 from cairn import _shutdown
 from cairn._buffer import Buffer
 from cairn.errors import (
     CheckpointerError,
     CheckpointNotFoundError,
+    InvalidInputError,
     InvalidStoreUrlError,
     ObjectExistsError,
     PreconditionFailedError,
@@ -77,14 +92,20 @@ from cairn.errors import (
 __all__ = [
     "DEFAULT_CLIENT_RETRY",
     "Blob",
+    "ForwardingStore",
     "IfMatch",
     "ListDirResult",
     "ObjectInfo",
     "ObstoreStore",
     "PutMode",
     "Store",
+    "StoreCapabilities",
+    "StoreMethod",
     "as_store",
+    "capabilities_of",
+    "explain_store_error",
     "open_store",
+    "store_url",
     "translate_error",
 ]
 
@@ -136,13 +157,25 @@ PutMode = Literal["overwrite", "create"] | IfMatch
 
 @runtime_checkable
 class Store(Protocol):
-    """The async object-store operations cairn uses. Errors are :mod:`cairn.errors` types."""
+    """The async object-store operations cairn uses. Errors are :mod:`cairn.errors` types.
+
+    A store may also declare its :class:`StoreCapabilities` as a ``capabilities``
+    attribute. It is not part of this protocol, so that stores written without it keep
+    working: read it with :func:`capabilities_of`, which assumes nothing of a store that
+    declares none. :class:`cairn.testing.StoreContract` checks an implementation.
+    """
 
     async def get(self, path: str) -> Blob:
         """The object's bytes; :class:`CheckpointNotFoundError` if it does not exist."""
 
     async def get_range(self, path: str, start: int, end: int) -> Buffer:
-        """Bytes ``start`` (inclusive) to ``end`` (exclusive) of the object."""
+        """Bytes ``start`` (inclusive) to ``end`` (exclusive) of the object.
+
+        Needs ``0 <= start <= end`` (else :class:`InvalidInputError`). An ``end`` past
+        the object's end reads to its end; a non-empty range that starts at or past the
+        end raises :class:`StoreError`; an empty range reads nothing, but a missing object
+        still raises :class:`CheckpointNotFoundError`.
+        """
 
     async def head(self, path: str) -> ObjectInfo:
         """The object's metadata; :class:`CheckpointNotFoundError` if it does not exist."""
@@ -193,6 +226,150 @@ class Store(Protocol):
         On a local directory this also removes what a listing cannot see: the staging
         files (``name#N``) that a write killed mid-way leaves, and the emptied folders.
         """
+
+
+# ---------------------------------------------------------------------------------------
+# Capabilities, and the base of store wrappers
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCapabilities:
+    """What a store declares about how it does the :class:`Store` operations.
+
+    Every store does every operation, with the meaning the protocol states; a capability
+    says *how*, where backends differ in a way a caller or the store contract must know.
+    The defaults claim nothing: they are what :func:`capabilities_of` assumes of a store
+    that declares none.
+
+    * ``native_compare_and_swap``: ``put(mode=IfMatch(...))`` is done by the backend
+      itself, atomically for every client. False where cairn emulates it (a local
+      directory, under an OS file lock that holds between the processes of one host
+      only) or cannot tell.
+    * ``user_metadata``: ``put``'s ``metadata`` is stored and :meth:`Store.stat` returns
+      it. Where False, it is dropped.
+    * ``local_path``: for a store whose objects are the files below a local directory,
+      that directory. Symbolic links can appear there, and are never followed (see this
+      module's docstring). None for every other store.
+    """
+
+    native_compare_and_swap: bool = False
+    user_metadata: bool = False
+    local_path: Path | None = None
+
+
+def capabilities_of(store: object) -> StoreCapabilities:
+    """The :class:`StoreCapabilities` that ``store`` declares as ``capabilities``.
+
+    A store without that attribute (or with one of another type) gets
+    ``StoreCapabilities()``, which claims nothing.
+    """
+    declared = getattr(store, "capabilities", None)
+    return declared if isinstance(declared, StoreCapabilities) else StoreCapabilities()
+
+
+StoreMethod = Literal[
+    "get",
+    "get_range",
+    "head",
+    "put",
+    "put_stream",
+    "stat",
+    "list_dir",
+    "list",
+    "delete",
+    "delete_prefix",
+]
+"""The name of one :class:`Store` method, as :meth:`ForwardingStore._around` receives it."""
+
+
+class ForwardingStore:
+    """A :class:`Store` that forwards every call to ``inner`` through one hook.
+
+    A wrapper (retrying, counting, delaying, injecting faults) overrides
+    :meth:`_around` alone, and a method only to change what that method returns.
+    Arguments reach ``inner`` unchanged: ``put``'s mode and metadata, and
+    ``put_stream``'s ``open_chunks`` callable itself, so each attempt of a repeated
+    call opens a fresh stream. The capabilities are those of ``inner``.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """The capabilities of the wrapped store."""
+        return capabilities_of(self.inner)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+    async def _around(
+        self,
+        operation: StoreMethod,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        mode: PutMode | None = None,
+    ) -> T:
+        """Await ``call()``, which does ``operation`` on ``inner``; override to wrap it.
+
+        ``path`` is the call's path or prefix (for ``delete``, its first path, or ``""``
+        if it has none). ``mode`` is the put mode of ``put``, ``"overwrite"`` for
+        ``put_stream``, and None for every other operation. Each ``call()`` makes a new
+        attempt, so an override may call it again to repeat the operation.
+        """
+        return await call()
+
+    async def get(self, path: str) -> Blob:
+        return await self._around("get", path, lambda: self.inner.get(path))
+
+    async def get_range(self, path: str, start: int, end: int) -> Buffer:
+        return await self._around("get_range", path, lambda: self.inner.get_range(path, start, end))
+
+    async def head(self, path: str) -> ObjectInfo:
+        return await self._around("head", path, lambda: self.inner.head(path))
+
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        return await self._around(
+            "put", path, lambda: self.inner.put(path, data, mode=mode, metadata=metadata), mode=mode
+        )
+
+    async def put_stream(
+        self,
+        path: str,
+        open_chunks: Callable[[], AsyncIterator[bytes]],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        await self._around(
+            "put_stream",
+            path,
+            lambda: self.inner.put_stream(path, open_chunks, metadata=metadata),
+            mode="overwrite",
+        )
+
+    async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
+        return await self._around("stat", path, lambda: self.inner.stat(path))
+
+    async def list_dir(self, prefix: str) -> ListDirResult:
+        return await self._around("list_dir", prefix, lambda: self.inner.list_dir(prefix))
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        return await self._around("list", prefix, lambda: self.inner.list(prefix))
+
+    async def delete(self, paths: Sequence[str]) -> None:
+        first = paths[0] if paths else ""
+        await self._around("delete", first, lambda: self.inner.delete(paths))
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await self._around("delete_prefix", prefix, lambda: self.inner.delete_prefix(prefix))
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,11 +495,14 @@ async def _call(operation: str, path: str, awaitable: Awaitable[T]) -> T:
         _shutdown.note_store_call()
 
 
-def _info(meta: Any) -> ObjectInfo:
+def _info(meta: Any, *, quote_e_tag: bool = False) -> ObjectInfo:
+    e_tag = meta.get("e_tag")
+    if quote_e_tag and e_tag is not None and not e_tag.startswith(('"', "W/")):
+        e_tag = f'"{e_tag}"'
     return ObjectInfo(
         path=meta["path"],
         size=meta["size"],
-        e_tag=meta.get("e_tag"),
+        e_tag=e_tag,
         last_modified=meta["last_modified"],
     )
 
@@ -518,6 +698,16 @@ def _local_remove_tree(root: Path, prefix: str) -> None:
 # The obstore adapter
 
 
+def _declared_capabilities(store: ObjectStore) -> StoreCapabilities:
+    """What obstore (0.12) does natively for a store of this type."""
+    if isinstance(store, LocalStore):
+        # No e-tag update (NotImplementedError), no attributes: a plain directory.
+        return StoreCapabilities(local_path=store.prefix if store.prefix is not None else Path("/"))
+    if isinstance(store, MemoryStore | S3Store | GCSStore | AzureStore):
+        return StoreCapabilities(native_compare_and_swap=True, user_metadata=True)
+    return StoreCapabilities()  # HTTPStore (WebDAV) and whatever comes next: claim nothing
+
+
 class ObstoreStore:
     """:class:`Store` over an obstore store (memory, local, S3, GCS, Azure, HTTP).
 
@@ -527,10 +717,12 @@ class ObstoreStore:
 
     def __init__(self, store: ObjectStore) -> None:
         self._store = store
-        self._local_root: Path | None = None
+        self._capabilities = _declared_capabilities(store)
         self._local_cleanup = False
+        # Azure's List Blobs gives each ETag without the quotes that its HEAD, GET and PUT
+        # replies (and so head, get and put here) give: one e-tag, one spelling.
+        self._quote_listed_e_tags = isinstance(store, AzureStore)
         if isinstance(store, LocalStore):
-            self._local_root = store.prefix if store.prefix is not None else Path("/")
             # obstore exposes its options only through the pickle protocol.
             pickled = getattr(store, "__getnewargs_ex__", None)
             options: dict[str, Any] = pickled()[1] if pickled is not None else {}
@@ -541,17 +733,21 @@ class ObstoreStore:
         """The wrapped obstore store."""
         return self._store
 
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What the obstore store's type does natively (see :class:`StoreCapabilities`)."""
+        return self._capabilities
+
     def __repr__(self) -> str:
         return f"ObstoreStore({self._store!r})"
 
-    def _local_link(self, operation: str, path: str) -> str | None:
-        """The first component of ``path`` that is a symbolic link (None if none).
+    def _local_link(self, root: Path, operation: str, path: str) -> str | None:
+        """The first component of ``path`` below ``root`` that is a symbolic link, or None.
 
         One ``lstat`` per component, stopping at the first missing one. Run inline: a
         few system calls cost less than a hop to a worker thread.
         """
-        assert self._local_root is not None
-        current = os.fspath(self._local_root)
+        current = os.fspath(root)
         parts = _local_parts(operation, path)
         for depth, part in enumerate(parts, 1):
             current = os.path.join(current, part)
@@ -564,18 +760,20 @@ class ObstoreStore:
         return None
 
     def _check_readable(self, operation: str, path: str) -> None:
-        if self._local_root is None:
+        root = self._capabilities.local_path
+        if root is None:
             return
-        link = self._local_link(operation, path)
+        link = self._local_link(root, operation, path)
         if link is not None:
             raise CheckpointNotFoundError(
                 path, f"object (the symbolic link {link!r} on its path is not followed)"
             )
 
     def _check_writable(self, path: str) -> None:
-        if self._local_root is None:
+        root = self._capabilities.local_path
+        if root is None:
             return
-        link = self._local_link("put", path)
+        link = self._local_link(root, "put", path)
         if link is not None:
             raise StoreError(
                 "put",
@@ -591,7 +789,16 @@ class ObstoreStore:
         return Blob(data=data, info=_info(result.meta))
 
     async def get_range(self, path: str, start: int, end: int) -> Buffer:
+        if not 0 <= start <= end:
+            # obstore raises a bare ValueError for these.
+            raise InvalidInputError(
+                f"get_range of {path!r}: a byte range needs 0 <= start <= end, "
+                f"got start={start!r}, end={end!r}"
+            )
         self._check_readable("get_range", path)
+        if start == end:
+            await self.head(path)  # obstore refuses an empty range; a missing object is missing
+            return b""
         return await _call(
             "get_range", path, obstore.get_range_async(self._store, path, start=start, end=end)
         )
@@ -609,8 +816,13 @@ class ObstoreStore:
         metadata: Mapping[str, str] | None = None,
     ) -> ObjectInfo:
         self._check_writable(path)
-        if isinstance(mode, IfMatch) and self._local_root is not None:
-            return await self._local_compare_and_swap(path, data, mode)
+        capabilities = self._capabilities
+        if (
+            isinstance(mode, IfMatch)
+            and not capabilities.native_compare_and_swap
+            and capabilities.local_path is not None
+        ):
+            return await self._locked_compare_and_swap(capabilities.local_path, path, data, mode)
         obstore_mode: Any
         if isinstance(mode, IfMatch):
             obstore_mode = {"e_tag": mode.e_tag}
@@ -618,7 +830,7 @@ class ObstoreStore:
                 obstore_mode["version"] = mode.version
         else:
             obstore_mode = mode
-        attributes = dict(metadata) if metadata and self._local_root is None else None
+        attributes = dict(metadata) if metadata and capabilities.user_metadata else None
         result = await _call(
             "put",
             path,
@@ -639,7 +851,7 @@ class ObstoreStore:
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         self._check_writable(path)
-        attributes = dict(metadata) if metadata and self._local_root is None else None
+        attributes = dict(metadata) if metadata and self._capabilities.user_metadata else None
         await _call(
             "put",
             path,
@@ -661,18 +873,22 @@ class ObstoreStore:
         return _info(result.meta), {str(k): str(v) for k, v in result.attributes.items()}
 
     async def list_dir(self, prefix: str) -> ListDirResult:
-        if self._local_root is not None:
-            return await _local_io("list", prefix, _local_list_dir, self._local_root, prefix)
+        root = self._capabilities.local_path
+        if root is not None:
+            return await _local_io("list", prefix, _local_list_dir, root, prefix)
         result = await _call(
             "list", prefix, obstore.list_with_delimiter_async(self._store, prefix or None)
         )
         prefixes = [p if p.endswith("/") else p + "/" for p in result["common_prefixes"]]
-        return ListDirResult(prefixes=prefixes, objects=[_info(m) for m in result["objects"]])
+        quote = self._quote_listed_e_tags
+        objects = [_info(meta, quote_e_tag=quote) for meta in result["objects"]]
+        return ListDirResult(prefixes=prefixes, objects=objects)
 
     async def list(self, prefix: str) -> list[ObjectInfo]:
-        if self._local_root is not None:
+        root = self._capabilities.local_path
+        if root is not None:
             # obstore's local listing follows links (outside the root, and into loops).
-            return await _local_io("list", prefix, _local_list, self._local_root, prefix)
+            return await _local_io("list", prefix, _local_list, root, prefix)
         stream = obstore.list(self._store, prefix or None, chunk_size=1000)
         found: list[ObjectInfo] = []
         while True:
@@ -680,16 +896,15 @@ class ObstoreStore:
                 chunk = await _call("list", prefix, anext(stream))
             except StopAsyncIteration:
                 return found
-            found.extend(_info(m) for m in chunk)
+            found.extend(_info(m, quote_e_tag=self._quote_listed_e_tags) for m in chunk)
 
     async def delete(self, paths: Sequence[str]) -> None:
         if not paths:
             return
-        if self._local_root is not None:
+        root = self._capabilities.local_path
+        if root is not None:
             # obstore's local delete resolves the path, following links in its parents.
-            await _local_io(
-                "delete", paths[0], _local_delete, self._local_root, paths, self._local_cleanup
-            )
+            await _local_io("delete", paths[0], _local_delete, root, paths, self._local_cleanup)
             return
         try:
             await _call("delete", paths[0], obstore.delete_async(self._store, list(paths)))
@@ -704,13 +919,16 @@ class ObstoreStore:
 
     async def delete_prefix(self, prefix: str) -> None:
         await self.delete([info.path for info in await self.list(prefix)])
-        if self._local_root is not None and prefix.endswith("/") and prefix.strip("/"):
-            await _local_io("delete", prefix, _local_remove_tree, self._local_root, prefix)
+        root = self._capabilities.local_path
+        if root is not None and prefix.endswith("/") and prefix.strip("/"):
+            await _local_io("delete", prefix, _local_remove_tree, root, prefix)
 
-    async def _local_compare_and_swap(self, path: str, data: Buffer, mode: IfMatch) -> ObjectInfo:
-        assert self._local_root is not None
+    async def _locked_compare_and_swap(
+        self, root: Path, path: str, data: Buffer, mode: IfMatch
+    ) -> ObjectInfo:
+        """Compare-and-swap under an OS file lock, for a directory without a native one."""
         # Joined by parts: a leading "/" (which obstore ignores) must not leave the root.
-        target = self._local_root.joinpath(*_local_parts("put", path))
+        target = root.joinpath(*_local_parts("put", path))
         lock_path = target.with_name(f".{target.name}.lock")
 
         def acquire() -> int:
@@ -757,7 +975,7 @@ async def _local_io(operation: str, path: str, func: Callable[..., T], *args: An
 
 
 def as_store(store: Store | ObjectStore | str) -> Store:
-    """Accept a :class:`Store`, an obstore store, or a URL for :func:`open_store`."""
+    """Accept a :class:`Store`, an obstore store, or a URL or plain path for :func:`open_store`."""
     if isinstance(store, str):
         return ObstoreStore(open_store(store))
     if isinstance(store, Store):
@@ -788,18 +1006,117 @@ Pass ``retry_config=...`` to :func:`open_store` to choose otherwise.
 """
 
 _REMOTE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https"})
+_S3_SCHEMES = frozenset({"s3", "s3a"})
+_URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_URL_SHAPES = {
+    "memory": "memory://",
+    "file": "an absolute path: file:///abs/dir",
+    "s3": "s3://bucket/prefix",
+    "s3a": "s3a://bucket/prefix",
+    "gs": "gs://bucket/prefix",
+    "http": "http://host/path",
+    "https": "https://host/path",
+}
+
+
+def store_url(location: str) -> str:
+    """The URL of a store ``location``: a URL as given, a plain path as a ``file://`` URL.
+
+    A location with no scheme is a local directory, made absolute against the current
+    directory (``~`` expanded): ``checkpoints``, ``./dir``, ``/abs/dir``. A location that
+    starts with a scheme (``s3:``) must be a URL: the scheme followed by ``//``. Anything
+    else raises :class:`InvalidStoreUrlError` naming the location, with the same message
+    wherever it is met (:func:`open_store`, the checkpointers, the ``cairn`` command):
+    ``s3:/x`` is a malformed URL, not a directory. A local directory whose name has a
+    colon is written with a slash first (``./a:b``).
+    """
+    if not isinstance(location, str):
+        raise InvalidStoreUrlError(repr(location), "a store URL must be a string")
+    if not location.strip():
+        raise InvalidStoreUrlError(location, "the store URL is empty")
+    scheme = _URL_SCHEME.match(location)
+    if scheme is None:
+        return Path(os.path.abspath(os.path.expanduser(location))).as_uri()
+    name = scheme.group(1).lower()
+    slashes = location[scheme.end() :].startswith("//")
+    if name not in _REMOTE_SCHEMES and name not in ("memory", "file"):
+        hint = "" if slashes else f" (a local directory named so is written ./{location})"
+        raise InvalidStoreUrlError(
+            location, f"unknown scheme {scheme.group(1)!r}; use memory, file, s3, gs or az{hint}"
+        )
+    if not slashes:
+        shape = _URL_SHAPES.get(name, f"{name}://container/prefix")
+        raise InvalidStoreUrlError(
+            location, f"malformed URL: {scheme.group(0)} must be followed by // ({shape})"
+        )
+    return location
+
+
+_S3_ENDPOINT_KEYS = (
+    "aws_endpoint_url_s3",
+    "endpoint_url_s3",
+    "aws_endpoint_url",
+    "endpoint_url",
+    "aws_endpoint",
+    "endpoint",
+)
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _check_plain_http(url: str, options: Mapping[str, Any]) -> None:
+    """Refuse an S3 endpoint over plain HTTP unless HTTP is allowed, before any request.
+
+    object_store refuses such requests one by one with a bare "builder error"; the
+    setting that allows them is named here instead.
+    """
+    lowered = {key.lower(): value for key, value in options.items()}
+    config = lowered.get("config")
+    if isinstance(config, Mapping):
+        lowered = {**{key.lower(): value for key, value in config.items()}, **lowered}
+    endpoint = next(
+        (value for key in _S3_ENDPOINT_KEYS if isinstance(value := lowered.get(key), str)),
+        None,
+    )
+    if endpoint is None:
+        endpoint = next(
+            (
+                value
+                for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+                if (value := os.environ.get(name))
+            ),
+            None,
+        )
+    if endpoint is None or not endpoint.lower().startswith("http://"):
+        return
+    client = lowered.get("client_options")
+    allowed = isinstance(client, Mapping) and _flag(
+        {key.lower(): value for key, value in client.items()}.get("allow_http", False)
+    )
+    if allowed or _flag(os.environ.get("AWS_ALLOW_HTTP", "")):
+        return
+    raise InvalidStoreUrlError(
+        url,
+        f"the S3 endpoint {endpoint} is plain HTTP, which is refused unless allowed: set "
+        "AWS_ALLOW_HTTP=true (or pass client_options={'allow_http': True}), or use https://",
+    )
 
 
 def open_store(url: str, **options: Any) -> ObjectStore:
-    """Open the obstore store a URL names; ``options`` go to obstore unchanged.
+    """Open the obstore store a URL (or a plain path) names; ``options`` go to obstore.
 
-    ``memory://`` (a new, empty in-memory store), ``file:///abs/dir`` (created if
-    missing), ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``
-    (and the other URL forms obstore knows for those services). An unknown scheme or a
-    malformed URL raises :class:`InvalidStoreUrlError` naming the URL.
+    ``memory://`` (a new, empty in-memory store), ``file:///abs/dir`` or a plain path
+    such as ``./dir`` (a local directory, created if missing), ``s3://bucket/prefix``,
+    ``gs://bucket/prefix``, ``az://container/prefix`` (and the other URL forms obstore
+    knows for those services). An unknown scheme or a malformed URL raises
+    :class:`InvalidStoreUrlError` naming the URL (see :func:`store_url`), as does an S3
+    endpoint over plain HTTP while HTTP is not allowed (``AWS_ALLOW_HTTP``).
     """
-    if not isinstance(url, str):
-        raise InvalidStoreUrlError(repr(url), "a store URL must be a string")
+    url = store_url(url)
     try:
         parts = urlsplit(url)
     except ValueError as exc:
@@ -811,17 +1128,42 @@ def open_store(url: str, **options: Any) -> ObjectStore:
         return MemoryStore()
     if scheme == "file":
         return _open_local(url, parts.netloc, unquote(parts.path), options)
-    if scheme not in _REMOTE_SCHEMES:
-        raise InvalidStoreUrlError(
-            url, f"unknown scheme {parts.scheme!r}; use memory, file, s3, gs or az"
-        )
     if not parts.netloc:
         raise InvalidStoreUrlError(url, "missing bucket or container name")
+    if scheme in _S3_SCHEMES:
+        _check_plain_http(url, options)
     options.setdefault("retry_config", DEFAULT_CLIENT_RETRY)
     try:
         return from_url(url, **options)
     except (BaseError, ValueError, TypeError) as exc:
         raise InvalidStoreUrlError(url, _first_line(exc)) from None
+
+
+_MISSING_CONTAINER_CODES = {
+    "NoSuchBucket": "bucket",
+    "ContainerNotFound": "container",
+}
+
+
+def explain_store_error(exc: BaseException, url: str | None = None) -> str | None:
+    """One line saying what is wrong and what to do, for store failures a newcomer meets.
+
+    Today: a bucket (S3's ``NoSuchBucket``) or container (Azure's ``ContainerNotFound``)
+    that does not exist, read from the error code in the response that obstore kept in
+    the cause of ``exc``; ``url`` is the store's, to name it. None when there is nothing
+    better to say than ``str(exc)``.
+    """
+    if not isinstance(exc, StoreError) or exc.__cause__ is None:
+        return None
+    code = _http_failure(exc.__cause__).s3_code
+    what = _MISSING_CONTAINER_CODES.get(code or "")
+    if what is None:
+        return None
+    of = f" of {url}" if url else ""
+    return (
+        f"the {what}{of} does not exist (the store answered {exc.status or 404} {code} to "
+        f"{exc.operation} {exc.path!r}): create it, or correct the {what} name in the URL"
+    )
 
 
 def _open_local(url: str, host: str, path: str, options: dict[str, Any]) -> LocalStore:
