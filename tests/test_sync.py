@@ -71,6 +71,9 @@ def test_every_async_method_has_a_sync_twin_with_the_same_signature() -> None:
         twin = getattr(SyncCheckpointer, name, None)
         assert twin is not None, f"SyncCheckpointer lacks {name}"
         assert not inspect.iscoroutinefunction(twin), name
-        assert inspect.signature(twin) == inspect.signature(method), name
+        ours, theirs = inspect.signature(twin), inspect.signature(method)
+        assert ours.parameters == theirs.parameters, name
+        if name != "save_async":  # a blocking future there, a task here
+            assert ours.return_annotation == theirs.return_annotation, name
     init = inspect.signature(SyncCheckpointer.__init__)
     assert init == inspect.signature(ObjectStoreCheckpointer.__init__)

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import msgspec
 
-from cairn import _catalog, _chains, _lease, _pointer, _upload
+from cairn import _catalog, _chains, _lease, _observe, _pointer, _upload
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
 from cairn.data import ArtifactKey, CheckpointData
@@ -58,6 +59,7 @@ from cairn.manifest import (
     CheckpointManifest,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
+    SaveStats,
     SourceOffsetEntry,
     check_manifest,
     encode_manifest,
@@ -77,16 +79,42 @@ log = logging.getLogger("cairn")
 Entry = tuple[str, PartitionSnapshotEntry]
 
 
-async def save(ctx: Context, generation: int, data: CheckpointData) -> CheckpointManifest:
-    """Steps 1 to 5 of the module docstring for ``data``; the committed manifest."""
+async def save(
+    ctx: Context,
+    generation: int,
+    data: CheckpointData,
+    before_commit: Callable[[], Awaitable[None]] | None = None,
+) -> CheckpointManifest:
+    """Steps 1 to 5 of the module docstring for ``data``; the committed manifest.
+
+    ``before_commit`` is awaited after the uploads, just before the commit point (a
+    background save waits there for the one before it). The manifest records
+    :class:`~cairn.manifest.SaveStats` of this save.
+    """
     if not isinstance(data, CheckpointData):
         raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
+    with _observe.counting_retries() as retries:
+        return await _save(ctx, generation, data, before_commit, retries)
+
+
+async def _save(
+    ctx: Context,
+    generation: int,
+    data: CheckpointData,
+    before_commit: Callable[[], Awaitable[None]] | None,
+    retries: _observe.RetryCounter,
+) -> CheckpointManifest:
+    began = time.perf_counter()
     cid = data.id
     record = await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
     await refuse_if_committed(ctx, cid)
     async with _lease.hold_lease(ctx.store, ctx.paths.intent(cid), data.parent_id, ctx.lease):
         try:
+            uploading = time.perf_counter()
             entries = await upload_all(ctx, data, record)
+            uploaded = time.perf_counter()
+            if before_commit is not None:
+                await before_commit()
         except BaseException:
             await _discard_uncommitted(ctx, cid)
             raise
@@ -100,8 +128,45 @@ async def save(ctx: Context, generation: int, data: CheckpointData) -> Checkpoin
             timestamp_ms=data.timestamp_ms,
             writer_generation=generation,
         )
-        await _write_manifest(ctx, generation, manifest)
+
+        def with_stats(checked: CheckpointManifest) -> CheckpointManifest:
+            now = time.perf_counter()
+            stats = _save_stats(checked, began, uploading, uploaded, now, retries.count)
+            return msgspec.structs.replace(checked, stats=stats)
+
+        manifest = await _write_manifest(ctx, generation, manifest, with_stats)
     return await _publish(ctx, generation, manifest)
+
+
+def _save_stats(
+    manifest: CheckpointManifest,
+    began: float,
+    uploading: float,
+    uploaded: float,
+    checked: float,
+    retries: int,
+) -> SaveStats:
+    """What :class:`SaveStats` says of a save, from its entries and its clock readings."""
+    own = [e for _, e in manifest.partition_entries() if e.owner is None]
+    carried = [e for _, e in manifest.partition_entries() if e.owner is not None]
+
+    def stored(entry: PartitionSnapshotEntry) -> int:
+        size = entry.stored_size_bytes if entry.codec is not None else None
+        return size if size is not None else entry.size_bytes
+
+    def ms(seconds: float) -> int:
+        return max(0, round(seconds * 1000))
+
+    return SaveStats(
+        duration_ms=ms(checked - began),
+        upload_ms=ms(uploaded - uploading),
+        commit_ms=ms(checked - uploaded),
+        uploaded_bytes=sum(map(stored, own)),
+        uploaded_artifacts=len(own),
+        carried_bytes=sum(map(stored, carried)),
+        carried_artifacts=len(carried),
+        retries=retries,
+    )
 
 
 async def upload_all(
@@ -184,8 +249,17 @@ async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManif
         log.info("manifest %s was already written by this commit (retried write)", path)
 
 
-async def _write_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:
-    """The commit point: check every artifact is there, then create the manifest."""
+async def _write_manifest(
+    ctx: Context,
+    generation: int,
+    manifest: CheckpointManifest,
+    finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
+) -> CheckpointManifest:
+    """The commit point: check every artifact is there, then create the manifest.
+
+    ``finish`` completes the manifest once the check passed (a save adds its stats);
+    returns the manifest written.
+    """
     cid = manifest.checkpoint_id
     try:
         try:
@@ -193,6 +267,8 @@ async def _write_manifest(ctx: Context, generation: int, manifest: CheckpointMan
         except BrokenChainError:
             await _raise_if_claimed(ctx, cid)
             raise
+        if finish is not None:
+            manifest = finish(manifest)
         await save_manifest(ctx, generation, manifest)
     except (CheckpointExistsError, CheckpointAbortedError):
         raise
@@ -203,7 +279,7 @@ async def _write_manifest(ctx: Context, generation: int, manifest: CheckpointMan
         # is discarded.)
         if await _manifest_is(ctx, cid, encode_manifest(manifest)):
             log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
-            return
+            return manifest
         await _discard_uncommitted(ctx, cid)
         raise
     except BaseException:
@@ -211,6 +287,7 @@ async def _write_manifest(ctx: Context, generation: int, manifest: CheckpointMan
         if not await _catalog.committed(ctx, cid):
             await _discard_uncommitted(ctx, cid)
         raise
+    return manifest
 
 
 async def _publish(

@@ -21,14 +21,16 @@ transient failures, with the checkpointer's :class:`~cairn.retry.RetryPolicy`.
 from __future__ import annotations
 
 import abc
+import asyncio
 import datetime as dt
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from obstore.store import ObjectStore
 
 from cairn import _catalog, _commit, _download, _lease, _pointer, _upload
+from cairn._background import BackgroundSaves
 from cairn._buffer import Buffer
 from cairn._context import Context, check_id
 from cairn._upload import PartitionUpload
@@ -112,7 +114,8 @@ class ObjectStoreCheckpointer(Checkpointer):
     retried per ``retry``. With ``compression="zstd"`` artifacts are stored compressed
     (see :mod:`cairn.codecs`); readers decompress whatever each entry records. A save in
     progress holds a ``lease`` on its directory, renewed every third of it, that keeps
-    GC away however long the save runs (see :mod:`cairn._lease`).
+    GC away however long the save runs (see :mod:`cairn._lease`). At most
+    ``max_saves_in_flight`` saves run in the background at once (:meth:`save_async`).
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         max_concurrent_downloads: int = 8,
         compression: str | None = None,
         lease: dt.timedelta = _lease.DEFAULT_LEASE,
+        max_saves_in_flight: int = 1,
     ) -> None:
         self.paths = paths if paths is not None else CheckpointPaths()
         self.codec = get_codec(compression) if compression is not None else None
@@ -140,6 +144,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         self.retry = retry if retry is not None else RetryPolicy()
         self.store: Store = RetryingStore(as_store(store), self.retry)
         self.writer_generation = 0
+        self.background = BackgroundSaves(positive_int("max_saves_in_flight", max_saves_in_flight))
 
     def __repr__(self) -> str:
         return f"ObjectStoreCheckpointer({self.store!r}, {self.paths!r})"
@@ -177,7 +182,52 @@ class ObjectStoreCheckpointer(Checkpointer):
         back, or the fence checked after a failed swap), that :class:`StoreError`
         propagates and the checkpoint may be committed (:meth:`exists` tells).
         """
+        self.background.raise_unobserved()
+        if self.background.in_flight:  # commits stay in call order
+            return await (await self.save_async(data))
         return await _commit.save(self.context, self.writer_generation, data)
+
+    async def save_async(
+        self, data: CheckpointData, *, copy: bool = False
+    ) -> asyncio.Task[CheckpointManifest]:
+        """Start :meth:`save` in the background; returns its task once ``data`` is handed over.
+
+        Waits only for a free slot: at most ``max_saves_in_flight`` background saves run
+        at once, and a further call waits until one ends (back-pressure). Saves commit in
+        call order, so ``_latest`` never moves backwards. The task's result is the
+        committed manifest; a failure is raised from the task, and, if nobody awaited it,
+        from the next :meth:`save_async`, :meth:`save`, :meth:`wait_for_saves` or
+        :meth:`close` — never lost.
+
+        The artifacts are read while the save runs, after this returns: do not change a
+        buffer handed in until its task is done, or pass ``copy=True`` to have cairn copy
+        every buffer before returning (files and streams are read in the background
+        either way). A save still running when the event loop closes is cancelled and
+        commits nothing: await :meth:`wait_for_saves` (or :meth:`close`) before that.
+        """
+        return await self._submit_save(data, copy=copy)
+
+    async def _submit_save(
+        self, data: CheckpointData, *, copy: bool = False, seen: Callable[[], bool] | None = None
+    ) -> asyncio.Task[CheckpointManifest]:
+        """:meth:`save_async`, for façades whose caller watches another future than the
+        task: ``seen`` tells whether that caller saw the save's failure."""
+        if not isinstance(data, CheckpointData):
+            raise InvalidInputError(f"save_async takes a CheckpointData, got {data!r}")
+        if copy:
+            data = data.copied()
+        context, generation = self.context, self.writer_generation
+        return await self.background.submit(
+            lambda in_order: _commit.save(context, generation, data, in_order), seen
+        )
+
+    async def wait_for_saves(self) -> None:
+        """Wait until every background save has ended; raise a failure nobody looked at."""
+        await self.background.wait()
+
+    async def close(self) -> None:
+        """Wait for the background saves (see :meth:`wait_for_saves`); nothing else to free."""
+        await self.background.wait()
 
     async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
         """Commit an uploaded checkpoint: write its manifest, then advance ``_latest``.

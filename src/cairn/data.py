@@ -10,11 +10,12 @@ reject half-way, nor commits a manifest that readers would take for damage.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from cairn._buffer import Buffer
+from cairn._buffer import Buffer, raw_bytes
 from cairn._validate import is_int
 from cairn.errors import InvalidCheckpointDataError, InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
@@ -136,6 +137,24 @@ class CheckpointData:
         """The checkpoint id (generated at construction when none was given)."""
         assert self.checkpoint_id is not None
         return self.checkpoint_id
+
+    def copied(self) -> CheckpointData:
+        """The same checkpoint (same id) whose buffer artifacts are private copies.
+
+        For :meth:`~cairn.ObjectStoreCheckpointer.save_async` with ``copy=True``: the
+        caller may then reuse its buffers at once. Files and streams are not copied (they
+        are read while the save runs).
+        """
+
+        def own(artifacts: Mapping[ArtifactKey, ArtifactData]) -> dict[ArtifactKey, ArtifactData]:
+            return {
+                key: bytes(view)
+                if (view := raw_bytes(data, f"artifact {key!r}")) is not None
+                else data
+                for key, data in artifacts.items()
+            }
+
+        return dataclasses.replace(self, snapshots=own(self.snapshots), deltas=own(self.deltas))
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,7 @@ __all__ = [
     "CheckpointManifestV2",
     "OperatorSnapshotEntry",
     "PartitionSnapshotEntry",
+    "SaveStats",
     "SourceOffsetEntry",
     "decode_manifest",
     "encode_manifest",
@@ -153,8 +154,34 @@ class SourceOffsetEntry(msgspec.Struct, frozen=True):
     epoch: int = 0
 
 
+class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
+    """How a checkpoint was made, as its save measured it (written in its manifest).
+
+    ``duration_ms`` runs from the start of the save to just before its manifest write;
+    ``upload_ms`` is the upload phase within it (artifacts and offsets, concurrently), and
+    ``commit_ms`` what follows it up to the manifest write (the check that every artifact
+    is present, the fence check). The manifest write and the pointer swap that follow
+    cannot be measured in the record they write. ``uploaded_*`` count what this save
+    sent (stored bytes, after compression); ``carried_*`` what it references from earlier
+    checkpoints without sending it again; ``retries`` the store calls it retried.
+    """
+
+    duration_ms: int
+    upload_ms: int
+    commit_ms: int
+    uploaded_bytes: int
+    uploaded_artifacts: int
+    carried_bytes: int
+    carried_artifacts: int
+    retries: int = 0
+
+
 class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The commit record of one checkpoint (schema version 2)."""
+    """The commit record of one checkpoint (schema version 2).
+
+    ``stats`` (optional; absent in manifests written before it existed) says how the
+    checkpoint was made: see :class:`SaveStats`.
+    """
 
     version: int
     checkpoint_id: CheckpointId
@@ -166,6 +193,7 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
     watermark: int | None = None
     total_size_bytes: int = 0
     writer_generation: int | None = None
+    stats: SaveStats | None = None
 
     @classmethod
     def new(cls, checkpoint_id: CheckpointId, epoch: int) -> CheckpointManifest:
@@ -419,6 +447,9 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
         _check_int("watermark", manifest.watermark, -MAX_INT64 - 1, MAX_INT64)
     if manifest.writer_generation is not None:
         _check_int("writer_generation", manifest.writer_generation, 0, MAX_INT64)
+    if manifest.stats is not None:
+        for field in SaveStats.__struct_fields__:
+            _check_int(f"stats.{field}", getattr(manifest.stats, field), 0, MAX_INT64)
     if not isinstance(manifest.source_offsets, dict) or not isinstance(manifest.operators, dict):
         raise InvalidInputError("operators and source_offsets must be dicts")
     for source, offset in manifest.source_offsets.items():

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
+import concurrent.futures.thread
 import datetime as dt
+import logging
 import os
 import threading
+import weakref
 from collections.abc import Coroutine, Sequence
 from typing import Any, BinaryIO, TypeVar
 
@@ -37,6 +41,7 @@ from cairn.stores import Store
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 
 T = TypeVar("T")
+log = logging.getLogger("cairn")
 
 
 class _LoopThread:
@@ -87,6 +92,58 @@ class _LoopThread:
 _runner = _LoopThread()
 
 
+class _WatchedFuture(concurrent.futures.Future[CheckpointManifest]):
+    """A future that knows whether its outcome was taken (``result()``/``exception()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._taken = False
+
+    def seen(self) -> bool:
+        """True once the caller took the outcome (so a failure was reported to it)."""
+        return self._taken
+
+    def result(self, timeout: float | None = None) -> CheckpointManifest:
+        outcome = super().result(timeout)
+        self._taken = True
+        return outcome
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        error = super().exception(timeout)
+        self._taken = True
+        return error
+
+    def take_outcome(self, task: asyncio.Task[CheckpointManifest]) -> None:
+        """Copy the outcome of the save's task (a done callback, on the loop thread)."""
+        if not self.set_running_or_notify_cancel():
+            return
+        if task.cancelled():
+            self.set_exception(concurrent.futures.CancelledError())
+        elif (error := task.exception()) is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(task.result())
+
+
+_in_flight_at_exit: weakref.WeakSet[SyncCheckpointer] = weakref.WeakSet()
+
+
+def _wait_at_exit() -> None:
+    """Let background saves finish before the interpreter stops them (failures are logged)."""
+    for checkpointer in list(_in_flight_at_exit):
+        try:
+            checkpointer.wait_for_saves()
+        except BaseException as exc:
+            log.error("a background save failed before exit: %s", exc)
+
+
+# Exit runs threading's exit hooks (last registered, first run) before atexit's, and one of
+# them stops the thread pools that saves hash in; a wait in an atexit handler would come too
+# late. So the wait is a threading exit hook, registered after the thread pool's own (whose
+# module is imported above for that reason). It is the hook concurrent.futures itself uses.
+threading._register_atexit(_wait_at_exit)  # type: ignore[attr-defined]
+
+
 class SyncCheckpointer:
     """The methods of :class:`ObjectStoreCheckpointer`, blocking.
 
@@ -104,6 +161,7 @@ class SyncCheckpointer:
         max_concurrent_downloads: int = 8,
         compression: str | None = None,
         lease: dt.timedelta = DEFAULT_LEASE,
+        max_saves_in_flight: int = 1,
     ) -> None:
         self.async_checkpointer = ObjectStoreCheckpointer(
             store,
@@ -113,6 +171,7 @@ class SyncCheckpointer:
             max_concurrent_downloads=max_concurrent_downloads,
             compression=compression,
             lease=lease,
+            max_saves_in_flight=max_saves_in_flight,
         )
 
     @classmethod
@@ -218,6 +277,35 @@ class SyncCheckpointer:
     def save(self, data: CheckpointData) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.save`."""
         return _runner.run(self.async_checkpointer.save(data))
+
+    def save_async(
+        self, data: CheckpointData, *, copy: bool = False
+    ) -> concurrent.futures.Future[CheckpointManifest]:
+        """See :meth:`ObjectStoreCheckpointer.save_async`; returns a blocking future.
+
+        Blocks only while ``max_saves_in_flight`` saves are already running. The future's
+        ``result()`` is the committed manifest, or raises the save's failure; a failure
+        nobody took from the future is raised by the next :meth:`save_async`,
+        :meth:`save`, :meth:`wait_for_saves` or :meth:`close`. At interpreter exit, saves
+        still in flight are waited for (their failures are logged).
+        """
+        future = _WatchedFuture()
+
+        async def submit() -> None:  # on the loop thread: tasks are not thread-safe
+            task = await self.async_checkpointer._submit_save(data, copy=copy, seen=future.seen)
+            task.add_done_callback(future.take_outcome)
+
+        _runner.run(submit())
+        _in_flight_at_exit.add(self)
+        return future
+
+    def wait_for_saves(self) -> None:
+        """See :meth:`ObjectStoreCheckpointer.wait_for_saves`."""
+        _runner.run(self.async_checkpointer.wait_for_saves())
+
+    def close(self) -> None:
+        """See :meth:`ObjectStoreCheckpointer.close`."""
+        _runner.run(self.async_checkpointer.close())
 
     def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
         """See :meth:`ObjectStoreCheckpointer.load`."""

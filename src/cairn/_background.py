@@ -1,0 +1,122 @@
+"""Background saves: the caller goes on while a checkpoint uploads and commits.
+
+Invariants:
+
+* at most ``limit`` background saves are in flight; a further submission waits for a
+  slot (back-pressure: a job that checkpoints faster than the store takes them slows
+  down instead of piling copies of its state in memory);
+* saves commit in submission order: each waits, just before its commit point, for the
+  one submitted before it to finish (uploads still overlap), so ``_latest`` moves in
+  call order and never backwards;
+* a failure is never lost: it is raised from the save's own future, and, if nobody
+  looked at that future, from the next submission, ``wait()`` or ``close()`` of the
+  checkpointer (once).
+
+Whether a failure was looked at is what asyncio itself tracks to warn that "exception
+was never retrieved" (a task's ``_log_traceback`` flag, cleared by ``await``,
+``result()`` and ``exception()``); a blocking caller's future reports its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from cairn.manifest import CheckpointManifest
+
+__all__ = ["BackgroundSaves"]
+
+BeforeCommit = Callable[[], Awaitable[None]]
+"""Awaited by a save just before its commit point."""
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+    seen: Callable[[], bool]
+    """Whether the caller already saw this failure through the save's own future."""
+    mark_seen: Callable[[], None]
+
+
+class BackgroundSaves:
+    """The background saves of one checkpointer (see the module docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._slots: asyncio.Semaphore | None = None
+        self._last: asyncio.Task[CheckpointManifest] | None = None
+        self._running: set[asyncio.Task[CheckpointManifest]] = set()
+        self._failures: list[_Failure] = []
+
+    @property
+    def in_flight(self) -> int:
+        """Background saves submitted and not finished."""
+        return len(self._running)
+
+    async def submit(
+        self,
+        run: Callable[[BeforeCommit], Awaitable[CheckpointManifest]],
+        seen: Callable[[], bool] | None = None,
+    ) -> asyncio.Task[CheckpointManifest]:
+        """Start ``run`` once a slot is free; its task. ``run`` gets the wait-for-order hook.
+
+        ``seen`` tells whether the caller saw the save's failure through its own future
+        (default: asyncio's record of whether the task's exception was retrieved).
+        """
+        self.raise_unobserved()
+        if self._slots is None:  # bound to the running loop on first use
+            self._slots = asyncio.Semaphore(self.limit)
+        await self._slots.acquire()
+        previous = self._last
+
+        async def in_order() -> None:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])
+
+        async def guarded() -> CheckpointManifest:
+            try:
+                return await run(in_order)
+            except asyncio.CancelledError:
+                raise  # a cancelled save commits nothing and is not a failure to report
+            except BaseException as exc:
+                self._failures.append(
+                    _Failure(exc, seen or _retrieved(task), lambda: _mark_retrieved(task))
+                )
+                raise
+
+        task = asyncio.create_task(guarded())
+        self._last = task
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[CheckpointManifest]) -> None:
+        self._running.discard(task)
+        assert self._slots is not None
+        self._slots.release()
+
+    async def wait(self) -> None:
+        """Wait for every save in flight; raise a failure nobody looked at."""
+        while self._running:
+            await asyncio.wait(list(self._running))
+        self.raise_unobserved()
+
+    def raise_unobserved(self) -> None:
+        """Raise the first failure nobody saw (once); forget those that were seen."""
+        pending = [failure for failure in self._failures if not failure.seen()]
+        self._failures = pending[1:]
+        if pending:
+            pending[0].mark_seen()
+            raise pending[0].error
+
+
+def _retrieved(task: asyncio.Task[CheckpointManifest]) -> Callable[[], bool]:
+    """Whether ``task``'s exception was retrieved (awaited, ``result()``, ``exception()``)."""
+    return lambda: task.done() and not getattr(task, "_log_traceback", False)
+
+
+def _mark_retrieved(task: asyncio.Task[CheckpointManifest]) -> None:
+    """Retrieve ``task``'s exception: reported by the checkpointer, asyncio need not warn."""
+    if task.done() and not task.cancelled():
+        task.exception()
