@@ -127,9 +127,8 @@ def main() -> None:
             ],
         )
     )
-    print(
-        f"target: save_async blocked < 50 ms: {'yes' if blocked_ms['save_async'] < 50 else 'MISSED'}"
-    )
+    verdict = "yes" if blocked_ms["save_async"] < 50 else "MISSED"
+    print(f"target: save_async blocked < 50 ms: {verdict}")
     text = json.dumps(out, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")
