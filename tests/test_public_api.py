@@ -31,6 +31,8 @@ EXPECTED = {
     "InvalidInputError",
     "InvalidNameError",
     "InvalidStoreUrlError",
+    "MissingArtifactError",
+    "ObjectNotFoundError",
     "LoadedCheckpoint",
     "ObjectExistsError",
     "ObjectStoreCheckpointer",
@@ -45,6 +47,7 @@ EXPECTED = {
     "SyncCheckpointer",
     "SyncInAsyncContextError",
     "TransientStoreError",
+    "UndecodableArtifactError",
     "UnsupportedManifestVersionError",
     "WorkerReport",
     "__version__",
@@ -74,3 +77,13 @@ def test_every_public_thing_has_a_docstring() -> None:
         obj = getattr(cairn, name)
         if (callable(obj) and not name[0].islower()) or name in ("open_store", "verify_integrity"):
             assert (obj.__doc__ or "").strip(), name
+
+
+def test_a_missing_object_is_a_store_error_and_a_not_found_error() -> None:
+    assert issubclass(cairn.ObjectNotFoundError, cairn.StoreError)
+    assert issubclass(cairn.ObjectNotFoundError, cairn.CheckpointNotFoundError)
+    error = cairn.ObjectNotFoundError("get", "a/b")
+    assert (error.operation, error.path, str(error)) == ("get", "a/b", "object not found: 'a/b'")
+    for prose_free in (cairn.MissingArtifactError, cairn.UndecodableArtifactError):
+        assert issubclass(prose_free, cairn.IntegrityError)
+        assert not issubclass(prose_free, cairn.IntegrityMismatchError)

@@ -19,9 +19,9 @@ from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionErr
 from obstore.store import HTTPStore, LocalStore, MemoryStore
 
 from cairn import (
-    CheckpointNotFoundError,
     InvalidStoreUrlError,
     ObjectExistsError,
+    ObjectNotFoundError,
     PreconditionFailedError,
     StoreError,
     TransientStoreError,
@@ -92,7 +92,7 @@ def test_remote_urls_open_without_io() -> None:
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
-        (FileNotFoundError("x"), CheckpointNotFoundError),
+        (FileNotFoundError("x"), ObjectNotFoundError),
         (AlreadyExistsError("exists"), ObjectExistsError),
         (PreconditionError("etag"), PreconditionFailedError),
         # obstore 0.12's text: Display, then the Debug form that classification reads.

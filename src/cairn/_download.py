@@ -33,6 +33,7 @@ from cairn.errors import (
     CheckpointNotFoundError,
     IntegrityMismatchError,
     InvalidInputError,
+    UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import verify_integrity
@@ -111,9 +112,7 @@ def _fetch_link(
         try:
             data = await asyncio.to_thread(codec.decompress, stored)
         except Exception as exc:  # the codec's own error type: the bytes are damaged
-            raise IntegrityMismatchError(
-                path, entry.sha256, f"undecodable {entry.codec} data ({exc})"
-            ) from None
+            raise UndecodableArtifactError(path, entry.codec, str(exc)) from None
         if verify:
             await asyncio.to_thread(verify_integrity, path, data, entry.sha256)
         return data

@@ -36,6 +36,7 @@ from cairn.errors import (
     IncompleteCheckpointError,
     IntegrityMismatchError,
     InvalidInputError,
+    MissingArtifactError,
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
@@ -189,9 +190,7 @@ def _check_against_store(
         try:
             info, metadata = await ckpt.store.stat(path)
         except CheckpointNotFoundError:
-            raise IntegrityMismatchError(
-                path, entry.sha256, "no such object", what="artifact"
-            ) from None
+            raise MissingArtifactError(path, f"checkpoint {checkpoint_id}") from None
         if info.size != entry.size_bytes:
             raise IntegrityMismatchError(path, str(entry.size_bytes), str(info.size), what="size")
         stored_digest = metadata.get(DIGEST_METADATA_KEY)

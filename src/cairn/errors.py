@@ -6,6 +6,8 @@ CheckpointerError
 ├── CheckpointExistsError          a checkpoint with that id is already committed
 ├── IntegrityError                 stored bytes are not what was written
 │   ├── IntegrityMismatchError     SHA-256 (or size) of an artifact differs from the manifest
+│   ├── MissingArtifactError       an artifact a manifest or report names is not in the store
+│   ├── UndecodableArtifactError   stored bytes do not decode with the codec their entry names
 │   ├── CorruptManifestError       bytes at a manifest path are not a valid manifest
 │   │   └── UnsupportedManifestVersionError
 │   └── BrokenChainError           an incremental chain misses a link (parent, base, artifact)
@@ -21,6 +23,7 @@ CheckpointerError
 ├── SyncInAsyncContextError        (also RuntimeError) a blocking call inside an event loop
 └── StoreError                     the object store failed (path and operation attached)
     ├── TransientStoreError        a failure worth retrying (timeout, connection, 5xx)
+    ├── ObjectNotFoundError        (also CheckpointNotFoundError) no object at that path
     ├── ObjectExistsError          a create-only write met an existing object
     └── PreconditionFailedError    a compare-and-swap write met another version
 ```
@@ -47,11 +50,14 @@ __all__ = [
     "InvalidInputError",
     "InvalidNameError",
     "InvalidStoreUrlError",
+    "MissingArtifactError",
     "ObjectExistsError",
+    "ObjectNotFoundError",
     "PreconditionFailedError",
     "StoreError",
     "SyncInAsyncContextError",
     "TransientStoreError",
+    "UndecodableArtifactError",
     "UnsupportedManifestVersionError",
 ]
 
@@ -87,13 +93,37 @@ class IntegrityError(CheckpointerError):
 
 
 class IntegrityMismatchError(IntegrityError):
-    """The SHA-256 digest (or size) of the bytes at ``path`` is not the expected one."""
+    """The SHA-256 digest (or size) of the bytes at ``path`` is not the expected one.
+
+    ``expected`` and ``actual`` are the two digests (hex), or with ``what="size"`` the
+    two sizes in bytes; never prose (see :class:`MissingArtifactError` and
+    :class:`UndecodableArtifactError` for bytes that are absent or do not decode).
+    """
 
     def __init__(self, path: str, expected: str, actual: str, *, what: str = "sha256") -> None:
         self.path = path
         self.expected = expected
         self.actual = actual
         super().__init__(f"{what} mismatch at {path!r}: expected {expected}, got {actual}")
+
+
+class MissingArtifactError(IntegrityError):
+    """An artifact that a manifest or a worker report names is not in the store at ``path``."""
+
+    def __init__(self, path: str, whose: str) -> None:
+        self.path = path
+        self.whose = whose
+        super().__init__(f"artifact of {whose} is missing: {path!r}")
+
+
+class UndecodableArtifactError(IntegrityError):
+    """The stored bytes at ``path`` do not decode with ``codec``: they are damaged."""
+
+    def __init__(self, path: str, codec: str, reason: str) -> None:
+        self.path = path
+        self.codec = codec
+        self.reason = reason
+        super().__init__(f"artifact {path!r} does not decode as {codec}: {reason}")
 
 
 class CorruptManifestError(IntegrityError):
@@ -212,6 +242,15 @@ class StoreError(CheckpointerError):
         self.reason = reason
         self.status = status
         super().__init__(f"store {operation} failed for {path!r}: {reason}")
+
+
+class ObjectNotFoundError(CheckpointNotFoundError, StoreError):
+    """The store has no object at ``path`` (a :class:`StoreError` like every store failure,
+    and a :class:`CheckpointNotFoundError` for code that catches that)."""
+
+    def __init__(self, operation: str, path: str, what: str = "object") -> None:
+        StoreError.__init__(self, operation, path, "no such object")
+        self.what = what
 
 
 class TransientStoreError(StoreError):

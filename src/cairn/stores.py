@@ -84,6 +84,7 @@ from cairn.errors import (
     InvalidInputError,
     InvalidStoreUrlError,
     ObjectExistsError,
+    ObjectNotFoundError,
     PreconditionFailedError,
     StoreError,
     TransientStoreError,
@@ -470,7 +471,7 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
         return exc
     reason = _first_line(exc)
     if isinstance(exc, FileNotFoundError):
-        return CheckpointNotFoundError(path)
+        return ObjectNotFoundError(operation, path)
     failure = _http_failure(exc) if isinstance(exc, BaseError | OSError) else _Failure()
     status = failure.status
     if isinstance(exc, AlreadyExistsError):
@@ -765,8 +766,8 @@ class ObstoreStore:
             return
         link = self._local_link(root, operation, path)
         if link is not None:
-            raise CheckpointNotFoundError(
-                path, f"object (the symbolic link {link!r} on its path is not followed)"
+            raise ObjectNotFoundError(
+                operation, path, f"object (the symbolic link {link!r} on its path is not followed)"
             )
 
     def _check_writable(self, path: str) -> None:
