@@ -42,8 +42,9 @@ class _Failure:
 class BackgroundSaves:
     """The background saves of one checkpointer (see the module docstring)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_change: Callable[[int], None] | None = None) -> None:
         self.limit = limit
+        self._on_change = on_change
         self._slots: asyncio.Semaphore | None = None
         self._last: asyncio.Task[CheckpointManifest] | None = None
         self._running: set[asyncio.Task[CheckpointManifest]] = set()
@@ -89,12 +90,18 @@ class BackgroundSaves:
         self._last = task
         self._running.add(task)
         task.add_done_callback(self._finished)
+        self._changed()
         return task
 
     def _finished(self, task: asyncio.Task[CheckpointManifest]) -> None:
         self._running.discard(task)
         assert self._slots is not None
         self._slots.release()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(len(self._running))
 
     async def wait(self) -> None:
         """Wait for every save in flight; raise a failure nobody looked at."""

@@ -94,7 +94,9 @@ async def save(
     if not isinstance(data, CheckpointData):
         raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
     with _observe.counting_retries() as retries:
-        return await _save(ctx, generation, data, before_commit, retries)
+        async with _observe.observed(None, "save", checkpoint_id=data.id, epoch=data.epoch) as op:
+            op.manifest = await _save(ctx, generation, data, before_commit, retries)
+            return op.manifest
 
 
 async def _save(
@@ -108,7 +110,9 @@ async def _save(
     cid = data.id
     record = await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
     await refuse_if_committed(ctx, cid)
-    async with _lease.hold_lease(ctx.store, ctx.paths.intent(cid), data.parent_id, ctx.lease):
+    async with _lease.hold_lease(
+        ctx.store, ctx.paths.intent(cid), data.parent_id, ctx.lease
+    ) as lease:
         try:
             uploading = time.perf_counter()
             entries = await upload_all(ctx, data, record)
@@ -134,8 +138,11 @@ async def _save(
             stats = _save_stats(checked, began, uploading, uploaded, now, retries.count)
             return msgspec.structs.replace(checked, stats=stats)
 
-        manifest = await _write_manifest(ctx, generation, manifest, with_stats)
-    return await _publish(ctx, generation, manifest)
+        async with _observe.observed(None, "commit", checkpoint_id=cid) as op:
+            manifest = await _write_manifest(ctx, generation, manifest, with_stats)
+            await lease.stop()  # before its intent goes: a renewal would write it again
+            op.manifest = await _publish(ctx, generation, manifest)
+            return op.manifest
 
 
 def _save_stats(
@@ -223,8 +230,10 @@ def assemble_manifest(
 
 async def commit(ctx: Context, generation: int, manifest: CheckpointManifest) -> CheckpointManifest:
     """Steps 4 and 5 for artifacts the caller uploaded; the committed manifest."""
-    await _write_manifest(ctx, generation, manifest)
-    return await _publish(ctx, generation, manifest)
+    async with _observe.observed(None, "commit", checkpoint_id=manifest.checkpoint_id) as op:
+        await _write_manifest(ctx, generation, manifest)
+        op.manifest = await _publish(ctx, generation, manifest)
+        return op.manifest
 
 
 async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:

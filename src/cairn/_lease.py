@@ -44,6 +44,7 @@ __all__ = [
     "TOMBSTONE",
     "TOMBSTONE_RETENTION",
     "Intent",
+    "Lease",
     "claim",
     "decode_intent",
     "hold_lease",
@@ -97,10 +98,23 @@ def is_tombstone(info: ObjectInfo) -> bool:
     return info.size == 0
 
 
+class Lease:
+    """A held lease: renewed in the background until :meth:`stop` (or the block's end)."""
+
+    def __init__(self, renewal: asyncio.Task[None]) -> None:
+        self._renewal = renewal
+
+    async def stop(self) -> None:
+        """Stop renewing (idempotent). The intent stays until deleted: the lease lapses."""
+        self._renewal.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._renewal
+
+
 @contextlib.asynccontextmanager
 async def hold_lease(
     store: Store, path: str, parent_id: CheckpointId | None, duration: dt.timedelta
-) -> AsyncIterator[None]:
+) -> AsyncIterator[Lease]:
     """Write the intent at ``path`` and renew it every third of ``duration`` until exit.
 
     A renewal that fails is logged and tried again at the next period: the lease may then
@@ -118,13 +132,11 @@ async def hold_lease(
             except CheckpointerError as exc:
                 log.warning("could not renew the lease %s: %s", path, exc)
 
-    renewal = asyncio.create_task(renew_forever())
+    lease = Lease(asyncio.create_task(renew_forever()))
     try:
-        yield
+        yield lease
     finally:
-        renewal.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewal
+        await lease.stop()
 
 
 async def claim(store: Store, manifest_path: str) -> bool:

@@ -1,19 +1,44 @@
-"""What a checkpointer tells about itself while it works: counters scoped to one call.
+"""Dispatch to observers, scoped to one call: who is watching, and which operation runs.
 
-Invariant: a counter opened for a call (a save) counts what happens in that call and in
-every task it starts, and nothing of any other call running beside it; closing it
-restores whatever was counting before. (Context variables give exactly that scope:
-tasks copy the context they are created in.)
+Invariants: what is set for a call (its observers, its operation, its retry counter)
+reaches that call and every task it starts, and nothing of any other call running beside
+it (context variables: tasks copy the context they are created in); closing a scope
+restores what was there before; an observer that raises is logged, never propagated.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-__all__ = ["RetryCounter", "counting_retries", "note_retry"]
+from cairn.errors import (
+    CheckpointNotFoundError,
+    FencedError,
+    ObjectExistsError,
+    PreconditionFailedError,
+    TransientStoreError,
+)
+from cairn.observe import Observer, Operation, StoreCall
+from cairn.stores import ForwardingStore, PutMode, Store, StoreMethod
+
+__all__ = [
+    "ObservedStore",
+    "RetryCounter",
+    "counting_retries",
+    "fell_back",
+    "note_retry",
+    "observed",
+    "store_call",
+    "watching",
+]
+
+log = logging.getLogger("cairn")
+T = TypeVar("T")
 
 
 @dataclass
@@ -23,22 +48,150 @@ class RetryCounter:
     count: int = 0
 
 
-_current: ContextVar[RetryCounter | None] = ContextVar("cairn_retry_counter", default=None)
+_retries: ContextVar[RetryCounter | None] = ContextVar("cairn_retry_counter", default=None)
+_observers: ContextVar[tuple[Observer, ...]] = ContextVar("cairn_observers", default=())
+_operation: ContextVar[Operation | None] = ContextVar("cairn_operation", default=None)
 
 
 @contextlib.contextmanager
 def counting_retries() -> Iterator[RetryCounter]:
     """Count the retries of this call and the tasks it starts, until the block ends."""
     counter = RetryCounter()
-    token = _current.set(counter)
+    token = _retries.set(counter)
     try:
         yield counter
     finally:
-        _current.reset(token)
+        _retries.reset(token)
 
 
-def note_retry() -> None:
-    """One store call is being retried (called by :class:`~cairn.retry.RetryPolicy`)."""
-    counter = _current.get()
+def _notify(observers: Sequence[Observer], call: Callable[[Observer], None]) -> None:
+    for observer in observers:
+        try:
+            call(observer)
+        except Exception:
+            log.exception("observer %r failed", observer)
+
+
+def note_retry(error: TransientStoreError) -> None:
+    """One store call is being retried after ``error`` (called by the retry policy)."""
+    counter = _retries.get()
     if counter is not None:
         counter.count += 1
+    observers = _observers.get()
+    if observers:
+        reason = f"status_{error.status}" if error.status is not None else "network"
+        op = _operation.get()
+        _notify(observers, lambda o: o.retried(op, error.operation, reason))
+
+
+def fell_back(checkpoint_id: Any, error: BaseException) -> None:
+    """``load_latest`` skipped ``checkpoint_id``."""
+    observers = _observers.get()
+    if observers:
+        op = _operation.get()
+        _notify(observers, lambda o: o.fell_back(op, checkpoint_id, error))
+
+
+def store_call(
+    observers: Sequence[Observer], operation: str, path: str, outcome: str, seconds: float
+) -> None:
+    """One store request ended (called by the observing store wrapper)."""
+    call = StoreCall(operation, path, outcome, seconds)
+    op = _operation.get()
+    _notify(observers, lambda o: o.store_call(op, call))
+
+
+def saves_in_flight(observers: Sequence[Observer], count: int) -> None:
+    """The number of background saves in flight changed."""
+    _notify(observers, lambda o: o.saves_in_flight(count))
+
+
+@contextlib.contextmanager
+def watching(observers: Sequence[Observer]) -> Iterator[None]:
+    """Make ``observers`` those of every operation opened in this block (and its tasks)."""
+    token = _observers.set(tuple(observers))
+    try:
+        yield
+    finally:
+        _observers.reset(token)
+
+
+@contextlib.asynccontextmanager
+async def observed(
+    observers: Sequence[Observer] | None, name: str, **attributes: Any
+) -> AsyncIterator[Operation]:
+    """Run the block as operation ``name``, started and ended for ``observers``.
+
+    ``observers`` None means those of the enclosing operation (a ``commit`` inside a
+    ``save``). The operation's outcome comes from how the block ends; the block may set
+    ``manifest``, ``gc`` and attributes on the yielded :class:`Operation`.
+    """
+    chosen = tuple(observers) if observers is not None else _observers.get()
+    op = Operation(name, parent=_operation.get(), attributes={})
+    if not chosen:
+        yield op
+        return
+    for key, value in attributes.items():
+        if key == "checkpoint_id":
+            op.describe(value)
+        else:
+            op.describe(**{key: value})
+    observers_token, operation_token = _observers.set(chosen), _operation.set(op)
+    _notify(chosen, lambda o: o.started(op))
+    try:
+        yield op
+    except BaseException as exc:
+        op.error = exc
+        op.outcome = "fenced" if isinstance(exc, FencedError) else "failed"
+        raise
+    else:
+        if name in ("save", "commit"):
+            op.outcome = "committed"
+    finally:
+        op.duration = time.perf_counter() - op.started
+        if op.manifest is not None:
+            op.describe(op.manifest.checkpoint_id, epoch=op.manifest.epoch)
+            if "cairn.bytes" not in op.attributes:
+                stats = op.manifest.stats
+                op.describe(bytes=stats.uploaded_bytes if stats else op.manifest.total_size_bytes)
+        _operation.reset(operation_token)
+        _observers.reset(observers_token)
+        _notify(chosen, lambda o: o.ended(op))
+
+
+class ObservedStore(ForwardingStore):
+    """A store that reports every request to ``observers`` (beneath the retrying store,
+    so that each attempt is one request)."""
+
+    def __init__(self, inner: Store, observers: Sequence[Observer]) -> None:
+        super().__init__(inner)
+        self.observers = tuple(observers)
+
+    async def _around(
+        self,
+        operation: StoreMethod,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        mode: PutMode | None = None,
+    ) -> T:
+        began = time.perf_counter()
+        outcome = "error"
+        try:
+            result = await call()
+            outcome = "ok"
+            return result
+        except CheckpointNotFoundError:
+            outcome = "not_found"
+            raise
+        except ObjectExistsError:
+            outcome = "exists"
+            raise
+        except PreconditionFailedError:
+            outcome = "precondition_failed"
+            raise
+        except TransientStoreError:
+            outcome = "transient"
+            raise
+        finally:
+            store_call(self.observers, operation, path, outcome, time.perf_counter() - began)

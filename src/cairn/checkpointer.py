@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import datetime as dt
+import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import BinaryIO
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, BinaryIO
 
 from obstore.store import ObjectStore
 
-from cairn import _catalog, _commit, _download, _lease, _pointer, _upload
+from cairn import _catalog, _commit, _download, _lease, _observe, _pointer, _upload
 from cairn._background import BackgroundSaves
 from cairn._buffer import Buffer
 from cairn._context import Context, check_id
@@ -41,12 +44,24 @@ from cairn.errors import InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.observe import Observer, Operation
 from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.sources import READ_CHUNK, ArtifactData
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
+
+log = logging.getLogger("cairn")
+
+
+@contextlib.asynccontextmanager
+async def _observed_with(
+    observers: Sequence[Observer], name: str, attributes: dict[str, Any]
+) -> AsyncIterator[Operation]:
+    with _observe.watching(observers):
+        async with _observe.observed(None, name, **attributes) as op:
+            yield op
 
 
 class Checkpointer(abc.ABC):
@@ -129,6 +144,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         compression: str | None = None,
         lease: dt.timedelta = _lease.DEFAULT_LEASE,
         max_saves_in_flight: int = 1,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self.paths = paths if paths is not None else CheckpointPaths()
         self.codec = get_codec(compression) if compression is not None else None
@@ -142,9 +158,21 @@ class ObjectStoreCheckpointer(Checkpointer):
             raise InvalidInputError(f"lease must be a positive timedelta, got {lease!r}")
         self.lease = lease
         self.retry = retry if retry is not None else RetryPolicy()
-        self.store: Store = RetryingStore(as_store(store), self.retry)
+        self.observers = tuple(observers)
+        for observer in self.observers:
+            if not isinstance(observer, Observer):
+                raise InvalidInputError(
+                    f"observers must be cairn.observe.Observer, got {observer!r}"
+                )
+        inner = as_store(store)
+        if self.observers:  # beneath the retries: each attempt is one request
+            inner = _observe.ObservedStore(inner, self.observers)
+        self.store: Store = RetryingStore(inner, self.retry)
         self.writer_generation = 0
-        self.background = BackgroundSaves(positive_int("max_saves_in_flight", max_saves_in_flight))
+        self.background = BackgroundSaves(
+            positive_int("max_saves_in_flight", max_saves_in_flight),
+            lambda count: _observe.saves_in_flight(self.observers, count),
+        )
 
     def __repr__(self) -> str:
         return f"ObjectStoreCheckpointer({self.store!r}, {self.paths!r})"
@@ -185,7 +213,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         self.background.raise_unobserved()
         if self.background.in_flight:  # commits stay in call order
             return await (await self.save_async(data))
-        return await _commit.save(self.context, self.writer_generation, data)
+        with _observe.watching(self.observers):
+            return await _commit.save(self.context, self.writer_generation, data)
 
     async def save_async(
         self, data: CheckpointData, *, copy: bool = False
@@ -217,9 +246,10 @@ class ObjectStoreCheckpointer(Checkpointer):
         if copy:
             data = data.copied()
         context, generation = self.context, self.writer_generation
-        return await self.background.submit(
-            lambda in_order: _commit.save(context, generation, data, in_order), seen
-        )
+        with _observe.watching(self.observers):  # the task copies this context
+            return await self.background.submit(
+                lambda in_order: _commit.save(context, generation, data, in_order), seen
+            )
 
     async def wait_for_saves(self) -> None:
         """Wait until every background save has ended; raise a failure nobody looked at."""
@@ -240,7 +270,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         generation has taken over by the time ``_latest`` is swapped, the manifest is
         rolled back and :class:`FencedError` raised.
         """
-        return await _commit.commit(self.context, self.writer_generation, manifest)
+        with _observe.watching(self.observers):
+            return await _commit.commit(self.context, self.writer_generation, manifest)
 
     async def save_manifest(self, manifest: CheckpointManifest) -> None:
         """Commit ``manifest``: write it only if no manifest exists for its id.
@@ -366,7 +397,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             try:
                 await self.load_manifest(cid)
             except _catalog.DAMAGE as exc:
-                _catalog.log.warning("checkpoint %s has no readable manifest (%s)", cid, exc)
+                log.warning("checkpoint %s has no readable manifest (%s)", cid, exc)
                 continue
             return cid
         return None
@@ -380,7 +411,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         and :class:`BrokenChainError` naming the link when an artifact or parent that a
         partition's chain needs is gone.
         """
-        return await _download.load(self.context, checkpoint_id, verify)
+        with _observe.watching(self.observers):
+            async with _observe.observed(None, "load", checkpoint_id=checkpoint_id) as op:
+                loaded = await _download.load(self.context, checkpoint_id, verify)
+                op.manifest = loaded.manifest
+                return loaded
 
     async def load_latest(self) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads and verifies, or None if there is none.
@@ -393,14 +428,20 @@ class ObjectStoreCheckpointer(Checkpointer):
         :mod:`cairn._pointer`). Each one that does not load (a deleted or damaged manifest
         or artifact) is logged and skipped.
         """
-        async for cid in _catalog.latest_candidates(self.context):
-            try:
-                return await self.load(cid)
-            except _catalog.DAMAGE as exc:
-                _catalog.log.warning(
-                    "checkpoint %s does not load (%s): trying the next one", cid, exc
-                )
-        return None
+        with _observe.watching(self.observers):
+            async with _observe.observed(None, "load_latest") as op:
+                async for cid in _catalog.latest_candidates(self.context):
+                    try:
+                        loaded = await _download.load(self.context, cid, True)
+                    except _catalog.DAMAGE as exc:
+                        log.warning(
+                            "checkpoint %s does not load (%s): trying the next one", cid, exc
+                        )
+                        _observe.fell_back(cid, exc)
+                        continue
+                    op.manifest = loaded.manifest
+                    return loaded
+                return None
 
     async def load_chain(
         self, checkpoint_id: CheckpointId, operator: str, partition: int
@@ -459,4 +500,18 @@ class ObjectStoreCheckpointer(Checkpointer):
         deleted and the result says what would be. See :mod:`cairn.retention`. A pinned
         id that does not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
         """
-        return await run_gc(self.store, self.paths, policy, dry_run=dry_run, min_age=min_age)
+        with _observe.watching(self.observers):
+            async with _observe.observed(None, "gc") as op:
+                op.gc = await run_gc(
+                    self.store, self.paths, policy, dry_run=dry_run, min_age=min_age
+                )
+                return op.gc
+
+    def observed(self, name: str, **attributes: Any) -> AbstractAsyncContextManager[Operation]:
+        """Run a block as an operation ``name`` for this checkpointer's observers.
+
+        For tools that compose the public API into an operation of their own (``cairn
+        copy`` is ``"copy"``): its store calls and nested operations are reported under
+        it. ``attributes`` (``checkpoint_id``, ``epoch``, ``bytes``) describe it.
+        """
+        return _observed_with(self.observers, name, attributes)

@@ -134,6 +134,8 @@ class GcResult:
     failures: list[tuple[str, str]] = field(default_factory=list)
     dry_run: bool = False
     orphans_deleted: list[str] = field(default_factory=list)
+    objects_deleted: int = 0
+    """Objects deleted (manifests, artifacts, intents, orphans); 0 on a dry run."""
 
 
 def _reachable(
@@ -417,4 +419,5 @@ async def _delete(store: Store, path: str, result: GcResult) -> bool:
         log.warning("gc could not delete %s: %s", path, exc)
         result.failures.append((path, str(exc)))
         return False
+    result.objects_deleted += 1
     return True

@@ -90,7 +90,7 @@ class RetryPolicy:
                 if attempt == self.attempts:
                     raise
                 delay = self.delay(attempt)
-                _observe.note_retry()
+                _observe.note_retry(exc)
                 log.info(
                     "retrying %s of %r in %.3fs after: %s",
                     exc.operation,

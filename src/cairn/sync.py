@@ -33,6 +33,7 @@ from cairn.errors import SyncInAsyncContextError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.observe import Observer
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
 from cairn.sources import READ_CHUNK, ArtifactData
@@ -162,6 +163,7 @@ class SyncCheckpointer:
         compression: str | None = None,
         lease: dt.timedelta = DEFAULT_LEASE,
         max_saves_in_flight: int = 1,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self.async_checkpointer = ObjectStoreCheckpointer(
             store,
@@ -172,6 +174,7 @@ class SyncCheckpointer:
             compression=compression,
             lease=lease,
             max_saves_in_flight=max_saves_in_flight,
+            observers=observers,
         )
 
     @classmethod
