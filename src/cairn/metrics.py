@@ -108,6 +108,7 @@ class PrometheusMetrics(Observer):
         self.in_flight = prometheus_client.Gauge(
             "cairn_saves_in_flight", "Background saves running now.", **options
         )
+        self._request_children: dict[tuple[str, str], Any] = {}
 
     def ended(self, operation: Operation) -> None:
         """Count saves, restores and GC runs."""
@@ -131,7 +132,11 @@ class PrometheusMetrics(Observer):
 
     def store_call(self, operation: Operation | None, call: StoreCall) -> None:
         """Count one store request."""
-        self.requests.labels(operation=call.operation, outcome=call.outcome).inc()
+        key = (call.operation, call.outcome)
+        child = self._request_children.get(key)
+        if child is None:  # labels() costs a lookup under a lock: once per pair
+            child = self._request_children[key] = self.requests.labels(*key)
+        child.inc()
 
     def retried(self, operation: Operation | None, store_operation: str, reason: str) -> None:
         """Count one retry."""
