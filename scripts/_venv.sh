@@ -1,24 +1,51 @@
-# Sourced by the other scripts: makes .venv with cairn and its test tools, once per
-# change of pyproject.toml, and Azurite (npm) when asked with CAIRN_NEED_NODE=1.
+# Sourced by the other scripts: makes .venv with what the caller needs, once per change of
+# pyproject.toml, showing what it does. CAIRN_VENV=runtime (scripts/demo.sh) installs cairn
+# and its runtime dependencies only; CAIRN_VENV=dev (the default: tests, lint) adds the
+# test and lint tools. CAIRN_NEED_NODE=1 also installs Azurite (npm), for the tests.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 python=${PYTHON:-python3}
 venv="$root/.venv"
-stamp="$venv/.cairn-installed"
+level=${CAIRN_VENV:-dev}
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setting up $venv ..." >&2
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
-  echo "$want" > "$stamp"
+dev_stamp="$venv/.cairn-installed"        # the dev tools are installed (implies runtime)
+runtime_stamp="$venv/.cairn-runtime-installed"
+
+say() { echo "cairn: $*" >&2; }
+current() { [ -x "$venv/bin/python" ] && [ "$(cat "$1" 2>/dev/null)" = "$want" ]; }
+
+case "$level" in
+  runtime) ready() { current "$dev_stamp" || current "$runtime_stamp"; } ;;
+  dev) ready() { current "$dev_stamp"; } ;;
+  *) say "CAIRN_VENV must be runtime or dev, not '$level'"; exit 2 ;;
+esac
+
+if ! ready; then
+  started=$SECONDS
+  if [ ! -x "$venv/bin/python" ]; then
+    say "creating $venv (first run only) ..."
+    "$python" -m venv "$venv"
+  fi
+  # pip reports its progress on stdout: sent to stderr, so `demo.sh --json` stays JSON.
+  pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+  if [ "$level" = dev ]; then
+    say "installing cairn with its test and lint tools into .venv ..."
+    "${pip[@]}" install --quiet --upgrade pip >&2
+    "${pip[@]}" install --progress-bar on -e ".[dev]" >&2
+    echo "$want" > "$dev_stamp"
+  else
+    say "installing cairn and its runtime dependencies into .venv (the tests' tools come with scripts/test.sh) ..."
+    "${pip[@]}" install --progress-bar on -e . >&2
+  fi
+  echo "$want" > "$runtime_stamp"
+  say ".venv ready in $((SECONDS - started)) s"
 fi
 if [ "${CAIRN_NEED_NODE:-0}" = 1 ]; then
   node_want=$(sha256sum package-lock.json | cut -d' ' -f1)
   if [ "$(cat node_modules/.cairn-installed 2>/dev/null)" != "$node_want" ]; then
-    echo "installing Azurite (npm ci) ..." >&2
-    npm ci --no-audit --no-fund --loglevel=error
+    say "installing Azurite (npm ci) ..."
+    npm ci --no-audit --no-fund --loglevel=error >&2
     echo "$node_want" > node_modules/.cairn-installed
   fi
 fi

@@ -70,8 +70,8 @@ async def test_a_crashed_job_restarts_into_the_uninterrupted_state() -> None:
     assert restore_pipeline(loaded).state == reference.state
 
     kinds = [m["kind"] for m in seen + reports if m["type"] == "checkpoint"]
-    assert kinds[:6] == ["full", "delta", "delta", "delta", "full", "delta"]
-    deltas = [m for m in seen + reports if m["type"] == "checkpoint" and m["kind"] == "delta"]
+    assert kinds[:6] == ["full", "incremental", "incremental", "incremental", "full", "incremental"]
+    deltas = [m for m in seen + reports if m["type"] == "checkpoint" and m["kind"] == "incremental"]
     assert all(m["uploaded"] + m["carried"] == len(OPERATORS) * PARTITIONS for m in deltas)
     assert any(m["carried"] > 0 for m in deltas), "no partition was carried over by reference"
 
@@ -118,7 +118,7 @@ def check_report(report: dict[str, Any]) -> None:
     assert [row["restored"] for row in rows].count(True) == 1
     assert {row["made_by"] for row in rows} >= {"restarted job"}
     assert rows[-1]["offset"] == EVENTS and report["final"]["offset"] == EVENTS
-    assert {row["kind"] for row in rows} == {"full", "delta"}
+    assert {row["kind"] for row in rows} == {"full", "incremental"}  # one word, as `cairn list`
     assert report["final"]["state_sha256"] == report["reference_state_sha256"]
 
 

@@ -15,9 +15,11 @@ accounted for. Every ``checkpoint_every`` events the job checkpoints through cai
 and only through cairn: every ``full_every``-th checkpoint holds full snapshots of all
 twelve partitions; the ones between hold, with ``parent_id`` set to the previous
 checkpoint, a delta for each partition that changed (the new values of the keys that
-changed) — cairn carries the unchanged partitions over by reference. A restore applies
-each partition's chain in order (:func:`restore_pipeline`): the base snapshot, then
-every delta on top. Each checkpoint records the source offset to resume from.
+changed) — cairn carries the unchanged partitions over by reference. The job reports
+each checkpoint's kind in the words of every cairn output: ``full`` or ``incremental``.
+A restore applies each partition's chain in order (:func:`restore_pipeline`): the base
+snapshot, then every delta on top. Each checkpoint records the source offset to resume
+from.
 
 Run as ``python -m cairn.demo --store URL --prefix P --seed S --events N ...``, the job
 restores from ``load_latest`` (if any), replays from the restored offset, checkpoints
@@ -248,7 +250,7 @@ async def _checkpoint(
         "id": str(manifest.checkpoint_id),
         "epoch": epoch,
         "offset": offset,
-        "kind": "full" if full else "delta",
+        "kind": "full" if full else "incremental",  # the CLI's words (cairn.cli.views.kind)
         "uploaded": len(artifacts),
         "carried": len(pipeline.state) - len(artifacts),
         "uploaded_bytes": sum(len(b) for b in artifacts.values()),

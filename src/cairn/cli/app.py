@@ -1,8 +1,11 @@
 """The ``cairn`` commands: typer definitions that parse options and call the operations.
 
 Every command takes ``--store URL`` (or ``$CAIRN_STORE``; default ``./checkpoints``),
-``--prefix`` (or ``$CAIRN_PREFIX``; default ``checkpoints/``), ``--json`` where it
-reports, and ``--debug``. Exit codes are documented in :mod:`cairn.cli.errors`.
+``--prefix`` (or ``$CAIRN_PREFIX``; default ``checkpoints/``, or the newest demo run's,
+see :mod:`cairn.cli.session`), ``--json`` and ``--debug``. Each command checks its
+arguments first (ids, policy, URLs, target directory), then opens the store. Exit codes
+are documented in :mod:`cairn.cli.errors`; the JSON documents in
+``cairn/cli/schemas/*.schema.json``.
 """
 
 from __future__ import annotations
@@ -13,26 +16,46 @@ from typing import Annotated
 
 import typer
 
-from cairn import RetentionPolicy, __version__
+from cairn import CheckpointId, ObjectStoreCheckpointer, RetentionPolicy, __version__
 from cairn.cli import views
-from cairn.cli.catalog import parse_id, read_manifests, resolve, resolve_many
+from cairn.cli.catalog import (
+    check_refs,
+    parse_id,
+    parse_ref,
+    read_manifests,
+    resolve,
+    resolve_many,
+)
 from cairn.cli.copy import copy_checkpoints
 from cairn.cli.demo import demo_command
-from cairn.cli.errors import CliError, ExitCode
+from cairn.cli.errors import EXIT_CODES_HELP, CliError, ExitCode
+from cairn.cli.files import check_target_dir
+from cairn.cli.help import CairnCommand, CairnGroup
 from cairn.cli.maintain import delete, parse_duration
 from cairn.cli.progress import Transfer
 from cairn.cli.restore import restore
-from cairn.cli.session import DEFAULT_PREFIX, Session, open_checkpointer, run, store_url
+from cairn.cli.session import (
+    Session,
+    checkpoint_prefixes,
+    cli_store_url,
+    open_checkpointer,
+    other_prefixes_hint,
+    run,
+)
 from cairn.cli.verify import verify
 
 __all__ = ["app"]
 
+SUMMARY = "Inspect, verify, restore, copy and collect cairn checkpoints in any object store."
+
 app = typer.Typer(
     name="cairn",
-    help="Inspect, verify, restore, copy and collect cairn checkpoints in any object store.",
+    cls=CairnGroup,
+    help=f"{SUMMARY}\n\n{EXIT_CODES_HELP}",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -42,26 +65,37 @@ StoreOption = Annotated[
         "--store",
         envvar="CAIRN_STORE",
         metavar="URL",
-        help="Store URL: file:///dir, s3://bucket/prefix, gs://…, az://…, memory://, "
-        "or a local path. [default: ./checkpoints]",
+        help="Store URL (file:///dir, s3://bucket/prefix, gs://…, az://…, memory://) or a "
+        "local path. \\[default: ./checkpoints]",
         show_default=False,
     ),
 ]
 PrefixOption = Annotated[
-    str,
-    typer.Option("--prefix", envvar="CAIRN_PREFIX", help="Base prefix of the checkpoints."),
+    str | None,
+    typer.Option(
+        "--prefix",
+        envvar="CAIRN_PREFIX",
+        metavar="PREFIX",
+        help="Base prefix of the checkpoints in the store. \\[default: checkpoints/, or the "
+        "newest `cairn demo` run when nothing is there]",
+        show_default=False,
+    ),
 ]
 JsonOption = Annotated[
-    bool, typer.Option("--json", help="Print one JSON document on stdout, for scripts.")
+    bool,
+    typer.Option("--json", help="Print one JSON document on stdout (a failure included)."),
 ]
 DebugOption = Annotated[
     bool, typer.Option("--debug", help="Show cairn's log and the traceback of a failure.")
 ]
 AllOption = Annotated[bool, typer.Option("--all", help="Every committed checkpoint.")]
-
-
-def _where(session: Session) -> dict[str, str]:
-    return {"store": session.url, "prefix": session.prefix}
+RefArgument = Annotated[
+    str, typer.Argument(metavar="ID|latest", help="A checkpoint id, or 'latest'.")
+]
+RefsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="ID|latest", help="Checkpoint ids, or 'latest'.", show_default=False),
+]
 
 
 def _version(value: bool) -> None:
@@ -77,40 +111,57 @@ def _root(
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
 ) -> None:
-    """Inspect, verify, restore, copy and collect cairn checkpoints in any object store.
-
-    Exit codes: 0 ok, 1 verification or integrity failure, 2 bad usage or input
-    (including an unknown checkpoint), 3 store unreachable or failing.
-    """
+    """The ``cairn`` group (its help is the app's)."""
 
 
-@app.command("list")
+async def _resolve(session: Session, ckpt: ObjectStoreCheckpointer, ref: str) -> CheckpointId:
+    """:func:`resolve`, naming the other prefixes that hold checkpoints when it fails."""
+    try:
+        return await resolve(ckpt, ref, session.where())
+    except CliError as exc:
+        hint = await session.elsewhere(ckpt)
+        if not hint:
+            raise
+        raise CliError(exc.message + hint, exc.code, exc.kind) from None
+
+
+@app.command("list", cls=CairnCommand)
 def list_command(
     store: StoreOption = None,
-    prefix: PrefixOption = DEFAULT_PREFIX,
+    prefix: PrefixOption = None,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size."""
-    session = Session.create(store, prefix, json_mode)
+    """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size.
+
+    When there are none under the prefix, names the prefixes of the store that hold some.
+    """
+    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
-        ckpt = session.checkpointer()
+        ckpt = await session.open()
         ids = await ckpt.list_checkpoints()
         listed = await read_manifests(ckpt, ids)
-        latest = ids[-1] if ids else None
-        session.output.json(views.list_doc(_where(session), listed, latest))
-        session.output.show(views.list_table(listed, latest))
+        latest = await ckpt.latest_id() if ids else None
+        others = [] if ids else await checkpoint_prefixes(ckpt.store, session.prefix)
+        session.output.json(views.list_doc(session.doc(), listed, latest, others))
+        if ids:
+            session.output.show(views.list_table(listed, latest))
+        else:
+            session.output.line(
+                f"no checkpoints under prefix {session.prefix!r} of {session.url}"
+                + other_prefixes_hint(others)
+            )
         for item in listed:
             if item.error is not None:
                 session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
 
-    run(session, debug, body)
+    run(session, body)
 
 
-@app.command("show")
+@app.command("show", cls=CairnCommand)
 def show_command(
-    ref: Annotated[str, typer.Argument(metavar="ID|latest", help="A checkpoint id or 'latest'.")],
+    ref: RefArgument,
     partitions: Annotated[
         bool,
         typer.Option(
@@ -119,41 +170,37 @@ def show_command(
         ),
     ] = False,
     store: StoreOption = None,
-    prefix: PrefixOption = DEFAULT_PREFIX,
+    prefix: PrefixOption = None,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Show one checkpoint's manifest: sources, offsets, and every artifact of its chains.
+    """Show one checkpoint: sources, offsets, and the artifacts of its restore chains.
 
-    Over 200 artifacts (or 50 sources), a summary per operator instead.
-
-    --partitions lists every artifact and source. --json follows the same rule:
-    a summary has "listed": false and no "entries".
+    Over 200 artifacts (or 50 sources), a summary per operator instead; --partitions
+    lists every artifact and source. --json follows the same rule: a summary has
+    "listed": false and no "entries".
     """
-    session = Session.create(store, prefix, json_mode)
+    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
-        ckpt = session.checkpointer()
-        cid = await resolve(ckpt, ref, session.where())
+        parse_ref(ref)
+        ckpt = await session.open()
+        cid = await _resolve(session, ckpt, ref)
         manifest = await ckpt.load_manifest(cid)
-        ids = await ckpt.list_checkpoints()
-        latest = bool(ids) and ids[-1] == cid
+        latest = cid == await ckpt.latest_id()
         listed = views.show_lists_entries(manifest, partitions)
-        session.output.json({**_where(session), **views.show_doc(manifest, latest, listed)})
+        session.output.json({**session.doc(), **views.show_doc(manifest, latest, listed)})
         session.output.show(views.show_table(manifest, latest, listed))
 
-    run(session, debug, body)
+    run(session, body)
 
 
-@app.command("verify")
+@app.command("verify", cls=CairnCommand)
 def verify_command(
-    refs: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="[ID|latest]...", help="Checkpoints to verify.", show_default=False),
-    ] = None,
+    refs: RefsArgument = None,
     every: AllOption = False,
     store: StoreOption = None,
-    prefix: PrefixOption = DEFAULT_PREFIX,
+    prefix: PrefixOption = None,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
@@ -161,92 +208,142 @@ def verify_command(
 
     Exits with 1 when any checkpoint fails, naming the damaged artifact or manifest.
     """
-    session = Session.create(store, prefix, json_mode)
+    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> ExitCode:
-        ckpt = session.checkpointer()
-        ids = await resolve_many(ckpt, refs or [], every, session.where())
+        wanted = check_refs(refs or [], every)
+        ckpt = await session.open()
+        ids = await _resolve_many(session, ckpt, wanted, every)
         async with Transfer(session.output.err, "verifying", len(ids), unit="items") as bar:
             results = await verify(ckpt, ids, bar)
-        session.output.json(views.verify_doc(_where(session), results))
+        session.output.json(views.verify_doc(session.doc(), results))
         session.output.show(views.verify_table(results))
         failed = [r for r in results if not r.ok]
         if not failed:
             return ExitCode.OK
-        session.output.error(
+        session.output.fail(
+            "IntegrityError",
             f"{len(failed)} of {len(results)} checkpoint(s) failed verification; "
-            f"{failed[0].checkpoint_id}: {failed[0].error}"
+            f"{failed[0].checkpoint_id}: {failed[0].error}",
+            ExitCode.INTEGRITY,
         )
         return ExitCode.INTEGRITY
 
-    run(session, debug, body)
+    run(session, body)
 
 
-@app.command("restore")
+async def _resolve_many(
+    session: Session, ckpt: ObjectStoreCheckpointer, refs: list[str], every: bool
+) -> list[CheckpointId]:
+    ids = await resolve_many(ckpt, refs, every, session.where())
+    if every and not ids:
+        hint = await session.elsewhere(ckpt)
+        session.output.warning(f"no checkpoints in {session.where()}{hint}")
+    return ids
+
+
+@app.command("restore", cls=CairnCommand)
 def restore_command(
-    ref: Annotated[str, typer.Argument(metavar="ID|latest", help="A checkpoint id or 'latest'.")],
+    ref: RefArgument,
     to: Annotated[
         Path,
         typer.Option("--to", metavar="DIR", help="Directory to write into (created if missing)."),
     ],
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace files in DIR that hold other bytes under the same names."
+        ),
+    ] = False,
     store: StoreOption = None,
-    prefix: PrefixOption = DEFAULT_PREFIX,
+    prefix: PrefixOption = None,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Write a checkpoint's verified artifacts and manifest as files under DIR.
 
     DIR mirrors the store layout ({id}/manifest.json, {owner}/operators/..., {id}/offsets/
-    ...), so it is itself a store: `cairn verify ID --store DIR --prefix ""`. Each file is
-    written to a temporary name, fsynced and renamed; the result is re-verified on disk.
-    A symbolic link inside DIR where a file or folder is to be written is refused
-    (exit 2), never followed or replaced.
+    ...), so it is itself a store: `cairn verify ID --store DIR --prefix ""`. The files are
+    written into a staging directory in DIR and verified there; only then are they renamed
+    to their names, the manifest last. A file that already holds other bytes is refused
+    (exit 2) unless --overwrite; one that holds the same bytes is left alone. A symbolic
+    link inside DIR where a file or folder is to be written is refused (exit 2), never
+    followed or replaced.
     """
-    session = Session.create(store, prefix, json_mode)
+    session = Session.create(store, prefix, json_mode, debug)
     target = to.expanduser().resolve()
 
     async def body() -> None:
-        ckpt = session.checkpointer()
-        cid = await resolve(ckpt, ref, session.where())
+        parse_ref(ref)
+        check_target_dir(target)
+        ckpt = await session.open()
+        cid = await _resolve(session, ckpt, ref)
         async with Transfer(session.output.err, "restoring", None) as bar:
-            restored = await restore(ckpt, cid, target, bar)
-        session.output.json(views.restore_doc(_where(session), restored))
+            restored = await restore(ckpt, cid, target, bar, overwrite=overwrite)
+        session.output.json(views.restore_doc(session.doc(), restored))
         session.output.show(views.restore_table(restored))
 
-    run(session, debug, body)
+    run(session, body)
 
 
-@app.command("delete")
+@app.command("delete", cls=CairnCommand)
 def delete_command(
     ref: Annotated[str, typer.Argument(metavar="ID", help="The checkpoint id to delete.")],
     force: Annotated[
         bool, typer.Option("--force", help="Delete even if later checkpoints build on it.")
     ] = False,
     store: StoreOption = None,
-    prefix: PrefixOption = DEFAULT_PREFIX,
+    prefix: PrefixOption = None,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Delete one checkpoint: its manifest first (so it is never half-listed), then its files.
+    """Delete one checkpoint: its manifest first (never half-listed), then its files.
 
     Refuses when later checkpoints build on it (their chains would break), unless --force.
     """
-    session = Session.create(store, prefix, json_mode)
+    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
         cid = parse_id(ref)
-        ckpt = session.checkpointer()
+        ckpt = await session.open()
         deleted = await delete(ckpt, cid, force, session.where())
-        session.output.json(views.delete_doc(_where(session), deleted))
+        session.output.json(views.delete_doc(session.doc(), deleted))
         session.output.show(views.delete_text(deleted))
 
-    run(session, debug, body)
+    run(session, body)
 
 
-@app.command("gc")
+def _policy(
+    keep_last: int,
+    keep_within: dt.timedelta | None,
+    keep_every: int | None,
+    pins: list[str],
+) -> RetentionPolicy:
+    """The retention policy of ``gc``'s flags, each checked and named (no I/O)."""
+    if keep_within is not None and keep_within <= dt.timedelta(0):
+        raise CliError(
+            f"--keep-within must be longer than 0s, got {keep_within.total_seconds():g}s",
+            ExitCode.USAGE,
+        )
+    pinned: list[CheckpointId] = []
+    for pin in pins:
+        try:
+            pinned.append(parse_id(pin))
+        except CliError as exc:
+            raise CliError(f"--pin: {exc.message}", exc.code) from None
+    return RetentionPolicy(
+        keep_last=keep_last,
+        keep_within=keep_within,
+        keep_every_n_epochs=keep_every,
+        pinned=tuple(pinned),
+    )
+
+
+@app.command("gc", cls=CairnCommand)
 def gc_command(
     keep_last: Annotated[
-        int, typer.Option("--keep-last", metavar="N", help="Keep the N newest checkpoints.")
+        int,
+        typer.Option("--keep-last", metavar="N", min=1, help="Keep the N newest checkpoints."),
     ],
     keep_within: Annotated[
         dt.timedelta | None,
@@ -260,7 +357,10 @@ def gc_command(
     keep_every: Annotated[
         int | None,
         typer.Option(
-            "--keep-every-n-epochs", metavar="N", help="Also keep every epoch divisible by N."
+            "--keep-every-n-epochs",
+            metavar="N",
+            min=1,
+            help="Also keep every epoch divisible by N.",
         ),
     ] = None,
     pin: Annotated[
@@ -274,7 +374,7 @@ def gc_command(
             metavar="AGE",
             parser=parse_duration,
             help="Leave uncommitted objects younger than AGE alone (a save may be in "
-            "progress). [default: 1h]",
+            "progress). \\[default: 1h]",
             show_default=False,
         ),
     ] = None,
@@ -282,96 +382,110 @@ def gc_command(
         bool, typer.Option("--dry-run", help="Only say what would be deleted.")
     ] = False,
     store: StoreOption = None,
-    prefix: PrefixOption = DEFAULT_PREFIX,
+    prefix: PrefixOption = None,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Delete the checkpoints a retention policy does not keep, and sweep orphaned uploads.
 
     Never deletes the latest checkpoint, a kept or pinned one, or anything a kept
-    checkpoint's restore chains need.
+    checkpoint's restore chains need (a deleted checkpoint's artifacts that a kept one
+    still uses stay, without their manifest; `cairn copy` copies them along).
     """
-    session = Session.create(store, prefix, json_mode)
+    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> ExitCode:
-        policy = RetentionPolicy(
-            keep_last=keep_last,
-            keep_within=keep_within,
-            keep_every_n_epochs=keep_every,
-            pinned=tuple(parse_id(p) for p in pin or []),
-        )
-        ckpt = session.checkpointer()
+        policy = _policy(keep_last, keep_within, keep_every, pin or [])
+        ckpt = await session.open()
+        for pinned in policy.pinned:
+            if not await ckpt.exists(pinned):
+                raise CliError(
+                    f"--pin: no checkpoint {pinned} in {session.where()}", ExitCode.USAGE
+                )
         label = "planning garbage collection" if dry_run else "collecting garbage"
         async with Transfer(session.output.err, label, None, unit=""):
             if min_age is None:
                 result = await ckpt.gc(policy, dry_run=dry_run)
             else:
                 result = await ckpt.gc(policy, dry_run=dry_run, min_age=min_age)
-        session.output.json(views.gc_doc(_where(session), result))
+        if not result.deleted and not result.retained:
+            hint = await session.elsewhere(ckpt)
+            if hint:
+                session.output.warning(f"no checkpoints in {session.where()}{hint}")
+        session.output.json(views.gc_doc(session.doc(), result))
         session.output.show(views.gc_table(result))
         if result.failures:
             path, reason = result.failures[0]
-            session.output.error(
+            session.output.fail(
+                "StoreError",
                 f"store failure: {len(result.failures)} object(s) could not be deleted; "
-                f"{path}: {reason}"
+                f"{path}: {reason}",
+                ExitCode.STORE,
             )
             return ExitCode.STORE
         return ExitCode.OK
 
-    run(session, debug, body)
+    run(session, body)
 
 
-@app.command("copy")
+@app.command("copy", cls=CairnCommand)
 def copy_command(
     to: Annotated[
         str, typer.Option("--to", metavar="URL", help="Target store URL (or local path).")
     ],
-    refs: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="[ID|latest]...", help="Checkpoints to copy.", show_default=False),
-    ] = None,
+    refs: RefsArgument = None,
     to_prefix: Annotated[
         str | None,
-        typer.Option("--to-prefix", help="Base prefix in the target. [default: --prefix]"),
+        typer.Option(
+            "--to-prefix",
+            metavar="PREFIX",
+            help="Base prefix in the target. \\[default: the source's prefix]",
+            show_default=False,
+        ),
     ] = None,
     every: AllOption = False,
     store: StoreOption = None,
-    prefix: PrefixOption = DEFAULT_PREFIX,
+    prefix: PrefixOption = None,
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Copy checkpoints to another store or prefix; each copy is loaded and verified there.
 
-    Chains are preserved, not flattened: a checkpoint brings the ancestors its restore
-    chains need, and parents are copied before children under the same ids.
+    A checkpoint is copied with every artifact its restore chains use, wherever it lives
+    (also the artifacts of an earlier checkpoint that gc deleted but a kept one still
+    uses), under the same ids; chains are kept, not flattened.
     """
-    session = Session.create(store, prefix, json_mode)
+    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> ExitCode:
-        source = session.checkpointer()
-        target_url = store_url(to)
-        target_prefix = prefix if to_prefix is None else to_prefix
+        wanted = check_refs(refs or [], every)
+        target_url = cli_store_url(to)
+        session.other_store = True
+        source = await session.open()
+        target_prefix = session.prefix if to_prefix is None else to_prefix
         target = open_checkpointer(target_url, target_prefix, create=True)
         if target_url == session.url and target.paths == source.paths:
             raise CliError(
                 "the target is the source: give another --to or --to-prefix", ExitCode.USAGE
             )
-        ids = await resolve_many(source, refs or [], every, session.where())
+        ids = await _resolve_many(session, source, wanted, every)
         async with Transfer(session.output.err, "copying", len(ids), unit="items") as bar:
             results = await copy_checkpoints(source, target, ids, bar)
         to_doc = {"store": target_url, "prefix": target_prefix}
-        session.output.json(views.copy_doc(_where(session), to_doc, results))
+        session.output.json(views.copy_doc(session.doc(), to_doc, results))
         session.output.show(views.copy_table(results, f"{target_url} (prefix {target_prefix!r})"))
         failed = [r for r in results if not r.ok]
         if not failed:
             return ExitCode.OK
-        session.output.error(
+        session.output.fail(
+            "IntegrityError",
             f"{len(failed)} of {len(results)} checkpoint(s) were not copied; "
-            f"{failed[0].checkpoint_id}: {failed[0].error}"
+            f"{failed[0].checkpoint_id}: {failed[0].error}",
+            ExitCode.INTEGRITY,
         )
         return ExitCode.INTEGRITY
 
-    run(session, debug, body)
+    run(session, body)
 
 
-app.command("demo")(demo_command)
+app.command("demo", cls=CairnCommand)(demo_command)

@@ -20,7 +20,16 @@ from cairn import (
 )
 from cairn.cli.errors import CliError, ExitCode
 
-__all__ = ["LATEST", "Listed", "read_manifests", "resolve", "resolve_many"]
+__all__ = [
+    "LATEST",
+    "Listed",
+    "check_refs",
+    "parse_id",
+    "parse_ref",
+    "read_manifests",
+    "resolve",
+    "resolve_many",
+]
 
 LATEST = "latest"
 MAX_CONCURRENT_READS = 16
@@ -43,6 +52,25 @@ def parse_id(text: str) -> CheckpointId:
             ExitCode.USAGE,
         )
     return CheckpointId.parse(text)
+
+
+def parse_ref(text: str) -> str:
+    """``text`` if it is a checkpoint id or ``latest``; a usage error (exit 2) otherwise.
+
+    No I/O: commands call it before they open the store.
+    """
+    if text.lower() != LATEST:
+        parse_id(text)
+    return text
+
+
+def check_refs(refs: list[str], every: bool) -> list[str]:
+    """The ``ID|latest`` arguments of a command that also takes ``--all``, checked (no I/O)."""
+    if every and refs:
+        raise CliError("give checkpoint ids or --all, not both", ExitCode.USAGE)
+    if not every and not refs:
+        raise CliError("name a checkpoint (an id, or 'latest'), or pass --all", ExitCode.USAGE)
+    return [parse_ref(ref) for ref in refs]
 
 
 async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> CheckpointId:

@@ -1,37 +1,62 @@
 """``cairn copy``: copy checkpoints to another store or prefix, chains preserved.
 
-Chains are copied, not flattened: a delta is opaque bytes that only the engine that
-wrote it can apply, so cairn cannot fold it into a snapshot. Each checkpoint is copied
-with the public API only: it is loaded from the source with every digest verified, and
-its own artifacts (the snapshots and deltas its upload holds) are saved in the target
-under the same checkpoint id, epoch, source offsets, watermark and parent id, with
-``CheckpointData(checkpoint_id=..., parent_id=...)``. The target's ``save`` then
-carries the parent's partitions over by reference exactly as the source did, which is
-why parents are copied first: a requested checkpoint brings the ancestors its chains
-need (its parent chain and every checkpoint whose artifacts it references), and all are
-copied oldest first (parents before children). A checkpoint already in the target is
-not written again; it must load and match the source, or the copy fails.
+A checkpoint is copied from what its manifest says, never by walking parent manifests:
+every cairn manifest lists each partition's whole restore chain, and each entry names
+its ``owner``, the checkpoint whose upload holds the bytes. Copying checkpoint ``C``:
 
-After each save the copy is loaded back from the target, verified, and its restore
-chains compared with the source's (owner, kind and SHA-256 of every link); a copy that
-differs is deleted again and reported. Differences from the source: the copy's manifest
-has the time of the copy as its timestamp and no writer generation (the save takes the
-target's ``_latest`` forwards as usual). A parent that no longer exists in the source
-(collected after its children stopped needing it) is dropped from a checkpoint that
-holds only its own snapshots, and noted.
+1. load ``C`` from the source with every digest verified (its manifest, and every link
+   of every chain, wherever the link lives);
+2. put each link's stored bytes (compressed ones as stored) in the target at the same
+   place relative to the base prefix, ``{owner}/operators/...``, and ``C``'s source
+   offset files. Another owner's object that the target already holds at its size is
+   kept, not rewritten (it may belong to a checkpoint committed there, and step 4 reads
+   it back anyway); whatever ``C``'s own, still uncommitted, directory holds is replaced;
+3. commit ``C``'s manifest in the target with :meth:`ObjectStoreCheckpointer.commit`,
+   which checks that every object an entry names is there, writes the manifest only if
+   absent, and moves the target's ``_latest`` forwards;
+4. load ``C`` back from the target, verified, and compare its restore chains with the
+   source's (owner, kind and SHA-256 of every link); a copy that differs is deleted
+   again and reported.
+
+So a copy needs only the bytes its chains use. That is what makes backups work after
+any GC: ``gc`` keeps every artifact a retained checkpoint's chain references, but it
+deletes the manifest of a checkpoint it does not retain, even when a retained delta
+still uses that checkpoint's snapshots. The copy brings those snapshots along under
+their owner's directory, as in the source, without the owner's manifest; the target
+then holds exactly what the source does. (The other possible fix, GC keeping the
+base's manifest, would keep a checkpoint the policy said to delete listed, restorable
+and counted as retained.)
+
+Chains are copied, not flattened: a delta is opaque bytes that only the engine that
+wrote it can apply. The copy's manifest is the source's, with one difference: its
+writer generation is the target's (a generation orders writers of one store; the
+source's means nothing in the target). Its parent id is kept even when the parent is
+not copied. A manifest written the reference's way (a delta whose base is found only
+through ``parent_id``) needs its parent's manifest to load: its parent is copied first,
+reported with ``requested: false``. A checkpoint already in the target is not written
+again; it must load and match the source, or the copy fails.
+
+Objects are written before the manifest, as a save writes them; unlike a save, no lease
+protects them meanwhile, so a GC of the target run with ``--min-age`` shorter than the
+copy may sweep them, and the commit then fails cleanly (nothing committed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 
+import msgspec
+
 from cairn import (
-    CheckpointData,
+    CheckpointAbortedError,
+    CheckpointExistsError,
     CheckpointId,
     CheckpointManifest,
     CheckpointNotFoundError,
     CodecError,
+    FencedError,
     IntegrityError,
     LoadedCheckpoint,
     ObjectStoreCheckpointer,
@@ -39,14 +64,29 @@ from cairn import (
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer
 
-__all__ = ["Copied", "copy_checkpoints"]
+__all__ = ["Copied", "copy_checkpoints", "stored_bytes"]
 
 Signature = dict[tuple[str, int], list[tuple[str, bool, str]]]
+
+MAX_CONCURRENT_PUTS = 8
+
+_FAILURES = (
+    IntegrityError,
+    CodecError,
+    CheckpointNotFoundError,
+    CheckpointExistsError,
+    CheckpointAbortedError,
+    FencedError,
+)
 
 
 @dataclass(frozen=True)
 class Copied:
-    """The outcome for one checkpoint: ``copied``, ``present`` (already there) or ``failed``."""
+    """The outcome for one checkpoint: ``copied``, ``present`` (already there) or ``failed``.
+
+    ``size_bytes`` counts the bytes written to the target for it; ``requested`` is
+    False for a parent brought along because its child's manifest needs it.
+    """
 
     checkpoint_id: CheckpointId
     epoch: int | None
@@ -70,77 +110,111 @@ def signature(loaded: LoadedCheckpoint) -> Signature:
     }
 
 
+def needs_parent_manifest(manifest: CheckpointManifest) -> bool:
+    """True when a partition's chain starts with a delta: its base is in the parent."""
+    first: dict[tuple[str, int], bool] = {}
+    for operator, entry in manifest.partition_entries():
+        first.setdefault((operator, entry.partition_id), entry.is_delta)
+    return any(first.values())
+
+
+async def stored_bytes(
+    ckpt: ObjectStoreCheckpointer, loaded: LoadedCheckpoint
+) -> dict[str, bytes | memoryview]:
+    """Every link's bytes as stored, by path relative to the base prefix.
+
+    ``loaded`` holds each link's data verified and decoded; an entry stored compressed is
+    read again as stored (its digest covers the decoded bytes, which ``loaded`` checked).
+    """
+    found: dict[str, bytes | memoryview] = {}
+    for chain in loaded.chains.values():
+        for link in chain:
+            relative = f"{link.owner}/{link.entry.path}"
+            if relative in found:
+                continue
+            if link.entry.codec is None:
+                found[relative] = memoryview(link.data)
+            else:
+                path = ckpt.paths.resolve(link.owner, link.entry.path)
+                found[relative] = memoryview(await ckpt.load_artifact(path))
+    return found
+
+
 class _Plan:
-    """The source manifests of the requested checkpoints and their ancestors."""
+    """The requested checkpoints, and the parents a reference-style manifest needs."""
 
     def __init__(self, source: ObjectStoreCheckpointer) -> None:
         self.source = source
         self.manifests: dict[CheckpointId, CheckpointManifest] = {}
         self.errors: dict[CheckpointId, str] = {}
-        self.deps: dict[CheckpointId, list[CheckpointId]] = {}
-        self.dropped_parent: set[CheckpointId] = set()
+        self.needs: dict[CheckpointId, CheckpointId] = {}
 
     async def add(self, cid: CheckpointId) -> None:
-        """Read ``cid``'s manifest and, recursively, those of the checkpoints it needs."""
-        pending = [cid]
-        while pending:
-            current = pending.pop()
-            if current in self.manifests or current in self.errors:
-                continue
+        """Read ``cid``'s manifest, and its parent's while its chains need that."""
+        current: CheckpointId | None = cid
+        while current is not None and current not in self.manifests and current not in self.errors:
             try:
                 manifest = await self.source.load_manifest(current)
             except (IntegrityError, CheckpointNotFoundError) as exc:
                 self.errors[current] = describe(exc)
-                self.deps[current] = []
-                continue
+                return
             self.manifests[current] = manifest
-            deps = {e.owner for _, e in manifest.partition_entries() if e.owner is not None}
-            if manifest.parent_id is not None:
-                if await self._exists(manifest.parent_id) or not self._self_contained(manifest):
-                    deps.add(manifest.parent_id)
-                else:
-                    self.dropped_parent.add(current)
-            self.deps[current] = sorted(deps)
-            pending.extend(deps)
-
-    async def _exists(self, cid: CheckpointId) -> bool:
-        return await self.source.exists(cid)
-
-    @staticmethod
-    def _self_contained(manifest: CheckpointManifest) -> bool:
-        return all(e.owner is None and not e.is_delta for _, e in manifest.partition_entries())
+            current = None
+            if needs_parent_manifest(manifest) and manifest.parent_id is not None:
+                self.needs[manifest.checkpoint_id] = manifest.parent_id
+                current = manifest.parent_id
 
     def order(self) -> list[CheckpointId]:
-        """Every planned id, each after the checkpoints it needs."""
-        done: list[CheckpointId] = []
-        seen: set[CheckpointId] = set()
-
-        def visit(cid: CheckpointId, path: frozenset[CheckpointId]) -> None:
-            if cid in seen or cid in path:
-                return
-            for dep in self.deps.get(cid, []):
-                visit(dep, path | {cid})
-            seen.add(cid)
-            done.append(cid)
-
-        for cid in sorted(self.deps):
-            visit(cid, frozenset())
-        return done
+        """Every planned id, oldest first: a parent's id is older than its child's."""
+        return sorted(set(self.manifests) | set(self.errors))
 
 
 async def _present(target: ObjectStoreCheckpointer, cid: CheckpointId) -> LoadedCheckpoint | None:
-    try:
-        await target.store.head(target.paths.manifest(cid))
-    except CheckpointNotFoundError:
+    if not await target.exists(cid):
         return None
     return await target.load(cid, verify=True)
+
+
+async def _put_missing(
+    source: ObjectStoreCheckpointer,
+    target: ObjectStoreCheckpointer,
+    cid: CheckpointId,
+    manifest: CheckpointManifest,
+    objects: dict[str, bytes | memoryview],
+) -> int:
+    """Put what the target lacks of ``objects`` and ``cid``'s offset files; bytes written."""
+    for name in sorted(manifest.source_offsets):
+        path = source.paths.source_offset(cid, name)
+        try:
+            blob = await source.store.get(path)
+        except CheckpointNotFoundError:
+            continue  # a manifest written the reference's way may have none: it has them all
+        objects[path.removeprefix(source.paths.base_prefix)] = memoryview(blob.data)
+    limit = asyncio.Semaphore(MAX_CONCURRENT_PUTS)
+
+    async def put(relative: str, data: bytes | memoryview) -> int:
+        path = target.paths.base_prefix + relative
+        async with limit:
+            # Another owner's objects may belong to a checkpoint committed in the target,
+            # whose bytes are immutable: kept when there (step 4 reads them back). Our own
+            # directory is uncommitted until the manifest: whatever is there is replaced.
+            if not relative.startswith(f"{cid}/"):
+                try:
+                    if (await target.store.head(path)).size == memoryview(data).nbytes:
+                        return 0
+                except CheckpointNotFoundError:
+                    pass
+            await target.store.put(path, data)
+        return memoryview(data).nbytes
+
+    written = await asyncio.gather(*(put(r, d) for r, d in sorted(objects.items())))
+    return sum(written)
 
 
 async def _copy_one(
     source: ObjectStoreCheckpointer,
     target: ObjectStoreCheckpointer,
     cid: CheckpointId,
-    drop_parent: bool,
 ) -> Copied:
     loaded = await source.load(cid, verify=True)
     manifest = loaded.manifest
@@ -152,23 +226,15 @@ async def _copy_one(
                 cid,
                 manifest.epoch,
                 "failed",
-                error=(f"the target already holds a different checkpoint {cid}"),
+                error=f"the target already holds a different checkpoint {cid}",
             )
         return Copied(cid, manifest.epoch, "present")
-    own = [
-        (key, link) for key, chain in loaded.chains.items() for link in chain if link.owner == cid
-    ]
-    data = CheckpointData(
-        checkpoint_id=cid,
-        epoch=manifest.epoch,
-        snapshots={key: link.data for key, link in own if not link.entry.is_delta},
-        deltas={key: link.data for key, link in own if link.entry.is_delta},
-        source_offsets=loaded.source_offsets,
-        watermark=manifest.watermark,
-        parent_id=None if drop_parent else manifest.parent_id,
-        timestamp_ms=manifest.timestamp_ms,
+    objects = await stored_bytes(source, loaded)
+    size = await _put_missing(source, target, cid, manifest, objects)
+    del loaded, objects  # one checkpoint's bytes in memory at a time
+    await target.commit(
+        msgspec.structs.replace(manifest, writer_generation=target.writer_generation or None)
     )
-    await target.save(data)
     copied = await target.load(cid, verify=True)
     if signature(copied) != wanted:
         await target.delete_checkpoint(cid)
@@ -176,12 +242,13 @@ async def _copy_one(
             cid,
             manifest.epoch,
             "failed",
-            error=(f"the copy of {cid} does not match its source (chains differ); it was removed"),
+            error=f"the copy of {cid} does not match its source (chains differ); it was removed",
         )
-    size = sum(memoryview(link.data).nbytes for _, link in own)
-    note = (
-        f"parent {manifest.parent_id} no longer exists: copied without it" if drop_parent else None
-    )
+    carried = {link.owner for chain in copied.chains.values() for link in chain} - {cid}
+    note = None
+    if carried:
+        held = ", ".join(str(owner) for owner in sorted(carried))
+        note = f"carries artifacts of {held}"
     return Copied(cid, manifest.epoch, "copied", size_bytes=size, note=note)
 
 
@@ -191,11 +258,11 @@ async def copy_checkpoints(
     ids: list[CheckpointId],
     progress: Transfer,
 ) -> list[Copied]:
-    """Copy ``ids`` and the ancestors they need from ``source`` to ``target``, oldest first.
+    """Copy ``ids`` (and any parent a reference-style manifest needs), oldest first.
 
     Returns one :class:`Copied` per checkpoint handled, in copy order. Integrity
-    failures of one checkpoint are reported in its result (and fail the checkpoints
-    built on it); store failures are raised.
+    failures of one checkpoint are reported in its result (and fail a checkpoint whose
+    manifest needs it); store failures are raised.
     """
     plan = _Plan(source)
     for cid in ids:
@@ -208,22 +275,16 @@ async def copy_checkpoints(
         progress.describe(f"copying {cid}")
         manifest = plan.manifests.get(cid)
         epoch = manifest.epoch if manifest is not None else None
-        failed_dep = next(
-            (d for d in plan.deps[cid] if d not in results or not results[d].ok), None
-        )
+        parent = plan.needs.get(cid)
         if cid in plan.errors:
             result = Copied(cid, None, "failed", error=plan.errors[cid])
-        elif failed_dep is not None:
-            result = Copied(
-                cid,
-                epoch,
-                "failed",
-                error=(f"it builds on {failed_dep}, which could not be copied"),
-            )
+        elif parent is not None and parent in results and not results[parent].ok:
+            error = f"its chains start in {parent}, which could not be copied"
+            result = Copied(cid, epoch, "failed", error=error)
         else:
             try:
-                result = await _copy_one(source, target, cid, cid in plan.dropped_parent)
-            except (IntegrityError, CodecError) as exc:
+                result = await _copy_one(source, target, cid)
+            except _FAILURES as exc:
                 result = Copied(cid, epoch, "failed", error=describe(exc))
         if cid not in requested:
             result = dataclasses.replace(result, requested=False)

@@ -14,6 +14,11 @@ The sequence, every step through cairn's public API:
 4. load the final checkpoint, rebuild the state from its restore chains, and compare it
    with an uninterrupted run over the same stream computed here: equal means every
    event was counted exactly once, across the crash.
+
+Each run writes under its own prefix, ``demo/<time>-<random>/`` of the store
+(``./checkpoints`` by default), so runs never mix. The other commands find the newest
+run by themselves when they are given no ``--prefix`` and nothing is under the default
+one (:mod:`cairn.cli.session`): after ``cairn demo``, a bare ``cairn list`` shows it.
 """
 
 from __future__ import annotations
@@ -40,7 +45,15 @@ from cairn.cli.catalog import read_manifests
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.output import human_size, make_table
 from cairn.cli.progress import Transfer
-from cairn.cli.session import Session, open_checkpointer, run
+from cairn.cli.session import (
+    DEFAULT_PREFIX,
+    DEMO_PREFIX,
+    Session,
+    newest_demo_run,
+    open_checkpointer,
+    run,
+)
+from cairn.cli.views import kind
 from cairn.demo import (
     OPERATORS,
     PARTITIONS,
@@ -67,6 +80,7 @@ class DemoSettings:
     checkpoint_every: int
     full_every: int
     stream_seconds: float
+    default_store: bool = False
 
     @property
     def checkpoints(self) -> int:
@@ -224,7 +238,7 @@ async def _checkpoint_rows(
                 "id": cid,
                 "epoch": manifest.epoch,
                 "offset": int(offset.offsets[SPLIT]) if offset else None,
-                "kind": "delta" if manifest.parent_id is not None else "full",
+                "kind": kind(manifest),
                 "made_by": made_by,
                 "uploaded": len(own),
                 "carried": len({(op, e.partition_id) for op, e in entries} - own_partitions),
@@ -293,7 +307,22 @@ async def run_demo(settings: DemoSettings, rng: random.Random) -> dict[str, Any]
         },
         "reference_state_sha256": reference.digest(),
         "elapsed_seconds": round(time.monotonic() - began, 2),
+        "inspect": await _inspect_hint(ckpt, settings),
     }
+
+
+async def _inspect_hint(ckpt: ObjectStoreCheckpointer, settings: DemoSettings) -> str:
+    """The shortest ``cairn list`` that shows this run's checkpoints."""
+    command = "cairn list"
+    if not settings.default_store:
+        command += f" --store {settings.url}"
+    found_alone = (
+        not (await ckpt.store.list_dir(DEFAULT_PREFIX)).prefixes
+        and await newest_demo_run(ckpt.store) == settings.prefix
+    )
+    if not found_alone:
+        command += f" --prefix {settings.prefix}"
+    return command
 
 
 def _report_view(report: dict[str, Any]) -> RenderableType:
@@ -367,7 +396,8 @@ def _report_view(report: dict[str, Any]) -> RenderableType:
     lines.append(verdict)
     lines.append(
         Text(
-            f"inspect it: cairn list --store {report['store']} --prefix {report['prefix']}",
+            f"inspect it: {report['inspect']} (then show latest, verify --all, restore "
+            "latest --to DIR)",
             style="dim",
         )
     )
@@ -376,26 +406,40 @@ def _report_view(report: dict[str, Any]) -> RenderableType:
 
 def _run_prefix() -> str:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return f"demo/{stamp}-{secrets.token_hex(3)}/"
+    return f"{DEMO_PREFIX}{stamp}-{secrets.token_hex(3)}/"
 
 
 def demo_command(
     events: Annotated[
-        int, typer.Option("--events", min=3, help="Events in the generated stream.")
+        int,
+        typer.Option("--events", metavar="N", min=3, help="Events in the generated stream."),
     ] = 20_000,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the generated stream.")] = 42,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed of the generated stream.")
+    ] = 42,
     checkpoint_every: Annotated[
         int | None,
         typer.Option(
-            "--checkpoint-every", min=1, help="Events between checkpoints. [default: events/10]"
+            "--checkpoint-every",
+            metavar="N",
+            min=1,
+            help="Events between checkpoints. \\[default: events/10]",
         ),
     ] = None,
     full_every: Annotated[
-        int, typer.Option("--full-every", min=1, help="A full snapshot every N checkpoints.")
+        int,
+        typer.Option(
+            "--full-every", metavar="N", min=1, help="A full snapshot every N checkpoints."
+        ),
     ] = 4,
     stream_seconds: Annotated[
         float,
-        typer.Option("--stream-seconds", min=0.1, help="How long the stream takes to arrive."),
+        typer.Option(
+            "--stream-seconds",
+            metavar="SECONDS",
+            min=0.1,
+            help="How long the stream takes to arrive.",
+        ),
     ] = 3.0,
     store: Annotated[
         str | None,
@@ -403,26 +447,35 @@ def demo_command(
             "--store",
             envvar="CAIRN_STORE",
             metavar="URL",
-            help="Store URL or local path. [default: ./checkpoints]",
+            help="Store URL or local path. \\[default: ./checkpoints]",
             show_default=False,
         ),
     ] = None,
     prefix: Annotated[
         str | None,
-        typer.Option("--prefix", help="An empty prefix for this run. [default: demo/<run>/]"),
+        typer.Option(
+            "--prefix",
+            metavar="PREFIX",
+            help="An empty prefix for this run. \\[default: demo/<time>-<random>/]",
+            show_default=False,
+        ),
     ] = None,
-    json_mode: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    json_mode: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document (a failure included).")
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
-    """Run a small streaming job, SIGKILL it at a random moment, restart it from its
-    latest checkpoint, and check that its final state equals an uninterrupted run's.
+    """Run a streaming job, SIGKILL it at a random moment, restart it, prove exactly-once.
 
-    Exits with 0 when the recovered state proves exactly-once processing, 1 otherwise.
+    The job checkpoints into a fresh prefix of the store (demo/<time>-<random>/ of
+    ./checkpoints by default); after it, a bare `cairn list` shows the run. Exits with 0
+    when the restarted job's final state equals an uninterrupted run's, 1 otherwise.
     """
-    session = Session.create(store, prefix or _run_prefix(), json_mode)
+    session = Session.create(store, prefix or _run_prefix(), json_mode, debug)
 
     async def body() -> ExitCode:
-        if session.url.startswith("memory:"):
+        url = session.parse()
+        if url.startswith("memory:"):
             raise CliError(
                 "the demo restarts its job in a new process: a memory:// store would not "
                 "survive; use a directory or a remote store",
@@ -430,13 +483,14 @@ def demo_command(
             )
         every = checkpoint_every or max(1, events // 10)
         settings = DemoSettings(
-            url=session.url,
+            url=url,
             prefix=session.prefix,
             seed=seed,
             events=events,
             checkpoint_every=every,
             full_every=full_every,
             stream_seconds=stream_seconds,
+            default_store=session.default_store,
         )
         if settings.checkpoints < 3:
             raise CliError(
@@ -448,6 +502,13 @@ def demo_command(
             report = await run_demo(settings, random.Random())
         session.output.json(report)
         session.output.show(_report_view(report))
-        return ExitCode.OK if report["exactly_once"] else ExitCode.INTEGRITY
+        if report["exactly_once"]:
+            return ExitCode.OK
+        session.output.fail(
+            "IntegrityError",
+            "the recovered final state differs from the uninterrupted run's",
+            ExitCode.INTEGRITY,
+        )
+        return ExitCode.INTEGRITY
 
-    run(session, debug, body)
+    run(session, body)

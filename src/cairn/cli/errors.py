@@ -12,10 +12,13 @@ code   meaning
        (bad URL, bad id, bad policy), an unknown checkpoint
        (:class:`cairn.CheckpointNotFoundError`), an unusable target directory
 3      the store failed or cannot be reached: :class:`cairn.StoreError`
+130    interrupted (Ctrl-C)
 =====  ==================================================================================
 
 A failure is reported as one line on stderr, ``error: <what went wrong>``, never a
-traceback (unless ``--debug``).
+traceback (unless ``--debug``). With ``--json`` the same failure is also one JSON
+object on stdout: ``{"schema_version": 1, "error": {"type", "message", "exit_code"}}``
+(see :func:`error_doc`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import enum
 import importlib
 from types import ModuleType
+from typing import Any
 
 from cairn import (
     CheckpointerError,
@@ -37,12 +41,20 @@ from cairn import (
     StoreError,
     TransientStoreError,
 )
+from cairn.stores import explain_store_error
+
+SCHEMA_VERSION = 1
+"""The version of every JSON document ``cairn --json`` prints (``schema_version``)."""
 
 __all__ = [
+    "EXIT_CODES_HELP",
+    "SCHEMA_VERSION",
     "CliError",
     "ExitCode",
     "click_exceptions",
     "describe",
+    "error_doc",
+    "error_type",
     "exit_code_for",
     "is_usage_error",
     "one_line",
@@ -58,6 +70,25 @@ class ExitCode(enum.IntEnum):
     INTEGRITY = 1
     USAGE = 2
     STORE = 3
+    INTERRUPTED = 130
+
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    ok
+  1    a checkpoint does not verify (damaged artifact or manifest, broken chain)
+  2    bad usage or input: option, URL, id, unknown checkpoint
+  3    the store failed or cannot be reached
+  130  interrupted (Ctrl-C)"""
+"""The exit codes as ``cairn --help`` lists them (``\\b``: printed as written)."""
+
+_KIND_OF_CODE = {
+    ExitCode.OK: "Ok",
+    ExitCode.INTEGRITY: "IntegrityError",
+    ExitCode.USAGE: "UsageError",
+    ExitCode.STORE: "StoreError",
+    ExitCode.INTERRUPTED: "Interrupted",
+}
 
 
 def click_exceptions() -> ModuleType:
@@ -79,12 +110,14 @@ def is_usage_error(exc: BaseException) -> bool:
 
 
 class CliError(Exception):
-    """A failure the command reports itself: ``message`` and the exit ``code``."""
+    """A failure the command reports itself: ``message``, the exit ``code``, and its
+    ``kind`` for JSON (default: the kind of failure the code stands for)."""
 
-    def __init__(self, message: str, code: ExitCode) -> None:
+    def __init__(self, message: str, code: ExitCode, kind: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.kind = kind or _KIND_OF_CODE[code]
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:
@@ -106,8 +139,9 @@ def one_line(text: str) -> str:
     return folded if len(folded) <= MAX_MESSAGE else folded[: MAX_MESSAGE - 1] + "…"
 
 
-def describe(exc: BaseException) -> str:
-    """One line naming what went wrong, for ``error: ...`` on stderr."""
+def describe(exc: BaseException, store_url: str | None = None) -> str:
+    """One line naming what went wrong, for ``error: ...`` on stderr (``store_url``: the
+    store the command talks to, named in what is said about it)."""
     if isinstance(exc, CliError):
         return one_line(exc.message)
     if isinstance(exc, IntegrityMismatchError):
@@ -118,11 +152,13 @@ def describe(exc: BaseException) -> str:
     elif isinstance(exc, IntegrityError):
         text = f"integrity failure: {exc}"
     elif isinstance(exc, InvalidStoreUrlError):
-        text = f"bad store URL {exc.url!r}: {exc.reason}"
+        text = str(exc)  # the library's own message: one parser, one message
     elif isinstance(exc, CheckpointNotFoundError):
         text = str(exc)
     elif isinstance(exc, InvalidInputError):
         text = f"invalid input: {exc}"
+    elif isinstance(exc, StoreError) and (hint := explain_store_error(exc, store_url)) is not None:
+        text = f"store failure: {hint}"
     elif isinstance(exc, TransientStoreError):
         text = f"store unreachable: {exc}"
     elif isinstance(exc, StoreError):
@@ -134,3 +170,19 @@ def describe(exc: BaseException) -> str:
     else:
         text = f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)"
     return one_line(text)
+
+
+def error_type(exc: BaseException) -> str:
+    """The ``type`` of a failure in JSON: the cairn error's class name, or its kind."""
+    if isinstance(exc, CliError):
+        return exc.kind
+    if isinstance(exc, KeyboardInterrupt):
+        return "Interrupted"
+    if is_usage_error(exc):
+        return "UsageError"
+    return type(exc).__name__
+
+
+def error_doc(kind: str, message: str, code: int) -> dict[str, Any]:
+    """The ``error`` member of a failed command's JSON document."""
+    return {"type": kind, "message": message, "exit_code": int(code)}

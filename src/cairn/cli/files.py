@@ -12,6 +12,10 @@ naming the link, before anything is written there. Each directory is opened rela
 its parent with ``O_NOFOLLOW`` and the file is created and renamed relative to that
 descriptor, so a directory swapped for a link while the file is written is not
 followed either. :func:`find_link` lets a caller refuse before it writes any file.
+
+:func:`move_into` moves a file written elsewhere under the same root (a staging
+directory) to its final name the same way: one atomic rename, relative to directory
+descriptors opened without following links, then an fsync of the directory.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ from pathlib import Path
 
 from cairn.cli.errors import CliError, ExitCode
 
-__all__ = ["check_target_dir", "find_link", "refuse_link", "write_atomic"]
+__all__ = [
+    "check_target_dir",
+    "existing_kind",
+    "find_link",
+    "move_into",
+    "refuse_link",
+    "write_atomic",
+]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -162,4 +173,61 @@ def write_atomic(path: Path, data: bytes | memoryview, *, root: Path | None = No
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=dir_fd)
         for fd in reversed(fds):
+            os.close(fd)
+
+
+def existing_kind(path: Path, data: bytes | memoryview) -> str:
+    """What is at ``path`` now, against ``data``: ``absent``, ``same`` (a regular file
+    holding exactly ``data``), ``different`` (another regular file), or ``other`` (a
+    directory, a link or a special file: nothing to replace a file with).
+
+    Reads the file only when its size matches. Does not follow a link at ``path``.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    except NotADirectoryError:
+        return "other"
+    if not stat.S_ISREG(st.st_mode):
+        return "other"
+    view = memoryview(data)
+    if st.st_size != view.nbytes:
+        return "different"
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        return "same" if handle.read() == view else "different"
+
+
+def move_into(staged_root: Path, root: Path, relative: str) -> None:
+    """Rename ``staged_root / relative`` to ``root / relative`` (same file system).
+
+    Directories between ``root`` and the name are created as needed; a symbolic link
+    there, or at the name, is refused (exit 2) and nothing is moved. The rename replaces
+    a regular file at the name atomically; the directory is fsynced after it.
+    """
+    source, path = staged_root / relative, root / relative
+    try:
+        fds = _open_dirs(root, path)
+    except OSError as exc:
+        raise _fail(path, exc) from None
+    try:
+        source_fds = _open_dirs(staged_root, source)
+    except OSError as exc:
+        for fd in reversed(fds):
+            os.close(fd)
+        raise _fail(source, exc) from None
+    try:
+        try:
+            mode = os.stat(path.name, dir_fd=fds[-1], follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and stat.S_ISLNK(mode):
+            raise refuse_link(path)
+        os.replace(path.name, path.name, src_dir_fd=source_fds[-1], dst_dir_fd=fds[-1])
+        os.fsync(fds[-1])
+    except OSError as exc:
+        raise _fail(path, exc) from None
+    finally:
+        for fd in (*reversed(source_fds), *reversed(fds)):
             os.close(fd)

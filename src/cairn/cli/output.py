@@ -1,7 +1,8 @@
 """Where the command line writes, and how it spells sizes, ages and times.
 
 Human output goes through rich to stdout; ``--json`` output is one JSON document on
-stdout and nothing else; errors, warnings and progress go to stderr. When stdout is not
+stdout and nothing else, a failure included; errors, warnings, notes and progress go
+to stderr. When stdout is not
 a terminal, tables are laid out 160 columns wide, so ids are not wrapped in files and
 pipes.
 """
@@ -19,6 +20,8 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.table import Table
 
+from cairn.cli.errors import SCHEMA_VERSION, error_doc
+
 __all__ = ["Output", "human_age", "human_size", "iso_time", "make_table", "time_text"]
 
 PIPE_WIDTH = 160
@@ -34,22 +37,49 @@ def _console(stderr: bool) -> Console:
 
 @dataclass
 class Output:
-    """The two streams of a command: results on stdout, diagnostics on stderr."""
+    """The two streams of a command: results on stdout, diagnostics on stderr.
+
+    In ``--json`` mode the command's document is kept (:meth:`json`) and printed once,
+    when the command ends (:meth:`emit`), with the ``error`` of a failure merged in, so
+    stdout holds exactly one JSON object whether the command succeeded or not.
+    """
 
     json_mode: bool = False
     out: Console = field(default_factory=lambda: _console(stderr=False))
     err: Console = field(default_factory=lambda: _console(stderr=True))
+    document: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
 
     def show(self, *renderables: RenderableType) -> None:
         """Print human output (ignored in ``--json`` mode, which prints one document)."""
         if not self.json_mode:
             self.out.print(*renderables)
 
-    def json(self, document: Any) -> None:
-        """Print ``document`` as JSON on stdout (only in ``--json`` mode)."""
-        if self.json_mode:
-            sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+    def line(self, text: str) -> None:
+        """Print one line of human output as is: no markup, not wrapped (ignored in JSON)."""
+        if not self.json_mode:
+            self.out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def json(self, document: dict[str, Any]) -> None:
+        """Keep ``document`` (led by its ``schema_version``) to print in ``--json`` mode."""
+        self.document = {"schema_version": SCHEMA_VERSION, **document}
+
+    def fail(self, kind: str, message: str, code: int) -> None:
+        """Report a failure: ``error: message`` on stderr, and the ``error`` of the JSON."""
+        self.error(message)
+        if self.failure is None:
+            self.failure = error_doc(kind, message, code)
+
+    def emit(self) -> None:
+        """Print the JSON document (only in ``--json`` mode, once)."""
+        if not self.json_mode:
+            return
+        document = self.document or {"schema_version": SCHEMA_VERSION}
+        if self.failure is not None:
+            document = {**document, "error": self.failure}
+        self.json_mode = False  # printed once
+        sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
 
     def error(self, message: str) -> None:
         """``error: message`` on stderr, one line."""
@@ -58,6 +88,10 @@ class Output:
     def warning(self, message: str) -> None:
         """``warning: message`` on stderr, one line."""
         self.err.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+    def note(self, message: str) -> None:
+        """``note: message`` on stderr, one line: what the command chose for the user."""
+        self.err.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
 
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")

@@ -9,49 +9,80 @@ itself a checkpoint store holding that one checkpoint::
                                                         every link of every restore chain
 
 ``{owner}`` is the checkpoint whose upload holds the bytes: ``{id}`` itself, or an
-earlier checkpoint of its chain. Every artifact is verified when it is read from the
-store, written atomically (:func:`cairn.cli.files.write_atomic`), the manifest last;
-then the directory is loaded back with cairn (``file://DIR``, prefix ``""``) and every
-digest checked again, so what is on disk is proven to be the checkpoint.
+earlier checkpoint of its chain. Artifacts are written as stored (an artifact stored
+compressed stays compressed, as its manifest entry says), so cairn loads the directory
+as it loads the store.
+
+Nothing under a restored name is touched until the whole checkpoint is on disk and
+verified: every artifact is verified when it is read from the store; every file is
+written into a fresh staging directory inside ``DIR`` (``.cairn-restore-*``, each file
+fsynced); the staging directory is loaded with cairn (``file://``, prefix ``""``) and
+every digest checked again; only then is each file renamed to its final name (one
+atomic rename each, the manifest last) and the staging directory removed. A failure
+before the renames (a damaged artifact, a full disk, a refused link) leaves ``DIR`` as
+it was; only a machine stopping during the renames themselves could leave some names
+renamed and others not.
+
+A name that already holds exactly the bytes to restore is left as it is (restoring the
+same checkpoint twice, or two checkpoints that share links, changes nothing). A name
+that holds other bytes is refused (exit 2), naming it, unless ``--overwrite``: a restore
+never silently replaces a file. A directory or special file where a file is to go is
+refused in any case.
 
 ``DIR`` itself may be a symbolic link (the user named it), but nothing below it is
 followed or replaced: if a file to be restored, or a directory on the way to one, is
 already a symbolic link in ``DIR``, the restore is refused (exit 2) naming the link,
-before any file is written; and each file is written relative to directory descriptors
-opened without following links (:func:`cairn.cli.files.write_atomic`), so a link
-that appears meanwhile is refused too. Remove the link, or restore into another
-directory.
+before any file is written; and each file is written and renamed relative to directory
+descriptors opened without following links (:mod:`cairn.cli.files`), so a link that
+appears meanwhile is refused too. Remove the link, or restore into another directory.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import secrets
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
 from cairn import CheckpointId, IntegrityError, ObjectStoreCheckpointer
+from cairn.cli.copy import stored_bytes
 from cairn.cli.errors import CliError, ExitCode, describe
-from cairn.cli.files import check_target_dir, find_link, refuse_link, write_atomic
+from cairn.cli.files import (
+    check_target_dir,
+    existing_kind,
+    find_link,
+    move_into,
+    refuse_link,
+    write_atomic,
+)
 from cairn.cli.progress import Transfer
 from cairn.cli.session import open_checkpointer
 
-__all__ = ["Restored", "plan_files", "restore"]
+__all__ = ["STAGING_PREFIX", "Restored", "plan_files", "restore"]
+
+STAGING_PREFIX = ".cairn-restore-"
 
 
 @dataclass(frozen=True)
 class Restored:
-    """What was written: the checkpoint, the directory, and each file with its size."""
+    """What was restored: the checkpoint, the directory, and each file with its size.
+
+    ``actions`` says, per file, ``created``, ``replaced`` (``--overwrite``) or
+    ``unchanged`` (it already held these bytes).
+    """
 
     checkpoint_id: CheckpointId
     epoch: int
     target: Path
     files: list[tuple[str, int]]
+    actions: dict[str, str] = field(default_factory=dict)
 
     @property
     def size_bytes(self) -> int:
-        """The bytes written in all."""
+        """The bytes of all the files restored."""
         return sum(size for _, size in self.files)
 
 
@@ -63,10 +94,7 @@ async def plan_files(
     Every artifact is loaded and verified; the manifest comes last in the list.
     """
     loaded = await ckpt.load(cid, verify=True)
-    files: dict[str, bytes | memoryview] = {}
-    for _key, chain in sorted(loaded.chains.items()):
-        for link in chain:
-            files[f"{link.owner}/{link.entry.path}"] = memoryview(link.data)
+    files: dict[str, bytes | memoryview] = dict(sorted((await stored_bytes(ckpt, loaded)).items()))
     for source, entry in sorted(loaded.source_offsets.items()):
         body = msgspec.json.format(msgspec.json.encode(entry), indent=2)
         files[f"{cid}/offsets/{source}.json"] = body
@@ -75,36 +103,83 @@ async def plan_files(
     return loaded.epoch, list(files.items())
 
 
-async def restore(
-    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, target: Path, progress: Transfer
-) -> Restored:
-    """Restore ``cid`` into directory ``target`` (absolute; created if missing), then
-    re-verify it.
+def _classify(target: Path, files: list[tuple[str, bytes | memoryview]]) -> dict[str, str]:
+    return {relative: existing_kind(target / relative, data) for relative, data in files}
 
-    Raises :class:`CliError` with exit 2 when ``target`` is a file or a symbolic link
-    stands where a file is to be written (see the module docstring), and with exit 1
-    when the written files do not verify.
+
+def _refuse_existing(target: Path, kinds: dict[str, str], overwrite: bool) -> None:
+    blocked = [relative for relative, kind in kinds.items() if kind == "other"]
+    if blocked:
+        raise CliError(
+            f"cannot restore into {target}: {target / blocked[0]} is a directory or a "
+            "special file, where a restored file goes",
+            ExitCode.USAGE,
+        )
+    different = [relative for relative, kind in kinds.items() if kind == "different"]
+    if different and not overwrite:
+        more = f" and {len(different) - 1} more" if len(different) > 1 else ""
+        raise CliError(
+            f"cannot restore into {target}: {target / different[0]}{more} already "
+            "exist(s) with other content; pass --overwrite to replace them, or restore "
+            "into an empty directory",
+            ExitCode.USAGE,
+        )
+
+
+def _stage(staging: Path, files: list[tuple[str, bytes | memoryview]], bar: Transfer) -> None:
+    for relative, data in files:
+        write_atomic(staging / relative, data, root=staging)
+        bar.advance(memoryview(data).nbytes)
+
+
+def _move_all(staging: Path, target: Path, relatives: list[str]) -> None:
+    for relative in relatives:
+        move_into(staging, target, relative)
+
+
+async def restore(
+    ckpt: ObjectStoreCheckpointer,
+    cid: CheckpointId,
+    target: Path,
+    progress: Transfer,
+    *,
+    overwrite: bool = False,
+) -> Restored:
+    """Restore ``cid`` into directory ``target`` (absolute; created if missing), verified.
+
+    Raises :class:`CliError` with exit 2 when ``target`` is a file, a symbolic link
+    stands where a file is to be written, or a file there holds other bytes and not
+    ``overwrite`` (see the module docstring); with exit 1 when the files written do not
+    verify.
     """
     await asyncio.to_thread(check_target_dir, target)
     epoch, files = await plan_files(ckpt, cid)
     link = await asyncio.to_thread(find_link, target, [relative for relative, _ in files])
     if link is not None:
         raise refuse_link(link)
+    kinds = await asyncio.to_thread(_classify, target, files)
+    _refuse_existing(target, kinds, overwrite)
     progress.describe(f"restoring {cid}")
     progress.set_total(sum(memoryview(data).nbytes for _, data in files))
-    written: list[tuple[str, int]] = []
-    for relative, data in files:
-        await asyncio.to_thread(write_atomic, target / relative, data, root=target)
-        size = memoryview(data).nbytes
-        written.append((relative, size))
-        progress.advance(size)
-    progress.describe(f"re-verifying {target}")
-    local = open_checkpointer(target.as_uri(), "", create=False)
+    staging = target / f"{STAGING_PREFIX}{secrets.token_hex(6)}"
     try:
-        await local.load(cid, verify=True)
-    except IntegrityError as exc:
-        raise CliError(
-            f"the files restored into {target} do not verify: {describe(exc)}",
-            ExitCode.INTEGRITY,
-        ) from None
-    return Restored(cid, epoch, target, written)
+        await asyncio.to_thread(_stage, staging, files, progress)
+        progress.describe(f"re-verifying {cid} on disk")
+        staged = open_checkpointer(staging.as_uri(), "", create=False)
+        try:
+            await staged.load(cid, verify=True)
+        except IntegrityError as exc:
+            raise CliError(
+                f"the files restored into {target} do not verify: {describe(exc)}",
+                ExitCode.INTEGRITY,
+            ) from None
+        to_move = [relative for relative, _ in files if kinds[relative] != "same"]
+        await asyncio.to_thread(_move_all, staging, target, to_move)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, staging, ignore_errors=True)
+    actions = {
+        relative: {"absent": "created", "different": "replaced"}.get(kinds[relative], "unchanged")
+        for relative, _ in files
+    }
+    sizes = [(relative, memoryview(data).nbytes) for relative, data in files]
+    return Restored(cid, epoch, target, sizes, actions)

@@ -1,12 +1,24 @@
 """What every command shares: the store it talks to, its output, and its error handling.
 
 The store is ``--store URL``, else ``$CAIRN_STORE``, else the local directory
-``./checkpoints`` (as the ``file://`` URL of its absolute path). A plain path is taken
-as a local directory. S3, GCS and Azure URLs read their credentials, region, endpoint
-and options from the usual environment (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``).
+``./checkpoints``. A plain path is a local directory; a string that starts with a scheme
+must be a well-formed URL (:func:`cairn.stores.store_url`, the library's own parser, so
+``s3:/x`` is refused with the library's message, exit 2). S3, GCS and Azure URLs read
+their credentials, region, endpoint and options from the usual environment
+(``AWS_*``, ``GOOGLE_*``, ``AZURE_*``).
+
+The base prefix is ``--prefix``, else ``$CAIRN_PREFIX``, else ``checkpoints/``, with
+one exception that makes the README's first steps work: when neither is given, nothing
+is under ``checkpoints/`` and the store holds runs of ``cairn demo`` (each under
+``demo/<run>/``), the newest run's prefix is used, and a ``note:`` on stderr says so.
+"Newest" is the run holding the newest checkpoint id (ids are time-ordered).
+
+Commands validate everything they can before any I/O (ids, policies, URLs, target
+directories); :meth:`Session.open` is where the store is first touched.
 
 :func:`run` runs one command's coroutine and turns any failure into its exit code (see
-:mod:`cairn.cli.errors`) and one line on stderr.
+:mod:`cairn.cli.errors`), one line on stderr and, with ``--json``, the ``error`` of the
+one JSON document on stdout.
 """
 
 from __future__ import annotations
@@ -21,23 +33,38 @@ from urllib.parse import unquote, urlsplit
 
 import typer
 
-from cairn import CheckpointPaths, ObjectStoreCheckpointer, open_store
-from cairn.cli.errors import CliError, ExitCode, describe, exit_code_for
+from cairn import CheckpointId, CheckpointPaths, ObjectStoreCheckpointer, open_store
+from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
 from cairn.cli.output import Output
+from cairn.stores import Store, store_url
 
-__all__ = ["DEFAULT_PREFIX", "DEFAULT_STORE_DIR", "Session", "run", "store_url"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DEFAULT_STORE_DIR",
+    "DEMO_PREFIX",
+    "Session",
+    "checkpoint_prefixes",
+    "cli_store_url",
+    "open_checkpointer",
+    "run",
+]
 
 DEFAULT_STORE_DIR = "checkpoints"
 DEFAULT_PREFIX = "checkpoints/"
+DEMO_PREFIX = "demo/"
+"""Where ``cairn demo`` puts its runs: ``demo/<time>-<random>/``."""
+
+MAX_PREFIX_LISTINGS = 40
+"""At most this many one-level listings when looking for other prefixes that hold
+checkpoints (:func:`checkpoint_prefixes`): a few, whatever the size of the bucket."""
+MAX_PREFIX_DEPTH = 3
 
 
-def store_url(raw: str | None) -> str:
-    """The store URL for ``--store``: a URL as given, a plain path as a ``file://`` URL."""
+def cli_store_url(raw: str | None) -> str:
+    """The store URL for ``--store``: the default directory, or the library's parse."""
     if raw is None or raw == "":
-        return Path(DEFAULT_STORE_DIR).resolve().as_uri()
-    if "://" in raw:
-        return raw
-    return Path(raw).expanduser().resolve().as_uri()
+        return Path(DEFAULT_STORE_DIR).absolute().as_uri()
+    return store_url(raw)
 
 
 def local_dir(url: str) -> Path | None:
@@ -48,39 +75,127 @@ def local_dir(url: str) -> Path | None:
     return Path(unquote(parts.path))
 
 
+async def _checkpoint_dirs(store: Store, prefix: str) -> list[CheckpointId]:
+    paths = CheckpointPaths(prefix)
+    listing = await store.list_dir(prefix)
+    return [cid for p in listing.prefixes if (cid := paths.parse_checkpoint_dir(p)) is not None]
+
+
+async def newest_demo_run(store: Store) -> str | None:
+    """The prefix of the newest ``cairn demo`` run in ``store``, or None."""
+    listing = await store.list_dir(DEMO_PREFIX)
+    newest: tuple[CheckpointId, str] | None = None
+    for run_prefix in sorted(listing.prefixes)[-MAX_PREFIX_LISTINGS:]:
+        ids = await _checkpoint_dirs(store, run_prefix)
+        if ids and (newest is None or max(ids) > newest[0]):
+            newest = (max(ids), run_prefix)
+    return newest[1] if newest else None
+
+
+async def checkpoint_prefixes(store: Store, exclude: str) -> list[str]:
+    """Prefixes of ``store`` other than ``exclude`` that hold checkpoint directories.
+
+    A bounded walk of one-level listings from the root (at most
+    :data:`MAX_PREFIX_LISTINGS` listings, :data:`MAX_PREFIX_DEPTH` levels deep), so it
+    finds the usual layouts (``checkpoints/``, ``demo/<run>/``, ``jobs/<name>/``) cheaply
+    and gives up quietly on a bucket with many unrelated folders.
+    """
+    found: list[str] = []
+    queue: list[tuple[str, int]] = [("", 0)]
+    listings = 0
+    while queue and listings < MAX_PREFIX_LISTINGS:
+        prefix, depth = queue.pop(0)
+        listing = await store.list_dir(prefix)
+        listings += 1
+        paths = CheckpointPaths(prefix)
+        children = listing.prefixes
+        if any(paths.parse_checkpoint_dir(p) is not None for p in children):
+            if prefix != exclude:
+                found.append(prefix)
+            continue
+        if depth + 1 < MAX_PREFIX_DEPTH:
+            queue.extend((child, depth + 1) for child in sorted(children))
+    return found
+
+
+def other_prefixes_hint(prefixes: list[str]) -> str:
+    """``; the store holds checkpoints under prefix 'p/' (pass --prefix p/)``, or ``""``."""
+    if not prefixes:
+        return ""
+    shown = ", ".join(repr(p) for p in prefixes[:5])
+    more = f" and {len(prefixes) - 5} more" if len(prefixes) > 5 else ""
+    example = prefixes[0] or "''"  # the store's root is passed as an empty prefix
+    return f"; the store holds checkpoints under prefix {shown}{more} (pass --prefix {example})"
+
+
 @dataclass
 class Session:
-    """One command's store (URL and base prefix) and output streams."""
+    """One command's store (URL and base prefix), output streams and debug flag.
 
-    url: str
-    prefix: str
+    ``url`` and ``prefix`` are known once :meth:`open` has run (``prefix`` may be the
+    newest demo run's, see the module docstring).
+    """
+
+    store_option: str | None
+    prefix_option: str | None
     output: Output
-    default_store: bool = False
+    debug: bool = False
+    url: str = ""
+    prefix: str = ""
+    other_store: bool = False  # a second store is in play (copy): store errors name neither
 
     @classmethod
-    def create(cls, store: str | None, prefix: str, json_mode: bool) -> Session:
-        """A session for ``--store``, ``--prefix`` and ``--json``."""
-        return cls(
-            url=store_url(store),
-            prefix=prefix,
-            output=Output(json_mode=json_mode),
-            default_store=not store,
-        )
+    def create(
+        cls, store: str | None, prefix: str | None, json_mode: bool, debug: bool = False
+    ) -> Session:
+        """A session for ``--store``, ``--prefix`` (None: not given) and ``--json``."""
+        return cls(store, prefix, Output(json_mode=json_mode), debug)
+
+    @property
+    def default_store(self) -> bool:
+        """True when the store is the default ``./checkpoints``."""
+        return not self.store_option
 
     def where(self) -> str:
         """``URL (prefix 'p/')``: the store named in messages."""
         return f"{self.url} (prefix {self.prefix!r})"
 
-    def checkpointer(self, *, create: bool = False) -> ObjectStoreCheckpointer:
-        """A checkpointer over the session's store.
+    def doc(self) -> dict[str, str]:
+        """The ``store`` and ``prefix`` members of every JSON document."""
+        return {"store": self.url, "prefix": self.prefix}
+
+    def parse(self) -> str:
+        """The store URL (no I/O): raises :class:`cairn.InvalidStoreUrlError` if malformed."""
+        self.url = cli_store_url(self.store_option)
+        self.prefix = DEFAULT_PREFIX if self.prefix_option is None else self.prefix_option
+        CheckpointPaths(self.prefix)  # a malformed prefix is bad input, found before any I/O
+        return self.url
+
+    async def open(self, *, create: bool = False) -> ObjectStoreCheckpointer:
+        """The checkpointer over the session's store, with the prefix settled.
 
         Unless ``create``, a local directory that does not exist is reported as an
         unreachable store instead of being created empty.
         """
+        self.parse()
         hint = " (the default store: pass --store URL or set CAIRN_STORE)"
-        return open_checkpointer(
+        ckpt = open_checkpointer(
             self.url, self.prefix, create=create, hint=hint if self.default_store else ""
         )
+        if self.prefix_option is None and not await _checkpoint_dirs(ckpt.store, self.prefix):
+            run_prefix = await newest_demo_run(ckpt.store)
+            if run_prefix is not None:
+                self.output.note(
+                    f"nothing under prefix {self.prefix!r}; using the newest `cairn demo` "
+                    f"run, prefix {run_prefix!r} (pass --prefix to choose)"
+                )
+                self.prefix = run_prefix
+                ckpt = ObjectStoreCheckpointer(ckpt.store, CheckpointPaths(run_prefix))
+        return ckpt
+
+    async def elsewhere(self, ckpt: ObjectStoreCheckpointer) -> str:
+        """A hint naming the other prefixes that hold checkpoints, or ``""``."""
+        return other_prefixes_hint(await checkpoint_prefixes(ckpt.store, self.prefix))
 
 
 def open_checkpointer(
@@ -118,23 +233,28 @@ def configure_logging(debug: bool) -> None:
     logger.propagate = False
 
 
-def run(session: Session, debug: bool, command: Callable[[], Awaitable[ExitCode | None]]) -> None:
+def run(session: Session, command: Callable[[], Awaitable[ExitCode | None]]) -> None:
     """Run ``command`` on an event loop; exit with its code, or report its failure.
 
     Returns normally on success (exit 0); otherwise raises :class:`typer.Exit` with the
-    exit code, after printing ``error: ...`` (and the traceback with ``debug``).
+    exit code, after printing ``error: ...`` (and the traceback with ``--debug``). In
+    ``--json`` mode the command's document (or, if it has none, one with the ``error``
+    alone) is printed on stdout either way.
     """
-    configure_logging(debug)
+    configure_logging(session.debug)
+    output = session.output
     try:
         code = asyncio.run(_call(command))
     except KeyboardInterrupt:
-        session.output.error("interrupted")
-        raise typer.Exit(130) from None
+        output.fail("Interrupted", "interrupted", ExitCode.INTERRUPTED)
+        code = ExitCode.INTERRUPTED
     except Exception as exc:
-        if debug:
+        if session.debug:
             traceback.print_exc()
-        session.output.error(describe(exc))
-        raise typer.Exit(int(exit_code_for(exc))) from None
+        code = exit_code_for(exc)
+        named = session.url if session.url and not session.other_store else None
+        output.fail(error_type(exc), describe(exc, named), code)
+    output.emit()
     if code:
         raise typer.Exit(int(code))
 

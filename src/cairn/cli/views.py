@@ -1,8 +1,10 @@
 """What each command prints: a rich table for people, one JSON document for scripts.
 
 Every ``*_doc`` function returns the JSON document of a command (plain dicts and lists,
-ids as strings, times as ISO 8601 and milliseconds); every ``*_table`` function the
-rich renderable for the same facts, with sizes and ages in human units. Names that come
+ids as strings, times as ISO 8601 and milliseconds); every ``*_table`` function the rich
+renderable for the same facts, with sizes and ages in human units. The printed document
+also carries ``schema_version`` and, on failure, ``error`` (:class:`cairn.cli.output.Output`);
+:func:`json_schema` is each command's JSON Schema. Names that come
 from the store (operators, sources) are always printed as plain text, never as markup.
 A time with no date (beyond year 9999) is never an error: ``created`` is null in JSON
 and the raw milliseconds for people.
@@ -18,6 +20,8 @@ exactly when the artifacts are listed (``"listed": true``).
 
 from __future__ import annotations
 
+import importlib.resources
+import json
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -33,12 +37,14 @@ from cairn.cli.restore import Restored
 from cairn.cli.verify import Verified
 
 __all__ = [
+    "COMMANDS_WITH_SCHEMAS",
     "copy_doc",
     "copy_table",
     "delete_doc",
     "delete_text",
     "gc_doc",
     "gc_table",
+    "json_schema",
     "list_doc",
     "list_table",
     "manifest_doc",
@@ -50,6 +56,23 @@ __all__ = [
     "verify_doc",
     "verify_table",
 ]
+
+
+COMMANDS_WITH_SCHEMAS = ("list", "show", "verify", "restore", "delete", "gc", "copy", "demo")
+"""The commands whose ``--json`` document has a JSON Schema in ``cairn/cli/schemas/``."""
+
+
+def json_schema(command: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of ``cairn COMMAND --json``'s document.
+
+    Each document carries ``schema_version`` (1); a failed command's document is either
+    the result with an ``error`` member, or ``{"schema_version", "error"}`` alone.
+    """
+    if command not in COMMANDS_WITH_SCHEMAS:
+        raise ValueError(f"no JSON schema for command {command!r}")
+    resource = importlib.resources.files("cairn.cli") / "schemas" / f"{command}.schema.json"
+    schema: dict[str, Any] = json.loads(resource.read_text(encoding="utf-8"))
+    return schema
 
 
 SHOW_ENTRIES_LIMIT = 200
@@ -67,12 +90,19 @@ def _id(cid: CheckpointId | None) -> str | None:
     return None if cid is None else str(cid)
 
 
+FULL = "full"
+INCREMENTAL = "incremental"
+
+
 def kind(manifest: CheckpointManifest) -> str:
-    """``full`` when the checkpoint holds every partition's state itself, else ``incremental``."""
+    """The kind of a checkpoint, the one word for it in every output (``cairn demo``'s
+    too): ``full`` when it holds every partition's state itself, else ``incremental``
+    (it carries state of earlier checkpoints, or holds deltas). An artifact's kind is
+    ``snapshot`` or ``delta``."""
     entries = [entry for _, entry in manifest.partition_entries()]
     if all(e.owner is None and not e.is_delta for e in entries):
-        return "full"
-    return "incremental"
+        return FULL
+    return INCREMENTAL
 
 
 def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
@@ -100,9 +130,13 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
 
 
 def list_doc(
-    where: dict[str, str], listed: list[Listed], latest: CheckpointId | None
+    where: dict[str, str],
+    listed: list[Listed],
+    latest: CheckpointId | None,
+    other_prefixes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """``cairn list --json``."""
+    """``cairn list --json``: ``other_prefixes`` names where else checkpoints are, when
+    there are none under the prefix."""
     rows: list[dict[str, Any]] = []
     for item in listed:
         if item.manifest is not None:
@@ -111,7 +145,13 @@ def list_doc(
             row = {"id": str(item.checkpoint_id), "error": item.error}
         row["latest"] = item.checkpoint_id == latest
         rows.append(row)
-    return {**where, "latest": _id(latest), "count": len(rows), "checkpoints": rows}
+    return {
+        **where,
+        "latest": _id(latest),
+        "count": len(rows),
+        "checkpoints": rows,
+        "other_prefixes": list(other_prefixes or []),
+    }
 
 
 def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableType:
@@ -374,18 +414,24 @@ def restore_doc(where: dict[str, str], restored: Restored) -> dict[str, Any]:
         "to": str(restored.target),
         "verified": True,
         "size_bytes": restored.size_bytes,
-        "files": [{"path": path, "size_bytes": size} for path, size in restored.files],
+        "files": [
+            {"path": path, "size_bytes": size, "action": restored.actions.get(path, "created")}
+            for path, size in restored.files
+        ],
     }
 
 
 def restore_table(restored: Restored) -> RenderableType:
     """``cairn restore``: the files written, then a one-line summary."""
-    table = make_table(f"files written under {restored.target}", "File", ">Size")
+    table = make_table(f"files restored under {restored.target}", "File", ">Size", "")
     for path, size in restored.files:
-        table.add_row(_plain(path), _plain(human_size(size)))
+        action = restored.actions.get(path, "created")
+        table.add_row(_plain(path), _plain(human_size(size)), _plain(action))
+    unchanged = sum(1 for action in restored.actions.values() if action == "unchanged")
+    kept = f" ({unchanged} already there)" if unchanged else ""
     summary = Text(
         f"restored checkpoint {restored.checkpoint_id} (epoch {restored.epoch}): "
-        f"{len(restored.files)} files, {human_size(restored.size_bytes)}, "
+        f"{len(restored.files)} files{kept}, {human_size(restored.size_bytes)}, "
         "every digest verified on disk"
     )
     return Group(table, summary)
@@ -416,11 +462,11 @@ def copy_doc(where: dict[str, str], to: dict[str, str], results: list[Copied]) -
 
 
 def copy_table(results: list[Copied], to: str) -> RenderableType:
-    """``cairn copy``: one row per checkpoint handled, in copy order (parents first)."""
+    """``cairn copy``: one row per checkpoint handled, in copy order (oldest first)."""
     if not results:
         return Text("nothing to copy")
     table = make_table(
-        f"copy to {to} (parents first, each verified in the target)",
+        f"copy to {to} (oldest first, each verified in the target)",
         "ID",
         ">Epoch",
         "Result",
@@ -430,7 +476,7 @@ def copy_table(results: list[Copied], to: str) -> RenderableType:
     labels = {"copied": "copied", "present": "already there", "failed": "FAILED"}
     for r in results:
         style = "red" if not r.ok else "green"
-        note = r.error or r.note or ("" if r.requested else "needed by a requested checkpoint")
+        note = r.error or r.note or ("" if r.requested else "its child's manifest needs it")
         table.add_row(
             _plain(r.checkpoint_id),
             _plain("?" if r.epoch is None else r.epoch),
@@ -497,4 +543,6 @@ def gc_table(result: GcResult) -> RenderableType:
         f"{'would reclaim' if result.dry_run else 'reclaimed'} "
         f"{human_size(result.bytes_reclaimed)}"
     )
+    if not (result.deleted or result.retained or result.failures):
+        return summary  # an empty table would only wrap its title
     return Group(table, summary)
