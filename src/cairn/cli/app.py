@@ -31,6 +31,7 @@ from cairn.cli.demo import demo_command
 from cairn.cli.errors import EXIT_CODES_HELP, CliError, ExitCode
 from cairn.cli.files import check_target_dir
 from cairn.cli.help import CairnCommand, CairnGroup
+from cairn.cli.history import Point, history_chart, history_doc
 from cairn.cli.maintain import delete, parse_duration
 from cairn.cli.progress import Transfer
 from cairn.cli.restore import restore
@@ -155,6 +156,43 @@ def list_command(
         for item in listed:
             if item.error is not None:
                 session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
+
+    run(session, body)
+
+
+@app.command("history", cls=CairnCommand)
+def history_command(
+    store: StoreOption = None,
+    prefix: PrefixOption = None,
+    json_mode: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Draw the checkpoints over time: size uploaded and carried, duration, full or
+    incremental, and the saves that did not commit and long gaps, at a glance."""
+    session = Session.create(store, prefix, json_mode, debug)
+
+    async def body() -> None:
+        ckpt = await session.open()
+        committed = set(await ckpt.list_checkpoints())
+        listing = await ckpt.store.list_dir(ckpt.paths.base_prefix)
+        every = sorted(
+            cid
+            for entry in listing.prefixes
+            if (cid := ckpt.paths.parse_checkpoint_dir(entry)) is not None
+        )
+        listed = {
+            item.checkpoint_id: item for item in await read_manifests(ckpt, sorted(committed))
+        }
+        points = [
+            Point(cid, "uncommitted")
+            if cid not in committed
+            else Point(cid, "committed", listed[cid].manifest)
+            if listed[cid].manifest is not None
+            else Point(cid, "unreadable")
+            for cid in every
+        ]
+        session.output.json(history_doc(session.doc(), points))
+        session.output.show(history_chart(points))
 
     run(session, body)
 

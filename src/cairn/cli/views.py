@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 
-COMMANDS_WITH_SCHEMAS = ("list", "show", "verify", "restore", "delete", "gc", "copy", "demo")
+COMMANDS_WITH_SCHEMAS = ("list", "history", "show", "verify", "restore", "delete", "gc", "copy", "demo")
 """The commands whose ``--json`` document has a JSON Schema in ``cairn/cli/schemas/``."""
 
 
@@ -106,10 +106,17 @@ def kind(manifest: CheckpointManifest) -> str:
 
 
 def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
-    """The summary of one manifest: what ``list`` shows per checkpoint."""
+    """The summary of one manifest: what ``list`` shows per checkpoint.
+
+    ``uploaded_*`` are the checkpoint's own artifacts, ``carried_*`` those it references
+    from earlier checkpoints (bytes as handed to ``save``); ``duration_ms``,
+    ``upload_ms``, ``commit_ms`` and ``retries`` come from the save's statistics and are
+    absent for checkpoints saved before cairn recorded them.
+    """
     entries = [entry for _, entry in manifest.partition_entries()]
     own = [e for e in entries if e.owner is None]
-    return {
+    carried = [e for e in entries if e.owner is not None]
+    doc = {
         "id": str(manifest.checkpoint_id),
         "epoch": manifest.epoch,
         "created": iso_time(manifest.timestamp_ms),
@@ -121,9 +128,20 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
         "uploaded_artifacts": len(own),
         "size_bytes": manifest.total_size_bytes,
         "uploaded_bytes": sum(e.size_bytes for e in own),
+        "carried_artifacts": len(carried),
+        "carried_bytes": sum(e.size_bytes for e in carried),
         "watermark": manifest.watermark,
         "writer_generation": manifest.writer_generation,
     }
+    stats = manifest.stats
+    if stats is not None:  # manifests written before statistics existed have none
+        doc.update(
+            duration_ms=stats.duration_ms,
+            upload_ms=stats.upload_ms,
+            commit_ms=stats.commit_ms,
+            retries=stats.retries,
+        )
+    return doc
 
 
 # -- list ----------------------------------------------------------------------------------
@@ -166,6 +184,8 @@ def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableT
         "Kind",
         ">Artifacts",
         ">Size",
+        ">Uploaded",
+        ">Took",
         "",
         no_wrap=True,
     )
@@ -178,6 +198,8 @@ def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableT
                 Text("?"),
                 Text(""),
                 Text("unreadable", style="red"),
+                Text(""),
+                Text(""),
                 Text(""),
                 Text(""),
                 marker,
@@ -193,6 +215,8 @@ def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableT
             _plain(doc["kind"]),
             _plain(artifacts),
             _plain(human_size(manifest.total_size_bytes)),
+            _plain(human_size(doc["uploaded_bytes"])),
+            _plain(f"{doc['duration_ms'] / 1000:.2f} s" if "duration_ms" in doc else "—"),
             marker,
         )
     return table
