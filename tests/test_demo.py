@@ -1,4 +1,4 @@
-"""``cairn demo`` and the job it runs (:mod:`cairn.demo`).
+"""``cairn demo`` and the job it runs (:mod:`cairn.demo`: the harness and the job).
 
 In-process: the stream is a pure function of seed and offset, a checkpointed run that
 crashes and restarts ends in the uninterrupted run's state, and delta checkpoints carry
@@ -21,7 +21,7 @@ from obstore.store import MemoryStore
 from support.servers import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server
 
 from cairn import ObjectStoreCheckpointer
-from cairn.demo import (
+from cairn.demo.job import (
     OPERATORS,
     PARTITIONS,
     JobConfig,

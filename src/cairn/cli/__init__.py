@@ -13,7 +13,7 @@ also what ``python -m cairn`` and ``python -m cairn.cli`` run. The modules, one 
 * :mod:`cairn.cli.catalog`, :mod:`cairn.cli.verify`, :mod:`cairn.cli.restore`,
   :mod:`cairn.cli.files`, :mod:`cairn.cli.copy`, :mod:`cairn.cli.maintain`: the
   operations;
-* :mod:`cairn.cli.demo`: ``cairn demo`` (the job itself is :mod:`cairn.demo`).
+* ``cairn demo`` lives in :mod:`cairn.demo` (its harness, and the job it kills).
 """
 
 from __future__ import annotations

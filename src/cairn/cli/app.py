@@ -27,7 +27,6 @@ from cairn.cli.catalog import (
     resolve_many,
 )
 from cairn.cli.copy import copy_checkpoints
-from cairn.cli.demo import demo_command
 from cairn.cli.errors import EXIT_CODES_HELP, CliError, ExitCode
 from cairn.cli.files import check_target_dir
 from cairn.cli.help import CairnCommand, CairnGroup
@@ -44,6 +43,7 @@ from cairn.cli.session import (
     run,
 )
 from cairn.cli.verify import verify
+from cairn.demo.harness import demo_command
 
 __all__ = ["app"]
 

@@ -58,7 +58,17 @@ __all__ = [
 ]
 
 
-COMMANDS_WITH_SCHEMAS = ("list", "history", "show", "verify", "restore", "delete", "gc", "copy", "demo")
+COMMANDS_WITH_SCHEMAS = (
+    "list",
+    "history",
+    "show",
+    "verify",
+    "restore",
+    "delete",
+    "gc",
+    "copy",
+    "demo",
+)
 """The commands whose ``--json`` document has a JSON Schema in ``cairn/cli/schemas/``."""
 
 

@@ -2,7 +2,7 @@
 
 The sequence, every step through cairn's public API:
 
-1. start the job (:mod:`cairn.demo`) as a child process, on a fresh prefix of the store,
+1. start the job (:mod:`cairn.demo.job`) as a child process, on a fresh prefix of the store,
    with its stream paced over ``--stream-seconds``;
 2. pick the kill moment at random: after the child reports its k-th checkpoint
    (k uniform in 1..n-2 of the n it would make), plus a random part of one checkpoint
@@ -54,7 +54,7 @@ from cairn.cli.session import (
     run,
 )
 from cairn.cli.views import kind
-from cairn.demo import (
+from cairn.demo.job import (
     OPERATORS,
     PARTITIONS,
     SOURCE,
@@ -92,7 +92,7 @@ class DemoSettings:
         return [
             sys.executable,
             "-m",
-            "cairn.demo",
+            "cairn.demo.job",
             "--store",
             self.url,
             "--prefix",

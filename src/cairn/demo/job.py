@@ -21,7 +21,7 @@ A restore applies each partition's chain in order (:func:`restore_pipeline`): th
 snapshot, then every delta on top. Each checkpoint records the source offset to resume
 from.
 
-Run as ``python -m cairn.demo --store URL --prefix P --seed S --events N ...``, the job
+Run as ``python -m cairn.demo.job --store URL --prefix P --seed S --events N ...``, the job
 restores from ``load_latest`` (if any), replays from the restored offset, checkpoints
 to the end of the stream, and prints one JSON object per line as it goes
 (:func:`main`), so the parent of ``cairn demo`` can follow it, kill it, and restart it.
@@ -296,8 +296,8 @@ def _print_line(message: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The job as a process: ``python -m cairn.demo --store URL --prefix P ...``."""
-    parser = argparse.ArgumentParser(prog="python -m cairn.demo", description=__doc__)
+    """The job as a process: ``python -m cairn.demo.job --store URL --prefix P ...``."""
+    parser = argparse.ArgumentParser(prog="python -m cairn.demo.job", description=__doc__)
     parser.add_argument("--store", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--seed", type=int, required=True)
