@@ -61,8 +61,11 @@ def _tidy(params: list[Any]) -> list[Any]:
     return params
 
 
-class CairnCommand(TyperCommand):
-    """A cairn command: its help as described in the module docstring."""
+class _Tidied:
+    """What a cairn command and the cairn group share: reflowed help, tidied parameters."""
+
+    help: str | None
+    params: list[Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,7 +74,11 @@ class CairnCommand(TyperCommand):
 
     def get_params(self, ctx: Any) -> list[Any]:
         """The parameters, the help option included, tidied for display."""
-        return _tidy(list(super().get_params(ctx)))
+        return _tidy(list(super().get_params(ctx)))  # type: ignore[misc]
+
+
+class CairnCommand(_Tidied, TyperCommand):
+    """A cairn command: its help as described in the module docstring."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         """``[OPTIONS]``, then each argument once: ``NAME``, ``[NAME]``, ``NAME...``."""
@@ -88,14 +95,5 @@ class CairnCommand(TyperCommand):
         return pieces
 
 
-class CairnGroup(TyperGroup):
+class CairnGroup(_Tidied, TyperGroup):
     """The ``cairn`` group: its help as described in the module docstring."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.help = reflow(self.help)
-        _tidy(self.params)
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        """The parameters, the help option included, tidied for display."""
-        return _tidy(list(super().get_params(ctx)))
