@@ -9,6 +9,11 @@ with :func:`capabilities_of`); code that must treat backends differently asks fo
 capability it needs, never for a backend type. :mod:`cairn.testing` holds the contract
 every store and wrapper passes.
 
+This module is the interface; its parts live beside it: the values it speaks in
+(:mod:`cairn._storetypes`), error translation (:mod:`cairn._translate`), the link-safe
+local filesystem (:mod:`cairn._localfs`) and opening stores by URL (:mod:`cairn._urls`).
+Every public name stays importable from here.
+
 Invariants kept at this boundary:
 
 * no obstore (or OS) exception escapes: each is translated into a :mod:`cairn.errors`
@@ -44,28 +49,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import errno
 import fcntl
-import itertools
 import os
-import re
-import shutil
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
-from urllib.parse import unquote, urlsplit
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import obstore
-from obstore.exceptions import (
-    AlreadyExistsError,
-    BaseError,
-    NotSupportedError,
-    PermissionDeniedError,
-    PreconditionError,
-    UnauthenticatedError,
-)
 from obstore.store import (
     AzureStore,
     GCSStore,
@@ -73,21 +64,45 @@ from obstore.store import (
     MemoryStore,
     ObjectStore,
     S3Store,
-    from_url,
 )
 
-from cairn import _shutdown
 from cairn._buffer import Buffer
+from cairn._localfs import (
+    _LINK_ERRNOS,
+    _local_delete,
+    _local_io,
+    _local_list,
+    _local_list_dir,
+    _local_parts,
+    _local_remove_tree,
+)
+from cairn._storetypes import (
+    Blob,
+    IfMatch,
+    ListDirResult,
+    ObjectInfo,
+    PutMode,
+    StoreCapabilities,
+    StoreMethod,
+    capabilities_of,
+)
+from cairn._translate import (
+    _call,
+    _info,
+    translate_error,
+)
+from cairn._urls import (
+    DEFAULT_CLIENT_RETRY,
+    explain_store_error,
+    open_store,
+    store_url,
+)
 from cairn.errors import (
-    CheckpointerError,
     CheckpointNotFoundError,
     InvalidInputError,
-    InvalidStoreUrlError,
-    ObjectExistsError,
     ObjectNotFoundError,
     PreconditionFailedError,
     StoreError,
-    TransientStoreError,
 )
 
 __all__ = [
@@ -116,44 +131,6 @@ PART_SIZE = 8 * 1024 * 1024
 """Multipart part size for streamed uploads (S3's minimum is 5 MiB)."""
 PARTS_IN_FLIGHT = 4
 """Parts of one streamed upload in flight at once: memory is about PART_SIZE times this."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    """What a HEAD or a listing tells about one object."""
-
-    path: str
-    size: int
-    e_tag: str | None
-    last_modified: dt.datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Blob:
-    """An object's bytes with the metadata of the version that was read."""
-
-    data: Buffer
-    info: ObjectInfo
-
-
-@dataclass(frozen=True, slots=True)
-class ListDirResult:
-    """One level of a listing: sub-directories (ending in ``/``) and objects."""
-
-    prefixes: list[str]
-    objects: list[ObjectInfo]
-
-
-@dataclass(frozen=True, slots=True)
-class IfMatch:
-    """Put mode: replace the object only if its current e-tag is ``e_tag``."""
-
-    e_tag: str
-    version: str | None = None
-
-
-PutMode = Literal["overwrite", "create"] | IfMatch
-"""``"overwrite"``, ``"create"`` (fail if the object exists) or :class:`IfMatch`."""
 
 
 @runtime_checkable
@@ -231,56 +208,6 @@ class Store(Protocol):
 
 # ---------------------------------------------------------------------------------------
 # Capabilities, and the base of store wrappers
-
-
-@dataclass(frozen=True, slots=True)
-class StoreCapabilities:
-    """What a store declares about how it does the :class:`Store` operations.
-
-    Every store does every operation, with the meaning the protocol states; a capability
-    says *how*, where backends differ in a way a caller or the store contract must know.
-    The defaults claim nothing: they are what :func:`capabilities_of` assumes of a store
-    that declares none.
-
-    * ``native_compare_and_swap``: ``put(mode=IfMatch(...))`` is done by the backend
-      itself, atomically for every client. False where cairn emulates it (a local
-      directory, under an OS file lock that holds between the processes of one host
-      only) or cannot tell.
-    * ``user_metadata``: ``put``'s ``metadata`` is stored and :meth:`Store.stat` returns
-      it. Where False, it is dropped.
-    * ``local_path``: for a store whose objects are the files below a local directory,
-      that directory. Symbolic links can appear there, and are never followed (see this
-      module's docstring). None for every other store.
-    """
-
-    native_compare_and_swap: bool = False
-    user_metadata: bool = False
-    local_path: Path | None = None
-
-
-def capabilities_of(store: object) -> StoreCapabilities:
-    """The :class:`StoreCapabilities` that ``store`` declares as ``capabilities``.
-
-    A store without that attribute (or with one of another type) gets
-    ``StoreCapabilities()``, which claims nothing.
-    """
-    declared = getattr(store, "capabilities", None)
-    return declared if isinstance(declared, StoreCapabilities) else StoreCapabilities()
-
-
-StoreMethod = Literal[
-    "get",
-    "get_range",
-    "head",
-    "put",
-    "put_stream",
-    "stat",
-    "list_dir",
-    "list",
-    "delete",
-    "delete_prefix",
-]
-"""The name of one :class:`Store` method, as :meth:`ForwardingStore._around` receives it."""
 
 
 class ForwardingStore:
@@ -391,308 +318,9 @@ class ForwardingStore:
 # Debug form is taken after the *last* marker, so a body that contains the marker text
 # cannot move it. tests/test_throttling.py pins these shapes against live obstore errors.
 
-_DEBUG_SOURCE = "\n\nDebug source:\n"
-_REQUEST_ERROR = re.compile(r"\b(Status|Response) \{\n[ \t]*status: (\d{3}),\n")
-_HTTP_ERROR = re.compile(r"\bHttpError \{\n[ \t]*kind: (\w+),\n")
-_S3_ERROR_CODE = re.compile(r"<Code>(\w+)</Code>")
-
-_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-"""Request Timeout, Too Many Requests (throttling), and the server-side 5xx that mean
-"try again": internal error, bad gateway, service unavailable (S3's SlowDown), gateway
-timeout. 501 and 505 are permanent; other 4xx are the request's own fault."""
-
-_TRANSIENT_HTTP_KINDS = frozenset({"Connect", "Request", "Timeout", "Interrupted"})
-"""The HttpErrorKinds object_store itself retries: no connection, a request that could
-not be sent, a timeout, a connection reset or closed mid-exchange. object_store retries
-the last two only for idempotent requests; every :class:`Store` call is safe to repeat
-(see :mod:`cairn.retry`). ``Decode`` (an unparseable response) and ``Unknown`` are not
-retried, by either."""
-
-_TRANSIENT_S3_CODES = frozenset({"RequestTimeout"})
-"""S3 error codes (the ``<Code>`` of its XML error document) that are transient although
-their status is not: ``400 RequestTimeout`` (the socket was idle too long mid-upload)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    """What obstore's Debug form says about a failed HTTP exchange."""
-
-    status: int | None = None  # the status the server answered, if it answered
-    error_in_success: bool = False  # S3's 200 response whose body is an error
-    kind: str | None = None  # HttpErrorKind, if no response came back
-    s3_code: str | None = None  # the S3 error code in the response body, if any
-
-
-def _http_failure(exc: BaseException) -> _Failure:
-    debug = str(exc).rpartition(_DEBUG_SOURCE)[2]
-    request_error = _REQUEST_ERROR.search(debug)
-    if request_error is not None:
-        code = _S3_ERROR_CODE.search(debug, request_error.end())
-        return _Failure(
-            status=int(request_error.group(2)),
-            error_in_success=request_error.group(1) == "Response",
-            s3_code=code.group(1) if code else None,
-        )
-    http_error = _HTTP_ERROR.search(debug)
-    return _Failure(kind=http_error.group(1) if http_error else None)
-
-
-def _is_transient(failure: _Failure) -> bool:
-    if failure.error_in_success:
-        # object_store raises Response only for a 2xx whose body is an S3 InternalError
-        # or SlowDown, which it retries like a 5xx.
-        return True
-    if failure.status is not None:
-        return failure.status in _TRANSIENT_STATUSES or (
-            failure.status == 400 and failure.s3_code in _TRANSIENT_S3_CODES
-        )
-    return failure.kind in _TRANSIENT_HTTP_KINDS
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).split("\n\nDebug source:", 1)[0].strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def translate_error(operation: str, path: str, exc: BaseException) -> CheckpointerError:
-    """The :mod:`cairn.errors` error for an exception raised by obstore (or the OS).
-
-    Classified by kind, then by HTTP status, never by the wording of the message:
-    obstore's not-found, already-exists, precondition, permission, authentication and
-    not-supported classes map to their own errors; Python's ``TimeoutError`` and
-    ``ConnectionError`` are transient; for any other obstore error (or OS error) the
-    status or connection-failure kind recorded in obstore's structured Debug form
-    decides: 408, 429, 500, 502, 503, 504 (and S3's ``400 RequestTimeout``, and S3's
-    200 carrying an error) and connect, send, timeout and interrupted failures are
-    :class:`TransientStoreError`; everything else is a plain :class:`StoreError`. The
-    HTTP status, when there was one, is kept as ``status`` on the error.
-    """
-    if isinstance(exc, CheckpointerError):
-        return exc
-    reason = _first_line(exc)
-    if isinstance(exc, FileNotFoundError):
-        return ObjectNotFoundError(operation, path)
-    failure = _http_failure(exc) if isinstance(exc, BaseError | OSError) else _Failure()
-    status = failure.status
-    if isinstance(exc, AlreadyExistsError):
-        return ObjectExistsError(operation, path, reason, status=status)
-    if isinstance(exc, PreconditionError):
-        return PreconditionFailedError(operation, path, reason, status=status)
-    if isinstance(
-        exc, PermissionDeniedError | UnauthenticatedError | NotSupportedError | NotImplementedError
-    ):
-        return StoreError(operation, path, reason, status=status)
-    if isinstance(exc, TimeoutError | ConnectionError) or _is_transient(failure):
-        return TransientStoreError(operation, path, reason, status=status)
-    return StoreError(operation, path, reason, status=status)
-
-
-async def _call(operation: str, path: str, awaitable: Awaitable[T]) -> T:
-    try:
-        return await awaitable
-    except (BaseError, OSError, NotImplementedError) as exc:
-        raise translate_error(operation, path, exc) from exc
-    finally:
-        _shutdown.note_store_call()
-
-
-def _info(meta: Any, *, quote_e_tag: bool = False) -> ObjectInfo:
-    e_tag = meta.get("e_tag")
-    if quote_e_tag and e_tag is not None and not e_tag.startswith(('"', "W/")):
-        e_tag = f'"{e_tag}"'
-    return ObjectInfo(
-        path=meta["path"],
-        size=meta["size"],
-        e_tag=e_tag,
-        last_modified=meta["last_modified"],
-    )
-
 
 # ---------------------------------------------------------------------------------------
 # Local directories: symbolic links below the root are never followed
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# What open(O_NOFOLLOW) reports for a link: ELOOP on Linux and macOS, EMLINK on FreeBSD;
-# with O_DIRECTORY too, Linux reports ENOTDIR (as for any other non-directory).
-_LINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
-
-def _local_parts(operation: str, path: str) -> list[str]:
-    """The components of an object path, as obstore parses them; StoreError if invalid."""
-    parts = path.strip("/").split("/") if path.strip("/") else []
-    for part in parts:
-        if part in ("", ".", "..") or "\x00" in part:
-            raise StoreError(operation, path, f"not a valid object path (segment {part!r})")
-    return parts
-
-
-def _is_staging(name: str) -> bool:
-    # obstore's local store writes ``{name}#{n}`` and renames it into place; it never
-    # lists such a name nor lets one be addressed (the suffix after the first ``#``).
-    _, hash_sign, suffix = name.partition("#")
-    return bool(hash_sign) and suffix.isascii() and suffix.isdigit()
-
-
-def _local_info(path: str, st: os.stat_result) -> ObjectInfo:
-    # The same metadata obstore's local store reports (its e-tag is inode, mtime in
-    # microseconds and size, in hex), so a listing and a HEAD agree.
-    micros = st.st_mtime_ns // 1000
-    return ObjectInfo(
-        path=path,
-        size=st.st_size,
-        e_tag=f'"{st.st_ino:x}-{max(micros, 0):x}-{st.st_size:x}"',
-        last_modified=_EPOCH + dt.timedelta(microseconds=micros),
-    )
-
-
-def _open_nofollow_dir(name: str, dir_fd: int) -> int | None:
-    """A descriptor of directory ``name`` in ``dir_fd``; None if missing, not a dir, a link."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno in _LINK_ERRNOS:
-            return None
-        raise
-
-
-@contextlib.contextmanager
-def _local_dirs(root: Path, parts: Sequence[str]) -> Iterator[list[int]]:
-    """Descriptors of ``root`` and of each directory ``parts`` names below it, in order.
-
-    The walk stops at the first part that is missing, not a directory, or a symbolic
-    link: the list is complete (``len(parts) + 1``) only if every part is a real
-    directory. Empty if the root itself is missing. All are closed on exit.
-    """
-    fds: list[int] = []
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-            for part in parts:
-                fd = _open_nofollow_dir(part, fds[-1])
-                if fd is None:
-                    break
-                fds.append(fd)
-        yield fds
-    finally:
-        for fd in reversed(fds):
-            os.close(fd)
-
-
-def _scan_tree(dir_fd: int, key: str, found: list[ObjectInfo]) -> None:
-    """Append every regular file under ``dir_fd`` (whose object path is ``key``)."""
-    subdirs: list[tuple[str, str]] = []
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            name = entry.name
-            if entry.is_symlink() or not _utf8(name):
-                continue
-            child = f"{key}/{name}" if key else name
-            if entry.is_dir(follow_symlinks=False):
-                subdirs.append((name, child))
-            elif entry.is_file(follow_symlinks=False) and not _is_staging(name):
-                try:
-                    found.append(_local_info(child, entry.stat(follow_symlinks=False)))
-                except FileNotFoundError:
-                    continue  # deleted since the scan
-    for name, child in subdirs:
-        fd = _open_nofollow_dir(name, dir_fd)
-        if fd is None:
-            continue  # deleted, or replaced by a link, since the scan
-        try:
-            _scan_tree(fd, child, found)
-        finally:
-            os.close(fd)
-
-
-def _utf8(name: str) -> bool:
-    # A name that is not UTF-8 (decoded with surrogate escapes) is no object path.
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _local_list(root: Path, prefix: str) -> list[ObjectInfo]:
-    parts = _local_parts("list", prefix)
-    found: list[ObjectInfo] = []
-    with _local_dirs(root, parts) as fds:
-        if len(fds) == len(parts) + 1:
-            _scan_tree(fds[-1], "/".join(parts), found)
-    return found
-
-
-def _local_list_dir(root: Path, prefix: str) -> ListDirResult:
-    parts = _local_parts("list", prefix)
-    key = "/".join(parts)
-    prefixes: list[str] = []
-    objects: list[ObjectInfo] = []
-    with _local_dirs(root, parts) as fds:
-        if len(fds) == len(parts) + 1:
-            with os.scandir(fds[-1]) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if entry.is_symlink() or not _utf8(name):
-                        continue
-                    child = f"{key}/{name}" if key else name
-                    if entry.is_dir(follow_symlinks=False):
-                        prefixes.append(child + "/")
-                    elif entry.is_file(follow_symlinks=False) and not _is_staging(name):
-                        with contextlib.suppress(FileNotFoundError):
-                            objects.append(_local_info(child, entry.stat(follow_symlinks=False)))
-    objects.sort(key=lambda info: info.path)
-    return ListDirResult(prefixes=sorted(prefixes), objects=objects)
-
-
-def _local_delete(root: Path, paths: Sequence[str], cleanup: bool) -> None:
-    """Unlink each path's final name in its parent, opened without following links."""
-    split = sorted((_local_parts("delete", path), path) for path in paths)
-    for parts, path in split:
-        if not parts:
-            raise StoreError("delete", path, "not an object path")
-        if _is_staging(parts[-1]):
-            raise StoreError("delete", path, "a name ending in '#<digits>' is no object")
-    for parent, group in itertools.groupby(split, key=lambda item: item[0][:-1]):
-        with _local_dirs(root, parent) as fds:
-            for parts, path in group:
-                if len(fds) != len(parts):
-                    continue  # a parent is missing or a link: no such object here
-                try:
-                    os.unlink(parts[-1], dir_fd=fds[-1])  # a link is unlinked, not followed
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise translate_error("delete", path, exc) from exc
-                if cleanup:  # as obstore's automatic_cleanup: drop emptied parents
-                    for depth in range(len(parts) - 1, 0, -1):
-                        try:
-                            os.rmdir(parts[depth - 1], dir_fd=fds[depth - 1])
-                        except OSError:
-                            break
-
-
-def _local_remove_tree(root: Path, prefix: str) -> None:
-    """Remove directory ``prefix`` and all in it; a link there is removed as a link."""
-    parts = _local_parts("delete", prefix)
-    with _local_dirs(root, parts[:-1]) as fds:
-        if len(fds) != len(parts):
-            return  # a parent is missing or a link: nothing of ours under the prefix
-        name, parent_fd = parts[-1], fds[-1]
-        try:
-            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
-            if stat.S_ISLNK(mode):
-                os.unlink(name, dir_fd=parent_fd)
-            elif stat.S_ISDIR(mode):
-                # With dir_fd, rmtree opens each level relative to its parent and refuses
-                # (rather than follows) a link, also one swapped in while it runs.
-                shutil.rmtree(name, dir_fd=parent_fd)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise translate_error("delete", prefix, exc) from exc
 
 
 # ---------------------------------------------------------------------------------------
@@ -965,16 +593,6 @@ class ObstoreStore:
             os.close(fd)  # closing the descriptor releases the lock
 
 
-async def _local_io(operation: str, path: str, func: Callable[..., T], *args: Any) -> T:
-    """Run blocking local file-system work in a thread, with our errors."""
-    try:
-        return await asyncio.to_thread(func, *args)
-    except OSError as exc:
-        raise translate_error(operation, path, exc) from exc
-    finally:
-        _shutdown.note_store_call()
-
-
 def as_store(store: Store | ObjectStore | str) -> Store:
     """Accept a :class:`Store`, an obstore store, or a URL or plain path for :func:`open_store`."""
     if isinstance(store, str):
@@ -986,198 +604,3 @@ def as_store(store: Store | ObjectStore | str) -> Store:
 
 # ---------------------------------------------------------------------------------------
 # Opening stores by URL
-
-DEFAULT_CLIENT_RETRY: dict[str, Any] = {
-    "max_retries": 2,
-    "backoff": {
-        "init_backoff": dt.timedelta(milliseconds=100),
-        "max_backoff": dt.timedelta(seconds=2),
-        "base": 2,
-    },
-    "retry_timeout": dt.timedelta(seconds=30),
-}
-"""obstore's own HTTP retry for stores opened by URL.
-
-obstore retries a failed HTTP request (connection errors, 5xx, timeouts of safe
-requests) inside one call; cairn's :class:`~cairn.RetryPolicy` retries the whole
-operation on what is still transient after that. Keeping obstore's layer short bounds a
-persistent fault to ``(max_retries + 1) * RetryPolicy.attempts`` HTTP requests per
-operation (3 x 4 = 12 with the defaults) instead of obstore's default of 11 per attempt.
-Pass ``retry_config=...`` to :func:`open_store` to choose otherwise.
-"""
-
-_REMOTE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https"})
-_S3_SCHEMES = frozenset({"s3", "s3a"})
-_URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_URL_SHAPES = {
-    "memory": "memory://",
-    "file": "an absolute path: file:///abs/dir",
-    "s3": "s3://bucket/prefix",
-    "s3a": "s3a://bucket/prefix",
-    "gs": "gs://bucket/prefix",
-    "http": "http://host/path",
-    "https": "https://host/path",
-}
-
-
-def store_url(location: str) -> str:
-    """The URL of a store ``location``: a URL as given, a plain path as a ``file://`` URL.
-
-    A location with no scheme is a local directory, made absolute against the current
-    directory (``~`` expanded): ``checkpoints``, ``./dir``, ``/abs/dir``. A location that
-    starts with a scheme (``s3:``) must be a URL: the scheme followed by ``//``. Anything
-    else raises :class:`InvalidStoreUrlError` naming the location, with the same message
-    wherever it is met (:func:`open_store`, the checkpointers, the ``cairn`` command):
-    ``s3:/x`` is a malformed URL, not a directory. A local directory whose name has a
-    colon is written with a slash first (``./a:b``).
-    """
-    if not isinstance(location, str):
-        raise InvalidStoreUrlError(repr(location), "a store URL must be a string")
-    if not location.strip():
-        raise InvalidStoreUrlError(location, "the store URL is empty")
-    scheme = _URL_SCHEME.match(location)
-    if scheme is None:
-        return Path(os.path.abspath(os.path.expanduser(location))).as_uri()
-    name = scheme.group(1).lower()
-    slashes = location[scheme.end() :].startswith("//")
-    if name not in _REMOTE_SCHEMES and name not in ("memory", "file"):
-        hint = "" if slashes else f" (a local directory named so is written ./{location})"
-        raise InvalidStoreUrlError(
-            location, f"unknown scheme {scheme.group(1)!r}; use memory, file, s3, gs or az{hint}"
-        )
-    if not slashes:
-        shape = _URL_SHAPES.get(name, f"{name}://container/prefix")
-        raise InvalidStoreUrlError(
-            location, f"malformed URL: {scheme.group(0)} must be followed by // ({shape})"
-        )
-    return location
-
-
-_S3_ENDPOINT_KEYS = (
-    "aws_endpoint_url_s3",
-    "endpoint_url_s3",
-    "aws_endpoint_url",
-    "endpoint_url",
-    "aws_endpoint",
-    "endpoint",
-)
-
-
-def _flag(value: object) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
-def _check_plain_http(url: str, options: Mapping[str, Any]) -> None:
-    """Refuse an S3 endpoint over plain HTTP unless HTTP is allowed, before any request.
-
-    object_store refuses such requests one by one with a bare "builder error"; the
-    setting that allows them is named here instead.
-    """
-    lowered = {key.lower(): value for key, value in options.items()}
-    config = lowered.get("config")
-    if isinstance(config, Mapping):
-        lowered = {**{key.lower(): value for key, value in config.items()}, **lowered}
-    endpoint = next(
-        (value for key in _S3_ENDPOINT_KEYS if isinstance(value := lowered.get(key), str)),
-        None,
-    )
-    if endpoint is None:
-        endpoint = next(
-            (
-                value
-                for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
-                if (value := os.environ.get(name))
-            ),
-            None,
-        )
-    if endpoint is None or not endpoint.lower().startswith("http://"):
-        return
-    client = lowered.get("client_options")
-    allowed = isinstance(client, Mapping) and _flag(
-        {key.lower(): value for key, value in client.items()}.get("allow_http", False)
-    )
-    if allowed or _flag(os.environ.get("AWS_ALLOW_HTTP", "")):
-        return
-    raise InvalidStoreUrlError(
-        url,
-        f"the S3 endpoint {endpoint} is plain HTTP, which is refused unless allowed: set "
-        "AWS_ALLOW_HTTP=true (or pass client_options={'allow_http': True}), or use https://",
-    )
-
-
-def open_store(url: str, **options: Any) -> ObjectStore:
-    """Open the obstore store a URL (or a plain path) names; ``options`` go to obstore.
-
-    ``memory://`` (a new, empty in-memory store), ``file:///abs/dir`` or a plain path
-    such as ``./dir`` (a local directory, created if missing), ``s3://bucket/prefix``,
-    ``gs://bucket/prefix``, ``az://container/prefix`` (and the other URL forms obstore
-    knows for those services). An unknown scheme or a malformed URL raises
-    :class:`InvalidStoreUrlError` naming the URL (see :func:`store_url`), as does an S3
-    endpoint over plain HTTP while HTTP is not allowed (``AWS_ALLOW_HTTP``).
-    """
-    url = store_url(url)
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise InvalidStoreUrlError(url, str(exc)) from None
-    scheme = parts.scheme.lower()
-    if scheme == "memory":
-        if parts.netloc or parts.path.strip("/") or options:
-            raise InvalidStoreUrlError(url, "memory:// takes no path and no options")
-        return MemoryStore()
-    if scheme == "file":
-        return _open_local(url, parts.netloc, unquote(parts.path), options)
-    if not parts.netloc:
-        raise InvalidStoreUrlError(url, "missing bucket or container name")
-    if scheme in _S3_SCHEMES:
-        _check_plain_http(url, options)
-    options.setdefault("retry_config", DEFAULT_CLIENT_RETRY)
-    try:
-        return from_url(url, **options)
-    except (BaseError, ValueError, TypeError) as exc:
-        raise InvalidStoreUrlError(url, _first_line(exc)) from None
-
-
-_MISSING_CONTAINER_CODES = {
-    "NoSuchBucket": "bucket",
-    "ContainerNotFound": "container",
-}
-
-
-def explain_store_error(exc: BaseException, url: str | None = None) -> str | None:
-    """One line saying what is wrong and what to do, for store failures a newcomer meets.
-
-    Today: a bucket (S3's ``NoSuchBucket``) or container (Azure's ``ContainerNotFound``)
-    that does not exist, read from the error code in the response that obstore kept in
-    the cause of ``exc``; ``url`` is the store's, to name it. None when there is nothing
-    better to say than ``str(exc)``.
-    """
-    if not isinstance(exc, StoreError) or exc.__cause__ is None:
-        return None
-    code = _http_failure(exc.__cause__).s3_code
-    what = _MISSING_CONTAINER_CODES.get(code or "")
-    if what is None:
-        return None
-    of = f" of {url}" if url else ""
-    return (
-        f"the {what}{of} does not exist (the store answered {exc.status or 404} {code} to "
-        f"{exc.operation} {exc.path!r}): create it, or correct the {what} name in the URL"
-    )
-
-
-def _open_local(url: str, host: str, path: str, options: dict[str, Any]) -> LocalStore:
-    if host not in ("", "localhost"):
-        raise InvalidStoreUrlError(url, f"file URLs name a local path, not host {host!r}")
-    if not path.startswith("/"):
-        raise InvalidStoreUrlError(url, "file URLs need an absolute path (file:///abs/dir)")
-    unknown = set(options) - {"automatic_cleanup", "mkdir"}
-    if unknown:
-        raise InvalidStoreUrlError(url, f"unknown option(s) for file stores: {sorted(unknown)}")
-    try:
-        if options.get("mkdir", True):
-            Path(path).mkdir(parents=True, exist_ok=True)
-        return LocalStore(path, **options)
-    except (BaseError, OSError) as exc:
-        raise InvalidStoreUrlError(url, _first_line(exc)) from None

@@ -1,0 +1,245 @@
+"""The files under a local store's root, reached without ever following a symbolic link.
+
+Invariant (see :mod:`cairn.stores`): listing and deleting walk directory descriptors
+opened with ``O_NOFOLLOW``; a link is not an object, is never descended into, and is
+deleted as a link at most; obstore's staging files (``name#N``) are hidden.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import errno
+import itertools
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cairn import _shutdown
+from cairn._storetypes import ListDirResult, ObjectInfo
+from cairn._translate import translate_error
+from cairn.errors import (
+    StoreError,
+)
+
+__all__ = [
+    "_DIR_FLAGS",
+    "_EPOCH",
+    "_LINK_ERRNOS",
+    "_is_staging",
+    "_local_delete",
+    "_local_dirs",
+    "_local_info",
+    "_local_io",
+    "_local_list",
+    "_local_list_dir",
+    "_local_parts",
+    "_local_remove_tree",
+    "_open_nofollow_dir",
+    "_scan_tree",
+    "_utf8",
+]
+
+T = TypeVar("T")
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+# What open(O_NOFOLLOW) reports for a link: ELOOP on Linux and macOS, EMLINK on FreeBSD;
+# with O_DIRECTORY too, Linux reports ENOTDIR (as for any other non-directory).
+_LINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _local_parts(operation: str, path: str) -> list[str]:
+    """The components of an object path, as obstore parses them; StoreError if invalid."""
+    parts = path.strip("/").split("/") if path.strip("/") else []
+    for part in parts:
+        if part in ("", ".", "..") or "\x00" in part:
+            raise StoreError(operation, path, f"not a valid object path (segment {part!r})")
+    return parts
+
+
+def _is_staging(name: str) -> bool:
+    # obstore's local store writes ``{name}#{n}`` and renames it into place; it never
+    # lists such a name nor lets one be addressed (the suffix after the first ``#``).
+    _, hash_sign, suffix = name.partition("#")
+    return bool(hash_sign) and suffix.isascii() and suffix.isdigit()
+
+
+def _local_info(path: str, st: os.stat_result) -> ObjectInfo:
+    # The same metadata obstore's local store reports (its e-tag is inode, mtime in
+    # microseconds and size, in hex), so a listing and a HEAD agree.
+    micros = st.st_mtime_ns // 1000
+    return ObjectInfo(
+        path=path,
+        size=st.st_size,
+        e_tag=f'"{st.st_ino:x}-{max(micros, 0):x}-{st.st_size:x}"',
+        last_modified=_EPOCH + dt.timedelta(microseconds=micros),
+    )
+
+
+def _open_nofollow_dir(name: str, dir_fd: int) -> int | None:
+    """A descriptor of directory ``name`` in ``dir_fd``; None if missing, not a dir, a link."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            return None
+        raise
+
+
+@contextlib.contextmanager
+def _local_dirs(root: Path, parts: Sequence[str]) -> Iterator[list[int]]:
+    """Descriptors of ``root`` and of each directory ``parts`` names below it, in order.
+
+    The walk stops at the first part that is missing, not a directory, or a symbolic
+    link: the list is complete (``len(parts) + 1``) only if every part is a real
+    directory. Empty if the root itself is missing. All are closed on exit.
+    """
+    fds: list[int] = []
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for part in parts:
+                fd = _open_nofollow_dir(part, fds[-1])
+                if fd is None:
+                    break
+                fds.append(fd)
+        yield fds
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def _scan_tree(dir_fd: int, key: str, found: list[ObjectInfo]) -> None:
+    """Append every regular file under ``dir_fd`` (whose object path is ``key``)."""
+    subdirs: list[tuple[str, str]] = []
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            name = entry.name
+            if entry.is_symlink() or not _utf8(name):
+                continue
+            child = f"{key}/{name}" if key else name
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append((name, child))
+            elif entry.is_file(follow_symlinks=False) and not _is_staging(name):
+                try:
+                    found.append(_local_info(child, entry.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    continue  # deleted since the scan
+    for name, child in subdirs:
+        fd = _open_nofollow_dir(name, dir_fd)
+        if fd is None:
+            continue  # deleted, or replaced by a link, since the scan
+        try:
+            _scan_tree(fd, child, found)
+        finally:
+            os.close(fd)
+
+
+def _utf8(name: str) -> bool:
+    # A name that is not UTF-8 (decoded with surrogate escapes) is no object path.
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _local_list(root: Path, prefix: str) -> list[ObjectInfo]:
+    parts = _local_parts("list", prefix)
+    found: list[ObjectInfo] = []
+    with _local_dirs(root, parts) as fds:
+        if len(fds) == len(parts) + 1:
+            _scan_tree(fds[-1], "/".join(parts), found)
+    return found
+
+
+def _local_list_dir(root: Path, prefix: str) -> ListDirResult:
+    parts = _local_parts("list", prefix)
+    key = "/".join(parts)
+    prefixes: list[str] = []
+    objects: list[ObjectInfo] = []
+    with _local_dirs(root, parts) as fds:
+        if len(fds) == len(parts) + 1:
+            with os.scandir(fds[-1]) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if entry.is_symlink() or not _utf8(name):
+                        continue
+                    child = f"{key}/{name}" if key else name
+                    if entry.is_dir(follow_symlinks=False):
+                        prefixes.append(child + "/")
+                    elif entry.is_file(follow_symlinks=False) and not _is_staging(name):
+                        with contextlib.suppress(FileNotFoundError):
+                            objects.append(_local_info(child, entry.stat(follow_symlinks=False)))
+    objects.sort(key=lambda info: info.path)
+    return ListDirResult(prefixes=sorted(prefixes), objects=objects)
+
+
+def _local_delete(root: Path, paths: Sequence[str], cleanup: bool) -> None:
+    """Unlink each path's final name in its parent, opened without following links."""
+    split = sorted((_local_parts("delete", path), path) for path in paths)
+    for parts, path in split:
+        if not parts:
+            raise StoreError("delete", path, "not an object path")
+        if _is_staging(parts[-1]):
+            raise StoreError("delete", path, "a name ending in '#<digits>' is no object")
+    for parent, group in itertools.groupby(split, key=lambda item: item[0][:-1]):
+        with _local_dirs(root, parent) as fds:
+            for parts, path in group:
+                if len(fds) != len(parts):
+                    continue  # a parent is missing or a link: no such object here
+                try:
+                    os.unlink(parts[-1], dir_fd=fds[-1])  # a link is unlinked, not followed
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise translate_error("delete", path, exc) from exc
+                if cleanup:  # as obstore's automatic_cleanup: drop emptied parents
+                    for depth in range(len(parts) - 1, 0, -1):
+                        try:
+                            os.rmdir(parts[depth - 1], dir_fd=fds[depth - 1])
+                        except OSError:
+                            break
+
+
+def _local_remove_tree(root: Path, prefix: str) -> None:
+    """Remove directory ``prefix`` and all in it; a link there is removed as a link."""
+    parts = _local_parts("delete", prefix)
+    with _local_dirs(root, parts[:-1]) as fds:
+        if len(fds) != len(parts):
+            return  # a parent is missing or a link: nothing of ours under the prefix
+        name, parent_fd = parts[-1], fds[-1]
+        try:
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                os.unlink(name, dir_fd=parent_fd)
+            elif stat.S_ISDIR(mode):
+                # With dir_fd, rmtree opens each level relative to its parent and refuses
+                # (rather than follows) a link, also one swapped in while it runs.
+                shutil.rmtree(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise translate_error("delete", prefix, exc) from exc
+
+
+async def _local_io(operation: str, path: str, func: Callable[..., T], *args: Any) -> T:
+    """Run blocking local file-system work in a thread, with our errors."""
+    try:
+        return await asyncio.to_thread(func, *args)
+    except OSError as exc:
+        raise translate_error(operation, path, exc) from exc
+    finally:
+        _shutdown.note_store_call()

@@ -1,0 +1,110 @@
+"""The values the store boundary speaks in: object info, blobs, listings, put modes, and
+the capabilities a store declares. Pure: no I/O."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cairn._buffer import Buffer
+
+__all__ = [
+    "Blob",
+    "IfMatch",
+    "ListDirResult",
+    "ObjectInfo",
+    "PutMode",
+    "StoreCapabilities",
+    "StoreMethod",
+    "capabilities_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What a HEAD or a listing tells about one object."""
+
+    path: str
+    size: int
+    e_tag: str | None
+    last_modified: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """An object's bytes with the metadata of the version that was read."""
+
+    data: Buffer
+    info: ObjectInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ListDirResult:
+    """One level of a listing: sub-directories (ending in ``/``) and objects."""
+
+    prefixes: list[str]
+    objects: list[ObjectInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class IfMatch:
+    """Put mode: replace the object only if its current e-tag is ``e_tag``."""
+
+    e_tag: str
+    version: str | None = None
+
+
+PutMode = Literal["overwrite", "create"] | IfMatch
+"""``"overwrite"``, ``"create"`` (fail if the object exists) or :class:`IfMatch`."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCapabilities:
+    """What a store declares about how it does the :class:`Store` operations.
+
+    Every store does every operation, with the meaning the protocol states; a capability
+    says *how*, where backends differ in a way a caller or the store contract must know.
+    The defaults claim nothing: they are what :func:`capabilities_of` assumes of a store
+    that declares none.
+
+    * ``native_compare_and_swap``: ``put(mode=IfMatch(...))`` is done by the backend
+      itself, atomically for every client. False where cairn emulates it (a local
+      directory, under an OS file lock that holds between the processes of one host
+      only) or cannot tell.
+    * ``user_metadata``: ``put``'s ``metadata`` is stored and :meth:`Store.stat` returns
+      it. Where False, it is dropped.
+    * ``local_path``: for a store whose objects are the files below a local directory,
+      that directory. Symbolic links can appear there, and are never followed (see this
+      module's docstring). None for every other store.
+    """
+
+    native_compare_and_swap: bool = False
+    user_metadata: bool = False
+    local_path: Path | None = None
+
+
+def capabilities_of(store: object) -> StoreCapabilities:
+    """The :class:`StoreCapabilities` that ``store`` declares as ``capabilities``.
+
+    A store without that attribute (or with one of another type) gets
+    ``StoreCapabilities()``, which claims nothing.
+    """
+    declared = getattr(store, "capabilities", None)
+    return declared if isinstance(declared, StoreCapabilities) else StoreCapabilities()
+
+
+StoreMethod = Literal[
+    "get",
+    "get_range",
+    "head",
+    "put",
+    "put_stream",
+    "stat",
+    "list_dir",
+    "list",
+    "delete",
+    "delete_prefix",
+]
+"""The name of one :class:`Store` method, as :meth:`ForwardingStore._around` receives it."""
