@@ -58,6 +58,7 @@ async def test_damaged_compressed_bytes_are_an_integrity_error(raw_store: Object
     # Damage either breaks the zstd frame or decodes to other bytes: both name the artifact.
     with pytest.raises((UndecodableArtifactError, IntegrityMismatchError)) as info:
         await ckpt.load(manifest.checkpoint_id)
+    assert isinstance(info.value, UndecodableArtifactError | IntegrityMismatchError)
     assert info.value.path == path
 
 
