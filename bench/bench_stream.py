@@ -1,20 +1,24 @@
-"""One 2 GiB artifact from a file: cairn's streamed save and load against raw obstore, with memory.
+"""One 2 GiB artifact from a file: cairn's streamed save and load against their floors, with memory.
 
     python bench/bench_stream.py [--quick] [--json out.json] [--reps N] [--only save|load]
+                                 [--dir /dev/shm] [--size-mib 2048]
 
 Creates a 2 GiB file (a 64 MiB random block, repeated; fsynced, so its write-back does
-not land in a timed run) in a temp dir, and measures on a LocalStore in a temp dir on
-the same disk:
+not land in a timed run) in a temp dir under ``--dir`` (the default temp dir: the local
+disk; ``/dev/shm``: tmpfs, where the disk's write-back cannot hide CPU costs), and
+measures on a LocalStore in a temp dir beside it:
 
 * save: cairn's ``save_partitions_concurrent(cid, [("op", 0, False, Path(file))])``
-  (a multipart upload of 8 MiB parts, 4 in flight, each chunk hashed) against
-  ``obstore.put_async(store, path, Path(file), chunk_size=8 MiB, max_concurrency=4)``
-  alongside SHA-256 of the file read in 8 MiB chunks in a thread ("put+sha", the honest
-  baseline), and that put alone;
-* load: cairn's ``load_artifact_to(path, Path(out), expected_sha256=...)`` (8 MiB ranged
-  reads, one ahead, hashed and written in a thread, fsynced, renamed once verified)
-  against the same by hand with ``get_range_async`` + SHA-256, with the fsync
-  ("get+sha+fsync", the same durability) and without it ("get+sha").
+  against its floor, the slower of ``obstore.put_async(store, path, Path(file),
+  chunk_size=8 MiB, max_concurrency=4)`` without any hash ("put") and one SHA-256 pass
+  over the file in 8 MiB reads ("sha"), each alone: a save that hashes on the other core
+  while the bytes go out, reading them once, reaches 1.0. Its CPU seconds are compared
+  with put's plus sha's (target: at most 1.2 times);
+* load: cairn's ``load_artifact_to(path, Path(out), expected_sha256=...)`` (verified,
+  fsynced, renamed), with the façade's default ranges ("cairn") and with 1 MiB ranges
+  (``cairn.sources.RESTORE_CHUNK``, "cairn 1MiB"), against its floor, the slower of
+  8 MiB ranged reads, one ahead, written to a file and fsynced, without a hash
+  ("get+fsync"), and one SHA-256 pass over the stored object ("sha").
 
 Each run is a fresh subprocess, so that its peak RSS is its own: the memory reported is
 the peak RSS at the end (``VmHWM``) minus the RSS after the imports (``VmRSS``), both from
@@ -22,10 +26,13 @@ the peak RSS at the end (``VmHWM``) minus the RSS after the imports (``VmRSS``),
 child's ``ru_maxrss``, which then reads at least the parent's size (each run in the JSON
 keeps it, as ``ru_maxrss_kib``). Wall and CPU seconds (all the child's threads) are
 measured in the child around the operation alone, not interpreter start-up or store
-construction. As in bench_save.py, each round runs every variant once, rotating which
-goes first; the warm-up is one discarded run (see ``measure_children``). The source file
-stays in the page cache (reads are memory-speed); writes go to the page cache, and only
-the fsync variants wait for the disk. Temp files are deleted at the end.
+construction. Before each run the parent calls ``os.sync()`` and waits for the dirty
+page cache to drain (:func:`bench.harness.settle`), so no run pays for the previous
+one's write-back; outputs are deleted right after each run. As in bench_save.py, each
+round runs every variant once, rotating which goes first; the warm-up is one discarded
+run (see ``measure_children``). The source file stays in the page cache (reads are
+memory-speed); on the disk, writes go to the page cache and only fsync waits for the
+disk, so the load figures there are disk-bound. Temp files are deleted at the end.
 """
 
 from __future__ import annotations
@@ -58,18 +65,21 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_stream.py``
     sys.path.insert(0, str(REPO))
 
 from bench.harness import (  # noqa: E402
+    SHM,
+    Floor,
     MiB,
     Scenario,
     artifact_path,
     emit_json,
     print_report,
     report,
+    settle,
     table,
 )
 
 BLOCK = 64 * MiB
 CHUNK = 8 * MiB
-RSS_TARGET_MIB = 256.0
+RSS_TARGET_MIB = 48.0
 """Peak RSS above the post-import baseline that cairn's variants must stay under."""
 Spec = dict[str, str]
 """What a child run needs: variant, file, store root, artifact path, digest, output."""
@@ -99,15 +109,14 @@ def sha256_file(path: str) -> str:
     return hasher.hexdigest()
 
 
-def hash_and_write(hasher: Any, file: BinaryIO, chunk: Any) -> None:
-    hasher.update(chunk)
+def write(file: BinaryIO, chunk: Any) -> None:
     file.write(chunk)
 
 
-async def raw_load(store: LocalStore, path: str, out: Path, fsync: bool) -> str:
-    """What load_artifact_to does, by hand: ranged reads, one ahead, hash+write in a thread."""
+async def raw_load(store: LocalStore, path: str, out: Path) -> str:
+    """The I/O of load_artifact_to, by hand, without a hash: ranged reads, one ahead,
+    each written in a thread, then fsync."""
     size = (await obstore.head_async(store, path))["size"]
-    hasher = hashlib.sha256()
     file = await asyncio.to_thread(open, out, "xb")
 
     def fetch(start: int) -> asyncio.Task[obstore.Bytes] | None:
@@ -121,13 +130,12 @@ async def raw_load(store: LocalStore, path: str, out: Path, fsync: bool) -> str:
         for start in range(0, size, CHUNK):
             current, upcoming = upcoming, fetch(start + CHUNK)
             assert current is not None
-            await asyncio.to_thread(hash_and_write, hasher, file, await current)
-        if fsync:
-            await asyncio.to_thread(file.flush)
-            await asyncio.to_thread(os.fsync, file.fileno())
+            await asyncio.to_thread(write, file, await current)
+        await asyncio.to_thread(file.flush)
+        await asyncio.to_thread(os.fsync, file.fileno())
     finally:
         file.close()
-    return hasher.hexdigest()
+    return ""
 
 
 def prepare_child(spec: Spec) -> ChildRun:
@@ -145,29 +153,35 @@ def prepare_child(spec: Spec) -> ChildRun:
             return entry.sha256
 
         return cairn_save
-    if variant in ("save/put", "save/put+sha"):
+    if variant == "save/put":
 
         async def raw_save() -> str:
-            put = obstore.put_async(
+            await obstore.put_async(
                 store,
                 artifact_path(0),
                 Path(file),
                 chunk_size=PART_SIZE,
                 max_concurrency=PARTS_IN_FLIGHT,
             )
-            if variant == "save/put":
-                await put
-                return ""
-            digest, _ = await asyncio.gather(asyncio.to_thread(sha256_file, file), put)
-            return digest
+            return ""
 
         return raw_save
+    if variant in ("save/sha", "load/sha"):
+        # The save hashes the source file; the load, the stored object's bytes.
+        hashed = file if variant == "save/sha" else os.path.join(spec["root"], spec["path"])
+        return lambda: asyncio.to_thread(sha256_file, hashed)
     out = Path(spec["out"])
-    if variant == "load/cairn":
+    if variant in ("load/cairn", "load/cairn 1MiB"):
         ckpt = ObjectStoreCheckpointer(store)
+        # "cairn 1MiB" passes cairn.sources.RESTORE_CHUNK (1 MiB), the restore's own
+        # default once the façade uses it instead of READ_CHUNK; "cairn" the default.
+        if variant.endswith("1MiB"):
+            return lambda: ckpt.load_artifact_to(
+                spec["path"], out, expected_sha256=spec["sha"], chunk_size=1 << 20
+            )
         return lambda: ckpt.load_artifact_to(spec["path"], out, expected_sha256=spec["sha"])
-    if variant in ("load/get+sha", "load/get+sha+fsync"):
-        return lambda: raw_load(store, spec["path"], out, fsync=variant.endswith("fsync"))
+    if variant == "load/get+fsync":
+        return lambda: raw_load(store, spec["path"], out)
     raise ValueError(f"unknown variant {variant!r}")
 
 
@@ -275,6 +289,7 @@ def measure_children(
     ]
     for rnd, name in order:
         with prepare(f"{sc.name.split()[0]}/{name}") as spec:
+            settle()
             result = run_child(spec)
         if result["sha256"]:
             digests.add(result["sha256"])
@@ -298,7 +313,7 @@ def memory_report(
     rows = []
     for sc, rss in scenarios:
         for name, peaks in rss.items():
-            target = RSS_TARGET_MIB if name == "cairn" else None
+            target = RSS_TARGET_MIB if name.startswith("cairn") else None
             rows.append(
                 {
                     "scenario": sc.name,
@@ -332,8 +347,9 @@ def print_memory(rows: list[dict[str, Any]]) -> None:
     )
 
 
-def run_all(reps: int, only: str, size: int) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="cairn-bench-stream-"))
+def run_all(reps: int, only: str, size: int, where: str | None) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="cairn-bench-stream-", dir=where))
+    kind = "tmpfs" if where is not None and Path(where).resolve() == Path(SHM) else "local"
     try:
         free = shutil.disk_usage(work).free
         if free < 3 * size + 1024 * MiB:
@@ -345,35 +361,43 @@ def run_all(reps: int, only: str, size: int) -> dict[str, Any]:
         measured: list[tuple[Scenario, dict[str, list[float]]]] = []
         digests: set[str] = set()
         runs: list[dict[str, Any]] = []
-        if only in f"save {label} file local":
+        if only in f"save {label} file {kind}":
             sc = Scenario(
                 name=f"save {label} file",
-                store="local",
+                store=kind,
                 amount=size / MiB,
                 unit="MiB",
                 variants={},  # each run is a subprocess: see measure_children
-                ratios=[("cairn", "put+sha", 0.9), ("cairn", "put", None)],
+                ratios=[("cairn", "put", None)],
+                floors=[
+                    Floor("cairn", ("put", "sha"), 0.9, cpu_target=1 / 1.2),
+                    Floor("cairn", ("put", "sha"), None, cores=os.cpu_count()),
+                ],
             )
-            print(f"running {sc.name}...", file=sys.stderr, flush=True)
+            print(f"running {sc.name} on {kind}...", file=sys.stderr, flush=True)
             rss: dict[str, list[float]] = {}
-            names = ["cairn", "put", "put+sha"]
+            names = ["cairn", "put", "sha"]
             measure_children(sc, names, reps, lambda v: save_run(work, file, v), rss, digests, runs)
             measured.append((sc, rss))
-        if only in f"load {label} to file local":
+        if only in f"load {label} to file {kind}":
             root = tempfile.mkdtemp(prefix="load-store-", dir=work)
             path, sha = asyncio.run(save_for_load(root, file))
             digests.add(sha)
             sc = Scenario(
                 name=f"load {label} to file",
-                store="local",
+                store=kind,
                 amount=size / MiB,
                 unit="MiB",
                 variants={},
-                ratios=[("cairn", "get+sha+fsync", 0.9), ("cairn", "get+sha", None)],
+                ratios=[("cairn", "get+fsync", None), ("cairn 1MiB", "get+fsync", None)],
+                floors=[
+                    Floor("cairn", ("get+fsync", "sha"), 0.9),
+                    Floor("cairn 1MiB", ("get+fsync", "sha"), 0.9),
+                ],
             )
-            print(f"running {sc.name}...", file=sys.stderr, flush=True)
+            print(f"running {sc.name} on {kind}...", file=sys.stderr, flush=True)
             rss = {}
-            names = ["cairn", "get+sha+fsync", "get+sha"]
+            names = ["cairn", "cairn 1MiB", "get+fsync", "sha"]
             prepare = load_runs(work, file, root, path, sha)
             measure_children(sc, names, reps, prepare, rss, digests, runs)
             measured.append((sc, rss))
@@ -400,11 +424,14 @@ def main() -> None:
     parser.add_argument(
         "--size-mib", type=int, default=2048, help="file size, a multiple of 64 (default 2048)"
     )
+    parser.add_argument(
+        "--dir", help=f"where the file and the stores go (default: the temp dir; {SHM}: tmpfs)"
+    )
     args = parser.parse_args()
     if args.size_mib < 64 or args.size_mib % 64:
         parser.error("--size-mib must be a positive multiple of 64")
     reps = args.reps or (1 if args.quick else 3)
-    out = run_all(reps, args.only, args.size_mib * MiB)
+    out = run_all(reps, args.only, args.size_mib * MiB, args.dir)
     print_report(out)
     print()
     print_memory(out["memory"])

@@ -5,6 +5,16 @@ Every scenario runs its variants round-robin, one timed run each per repetition,
 rotating which goes first; round 0 is a discarded warm-up. Ratios are throughput over a
 baseline's (1.0 = as fast): "of medians" divides median throughputs, "paired" is the
 median of per-round ratios (run back to back), "cpu" divides median process CPU seconds.
+
+A *floor* compares a variant with the slower of several baselines that each do one part
+of its work alone (a raw put without a hash, and one SHA-256 pass over the same bytes):
+a variant that overlaps the parts perfectly reaches 1.0. Its "of medians" divides the
+largest median time of the parts by the variant's median time; "paired" does the same
+per round; "cpu" divides the *sum* of the parts' median CPU seconds by the variant's
+(the CPU a variant that does both parts, and nothing else, would spend).
+
+On the local disk, :func:`settle` before a timed run lets the write-back of the previous
+run finish first (see /work/shared/DESIGN.md, "Measuring on these machines").
 """
 
 from __future__ import annotations
@@ -46,6 +56,23 @@ StoreFactory = Callable[[], AbstractContextManager[ObjectStore]]
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Floor:
+    """``variant`` against the slowest of ``parts`` (see the module docstring).
+
+    ``target`` is for the wall-time ratio, ``cpu_target`` for the CPU one. With
+    ``cores``, the floor is also at least the parts' CPU seconds summed and spread over
+    that many cores: what no variant doing all the parts on this machine can beat
+    (named "cpu/N" in the ratio).
+    """
+
+    variant: str
+    parts: tuple[str, ...]
+    target: float | None = None
+    cpu_target: float | None = None
+    cores: int | None = None
+
+
 @dataclass
 class Scenario:
     """Variants measured together, and the throughput ratios to report between them."""
@@ -58,6 +85,8 @@ class Scenario:
     ratios: list[tuple[str, str, float | None]]  # (numerator, denominator, target)
     times: dict[str, list[float]] = field(default_factory=dict)  # wall seconds per run
     cpu: dict[str, list[float]] = field(default_factory=dict)  # process CPU seconds, all threads
+    floors: list[Floor] = field(default_factory=list)
+    settle: bool = False  # os.sync() and wait for the disk before each timed run
 
 
 @contextmanager
@@ -75,7 +104,45 @@ def memory_store() -> Iterator[ObjectStore]:
     yield MemoryStore()
 
 
+SHM = "/dev/shm"
+"""tmpfs: where the disk's write-back cannot hide CPU costs (hashing, copies, per-call work)."""
+
+
+@contextmanager
+def shm_store() -> Iterator[ObjectStore]:
+    """A LocalStore in a fresh directory on tmpfs, removed on exit."""
+    root = tempfile.mkdtemp(prefix="cairn-bench-", dir=SHM)
+    try:
+        yield LocalStore(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 STORES: dict[str, StoreFactory] = {"local": local_store, "memory": memory_store}
+if os.path.isdir(SHM):
+    STORES["tmpfs"] = shm_store
+
+
+def dirty_mib() -> float:
+    """Dirty and under-writeback page cache, in MiB (/proc/meminfo); 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+    except OSError:
+        return 0.0
+    return sum(int(fields.get(k, "0 kB").split()[0]) for k in ("Dirty", "Writeback")) / 1024
+
+
+def settle(pause: float = 0.5, timeout: float = 60.0) -> None:
+    """``os.sync()``, then wait until the page cache holds under 32 MiB to write, and pause.
+
+    Other processes on a shared machine write too: after ``timeout`` seconds, go on.
+    """
+    os.sync()
+    deadline = time.monotonic() + timeout
+    while dirty_mib() > 32 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(pause)
 
 
 def sha256_hex(data: Buffer) -> str:
@@ -118,6 +185,8 @@ async def measure(sc: Scenario, reps: int) -> None:
         shift = rnd % len(names)
         for name in names[shift:] + names[:shift]:
             async with sc.variants[name]() as run:
+                if sc.settle:
+                    await asyncio.to_thread(settle)
                 gc.collect()
                 wall, cpu = time.perf_counter(), time.process_time()
                 await run()
@@ -168,6 +237,7 @@ def report(scenarios: list[Scenario], reps: int) -> dict[str, Any]:
                     "ok": None if target is None else value >= target,
                 }
             )
+        ratios.extend(floor_ratio(sc, floor) for floor in sc.floors)
     return {
         "reps": reps,
         "python": sys.version.split()[0],
@@ -175,6 +245,31 @@ def report(scenarios: list[Scenario], reps: int) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "results": results,
         "ratios": ratios,
+    }
+
+
+def floor_ratio(sc: Scenario, floor: Floor) -> dict[str, Any]:
+    """A :class:`Floor`'s ratios, in the shape of :func:`report`'s ratios."""
+    num, parts, target, cpu_target = floor.variant, floor.parts, floor.target, floor.cpu_target
+    cpu_parts = sum(statistics.median(sc.cpu[p]) for p in parts)
+    spread = cpu_parts / floor.cores if floor.cores else 0.0
+    slowest = max(spread, *(statistics.median(sc.times[p]) for p in parts))
+    value = slowest / statistics.median(sc.times[num])
+    rounds = zip(sc.times[num], *(sc.times[p] for p in parts), strict=True)
+    paired = statistics.median(max(spread, *others) / own for own, *others in rounds)
+    cpu = cpu_parts / statistics.median(sc.cpu[num])
+    names = [*parts, f"cpu/{floor.cores}"] if floor.cores else parts
+    return {
+        "scenario": sc.name,
+        "store": sc.store,
+        "ratio": f"{num} / floor(max {', '.join(names)})",
+        "value": value,
+        "paired_median": paired,
+        "cpu_ratio": cpu,
+        "target": target,
+        "ok": None if target is None else value >= target,
+        "cpu_target": cpu_target,
+        "cpu_ok": None if cpu_target is None else cpu >= cpu_target,
     }
 
 
@@ -216,13 +311,22 @@ def print_report(out: dict[str, Any]) -> None:
                     f"{r['value']:.3f}",
                     f"{r['paired_median']:.3f}",
                     f"{r['cpu_ratio']:.3f}",
-                    "" if r["target"] is None else f">= {r['target']}",
-                    {None: "", True: "yes", False: "MISSED"}[r["ok"]],
+                    _targets(r),
+                    " ".join(_OK[r[key]] for key in ("ok", "cpu_ok") if r.get(key) is not None),
                 ]
                 for r in out["ratios"]
             ],
         )
     )
+
+
+_OK = {True: "yes", False: "MISSED"}
+
+
+def _targets(ratio: dict[str, Any]) -> str:
+    wall = "" if ratio["target"] is None else f">= {ratio['target']}"
+    cpu = ratio.get("cpu_target")
+    return wall if cpu is None else f"{wall or '-'}, cpu >= {cpu:.2f}"
 
 
 def emit_json(out: dict[str, Any], path: str | None) -> None:

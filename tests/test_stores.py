@@ -240,7 +240,7 @@ class BareStore:
     async def put_stream(
         self,
         path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
+        open_chunks: Callable[[], AsyncIterator[Buffer]],
         *,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
@@ -311,7 +311,7 @@ class RecordingStore(BareStore):
     async def put_stream(
         self,
         path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
+        open_chunks: Callable[[], AsyncIterator[Buffer]],
         *,
         metadata: Mapping[str, str] | None = None,
     ) -> Any:

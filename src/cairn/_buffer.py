@@ -1,4 +1,5 @@
-"""The buffer-protocol type, and the one way cairn turns a caller's buffer into bytes.
+"""The buffer-protocol type, the one way cairn turns a caller's buffer into bytes, and
+cairn's own reusable read buffers.
 
 Invariant: every buffer cairn hands on (to hashlib, to a codec, to obstore) is a 1-D
 ``memoryview`` of format ``"B"`` over the caller's own memory — no copy, whatever the
@@ -7,6 +8,11 @@ caller's ``tobytes()`` (C order). A buffer whose bytes are not one C-ordered blo
 strided slice, a Fortran-ordered array), or whose items are Python object pointers, is
 refused with :class:`InvalidInputError`: never copied behind the caller's back, never
 sent in another order, never stored as meaningless addresses.
+
+Invariant of :class:`BufferPool`: a buffer is handed out again only once nothing can
+read it any more — no ``memoryview`` of it (or slice of one) is alive, no C code (a
+store's upload, a hash, a write) holds it through the buffer protocol. Only cairn's own
+read buffers are pooled, never a caller's.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ if sys.version_info >= (3, 12):
 else:
     from typing_extensions import Buffer
 
-__all__ = ["Buffer", "raw_bytes"]
+__all__ = ["Buffer", "BufferPool", "raw_bytes"]
 
 _CONTIGUOUS_FIX = "pass numpy.ascontiguousarray(x), or x.tobytes() (a copy)"
 
@@ -72,3 +78,60 @@ def _holds_objects(view: memoryview, data: object) -> bool:
     # structured dtypes with an object field, whose struct format is harder to read.
     dtype = getattr(data, "dtype", None)
     return view.format.lstrip("@=<>!") == "O" or getattr(dtype, "hasobject", False) is True
+
+
+class BufferPool:
+    """Read buffers of ``size`` bytes, taken again once nothing refers to their memory.
+
+    Why: a store may keep a chunk after the call that took it returned (obstore holds a
+    multipart part, zero-copy, until the part is written; a memory store, until the
+    upload completes), and allocating a fresh 8 MiB per chunk costs page faults and
+    leaves freed chunks in the allocator's per-thread arenas (peak memory grows with
+    the threads, not with the work). A pool of at most ``capacity`` buffers, reused,
+    bounds both.
+
+    How it knows a buffer is free: a ``bytearray`` cannot change size while any buffer
+    export of it is alive (CPython raises :class:`BufferError`), and every reader of its
+    memory — a memoryview or a slice of one, obstore's hold on a part, hashlib or a file
+    write in another thread — holds such an export. So :meth:`take` tries to grow and
+    shrink each buffer by one byte: if that succeeds, nothing can read it, whoever still
+    has a Python reference to the object. A take that finds no free buffer and a full pool
+    returns a new buffer that is not kept (a store that holds every chunk until the end
+    gets fresh memory, never a chunk it still holds).
+    """
+
+    def __init__(self, size: int, capacity: int) -> None:
+        self.size = size
+        self.capacity = capacity
+        self._buffers: list[bytearray] = []
+
+    def take(self) -> bytearray:
+        """A buffer of ``size`` bytes that nothing else reads or writes."""
+        for buffer in self._buffers:
+            if not _exported(buffer):
+                return buffer
+        buffer = _new_buffer(self.size)
+        if len(self._buffers) < self.capacity:
+            self._buffers.append(buffer)
+        return buffer
+
+    def clear(self) -> None:
+        """Forget every pooled buffer (each is freed once nothing refers to it)."""
+        self._buffers.clear()
+
+
+def _new_buffer(size: int) -> bytearray:
+    # One spare byte allocated, so the probe of _exported never reallocates 8 MiB.
+    buffer = bytearray(size + 1)
+    del buffer[size:]
+    return buffer
+
+
+def _exported(buffer: bytearray) -> bool:
+    """Whether any buffer export of ``buffer`` is alive (see :class:`BufferPool`)."""
+    try:
+        buffer.append(0)
+    except BufferError:
+        return True
+    del buffer[-1]
+    return False

@@ -30,6 +30,7 @@ from cairn._context import Context, check_id
 from cairn.errors import CheckpointNotFoundError, CorruptManifestError, IntegrityError
 from cairn.ids import CheckpointId
 from cairn.manifest import CheckpointManifest, dec_hook, decode_manifest
+from cairn.stores import ObjectInfo
 
 __all__ = [
     "DAMAGE",
@@ -77,11 +78,7 @@ async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> Checkpoint
 
 async def committed(ctx: Context, cid: CheckpointId) -> bool:
     """True when ``cid`` is committed: one HEAD of its manifest, which is not a tombstone."""
-    try:
-        info = await ctx.store.head(ctx.paths.manifest(cid))
-    except CheckpointNotFoundError:
-        return False
-    return not _lease.is_tombstone(info)
+    return await _manifest_info(ctx, cid) is not None
 
 
 async def listed_ids(ctx: Context) -> list[CheckpointId]:
@@ -94,15 +91,76 @@ async def listed_ids(ctx: Context) -> list[CheckpointId]:
     )
 
 
+LISTING_DECIDES_OBJECTS = 20
+"""Objects per checkpoint up to which one recursive listing decides what is committed
+faster than a HEAD per checkpoint: a listing page names about 1,000 objects for the
+price of a few HEADs (about 6 on moto's S3, measured: bench/bench_list.py --s3), and
+in memory a listed object costs about a twentieth of a HEAD."""
+
+_MANIFEST_BYTES_PER_OBJECT = 200
+"""A manifest grows by at least this many bytes per artifact it lists (an entry takes
+about 240): its size bounds the objects of its checkpoint from above."""
+
+
+_SIZE_PROBES = 3
+"""Directories, newest first, whose manifest is read (with the HEAD the answer needs
+anyway) to learn the size of a checkpoint: the newest is often a save in progress."""
+
+
 async def list_checkpoints(ctx: Context) -> list[CheckpointId]:
-    """Committed checkpoints, oldest first: one delimiter listing, one HEAD per directory."""
+    """Committed checkpoints, oldest first.
+
+    One delimiter listing names the directories; the newest ones' manifests are read
+    with a HEAD each (up to :data:`_SIZE_PROBES`, until one is committed). Then, if that
+    manifest's size says checkpoints are small (at most :data:`LISTING_DECIDES_OBJECTS`
+    objects each), one recursive listing decides the rest (a directory is committed when
+    its ``manifest.json`` is listed and is not a tombstone); otherwise, or when no probe
+    found a manifest, one HEAD per directory does. Both answer the same question: the
+    listing costs pages of objects, the HEADs one request per checkpoint.
+    """
     candidates = await listed_ids(ctx)
+    rest = list(candidates)
+    probed: list[bool] = []
+    size = None
+    while rest and len(probed) < _SIZE_PROBES and size is None:
+        info = await _manifest_info(ctx, rest.pop())
+        probed.append(info is not None)
+        if info is not None:
+            size = info.size
+    if (
+        size is not None
+        and len(rest) > ctx.max_concurrent_downloads
+        and (2 + size // _MANIFEST_BYTES_PER_OBJECT <= LISTING_DECIDES_OBJECTS)
+    ):
+        found = await _committed_by_listing(ctx, rest)
+    else:
 
-    def probe(cid: CheckpointId) -> Callable[[], Awaitable[bool]]:
-        return lambda: committed(ctx, cid)
+        def probe(cid: CheckpointId) -> Callable[[], Awaitable[bool]]:
+            return lambda: committed(ctx, cid)
 
-    found = await bounded_gather(ctx.max_concurrent_downloads, map(probe, candidates))
-    return [cid for cid, ok in zip(candidates, found, strict=True) if ok]
+        found = await bounded_gather(ctx.max_concurrent_downloads, map(probe, rest))
+    return [cid for cid, ok in zip(candidates, found + probed[::-1], strict=True) if ok]
+
+
+async def _manifest_info(ctx: Context, cid: CheckpointId) -> ObjectInfo | None:
+    """The HEAD of ``cid``'s manifest if it is committed (not missing, not a tombstone)."""
+    try:
+        info = await ctx.store.head(ctx.paths.manifest(cid))
+    except CheckpointNotFoundError:
+        return None
+    return None if _lease.is_tombstone(info) else info
+
+
+async def _committed_by_listing(ctx: Context, ids: list[CheckpointId]) -> list[bool]:
+    """Whether each of ``ids`` is committed, from one recursive listing of the base."""
+    manifest_of = ctx.paths.manifest
+    wanted = {manifest_of(cid): index for index, cid in enumerate(ids)}
+    found = [False] * len(ids)
+    for info in await ctx.store.list(ctx.paths.base_prefix):
+        index = wanted.get(info.path)
+        if index is not None and not _lease.is_tombstone(info):
+            found[index] = True
+    return found
 
 
 async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:

@@ -3,18 +3,24 @@
 Invariants:
 
 * every byte handed out is verified against the SHA-256 its manifest records (unless
-  the caller asks not to), after decompression, in a worker thread;
+  the caller asks not to), after decompression; large buffers in a worker thread, small
+  ones inline (a thread hop costs more than their hash);
+* an uncompressed artifact is read in one request of its recorded size plus one byte,
+  so one of any other length is an :class:`IntegrityMismatchError` on the size;
 * at most ``max_concurrent_downloads`` reads are in flight;
 * an artifact a chain needs that is gone is a :class:`BrokenChainError` naming it; bytes
-  that do not decode or hash as recorded are an :class:`IntegrityMismatchError` naming it;
-* a streamed restore to a path holds at most two chunks in memory, and the final name
-  appears only once the bytes are fsynced and verified (a mismatch leaves nothing there).
+  that do not hash as recorded are an :class:`IntegrityMismatchError` naming it, bytes
+  that do not decode an :class:`UndecodableArtifactError`;
+* a streamed restore holds a bounded number of chunks in memory (those fetched ahead,
+  one being written, at most two being hashed); to a path, the final name appears only
+  once the bytes are fsynced and verified (a mismatch leaves nothing there).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import collections
+import itertools
 import os
 import uuid
 from collections.abc import Awaitable, Callable
@@ -36,11 +42,17 @@ from cairn.errors import (
     UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
-from cairn.integrity import verify_integrity
+from cairn.integrity import StreamHasher, verify_integrity_async
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
 
 __all__ = ["load", "load_artifact", "load_artifact_to", "load_chain"]
+
+RANGE_BYTES_AHEAD = 4 * 1024 * 1024
+"""A streamed restore fetches this many bytes of ranges ahead of the one it writes (at
+least one range, at most MAX_RANGES_AHEAD): enough to keep a remote store's latency out of
+the way with small ranges, without holding more than needed with large ones."""
+MAX_RANGES_AHEAD = 8
 
 
 async def load(ctx: Context, checkpoint_id: CheckpointId, verify: bool) -> LoadedCheckpoint:
@@ -91,8 +103,26 @@ async def load_artifact(ctx: Context, path: str, expected_sha256: str | None) ->
         raise InvalidInputError(f"artifact path must be a non-empty string, got {path!r}")
     blob = await ctx.store.get(path)
     if expected_sha256 is not None:
-        await asyncio.to_thread(verify_integrity, path, blob.data, expected_sha256)
+        await verify_integrity_async(path, blob.data, expected_sha256)
     return blob.data
+
+
+async def _read_sized(ctx: Context, path: str, size: int) -> Buffer:
+    """The bytes at ``path``, which must be exactly ``size`` bytes, in one request.
+
+    A GET is two round trips through obstore (the response, then its body), a ranged
+    read one: with many small artifacts that halves the calls. Asking for one byte more
+    than expected tells a longer object from the right one, so nothing is hidden that a
+    whole read would have shown: any other length is an :class:`IntegrityMismatchError`
+    on the size.
+    """
+    data = await ctx.store.get_range(path, 0, size + 1)
+    got = memoryview(data).nbytes
+    if got != size:
+        if got > size:  # longer than written: its whole length, for the error, from a HEAD
+            got = max(got, (await ctx.store.head(path)).size)
+        raise IntegrityMismatchError(path, str(size), str(got), what="size")
+    return data
 
 
 def _fetch_link(
@@ -103,8 +133,13 @@ def _fetch_link(
     async def job() -> Buffer:
         try:
             if entry.codec is None:
-                expected = entry.sha256 if verify else None
-                return await load_artifact(ctx, path, expected)
+                if not verify:
+                    return (await ctx.store.get(path)).data
+                if entry.size_bytes == 0:  # an empty range reads nothing: read the object
+                    return await load_artifact(ctx, path, entry.sha256)
+                data = await _read_sized(ctx, path, entry.size_bytes)
+                await verify_integrity_async(path, data, entry.sha256)
+                return data
             codec = get_codec(entry.codec, path=path)
             stored = await load_artifact(ctx, path, None)
         except CheckpointNotFoundError:
@@ -114,7 +149,7 @@ def _fetch_link(
         except Exception as exc:  # the codec's own error type: the bytes are damaged
             raise UndecodableArtifactError(path, entry.codec, str(exc)) from None
         if verify:
-            await asyncio.to_thread(verify_integrity, path, data, entry.sha256)
+            await verify_integrity_async(path, data, entry.sha256)
         return data
 
     return job
@@ -153,35 +188,48 @@ async def _stream_into(
     chunk_size: int,
     decoder: StreamDecoder | None = None,
 ) -> str:
-    """Copy ``path`` into ``file`` by ranged reads, one range fetched ahead; its digest."""
-    hasher = hashlib.sha256()
+    """Copy ``path`` into ``file`` by ranged reads; the digest of what was written.
 
-    def fetch(start: int) -> asyncio.Future[Buffer] | None:
-        if start >= size:
-            return None
-        end = min(start + chunk_size, size)
-        return asyncio.ensure_future(ctx.store.get_range(path, start, end))
+    Three stages overlap: the next ranges are fetched (RANGE_BYTES_AHEAD of them) while
+    the current one is hashed (on the hasher's thread) and written (on another), so a
+    restore takes about as long as its slowest stage rather than their sum. Writes stay
+    in order, one at a time; none is in flight once this returns or raises (the caller
+    closes the file then).
+    """
+    hasher = StreamHasher(lag=1)
+    writing: asyncio.Task[int] | None = None
+    starts = iter(range(0, size, chunk_size))
+    ahead = max(1, min(MAX_RANGES_AHEAD, RANGE_BYTES_AHEAD // chunk_size))
+    upcoming: collections.deque[asyncio.Future[Buffer]] = collections.deque()
 
-    upcoming = fetch(0)
+    def fetch() -> None:
+        for start in itertools.islice(starts, ahead - len(upcoming)):
+            end = min(start + chunk_size, size)
+            upcoming.append(asyncio.ensure_future(ctx.store.get_range(path, start, end)))
+
     try:
-        for start in range(0, size, chunk_size):
-            current, upcoming = upcoming, fetch(start + chunk_size)
-            assert current is not None
-            chunk = await current
-            await asyncio.to_thread(_hash_and_write, hasher, file, chunk, decoder)
+        fetch()
+        while upcoming:
+            chunk = await upcoming.popleft()
+            fetch()
+            if decoder is not None:
+                chunk = await asyncio.to_thread(decoder.decompress, chunk)
+            await hasher.feed(chunk)
+            if writing is not None:
+                await writing
+            writing = asyncio.ensure_future(asyncio.to_thread(file.write, chunk))
+            del chunk
+        if writing is not None:
+            await writing
+        return await hasher.hexdigest()
     finally:
-        if upcoming is not None:
-            upcoming.cancel()
-    return hasher.hexdigest()
-
-
-def _hash_and_write(
-    hasher: hashlib._Hash, file: BinaryIO, chunk: Buffer, decoder: StreamDecoder | None
-) -> None:
-    if decoder is not None:
-        chunk = decoder.decompress(chunk)
-    hasher.update(chunk)
-    file.write(chunk)
+        for future in upcoming:  # reads are safe to drop; a failed one was not this one's cause
+            if future.done() and not future.cancelled():
+                future.exception()
+            future.cancel()
+        if writing is not None and not writing.done():
+            await asyncio.wait([writing])
+        hasher.close()
 
 
 async def write_atomically(

@@ -47,7 +47,7 @@ from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.observe import Observer, Operation
 from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
-from cairn.sources import READ_CHUNK, ArtifactData
+from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
@@ -465,13 +465,13 @@ class ObjectStoreCheckpointer(Checkpointer):
         dest: os.PathLike[str] | BinaryIO,
         *,
         expected_sha256: str | None = None,
-        chunk_size: int = READ_CHUNK,
+        chunk_size: int = RESTORE_CHUNK,
         codec: str | None = None,
     ) -> str:
         """Stream the object at ``path`` into ``dest`` in bounded memory; returns its SHA-256.
 
-        Reads in ranges of ``chunk_size`` (the next range is fetched while the current
-        one is written), hashing as it goes. For a path ``dest``, the bytes go to a
+        Reads in ranges of ``chunk_size`` (the next ranges are fetched while the current
+        one is hashed and written, on two threads). For a path ``dest``, the bytes go to a
         temporary file beside it that is fsynced and renamed into place only once the
         digest matches ``expected_sha256``: on a mismatch nothing appears under the final
         name and :class:`IntegrityMismatchError` is raised. A file object receives the

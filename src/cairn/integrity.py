@@ -3,18 +3,29 @@
 Invariant: a digest is always the lowercase hex SHA-256 of exactly the bytes the caller
 handed in (before any compression). Large buffers are hashed in worker threads, where
 hashlib releases the GIL, so hashing overlaps with uploads and uses every core; small
-ones are hashed inline, where a thread hop would cost more than the hash.
+ones are hashed inline, where a thread hop would cost more than the hash. A stream is
+hashed by :class:`StreamHasher`, in order, on a thread of its own, while its chunks
+travel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 from cairn._buffer import Buffer
 from cairn.errors import IntegrityMismatchError
 
-__all__ = ["INLINE_HASH_LIMIT", "sha256_hex", "sha256_hex_async", "verify_integrity"]
+__all__ = [
+    "INLINE_HASH_LIMIT",
+    "StreamHasher",
+    "sha256_hex",
+    "sha256_hex_async",
+    "verify_integrity",
+    "verify_integrity_async",
+]
 
 INLINE_HASH_LIMIT = 256 * 1024
 """Buffers up to this size are hashed on the calling thread."""
@@ -32,6 +43,14 @@ async def sha256_hex_async(data: Buffer) -> str:
     return await asyncio.to_thread(sha256_hex, data)
 
 
+async def verify_integrity_async(path: str, data: Buffer, expected_sha256: str) -> None:
+    """:func:`verify_integrity`, off the event loop for buffers larger than INLINE_HASH_LIMIT."""
+    if memoryview(data).nbytes <= INLINE_HASH_LIMIT:
+        verify_integrity(path, data, expected_sha256)
+    else:
+        await asyncio.to_thread(verify_integrity, path, data, expected_sha256)
+
+
 def verify_integrity(path: str, data: Buffer, expected_sha256: str) -> None:
     """Raise :class:`IntegrityMismatchError` unless SHA-256 of ``data`` is ``expected_sha256``.
 
@@ -40,3 +59,54 @@ def verify_integrity(path: str, data: Buffer, expected_sha256: str) -> None:
     actual = sha256_hex(data)
     if actual != expected_sha256.lower():
         raise IntegrityMismatchError(path, expected_sha256, actual)
+
+
+class StreamHasher:
+    """SHA-256 of a stream, computed on one worker thread while the stream goes on.
+
+    :meth:`feed` queues a chunk and returns at once, unless ``lag`` chunks are already
+    waiting for the hash: the caller hands the chunk on (to a store, a file) while it is
+    hashed, so hashing one chunk overlaps with moving it and reading the next, and the
+    digest costs no wall time unless hashing is the slowest stage. One thread hashes
+    every chunk of the stream in the order fed, so the digest is that of the chunks in
+    that order. A chunk must not change until it is hashed: the hash holds a buffer
+    export of it while it runs, which is what :class:`cairn._buffer.BufferPool` waits
+    for before it hands a buffer out again. Small chunks are hashed inline when nothing
+    is queued. Call :meth:`close` when done, also on failure.
+    """
+
+    def __init__(self, lag: int = 2) -> None:
+        self._hasher = hashlib.sha256()
+        self._lag = lag
+        self._pending: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def feed(self, chunk: Buffer) -> None:
+        """Queue ``chunk`` for hashing; waits only while ``lag`` chunks are queued."""
+        while self._pending and self._pending[0].done():
+            self._pending.popleft().result()
+        if not self._pending and memoryview(chunk).nbytes <= INLINE_HASH_LIMIT:
+            self._hasher.update(chunk)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="cairn-sha256")
+        loop = asyncio.get_running_loop()
+        self._pending.append(loop.run_in_executor(self._executor, self._hasher.update, chunk))
+        while len(self._pending) > self._lag:
+            await self._pending.popleft()
+
+    async def drain(self) -> None:
+        """Wait until every chunk fed is hashed (after which the caller may change them)."""
+        while self._pending:
+            await self._pending.popleft()
+
+    async def hexdigest(self) -> str:
+        """The digest of every chunk fed, once they are all hashed."""
+        await self.drain()
+        return self._hasher.hexdigest()
+
+    def close(self) -> None:
+        """Let the worker thread end once what is queued is hashed."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None

@@ -334,11 +334,17 @@ def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
     return manifest
 
 
+_CHECKSUM_FIELD = re.compile(rb'"manifest_sha256": "([^"]*)"')
+"""Any ``manifest_sha256`` field: compiled once (a pattern per digest missed re's cache
+and cost a compile, 0.1 ms, per manifest decoded: a tenth of a GC plan's time)."""
+
+
 def _verify_checksum(path: str, data: Buffer, digest: str) -> None:
     # On the caller's buffer, without a copy: a manifest may be tens of megabytes.
     body = memoryview(data)
-    field = _checksum_field(digest)
-    found = [m.span() for m, _ in zip(re.finditer(re.escape(field), body), range(2), strict=False)]
+    wanted = digest.encode()
+    fields = (m for m in _CHECKSUM_FIELD.finditer(body) if m.group(1) == wanted)
+    found = [m.span() for m, _ in zip(fields, range(2), strict=False)]
     if not _SHA256_HEX.fullmatch(digest) or len(found) != 1:
         raise CorruptManifestError(path, "its manifest_sha256 field is damaged")
     start, end = found[0]

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._lease import TOMBSTONE_RETENTION, Intent, claim, decode_intent, is_live, is_tombstone
 from cairn._pointer import LatestPointer, read_pointer
@@ -37,6 +38,7 @@ from cairn.errors import (
     CheckpointNotFoundError,
     IntegrityError,
     InvalidInputError,
+    StoreError,
 )
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
@@ -184,6 +186,10 @@ class StoreState:
     tombstones: dict[CheckpointId, ObjectInfo]
     damaged: dict[CheckpointId, str]
     latest: LatestPointer | None
+    # The owner of each object (see _owners), as read_state computed it for these paths.
+    owners: tuple[CheckpointPaths, list[CheckpointId | None]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 def uncommitted_dirs(
@@ -196,14 +202,42 @@ def uncommitted_dirs(
     chain is protected too); ``abandoned`` holds the unclaimed ones with neither, which GC
     claims before it sweeps them. Tombstoned directories are in neither: they are dead.
     """
+    return _uncommitted_dirs(state, _owners_of(state, paths), now=now, min_age=min_age)
+
+
+def _owners(paths: CheckpointPaths, objects: list[ObjectInfo]) -> list[CheckpointId | None]:
+    """The checkpoint whose directory holds each object, in order (None: no checkpoint's).
+
+    Computed once per listing: planning walks the objects several times, and a lookup per
+    walk per object is most of a plan's time over tens of thousands of objects.
+    """
+    owner_of = paths.checkpoint_of
+    return [owner_of(info.path) for info in objects]
+
+
+def _owners_of(state: StoreState, paths: CheckpointPaths) -> list[CheckpointId | None]:
+    """:func:`_owners` of ``state.objects``: the ones :func:`read_state` kept, if for ``paths``."""
+    if state.owners is not None and state.owners[0] == paths:
+        return state.owners[1]
+    return _owners(paths, state.objects)
+
+
+def _uncommitted_dirs(
+    state: StoreState,
+    owners: list[CheckpointId | None],
+    *,
+    now: dt.datetime,
+    min_age: dt.timedelta,
+) -> tuple[dict[CheckpointId, CheckpointId | None], set[CheckpointId]]:
+    """:func:`uncommitted_dirs`, given :func:`_owners` of ``state.objects``."""
+    settled = state.manifests.keys() | state.damaged.keys() | state.tombstones.keys()
     newest: dict[CheckpointId, dt.datetime] = {}
-    for info in state.objects:
-        cid = paths.checkpoint_of(info.path)
-        if cid is None or cid in state.manifests or cid in state.damaged:
+    for info, cid in zip(state.objects, owners, strict=True):
+        if cid is None or cid in settled:
             continue
-        if cid in state.tombstones:
-            continue
-        newest[cid] = max(newest.get(cid, info.last_modified), info.last_modified)
+        last = newest.get(cid)
+        if last is None or info.last_modified > last:
+            newest[cid] = info.last_modified
     busy: dict[CheckpointId, CheckpointId | None] = {}
     abandoned: set[CheckpointId] = set()
     for cid, last in newest.items():
@@ -215,6 +249,20 @@ def uncommitted_dirs(
         else:
             abandoned.add(cid)
     return busy, abandoned
+
+
+class _RecordPaths:
+    """The manifest and intent paths of each checkpoint id, each built once."""
+
+    def __init__(self, paths: CheckpointPaths) -> None:
+        self._paths = paths
+        self._known: dict[CheckpointId, tuple[str, str]] = {}
+
+    def __call__(self, cid: CheckpointId) -> tuple[str, str]:
+        known = self._known.get(cid)
+        if known is None:
+            known = self._known[cid] = (self._paths.manifest(cid), self._paths.intent(cid))
+        return known
 
 
 def _latest_order(
@@ -254,29 +302,30 @@ def plan_gc(
         keep |= set(manifests)
     else:
         keep |= {cid for cid, m in manifests.items() if (m.epoch, cid.uuid.int) >= order}
-    busy, _ = uncommitted_dirs(state, paths, now=now, min_age=min_age)
+    owners = _owners_of(state, paths)
+    busy, _ = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
     keep.update(p for p in busy.values() if p is not None and p in manifests)
     whole, referenced = _reachable(paths, keep, manifests)
     doomed = sorted(set(manifests) - whole)
     dead = set(claimed) | set(state.tombstones)
     in_dir: dict[CheckpointId, int] = {}
-    for info in state.objects:
-        cid = paths.checkpoint_of(info.path)
+    for cid in owners:
         if cid is not None:
             in_dir[cid] = in_dir.get(cid, 0) + 1
+    records = _RecordPaths(paths)
     to_delete: list[ObjectInfo] = []
     orphans: list[ObjectInfo] = []
-    for info in state.objects:
-        cid = paths.checkpoint_of(info.path)
+    for info, cid in zip(state.objects, owners, strict=True):
         if cid is None or info.path in referenced:
             continue
         if cid in manifests:
-            if info.path == paths.intent(cid):
+            manifest_path, intent_path = records(cid)
+            if info.path == intent_path:
                 to_delete.append(info)  # a committed save's leftover intent protects nothing
-            elif cid not in whole and info.path != paths.manifest(cid):
+            elif cid not in whole and info.path != manifest_path:
                 to_delete.append(info)
         elif cid in dead:
-            is_the_tombstone = info.path == paths.manifest(cid)
+            is_the_tombstone = info.path == records(cid)[0]
             expired = in_dir[cid] == 1 and info.last_modified <= now - TOMBSTONE_RETENTION
             if not is_the_tombstone or expired:
                 orphans.append(info)
@@ -301,26 +350,27 @@ async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
     damaged: dict[CheckpointId, str] = {}
     tombstones: dict[CheckpointId, ObjectInfo] = {}
     intents: dict[CheckpointId, tuple[ObjectInfo, Intent | None]] = {}
-    committed: set[CheckpointId] = set()
+    committed: dict[CheckpointId, ObjectInfo] = {}
     intent_infos: list[tuple[CheckpointId, ObjectInfo]] = []
-    for info in objects:
-        cid = paths.checkpoint_of(info.path)
+    records = _RecordPaths(paths)
+    owners = _owners(paths, objects)
+    for info, cid in zip(objects, owners, strict=True):
         if cid is None:
             continue
-        if info.path == paths.manifest(cid):
+        manifest_path, intent_path = records(cid)
+        if info.path == manifest_path:
             if is_tombstone(info):
                 tombstones[cid] = info
             else:
-                committed.add(cid)
-        elif info.path == paths.intent(cid):
+                committed[cid] = info
+        elif info.path == intent_path:
             intent_infos.append((cid, info))
 
-    def read_manifest(cid: CheckpointId) -> Callable[[], Awaitable[None]]:
+    def read_manifest(cid: CheckpointId, info: ObjectInfo) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
-            path = paths.manifest(cid)
+            path = info.path
             try:
-                blob = await store.get(path)
-                manifests[cid] = decode_manifest(path, blob.data)
+                manifests[cid] = decode_manifest(path, await _read_listed(store, info))
             except CheckpointNotFoundError:
                 return  # deleted since the listing
             except IntegrityError as exc:
@@ -340,10 +390,31 @@ async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
 
         return job
 
-    reads = [read_manifest(cid) for cid in committed]
+    reads = [read_manifest(cid, info) for cid, info in committed.items()]
     reads += [read_intent(cid, info) for cid, info in intent_infos if cid not in committed]
     await bounded_gather(MANIFEST_READ_CONCURRENCY, reads)
-    return StoreState(manifests, objects, intents, tombstones, damaged, latest)
+    return StoreState(manifests, objects, intents, tombstones, damaged, latest, (paths, owners))
+
+
+async def _read_listed(store: Store, info: ObjectInfo) -> Buffer:
+    """The bytes of the object a listing reported as ``info``.
+
+    One ranged read of the listed size plus one byte (a GET takes two round trips through
+    obstore: the response, then its body); should the object no longer have that size
+    (replaced since the listing; by an empty tombstone, and then the range fails), a
+    whole read, as if the listing had said nothing.
+    """
+    if info.size > 0:
+        try:
+            data = await store.get_range(info.path, 0, info.size + 1)
+        except CheckpointNotFoundError:
+            raise
+        except StoreError:
+            pass
+        else:
+            if memoryview(data).nbytes == info.size:
+                return data
+    return (await store.get(info.path)).data
 
 
 async def run_gc(

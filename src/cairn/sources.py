@@ -3,8 +3,10 @@
 A snapshot or delta may be given as a bytes-like object, a :class:`os.PathLike` naming a
 file, a binary file object, or a sync or async iterable of bytes-like chunks. Buffers take
 the direct path (one ``put``, hashed in a thread alongside it). Everything else becomes a
-:class:`StreamSource`: its chunks flow into a multipart upload while each is hashed, so
-a 2 GiB file is uploaded in memory bounded by the part size times the parts in flight.
+:class:`StreamSource`: its chunks flow into a multipart upload while each is hashed on
+another thread, so a 2 GiB file is uploaded in memory bounded by the part size times the
+parts in flight, and takes about as long as the slower of the upload and the hash. A
+file is read into a few buffers of cairn's own, reused (:class:`~cairn._buffer.BufferPool`).
 
 "Bytes-like" means any C-contiguous buffer (bytes, bytearray, memoryview of any format,
 ``array.array``, a numpy array): its raw bytes are sent, without a copy, as
@@ -14,7 +16,8 @@ error, never converted: ``bytes(3)`` is three zero bytes, so an iterable of ints
 place while its save runs, so it must not change until ``save`` returns; a chunk that is
 not ``bytes`` is copied as it is taken, since a reader may refill it for the next one.
 
-Invariants: the digest and size recorded are those of exactly the bytes that were sent;
+Invariants: the digest and size recorded are those of exactly the bytes that were sent
+(a read buffer is refilled only once neither the store nor the hash holds it);
 a source is read once per attempt; a file (path or seekable object) can be sent again
 when a transient failure makes the upload retry, and a one-shot iterator cannot (the
 retry then fails with :class:`InvalidInputError` saying so, rather than sending less);
@@ -27,7 +30,6 @@ iteration reveals to be wrong fails the upload with :class:`InvalidInputError`.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
 import os
 from collections.abc import (
@@ -41,16 +43,39 @@ from collections.abc import (
     Set,
 )
 from pathlib import Path
-from typing import Any, BinaryIO, TypeAlias
+from typing import BinaryIO, TypeAlias
 
-from cairn._buffer import Buffer, raw_bytes
+from cairn._buffer import Buffer, BufferPool, raw_bytes
 from cairn.codecs import StreamEncoder
 from cairn.errors import InvalidInputError
+from cairn.integrity import StreamHasher
 
-__all__ = ["READ_CHUNK", "ArtifactData", "StreamSource", "as_buffer", "check_artifact_data"]
+__all__ = [
+    "READ_BUFFERS",
+    "READ_CHUNK",
+    "RESTORE_CHUNK",
+    "ArtifactData",
+    "StreamSource",
+    "as_buffer",
+    "check_artifact_data",
+]
 
 READ_CHUNK = 8 * 1024 * 1024
 """Bytes read from a file per chunk (and the multipart part size)."""
+
+RESTORE_CHUNK = 1024 * 1024
+"""Bytes per ranged read of a streamed restore (``load_artifact_to``'s ``chunk_size``).
+
+Smaller than READ_CHUNK on purpose: each range is a fresh buffer the store allocates on
+its own threads, and glibc keeps freed 8 MiB blocks in those threads' arenas, so 8 MiB
+ranges cost a 2 GiB restore 80-120 MiB of peak memory where 1 MiB ranges cost 28-39
+(bench/bench_stream.py). The price is a store call per MiB: about 15% more CPU per byte
+on a local store. The restore fetches several ranges ahead
+(``cairn._download.RANGE_BYTES_AHEAD``), so a remote store's latency stays hidden."""
+
+READ_BUFFERS = 5
+"""Read buffers of READ_CHUNK bytes one streamed upload reuses, at most: enough for the
+parts a store has in flight (4, ``cairn.stores.PARTS_IN_FLIGHT``) and one being read."""
 
 ArtifactData: TypeAlias = (
     Buffer | os.PathLike[str] | BinaryIO | Iterable[Buffer] | AsyncIterable[Buffer]
@@ -115,6 +140,13 @@ class StreamSource:
 
     Call :meth:`open` for each attempt; after the stream it returns is exhausted,
     :attr:`sha256` and :attr:`size` describe exactly the bytes it produced.
+
+    A path or a binary file is read into at most ``buffers`` reusable buffers of
+    ``chunk_size`` bytes (:class:`~cairn._buffer.BufferPool`), and each chunk is handed
+    on as a ``memoryview`` of one, zero-copy, while a :class:`~cairn.integrity.StreamHasher`
+    hashes it on another thread: the bytes are read once, and the hash runs alongside
+    the upload instead of before it. A buffer is refilled only once the store and the
+    hash are both done with it, so what is sent is always what was hashed.
     """
 
     def __init__(
@@ -124,11 +156,13 @@ class StreamSource:
         chunk_size: int = READ_CHUNK,
         encoder: Callable[[], StreamEncoder] | None = None,
         what: str = "artifact data",
+        buffers: int = READ_BUFFERS,
     ) -> None:
         self._data = data
         self._what = what
         self._chunk_size = chunk_size
         self._encoder = encoder
+        self._buffers = buffers
         self.stored_size = 0
         self._opened = 0
         self._start = data.tell() if _is_seekable_file(data) else 0  # type: ignore[union-attr]
@@ -140,8 +174,12 @@ class StreamSource:
         """Whether the bytes can be produced again (a path or a seekable file)."""
         return isinstance(self._data, os.PathLike) or _is_seekable_file(self._data)
 
-    def open(self) -> AsyncIterator[bytes]:
-        """A fresh pass over the bytes; raises if a one-shot stream was already read."""
+    def open(self) -> AsyncIterator[Buffer]:
+        """A fresh pass over the bytes; raises if a one-shot stream was already read.
+
+        Each chunk is valid until the next one is asked for: a buffer of ours is refilled
+        once nothing holds it any more (see :class:`~cairn._buffer.BufferPool`).
+        """
         if self._opened and not self.reopenable:
             raise InvalidInputError(
                 "this artifact's data is a one-shot stream and was already sent once: "
@@ -150,47 +188,64 @@ class StreamSource:
         self._opened += 1
         return self._hashing(self._chunks())
 
-    async def _hashing(self, chunks: AsyncIterator[object]) -> AsyncIterator[bytes]:
-        hasher = hashlib.sha256()
+    async def _hashing(self, chunks: AsyncIterator[object]) -> AsyncIterator[Buffer]:
+        hasher = StreamHasher()
         encoder = self._encoder() if self._encoder is not None else None
         size = stored = 0
         index = 0
-        async for chunk in chunks:
-            view = _chunk_view(chunk, self._what, index)
-            index += 1
-            size += view.nbytes
-            if encoder is not None:
-                out = await asyncio.to_thread(_hash_and_encode, hasher, encoder, view)
-            else:
-                # A mutable chunk is copied: the caller may refill it once asked for the
-                # next one, while the store may still hold this one for its part.
-                out = chunk if isinstance(chunk, bytes) else view.tobytes()
-                if len(out) > 256 * 1024:
-                    await asyncio.to_thread(hasher.update, out)
+        try:
+            async for chunk in chunks:
+                if isinstance(chunk, _OwnChunk):
+                    view, own = chunk.view, True
                 else:
-                    hasher.update(out)
-            if out:
-                stored += len(out)
-                yield out
-        if encoder is not None and (tail := encoder.flush()):
-            stored += len(tail)
-            yield tail
-        self.sha256, self.size, self.stored_size = hasher.hexdigest(), size, stored
+                    view, own = _chunk_view(chunk, self._what, index), False
+                index += 1
+                size += view.nbytes
+                out: Buffer
+                if encoder is not None:
+                    # Hashed on the hasher's thread while compressed on another.
+                    await hasher.feed(view)
+                    out = await asyncio.to_thread(encoder.compress, view)
+                    if not own and not isinstance(chunk, bytes):
+                        await hasher.drain()  # the caller may refill its chunk once we go on
+                else:
+                    # Our own buffer is sent as it is (the pool does not refill it while
+                    # anything holds it); a caller's mutable chunk is copied: the caller may
+                    # refill it once asked for the next one, while the store still holds it.
+                    out = view if own else chunk if isinstance(chunk, bytes) else view.tobytes()
+                    await hasher.feed(out)
+                # No reference of ours may outlive this step: a buffer still viewed here
+                # would look busy to the pool (see BufferPool).
+                del chunk, view
+                if (length := memoryview(out).nbytes) > 0:
+                    stored += length
+                    yield out
+                del out
+            if encoder is not None and (tail := encoder.flush()):
+                stored += len(tail)
+                yield tail
+            self.sha256 = await hasher.hexdigest()
+            self.size, self.stored_size = size, stored
+        finally:
+            hasher.close()
 
     async def _chunks(self) -> AsyncIterator[object]:
         data = self._data
         if isinstance(data, os.PathLike):
-            file = await asyncio.to_thread(open, data, "rb")
+            # Unbuffered: readinto goes straight from the kernel into our buffer.
+            file = await asyncio.to_thread(open, data, "rb", buffering=0)
             try:
-                async for chunk in _read_file(file, self._chunk_size):
+                async for chunk in self._read_file(file):
                     yield chunk
+                    del chunk  # not held while the next is read (see _hashing)
             finally:
                 file.close()
         elif hasattr(data, "read"):
             if _is_seekable_file(data):
                 data.seek(self._start)  # type: ignore[union-attr]
-            async for chunk in _read_file(data, self._chunk_size):  # type: ignore[arg-type]
+            async for chunk in self._read_file(data):  # type: ignore[arg-type]
                 yield chunk
+                del chunk
         elif isinstance(data, AsyncIterable):
             async for part in data:
                 yield part
@@ -199,6 +254,44 @@ class StreamSource:
             # A sentinel, not None: a None chunk is an error to report, not the end.
             while (item := await asyncio.to_thread(next, iterator, _END)) is not _END:
                 yield item
+
+    async def _read_file(self, file: BinaryIO) -> AsyncIterator[object]:
+        if not isinstance(file, io.RawIOBase | io.BufferedIOBase):
+            # A duck-typed file may have no readinto, or one of its own meaning.
+            while chunk := await asyncio.to_thread(file.read, self._chunk_size):
+                yield chunk
+            return
+        pool = BufferPool(self._chunk_size, self._buffers)
+        try:
+            while True:
+                buffer = pool.take()
+                filled = await asyncio.to_thread(_fill, file, buffer)
+                if not filled:
+                    return
+                yield _OwnChunk(memoryview(buffer)[:filled])
+        finally:
+            pool.clear()
+
+
+class _OwnChunk:
+    """Bytes read into a buffer of our own pool: sent as they are, never copied."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
+def _fill(file: BinaryIO, buffer: bytearray) -> int:
+    """Read into ``buffer`` until it is full or the file ends; the bytes read."""
+    view = memoryview(buffer)
+    filled = 0
+    while filled < len(view):
+        got = file.readinto(view[filled:])  # type: ignore[attr-defined]
+        if not got:  # the end (or, from a non-blocking file, no data: as read() did)
+            break
+        filled += got
+    return filled
 
 
 _END = object()
@@ -219,19 +312,6 @@ def _chunk_view(chunk: object, what: str, index: int) -> memoryview:
             f"C-contiguous buffer{hint}"
         )
     return view
-
-
-def _hash_and_encode(hasher: Any, encoder: StreamEncoder, chunk: memoryview) -> bytes:
-    hasher.update(chunk)
-    return encoder.compress(chunk)
-
-
-async def _read_file(file: BinaryIO, chunk_size: int) -> AsyncIterator[bytes]:
-    while True:
-        chunk = await asyncio.to_thread(file.read, chunk_size)
-        if not chunk:
-            return
-        yield chunk
 
 
 def _is_text_file(data: object) -> bool:

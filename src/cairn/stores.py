@@ -177,13 +177,16 @@ class Store(Protocol):
     async def put_stream(
         self,
         path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
+        open_chunks: Callable[[], AsyncIterator[Buffer]],
         *,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Write the chunks of ``open_chunks()`` as one object, in a multipart upload.
 
         ``open_chunks`` is called once per attempt; the object appears whole or not at all.
+        A chunk is any bytes-like object (cairn sends views of its reused read buffers,
+        zero-copy): a store that keeps one after asking for the next keeps a view of it
+        (as obstore does) or a copy; cairn refills a buffer only once no view of it lives.
         """
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
@@ -272,7 +275,7 @@ class ForwardingStore:
     async def put_stream(
         self,
         path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
+        open_chunks: Callable[[], AsyncIterator[Buffer]],
         *,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
@@ -475,7 +478,7 @@ class ObstoreStore:
     async def put_stream(
         self,
         path: str,
-        open_chunks: Callable[[], AsyncIterator[bytes]],
+        open_chunks: Callable[[], AsyncIterator[Buffer]],
         *,
         metadata: Mapping[str, str] | None = None,
     ) -> None:

@@ -36,7 +36,7 @@ from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.observe import Observer
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
-from cairn.sources import READ_CHUNK, ArtifactData
+from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
@@ -229,7 +229,7 @@ class SyncCheckpointer:
         dest: os.PathLike[str] | BinaryIO,
         *,
         expected_sha256: str | None = None,
-        chunk_size: int = READ_CHUNK,
+        chunk_size: int = RESTORE_CHUNK,
         codec: str | None = None,
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.load_artifact_to`."""
