@@ -1,9 +1,10 @@
 """cairn in one page: save, list, load and verify checkpoints on a local directory store.
 
 Run it with ``python examples/quickstart.py [DIR]`` once cairn is installed (``bash
-scripts/demo.sh`` installs it into ``.venv``, whose ``python`` to use). It saves three checkpoints of a small keyed-count job, lists them, restores the newest with
-every digest verified, then damages one byte of a stored artifact and shows that the
-damage is caught and that ``load_latest`` falls back to the newest intact checkpoint.
+scripts/demo.sh`` installs it into ``.venv``). It saves three checkpoints of a small
+keyed-count job, lists them, restores the newest with every digest verified, then
+damages one byte of a stored artifact and shows that the damage is caught and that
+``load_latest`` falls back to the newest intact checkpoint.
 """
 
 from __future__ import annotations

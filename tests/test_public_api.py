@@ -87,3 +87,21 @@ def test_a_missing_object_is_a_store_error_and_a_not_found_error() -> None:
     for prose_free in (cairn.MissingArtifactError, cairn.UndecodableArtifactError):
         assert issubclass(prose_free, cairn.IntegrityError)
         assert not issubclass(prose_free, cairn.IntegrityMismatchError)
+
+
+def test_every_error_pickles_as_itself() -> None:
+    """Errors cross processes (DCP ranks, multiprocessing workers) with their attributes."""
+    import pickle
+
+    samples = [
+        cairn.IntegrityMismatchError("a/b", "0" * 64, "f" * 64),
+        cairn.FencedError(1, 2),
+        cairn.ObjectNotFoundError("get", "a/b"),
+        cairn.CheckpointAbortedError("id", "a/manifest.json"),
+        cairn.InvalidNameError("operator", "x/y", "contains '/'"),
+        cairn.TransientStoreError("put", "a/b", "503", status=503),
+    ]
+    for error in samples:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert vars(copy) == vars(error)

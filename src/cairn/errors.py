@@ -29,10 +29,13 @@ CheckpointerError
 ```
 
 Invariants: no exception raised by obstore reaches a caller of cairn's public API;
-each error carries the context needed to act on it (path, checkpoint id, value).
+each error carries the context needed to act on it (path, checkpoint id, value); every
+error pickles as itself, attributes included (errors cross processes).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "BrokenChainError",
@@ -64,6 +67,22 @@ __all__ = [
 
 class CheckpointerError(Exception):
     """Root of every error raised by cairn."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross processes (DCP sends each rank's exception to its coordinator,
+        # multiprocessing a worker's to its parent). The constructors take a path, digests
+        # or generations, not ``args``, so rebuild from the state instead of calling them.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(
+    cls: type[CheckpointerError], args: tuple[Any, ...], state: dict[str, Any]
+) -> CheckpointerError:
+    """An unpickled error: ``cls`` with ``args`` and the attributes it had, as it was."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class CheckpointNotFoundError(CheckpointerError, FileNotFoundError):

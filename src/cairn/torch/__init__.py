@@ -1,0 +1,92 @@
+"""PyTorch Distributed Checkpoint (DCP) on cairn: atomic, verified, collectable saves.
+
+Install with ``pip install 'cairn[torch]'`` (torch and numpy). Then::
+
+    import torch.distributed.checkpoint as dcp
+    from cairn.torch import CairnReader, CairnWriter
+
+    dcp.save(state_dict, storage_writer=CairnWriter("s3://bucket/run", epoch=step))
+    dcp.load(state_dict, storage_reader=CairnReader("s3://bucket/run"))
+
+``dcp.async_save`` works with either executor: in process mode the writer is pickled
+into DCP's background process (its configuration travels; the store connection is made
+again there, so the store must not be a memory store). In thread mode the save's
+collectives run beside the training's: give checkpoints a process group of their own
+(``process_group=dist.new_group(backend="gloo")``), as DCP advises, or a DDP step and a
+save can wait on each other forever.
+
+How a save maps onto cairn. One ``dcp.save`` is one cairn checkpoint (one id, one
+manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
+``load_latest`` work on it unchanged:
+
+1. **Planning** (``prepare_global_plan``, on DCP's coordinator): makes the checkpoint id
+   (a UUIDv7, or the ``checkpoint_id`` given to ``dcp.save``) and sends it to every rank
+   inside its plan, so all ranks agree without another collective. It refuses the save
+   before anything is uploaded if a newer writer generation has taken over
+   (:class:`~cairn.FencedError`) or the id is already committed.
+2. **Uploads** (``write_data``, every rank, as a worker of :mod:`cairn.distributed`):
+   rank ``r`` stores its items as artifacts ``operators/rank-{r}/partition-{n}.snap``
+   with :meth:`~cairn.ObjectStoreCheckpointer.save_partitions_concurrent`, which holds
+   the checkpoint's lease (GC leaves a save in progress alone), hashes every artifact
+   as it travels and keeps at most ``max_concurrent_uploads`` in flight. A tensor of at
+   least 1 MiB is an artifact of its own, sent straight from the tensor's memory when it
+   is a contiguous CPU tensor (no copy); smaller tensors and DCP's byte items are packed
+   into bundles of up to 8 MiB, streamed a chunk at a time. Each item's record (artifact,
+   byte range, SHA-256, dtype, shape) goes back to the coordinator in its
+   ``WriteResult.storage_data``.
+3. **Commit** (``finish``, on the coordinator): puts the records in DCP's
+   ``Metadata.storage_data``, pickles the metadata and uploads it as the artifact
+   ``operators/dcp-metadata/partition-0.snap``, then commits one manifest naming every
+   rank's artifacts and the metadata, with their sizes and SHA-256, through
+   :meth:`~cairn.ObjectStoreCheckpointer.commit`: every artifact is checked present,
+   the manifest is written create-only (the commit point), the lease ends and
+   ``_latest`` advances (or the commit is rolled back if the writer was fenced).
+
+How a load reads. ``read_metadata`` loads the manifest (checked), reads the metadata
+artifact, checks its SHA-256 against the manifest and only then unpickles it, allowing
+only the globals DCP's metadata is made of. ``read_data`` groups the items a rank needs
+by artifact, reads one byte range per artifact (the whole artifact if it is
+compressed), checks each item's SHA-256 against its record, and only then copies it
+into the state dict (a tensor of the right shape and dtype is filled straight from the
+store's buffer). Resharding is DCP's: a rank reads whichever saved chunks overlap its own.
+
+Invariants:
+
+* nothing of a save is visible until the coordinator's manifest write; if any rank
+  fails or is killed, or the coordinator is fenced, no manifest is written, ``_latest``
+  does not move, and what was uploaded is an uncommitted directory that GC sweeps once
+  its lease has lapsed;
+* every byte DCP receives was checked against a SHA-256 recorded at save time: the
+  metadata against the manifest, each item against its record (itself inside the
+  verified metadata). A mismatch raises :class:`~cairn.IntegrityMismatchError` naming
+  the artifact (and the item); DCP reports it inside its ``CheckpointException``
+  (except from ``read_metadata``, whose every exception DCP turns into an
+  ``AssertionError`` carrying cairn's message; called directly it raises cairn's error);
+* all ranks of a load read the same checkpoint: without a ``checkpoint_id`` each rank
+  chooses the latest, and a load whose ranks chose differently is refused;
+* the metadata is never unpickled before it is verified, nor with any global outside
+  DCP's metadata types;
+* memory during a save is bounded by the concurrency, not by the state: contiguous CPU
+  tensors are sent from their own memory, bundles a chunk at a time, and tensors that
+  must be copied (from a device, or to make them contiguous) are uploaded in batches
+  of at most 256 MiB of copies per rank.
+
+Not supported, and refused with :class:`~cairn.InvalidInputError`: ``dcp.save`` with
+``use_collectives=False`` (there would be no single commit) and planners that cache
+plans across saves (each save needs its own checkpoint id in the plan).
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "cairn.torch needs PyTorch and numpy: pip install 'cairn[torch]' "
+        "(or pip install torch==2.13.0 numpy)"
+    ) from exc
+
+from cairn.torch._reader import CairnReader
+from cairn.torch._writer import METADATA_OPERATOR, CairnWriter, rank_operator
+
+__all__ = ["METADATA_OPERATOR", "CairnReader", "CairnWriter", "rank_operator"]

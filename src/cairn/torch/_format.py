@@ -1,0 +1,291 @@
+"""How DCP items are laid out in cairn artifacts, and read back. No I/O.
+
+A rank's items become artifacts of operator ``rank-{r}``: a tensor of at least
+:data:`OWN_ARTIFACT_BYTES` is one artifact on its own, its raw bytes sent straight from
+tensor memory; smaller tensors and DCP's byte items (pickled non-tensor values) are
+packed, in plan order, into bundles of up to :data:`BUNDLE_BYTES`. Each item is
+described by an :class:`ItemRecord` (where its bytes are, their SHA-256, and for a
+tensor its dtype and shape), stored as a plain tuple in DCP's ``Metadata.storage_data``.
+
+Invariants:
+
+* a record's bytes are exactly ``tensor.contiguous()``'s memory in C order (native byte
+  order) or the bytes DCP's planner handed in; its ``sha256`` is over exactly those bytes;
+* records are plain tuples of ``str``/``int``: unpickling them needs no class of cairn's,
+  so the stored format does not depend on where cairn's code lives;
+* the DCP metadata is unpickled only from verified bytes, and only with the globals DCP's
+  own metadata needs (:func:`load_metadata`): anything else is refused, not imported.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import pickle
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import metadata as dcp_metadata
+
+from cairn._buffer import Buffer
+from cairn.errors import CorruptManifestError, InvalidInputError
+from cairn.layout import validate_relative_path
+
+__all__ = [
+    "BUNDLE_BYTES",
+    "OWN_ARTIFACT_BYTES",
+    "ConcatReader",
+    "ItemRecord",
+    "copy_bytes_into",
+    "dtype_name",
+    "dump_metadata",
+    "load_metadata",
+    "parse_record",
+    "tensor_bytes",
+    "tensor_from_bytes",
+]
+
+OWN_ARTIFACT_BYTES = 1 << 20
+"""A tensor of at least this many bytes is an artifact of its own (sent zero-copy)."""
+
+BUNDLE_BYTES = 8 << 20
+"""Smaller items are packed into bundles of at most this many bytes (one item may
+exceed it alone only if it is a byte item larger than that)."""
+
+
+class ItemRecord(NamedTuple):
+    """Where one DCP item's bytes are stored, and what they are.
+
+    ``artifact`` is relative to the checkpoint directory (as manifest entries are);
+    ``offset``/``length`` place the item in the artifact's bytes (before compression);
+    ``dtype`` is a torch dtype name (``"float32"``) for a tensor and ``""`` for a byte
+    item; ``shape`` is the tensor's shape (``()`` for a byte item).
+    """
+
+    artifact: str
+    offset: int
+    length: int
+    sha256: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def stored(self) -> tuple[str, int, int, str, str, tuple[int, ...]]:
+        """The record as the plain tuple kept in DCP's metadata."""
+        return (self.artifact, self.offset, self.length, self.sha256, self.dtype, self.shape)
+
+
+def parse_record(path: str, value: object) -> ItemRecord:
+    """A stored record checked field by field; :class:`CorruptManifestError` naming ``path``."""
+    if not isinstance(value, tuple) or len(value) != 6:
+        raise CorruptManifestError(path, f"an item record is not a 6-tuple: {value!r:.120}")
+    artifact, offset, length, sha256, dtype, shape = value
+    ok = (
+        isinstance(artifact, str)
+        and type(offset) is int
+        and type(length) is int
+        and offset >= 0
+        and length >= 0
+        and isinstance(sha256, str)
+        and len(sha256) == 64
+        and isinstance(dtype, str)
+        and isinstance(shape, tuple)
+        and all(type(n) is int and n >= 0 for n in shape)
+    )
+    if not ok:
+        raise CorruptManifestError(path, f"malformed item record {value!r:.200}")
+    try:
+        validate_relative_path(artifact)
+    except InvalidInputError as exc:
+        raise CorruptManifestError(path, f"item record: {exc}") from None
+    record = ItemRecord(artifact, offset, length, sha256, dtype, shape)
+    if dtype:
+        expected = _numel(shape) * _dtype(path, dtype).itemsize
+        if expected != length:
+            raise CorruptManifestError(
+                path,
+                f"item record of a {dtype} tensor of shape {list(shape)} says {length} "
+                f"bytes, not {expected}",
+            )
+    return record
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for n in shape:
+        count *= n
+    return count
+
+
+def _dtype(path: str, name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptManifestError(path, f"item record names no torch dtype: {name!r}")
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``: the name :func:`parse_record` reads back."""
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_bytes(tensor: torch.Tensor, what: str) -> tuple[memoryview, torch.Tensor, bool]:
+    """The tensor's bytes as a flat view, the tensor that owns them, and whether they are
+    a copy.
+
+    A contiguous CPU tensor's view shares its memory (no copy). A tensor on another
+    device, non-contiguous, or with a lazy conjugate or negative bit is copied to a
+    contiguous CPU tensor first. A sparse or quantized tensor is refused with
+    :class:`InvalidInputError` naming ``what``.
+    """
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise InvalidInputError(
+            f"{what}: a {tensor.layout} {'quantized ' if tensor.is_quantized else ''}tensor "
+            "cannot be stored as raw bytes; convert it to a dense tensor first"
+        )
+    owner = tensor.detach()
+    copied = False
+    if owner.device.type != "cpu":
+        owner, copied = owner.cpu(), True
+    if owner.is_conj() or owner.is_neg():
+        owner, copied = owner.resolve_conj().resolve_neg(), True
+    if not owner.is_contiguous():
+        owner, copied = owner.contiguous(), True
+    flat = owner.reshape(-1).view(torch.uint8)
+    return flat.numpy().data, owner, copied
+
+
+def tensor_from_bytes(data: Buffer, dtype_str: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A new CPU tensor of ``dtype``/``shape`` holding a copy of ``data`` (C order)."""
+    tensor = torch.empty(shape, dtype=_dtype("", dtype_str))
+    copy_bytes_into(tensor, data)
+    return tensor
+
+
+def copy_bytes_into(tensor: torch.Tensor, data: Buffer) -> None:
+    """Copy raw bytes into a contiguous CPU ``tensor`` of exactly their size."""
+    if tensor.numel() == 0:
+        return
+    target = tensor.reshape(-1).view(torch.uint8).numpy()
+    # numpy, not torch.frombuffer: the store's buffers are read-only, which torch warns of.
+    np.copyto(target, np.frombuffer(memoryview(data), dtype=np.uint8))
+
+
+class ConcatReader(io.RawIOBase):
+    """A seekable, read-only file over buffers laid end to end, read without joining them.
+
+    cairn uploads it as a stream (a copy of one chunk at a time) and can reopen it when a
+    transient failure makes the upload retry, since it seeks.
+    """
+
+    def __init__(self, parts: list[memoryview]) -> None:
+        super().__init__()
+        self._parts = parts
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        total = 0
+        for part in parts:
+            self._starts.append(total)
+            total += part.nbytes
+            self._ends.append(total)
+        self._size = total
+        self._pos = 0
+
+    @property
+    def size(self) -> int:
+        """The total size in bytes."""
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        written = 0
+        index = self._part_at(self._pos)
+        while written < out.nbytes and index < len(self._parts):
+            part = self._parts[index]
+            start = self._pos - self._starts[index]
+            count = min(part.nbytes - start, out.nbytes - written)
+            out[written : written + count] = part[start : start + count]
+            written += count
+            self._pos += count
+            index += 1
+        return written
+
+    def _part_at(self, position: int) -> int:
+        """The index of the first part that holds ``position`` (empty parts are skipped)."""
+        index = bisect.bisect_right(self._starts, position) - 1
+        while 0 <= index < len(self._parts) and position >= self._ends[index]:
+            index += 1
+        return max(index, 0)
+
+
+# -- DCP's metadata: pickled by DCP's own classes; read back only from verified bytes ---
+
+
+def dump_metadata(metadata: dcp_metadata.Metadata) -> bytes:
+    """DCP's metadata as bytes (pickle, as DCP's own writers store it)."""
+    return pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_OTHER_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata, importing nothing but what DCP's metadata is made of."""
+
+    def __init__(self, data: io.BytesIO, path: str) -> None:
+        super().__init__(data)
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == _METADATA_MODULE and isinstance(getattr(dcp_metadata, name, None), type):
+            return getattr(dcp_metadata, name)
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), torch.dtype | torch.layout | torch.memory_format
+        ):
+            return getattr(torch, name)
+        if (module, name) in _OTHER_GLOBALS:
+            return super().find_class(module, name)
+        raise CorruptManifestError(
+            self._path,
+            f"DCP metadata refers to {module}.{name}, which is not part of DCP's metadata: "
+            "refusing to import it",
+        )
+
+
+def load_metadata(path: str, data: Buffer) -> dcp_metadata.Metadata:
+    """DCP's metadata from ``data`` (already verified) read from ``path``.
+
+    Raises :class:`CorruptManifestError` naming ``path`` when the bytes do not unpickle
+    into a :class:`~torch.distributed.checkpoint.metadata.Metadata` with only the globals
+    DCP's metadata uses.
+    """
+    try:
+        loaded = _MetadataUnpickler(io.BytesIO(bytes(data)), path).load()
+    except CorruptManifestError:
+        raise
+    except Exception as exc:  # whatever pickle raises for damaged input
+        raise CorruptManifestError(path, f"DCP metadata does not unpickle: {exc}") from None
+    if not isinstance(loaded, dcp_metadata.Metadata):
+        raise CorruptManifestError(
+            path, f"not DCP metadata: a {type(loaded).__name__} was stored there"
+        )
+    return loaded

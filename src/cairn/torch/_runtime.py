@@ -1,0 +1,105 @@
+"""What the DCP writer and reader share: their checkpointer, running cairn's async API,
+and cairn's errors crossing processes.
+
+DCP calls storage methods synchronously (from the training thread, or from the thread
+or process ``dcp.async_save`` uses). They run cairn's one async implementation on the
+private event-loop thread that :mod:`cairn.sync` keeps, and refuse to run from inside a
+running event loop, which they would block.
+
+DCP pickles each rank's exception to send it to the coordinator: cairn's errors pickle
+as themselves (see :mod:`cairn.errors`), so a rank's
+:class:`~cairn.IntegrityMismatchError` reaches the caller with its path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from obstore.store import MemoryStore, ObjectStore
+
+from cairn._lease import DEFAULT_LEASE
+from cairn._validate import positive_int
+from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.errors import InvalidInputError, SyncInAsyncContextError
+from cairn.ids import CheckpointId
+from cairn.layout import CheckpointPaths
+from cairn.stores import Store
+from cairn.sync import _runner
+
+__all__ = [
+    "StoreArg",
+    "make_checkpointer",
+    "parse_checkpoint_id",
+    "run",
+    "travels",
+]
+
+T = TypeVar("T")
+
+StoreArg = Store | ObjectStore | str
+"""Anything :class:`~cairn.ObjectStoreCheckpointer` accepts as its store."""
+
+
+def run(coro: Coroutine[Any, Any, T], what: str) -> T:
+    """Run ``coro`` on cairn's event-loop thread and wait for it; ``what`` names the caller."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _runner.run(coro)
+    coro.close()
+    raise SyncInAsyncContextError(
+        f"{what} was called from inside a running event loop, which it would block: "
+        "call dcp.save/dcp.load from a thread without one (e.g. asyncio.to_thread)"
+    )
+
+
+def make_checkpointer(
+    store: StoreArg,
+    prefix: str,
+    *,
+    max_concurrent_uploads: int = 8,
+    max_concurrent_downloads: int = 8,
+    compression: str | None = None,
+    lease: dt.timedelta = DEFAULT_LEASE,
+) -> ObjectStoreCheckpointer:
+    """The checkpointer a writer or reader works through (arguments checked here)."""
+    positive_int("max_concurrent_uploads", max_concurrent_uploads)
+    positive_int("max_concurrent_downloads", max_concurrent_downloads)
+    return ObjectStoreCheckpointer(
+        store,
+        CheckpointPaths(prefix),
+        max_concurrent_uploads,
+        max_concurrent_downloads=max_concurrent_downloads,
+        compression=compression,
+        lease=lease,
+    )
+
+
+def travels(store: StoreArg, what: str) -> None:
+    """Raise :class:`InvalidInputError` if ``store`` means nothing in another process.
+
+    A memory store's contents stay in the process that made it, so a writer over one
+    that is pickled into another process (``dcp.async_save`` in process mode) would save
+    where nobody can read.
+    """
+    memory = isinstance(store, MemoryStore) or (
+        isinstance(store, str) and store.strip().lower().startswith("memory:")
+    )
+    if memory:
+        raise InvalidInputError(
+            f"{what} over a memory store cannot be sent to another process (as "
+            "dcp.async_save in process mode does): its contents stay in this one; use a "
+            "local directory or an object store URL"
+        )
+
+
+def parse_checkpoint_id(value: object, what: str) -> CheckpointId:
+    """``value`` (a :class:`CheckpointId` or its text) as a CheckpointId."""
+    if isinstance(value, CheckpointId):
+        return value
+    if isinstance(value, str):
+        return CheckpointId.parse(value)
+    raise InvalidInputError(f"{what} must be a CheckpointId or its text, got {value!r}")

@@ -1,0 +1,408 @@
+"""``CairnWriter``: DCP's ``StorageWriter`` on cairn. See :mod:`cairn.torch` for the design."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import io
+import logging
+import os
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from cairn import _commit, _pointer
+from cairn._lease import DEFAULT_LEASE
+from cairn._validate import is_int
+from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.errors import IncompleteCheckpointError, InvalidInputError
+from cairn.ids import CheckpointId
+from cairn.integrity import sha256_hex
+from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.torch._format import (
+    BUNDLE_BYTES,
+    OWN_ARTIFACT_BYTES,
+    ConcatReader,
+    ItemRecord,
+    dtype_name,
+    dump_metadata,
+    tensor_bytes,
+)
+from cairn.torch._runtime import (
+    StoreArg,
+    make_checkpointer,
+    parse_checkpoint_id,
+    run,
+    travels,
+)
+
+__all__ = ["METADATA_OPERATOR", "CairnWriter", "rank_operator"]
+
+log = logging.getLogger("cairn")
+
+METADATA_OPERATOR = "dcp-metadata"
+"""The operator whose partition 0 holds DCP's pickled metadata."""
+
+COPY_BUDGET = 256 << 20
+"""Bytes of tensors that had to be copied (from a device, or made contiguous) that one
+rank holds at once: past it, what is resolved so far is uploaded before resolving more."""
+
+
+def rank_operator(rank: int) -> str:
+    """The operator under which rank ``rank`` stores its items."""
+    return f"rank-{rank}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanData:
+    """What the coordinator tells every rank in the global plan: the checkpoint and its rank."""
+
+    checkpoint_id: str
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """One item's ``WriteResult.storage_data``: its record, and its artifact's entry."""
+
+    record: tuple[str, int, int, str, str, tuple[int, ...]]
+    operator: str
+    entry: PartitionSnapshotEntry
+
+
+@dataclasses.dataclass
+class _Artifact:
+    """One artifact being built: its items' bytes, in order."""
+
+    partition: int
+    parts: list[memoryview] = dataclasses.field(default_factory=list)
+    items: list[tuple[WriteItem, int, str, tuple[int, ...]]] = dataclasses.field(
+        default_factory=list
+    )  # (item, offset, dtype name, shape)
+    owners: list[object] = dataclasses.field(default_factory=list)  # keep the memory alive
+    size: int = 0
+
+    def add(self, item: WriteItem, view: memoryview, owner: object, dtype: str, shape: Any) -> None:
+        self.items.append((item, self.size, dtype, tuple(int(n) for n in shape)))
+        self.parts.append(view)
+        self.owners.append(owner)
+        self.size += view.nbytes
+
+
+class _Batch:
+    """Items resolved and laid out into artifacts, not uploaded yet."""
+
+    def __init__(self, first_partition: int) -> None:
+        self.next_partition = first_partition
+        self.artifacts: list[_Artifact] = []
+        self._bundle: _Artifact | None = None
+        self.copied = 0
+
+    def add(self, item: WriteItem, data: object) -> None:
+        what = f"state_dict item {item.index.fqn!r}"
+        if item.type == WriteItemType.BYTE_IO:
+            if not isinstance(data, io.BytesIO):
+                raise InvalidInputError(f"{what}: the planner resolved a byte item to {data!r:.80}")
+            view = data.getbuffer()
+            self._bundled(view.nbytes).add(item, view, data, "", ())
+            return
+        if not isinstance(data, torch.Tensor):
+            raise InvalidInputError(f"{what}: the planner resolved a tensor item to {data!r:.80}")
+        view, owner, copied = tensor_bytes(data, what)
+        self.copied += view.nbytes if copied else 0
+        dtype, shape = dtype_name(owner.dtype), owner.shape
+        if view.nbytes >= OWN_ARTIFACT_BYTES:
+            self._new_artifact().add(item, view, owner, dtype, shape)
+        else:
+            self._bundled(view.nbytes).add(item, view, owner, dtype, shape)
+
+    def _new_artifact(self) -> _Artifact:
+        artifact = _Artifact(self.next_partition)
+        self.next_partition += 1
+        self.artifacts.append(artifact)
+        return artifact
+
+    def _bundled(self, size: int) -> _Artifact:
+        bundle = self._bundle
+        if bundle is None or (bundle.size and bundle.size + size > BUNDLE_BYTES):
+            bundle = self._bundle = self._new_artifact()
+        return bundle
+
+
+class CairnWriter(StorageWriter):
+    """A DCP ``StorageWriter`` that saves each ``dcp.save`` as one cairn checkpoint.
+
+    ``store`` is anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
+    path, an obstore store); ``prefix`` is the checkpoint base inside it. ``epoch`` is
+    recorded in the manifest (the training step, say). Each rank uploads at most
+    ``max_concurrent_uploads`` artifacts at a time; ``compression="zstd"`` stores them
+    compressed. ``writer_generation`` is the generation this job holds after
+    :meth:`~cairn.ObjectStoreCheckpointer.take_over` (0 if it never took over): once a
+    newer generation has taken over the store, a save is refused with
+    :class:`~cairn.FencedError`. ``lease`` is how long an interrupted save's uploads are
+    protected from GC (see :mod:`cairn._lease`).
+
+    Pickles (for ``dcp.async_save`` in process mode) unless its store is in memory.
+    See :mod:`cairn.torch` for what is stored and what is guaranteed.
+    """
+
+    def __init__(
+        self,
+        store: StoreArg,
+        *,
+        epoch: int,
+        prefix: str = "checkpoints/",
+        max_concurrent_uploads: int = 8,
+        compression: str | None = None,
+        writer_generation: int = 0,
+        lease: dt.timedelta = DEFAULT_LEASE,
+    ) -> None:
+        if not is_int(epoch) or epoch < 0:
+            raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
+        if not is_int(writer_generation) or writer_generation < 0:
+            raise InvalidInputError(
+                f"writer_generation must be an int >= 0, got {writer_generation!r}"
+            )
+        self._store = store
+        self._settings: dict[str, Any] = {
+            "max_concurrent_uploads": max_concurrent_uploads,
+            "compression": compression,
+            "lease": lease,
+        }
+        self._prefix = prefix
+        self.epoch = epoch
+        self.writer_generation = writer_generation
+        self._ckpt: ObjectStoreCheckpointer | None = make_checkpointer(
+            store, prefix, **self._settings
+        )
+        self._requested_id: CheckpointId | None = None
+        self._reset_save()
+
+    def _reset_save(self) -> None:
+        self._is_coordinator = False
+        self._rank = 0
+        self._checkpoint_id: CheckpointId | None = None
+        self._save_id = str(uuid.uuid4())
+
+    # -- pickling: the configuration travels, the store connection is made again ---------
+
+    def __getstate__(self) -> dict[str, Any]:
+        travels(self._store, "a CairnWriter")
+        state = dict(self.__dict__)
+        state["_ckpt"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def checkpointer(self) -> ObjectStoreCheckpointer:
+        """The checkpointer this writer saves through (made on first use after unpickling)."""
+        if self._ckpt is None:
+            self._ckpt = make_checkpointer(self._store, self._prefix, **self._settings)
+        self._ckpt.writer_generation = self.writer_generation
+        return self._ckpt
+
+    @property
+    def checkpoint_id(self) -> CheckpointId | None:
+        """The id of the checkpoint being saved (or last saved); None before planning."""
+        return self._checkpoint_id
+
+    # -- StorageWriter -------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a new save; a ``checkpoint_id`` (a cairn id's text) chooses its id.
+
+        DCP passes the ``checkpoint_id`` given to ``dcp.save``. Without one, the
+        coordinator makes a new id (a UUIDv7) for each save.
+        """
+        self._requested_id = (
+            None
+            if checkpoint_id is None
+            else parse_checkpoint_id(checkpoint_id, "dcp.save's checkpoint_id")
+        )
+        self._reset_save()
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record this rank's role. (The parameter must be named ``kwargs``: DCP passes
+        ``rank`` and ``use_collectives`` only to a method that has it.)"""
+        if kwargs.get("use_collectives", True) is False:
+            raise InvalidInputError(
+                "CairnWriter needs dcp.save's use_collectives=True: one coordinator commits "
+                "every rank's uploads as one checkpoint"
+            )
+        self._reset_save()
+        self._is_coordinator = bool(is_coordinator)
+        self._rank = int(kwargs.get("rank") or 0)
+
+    def storage_meta(self) -> StorageMeta | None:
+        """What DCP records of this save before it is planned: its save id."""
+        return StorageMeta(save_id=self._save_id)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Unchanged: the coordinator assigns the checkpoint id and the ranks."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator: choose the checkpoint id every rank uploads to, and refuse early.
+
+        The id goes to every rank inside its plan (``storage_data``), so all ranks agree
+        without another collective. A fenced writer, or an id that is already committed,
+        is refused here, before anything is uploaded.
+        """
+        if not all(plan.usable for plan in plans):
+            raise InvalidInputError(
+                "CairnWriter needs a fresh global plan for every save (each save is a new "
+                "checkpoint id): a planner with plan caching (enable_plan_caching=True) "
+                "is not supported"
+            )
+        cid = self._requested_id or CheckpointId.now()
+        ckpt = self.checkpointer
+        run(self._check_can_save(ckpt, cid), "CairnWriter.prepare_global_plan")
+        self._checkpoint_id = cid
+        return [
+            dataclasses.replace(plan, storage_data=_PlanData(str(cid), rank))
+            for rank, plan in enumerate(plans)
+        ]
+
+    @staticmethod
+    async def _check_can_save(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> None:
+        await _pointer.check_not_fenced(
+            ckpt.store, ckpt.paths.writer_record(), ckpt.writer_generation
+        )
+        await _commit.refuse_if_committed(ckpt.context, cid)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Upload this rank's items as artifacts of the checkpoint; their records.
+
+        Items are resolved one by one; a tensor's bytes are sent from its own memory
+        when it is a contiguous CPU tensor. When tensors had to be copied (from a device,
+        or to make them contiguous), at most :data:`COPY_BUDGET` bytes of copies are held:
+        what is resolved by then is uploaded before the next items are resolved.
+        """
+        data = plan.storage_data
+        if not isinstance(data, _PlanData):
+            raise InvalidInputError(
+                f"the plan reached write_data without CairnWriter's global planning: {data!r}"
+            )
+        cid = CheckpointId.parse(data.checkpoint_id)
+        self._checkpoint_id = cid
+        operator = rank_operator(data.rank)
+        results: list[WriteResult] = []
+        batch = _Batch(0)
+        for item in plan.items:
+            batch.add(item, planner.resolve_data(item))
+            if batch.copied > COPY_BUDGET:
+                results += self._upload(cid, operator, batch)
+                batch = _Batch(batch.next_partition)
+        results += self._upload(cid, operator, batch)
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def _upload(self, cid: CheckpointId, operator: str, batch: _Batch) -> list[WriteResult]:
+        if not batch.artifacts:
+            return []
+        uploads: list[tuple[str, int, bool, Any]] = []
+        item_digests: list[list[str]] = []
+        for artifact in batch.artifacts:
+            if len(artifact.parts) == 1:
+                # One item: its digest is the artifact's, which cairn computes as it uploads.
+                uploads.append((operator, artifact.partition, False, artifact.parts[0]))
+                item_digests.append([""])
+            else:
+                # A bundle: each item gets a digest of its own, since a read takes one
+                # item's range of the artifact.
+                source = ConcatReader(artifact.parts)
+                uploads.append((operator, artifact.partition, False, source))
+                item_digests.append([sha256_hex(part) for part in artifact.parts])
+        ckpt = self.checkpointer
+        entries = run(ckpt.save_partitions_concurrent(cid, uploads), "CairnWriter.write_data")
+        results: list[WriteResult] = []
+        for artifact, (_, entry), digests_of in zip(
+            batch.artifacts, entries, item_digests, strict=True
+        ):
+            for (item, offset, dtype, shape), part, digest in zip(
+                artifact.items, artifact.parts, digests_of, strict=True
+            ):
+                record = ItemRecord(
+                    entry.path, offset, part.nbytes, digest or entry.sha256, dtype, shape
+                )
+                written = _Written(record.stored(), operator, entry)
+                results.append(WriteResult(item.index, part.nbytes, written))
+        return results
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Coordinator: store DCP's metadata as an artifact, then commit the checkpoint.
+
+        The manifest lists every rank's artifacts and the metadata's, with their
+        SHA-256; it is written create-only (the commit), then ``_latest`` advances. A
+        writer fenced meanwhile is refused (:class:`~cairn.FencedError`) and nothing of
+        the checkpoint stays committed.
+        """
+        cid = self._checkpoint_id
+        if cid is None:
+            raise InvalidInputError("finish was called before CairnWriter planned the save")
+        records, entries = _collect(results)
+        metadata.storage_data = records
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=self._save_id)
+        body = dump_metadata(metadata)
+        ckpt = self.checkpointer
+        run(self._commit(ckpt, cid, body, entries), "CairnWriter.finish")
+        self._requested_id = None  # an id given to one save is not reused by the next
+
+    async def _commit(
+        self,
+        ckpt: ObjectStoreCheckpointer,
+        cid: CheckpointId,
+        body: bytes,
+        entries: list[tuple[str, PartitionSnapshotEntry]],
+    ) -> CheckpointManifest:
+        uploaded = await ckpt.save_partitions_concurrent(cid, [(METADATA_OPERATOR, 0, False, body)])
+        manifest = _commit.assemble_manifest(
+            cid,
+            self.epoch,
+            [*entries, *uploaded],
+            writer_generation=ckpt.writer_generation,
+        )
+        committed = await ckpt.commit(manifest)
+        log.info("DCP checkpoint %s committed (epoch %d)", cid, self.epoch)
+        return committed
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True when ``checkpoint_id`` is a cairn checkpoint id's text."""
+        return isinstance(checkpoint_id, str) and CheckpointId.is_valid(checkpoint_id)
+
+
+def _collect(
+    results: Iterable[Iterable[WriteResult]],
+) -> tuple[dict[Any, tuple[Any, ...]], list[tuple[str, PartitionSnapshotEntry]]]:
+    """Every rank's item records, and the entries of the artifacts they name (once each)."""
+    records: dict[Any, tuple[Any, ...]] = {}
+    entries: dict[tuple[str, int], PartitionSnapshotEntry] = {}
+    for rank_results in results:
+        for result in rank_results:
+            written = result.storage_data
+            if not isinstance(written, _Written):
+                raise IncompleteCheckpointError(
+                    f"a write result for {result.index.fqn!r} did not come from CairnWriter"
+                )
+            if result.index in records:
+                raise IncompleteCheckpointError(f"item {result.index} was written twice")
+            records[result.index] = written.record
+            key = (written.operator, written.entry.partition_id)
+            if entries.setdefault(key, written.entry) != written.entry:
+                raise IncompleteCheckpointError(
+                    f"artifact {written.entry.path!r} of {written.operator!r} was reported "
+                    "with two different entries"
+                )
+    return records, [(op, entry) for (op, _), entry in entries.items()]

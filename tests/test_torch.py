@@ -1,0 +1,568 @@
+"""DCP on cairn in one process (``no_dist``): format, verification, refusals, the tools.
+
+The multi-process behaviour (gloo ranks, resharding, async_save, SIGKILL, S3) is in
+``test_torch_dist.py``; this module checks, quickly, what one process can show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
+
+import msgspec
+import numpy as np
+import torch
+from obstore.store import LocalStore, MemoryStore
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, SavePlanner
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+from torch_worker import BLANK_SEED, digests, make_state
+
+from cairn import (
+    BrokenChainError,
+    CheckpointData,
+    CheckpointExistsError,
+    CheckpointId,
+    CheckpointNotFoundError,
+    CheckpointPaths,
+    CorruptManifestError,
+    FencedError,
+    IntegrityMismatchError,
+    InvalidInputError,
+    RetentionPolicy,
+    SyncCheckpointer,
+    SyncInAsyncContextError,
+)
+from cairn._buffer import Buffer
+from cairn.integrity import sha256_hex
+from cairn.manifest import encode_manifest
+from cairn.stores import ForwardingStore, ObstoreStore, PutMode, StoreMethod
+from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter, _format, _writer
+from cairn.torch._format import BUNDLE_BYTES, ConcatReader, tensor_bytes
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
+)
+
+T = TypeVar("T")
+PREFIX = "dcp/"
+
+
+def odd_tensors() -> dict[str, torch.Tensor]:
+    """Tensors of every shape of trouble: dtypes numpy lacks, 0-d, empty, strided, big."""
+    gen = torch.Generator().manual_seed(7)
+    big = torch.randn(512, 1024, generator=gen)  # 2 MiB: an artifact of its own
+    return {
+        "big": big,
+        "bf16": torch.randn(33, 7, generator=gen).to(torch.bfloat16),
+        "f16": torch.randn(5, generator=gen).to(torch.float16),
+        "i64": torch.arange(-50, 50, dtype=torch.int64),
+        "bool": torch.tensor([True, False, True]),
+        "c64": torch.randn(4, 3, dtype=torch.complex64, generator=gen),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "strided": torch.randn(64, 48, generator=gen).t(),  # not contiguous
+        "strided_big": torch.randn(1024, 600, generator=gen)[:, ::2],  # strided, 1.2 MiB
+    }
+
+
+def odd_state() -> dict[str, Any]:
+    return {"tensors": odd_tensors(), "step": 41, "note": "héllo", "cfg": {"lr": 0.1}}
+
+
+def blank_like(state: Any) -> Any:
+    """A state of the same structure whose every value differs (tensors are zeroed
+    contiguous copies, except ``big``, kept as a view to check loads into views)."""
+    if isinstance(state, dict):
+        return {k: blank_like(v) for k, v in state.items()}
+    if isinstance(state, torch.Tensor):
+        return torch.zeros_like(state.contiguous()) if state.numel() else state.clone()
+    if isinstance(state, str):
+        return ""
+    return 0 if isinstance(state, int) else None
+
+
+def raw(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, so that equality is bit-exact (NaNs, -0.0, bfloat16 alike)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_same(loaded: Any, saved: Any, where: str = "") -> None:
+    """Bit-exact equality of two states (dtype, shape and bytes of every tensor)."""
+    if isinstance(saved, dict):
+        assert loaded.keys() == saved.keys(), where
+        for key in saved:
+            assert_same(loaded[key], saved[key], f"{where}.{key}")
+    elif isinstance(saved, torch.Tensor):
+        assert loaded.dtype == saved.dtype and loaded.shape == saved.shape, where
+        assert torch.equal(raw(loaded), raw(saved)), where
+    else:
+        assert loaded == saved, where
+
+
+def save(store: Any, state: Any, epoch: int = 1, **options: Any) -> CheckpointId:
+    writer = CairnWriter(store, epoch=epoch, prefix=PREFIX, **options)
+    dcp_save(state, storage_writer=writer, no_dist=True)
+    assert writer.checkpoint_id is not None
+    return writer.checkpoint_id
+
+
+def load(store: Any, state: Any, checkpoint_id: CheckpointId | None = None) -> CairnReader:
+    reader = CairnReader(store, checkpoint_id=checkpoint_id, prefix=PREFIX)
+    dcp_load(state, storage_reader=reader, no_dist=True)
+    return reader
+
+
+def sync(store: Any) -> SyncCheckpointer:
+    return SyncCheckpointer(store, CheckpointPaths(PREFIX))
+
+
+def flip_byte(root: Path, relative: str, offset: int) -> None:
+    path = root / relative
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def failure_of(info: pytest.ExceptionInfo[CheckpointException]) -> BaseException:
+    """The one rank's exception inside DCP's CheckpointException."""
+    [(error, _)] = info.value.failures.values()
+    return error
+
+
+class RecordingStore(ForwardingStore):
+    """Records the buffer of every put, to check what memory the bytes were sent from."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(ObstoreStore(inner))
+        self.puts: dict[str, Buffer] = {}
+        self.stream_puts: list[str] = []
+
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> Any:
+        self.puts[path] = data
+        return await super().put(path, data, mode=mode, metadata=metadata)
+
+    async def _around(
+        self,
+        operation: StoreMethod,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        mode: PutMode | None = None,
+    ) -> T:
+        if operation == "put_stream":
+            self.stream_puts.append(path)
+        return await call()
+
+
+# -- the format -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_every_kind_of_tensor_and_value_round_trips_bit_exactly(
+    kind: str, compression: str | None, tmp_path: Path
+) -> None:
+    store = MemoryStore() if kind == "memory" else str(tmp_path)
+    state = odd_state()
+    cid = save(store, state, epoch=3, compression=compression)
+    blank = blank_like(state)
+    reader = load(store, blank)
+    assert reader.checkpoint_id == cid
+    assert_same(blank, state)
+    manifest = sync(store).load_manifest(cid)
+    assert manifest.epoch == 3 and sorted(manifest.operators) == [METADATA_OPERATOR, "rank-0"]
+    sizes = sorted(p.size_bytes for p in manifest.operators["rank-0"].partitions)
+    # "big" and "strided_big" alone; everything else packed into one bundle.
+    assert sizes[-2:] == sorted([512 * 1024 * 4, 1024 * 300 * 4]) and len(sizes) == 3
+    assert all(p.codec == compression for _, p in manifest.partition_entries())
+
+
+def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
+    tensor = torch.arange(1 << 20, dtype=torch.float32)
+    view, owner, copied = tensor_bytes(tensor, "t")
+    assert not copied and owner.data_ptr() == tensor.data_ptr()
+    assert np.frombuffer(memoryview(view), np.uint8).ctypes.data == tensor.data_ptr()
+    strided = torch.arange(100.0)[::2]
+    view, owner, copied = tensor_bytes(strided, "t")
+    assert copied and bytes(view) == strided.contiguous().numpy().tobytes()
+    with pytest.raises(InvalidInputError, match="'sparse'.*dense"):
+        tensor_bytes(torch.eye(3).to_sparse(), "'sparse'")
+    # End to end: the put of an artifact holding one tensor carries the tensor's memory.
+    store = RecordingStore(MemoryStore())
+    big = torch.randn(256, 1024)
+    cid = save(store, {"big": big, "small": torch.ones(3)})
+    manifest = sync(store).load_manifest(cid)
+    [entry] = [p for p in manifest.operators["rank-0"].partitions if p.size_bytes == big.nbytes]
+    sent = store.puts[CheckpointPaths(PREFIX).resolve(cid, entry.path)]
+    assert np.frombuffer(memoryview(sent), np.uint8).ctypes.data == big.data_ptr()
+
+
+def test_copies_are_uploaded_in_batches_bounded_by_the_copy_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_writer, "COPY_BUDGET", 3 << 20)
+    calls: list[int] = []
+    real = _writer.CairnWriter._upload
+
+    def counting(self: Any, cid: Any, operator: str, batch: Any) -> list[WriteResult]:
+        calls.append(len(batch.artifacts))
+        return real(self, cid, operator, batch)
+
+    monkeypatch.setattr(_writer.CairnWriter, "_upload", counting)
+    state = {f"t{i}": torch.randn(1024, 1024)[:, ::2] for i in range(5)}  # 2 MiB copies
+    save(str(tmp_path), state)
+    assert calls == [2, 2, 1]
+    blank = {k: torch.zeros(1024, 512) for k in state}
+    load(str(tmp_path), blank)
+    assert_same(blank, state)
+
+
+def reader_bytes(parts: list[memoryview]) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+def test_bundles_stream_without_joining_their_items() -> None:
+    parts = [memoryview(bytes([i]) * n) for i, n in enumerate([3, 0, 5, 1, 7])]
+    reader = ConcatReader(parts)
+    assert reader.size == 16
+    assert b"".join(iter(lambda: reader.read(4), b"")) == b"".join(bytes(p) for p in parts)
+    reader.seek(4)
+    assert reader.read(3) == bytes([2, 2, 2])
+    reader.seek(0)
+    assert reader.read() == b"".join(bytes(p) for p in parts)
+    for size in (1, 2, 5, 16, 100):  # reads that start and end anywhere among the parts
+        reader.seek(0)
+        chunks = []
+        while chunk := reader.read(size):
+            assert len(chunk) <= size
+            chunks.append(chunk)
+        assert b"".join(chunks) == reader_bytes(parts)
+
+
+def test_small_items_are_packed_into_bundles_of_bounded_size(tmp_path: Path) -> None:
+    state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(20)}  # 1000 KiB each
+    cid = save(str(tmp_path), state)
+    manifest = sync(str(tmp_path)).load_manifest(cid)
+    sizes = [p.size_bytes for p in manifest.operators["rank-0"].partitions]
+    assert all(size <= BUNDLE_BYTES for size in sizes) and sum(sizes) == 20 * 1000 * 1024
+    assert len(sizes) == 3  # 8 + 8 + 4 items
+    blank = {k: torch.zeros(1000, 256) for k in state}
+    load(str(tmp_path), blank)
+    assert_same(blank, state)
+
+
+# -- verification ---------------------------------------------------------------------
+
+
+def test_a_flipped_byte_in_a_bundled_item_fails_that_item_only(tmp_path: Path) -> None:
+    state = {"a": torch.arange(100.0), "b": torch.arange(100.0) * 2, "c": "text"}
+    cid = save(str(tmp_path), state)
+    reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
+    metadata = reader.read_metadata()
+    records = {
+        index.fqn: _format.parse_record("", rec) for index, rec in metadata.storage_data.items()
+    }
+    bundle = records["b"].artifact
+    assert records["a"].artifact == bundle, "small items share a bundle"
+    flip_byte(tmp_path, f"{PREFIX}{cid}/{bundle}", records["b"].offset + 5)
+    with pytest.raises(CheckpointException) as info:
+        load(str(tmp_path), blank_like(state))
+    error = failure_of(info)
+    assert isinstance(error, IntegrityMismatchError)
+    assert error.path == f"{PREFIX}{cid}/{bundle}" and "'b'" in str(error)
+    assert error.expected == records["b"].sha256
+    # Per-item digests: the items around it still load, verified.
+    partial = {"a": torch.zeros(100), "c": ""}
+    load(str(tmp_path), partial)
+    assert_same(partial, {"a": state["a"], "c": "text"})
+    # cairn's own verification of the whole artifact sees it too.
+    with pytest.raises(IntegrityMismatchError):
+        sync(str(tmp_path)).load(cid)
+
+
+def test_a_flipped_byte_in_a_tensor_artifact_names_the_artifact(tmp_path: Path) -> None:
+    state = {"big": torch.randn(512, 1024)}
+    cid = save(str(tmp_path), state, compression="zstd")
+    [entry] = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    flip_byte(tmp_path, f"{PREFIX}{cid}/{entry.path}", 100)
+    with pytest.raises(CheckpointException) as info:
+        load(str(tmp_path), {"big": torch.zeros(512, 1024)})
+    error = failure_of(info)
+    assert isinstance(error, IntegrityMismatchError)
+    assert error.path == f"{PREFIX}{cid}/{entry.path}"
+
+
+def test_a_missing_artifact_is_a_broken_chain_naming_it(tmp_path: Path) -> None:
+    cid = save(str(tmp_path), {"big": torch.randn(512, 1024), "small": torch.ones(3)})
+    manifest = sync(str(tmp_path)).load_manifest(cid)
+    [entry] = [p for p in manifest.operators["rank-0"].partitions if p.size_bytes > 1 << 20]
+    (tmp_path / f"{PREFIX}{cid}/{entry.path}").unlink()
+    with pytest.raises(CheckpointException) as info:
+        load(str(tmp_path), {"big": torch.zeros(512, 1024), "small": torch.zeros(3)})
+    error = failure_of(info)
+    assert isinstance(error, BrokenChainError) and error.link == f"{PREFIX}{cid}/{entry.path}"
+
+
+def test_the_metadata_is_verified_before_it_is_unpickled(tmp_path: Path) -> None:
+    cid = save(str(tmp_path), {"x": torch.ones(4)})
+    [entry] = sync(str(tmp_path)).load_manifest(cid).operators[METADATA_OPERATOR].partitions
+    path = f"{PREFIX}{cid}/{entry.path}"
+    marker = tmp_path / "pwned"
+    hostile = pickle.dumps(_Exploit(str(marker)))
+    (tmp_path / path).write_bytes(hostile)
+    reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
+    with pytest.raises(IntegrityMismatchError) as info:
+        reader.read_metadata()
+    assert info.value.path == path and info.value.actual == sha256_hex(hostile)
+    assert not marker.exists()
+    # Through DCP the same failure arrives as DCP's own AssertionError naming it.
+    with pytest.raises(CheckpointException) as dcp_info:
+        load(str(tmp_path), {"x": torch.zeros(4)}, cid)
+    assert isinstance(failure_of(dcp_info), AssertionError)
+    assert path in str(failure_of(dcp_info))
+
+
+def test_verified_metadata_may_still_import_only_dcp_types(tmp_path: Path) -> None:
+    """A writer with access to the store can forge a consistent manifest; the metadata
+    unpickler still imports nothing but DCP's metadata types."""
+    cid = save(str(tmp_path), {"x": torch.ones(4)})
+    ckpt = sync(str(tmp_path))
+    manifest = ckpt.load_manifest(cid)
+    [entry] = manifest.operators[METADATA_OPERATOR].partitions
+    marker = tmp_path / "pwned"
+    hostile = pickle.dumps(_Exploit(str(marker)))
+    forged_entry = msgspec.structs.replace(
+        entry, sha256=sha256_hex(hostile), size_bytes=len(hostile)
+    )
+    operators = dict(manifest.operators)
+    operators[METADATA_OPERATOR] = msgspec.structs.replace(
+        operators[METADATA_OPERATOR], partitions=(forged_entry,)
+    )
+    forged = msgspec.structs.replace(manifest, operators=operators)
+    (tmp_path / f"{PREFIX}{cid}/{entry.path}").write_bytes(hostile)
+    (tmp_path / f"{PREFIX}{cid}/manifest.json").write_bytes(encode_manifest(forged))
+    reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
+    with pytest.raises(CorruptManifestError, match=r"posix\.system|os\.system"):
+        reader.read_metadata()
+    assert not marker.exists()
+
+
+class _Exploit:
+    """Unpickles into a call of os.system: what a hostile ``.metadata`` would hold."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+# -- choosing the checkpoint ------------------------------------------------------------
+
+
+def test_latest_skips_damaged_metadata_and_non_dcp_checkpoints(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = str(tmp_path)
+    first = make_state(1)
+    first_id = save(store, first, epoch=1)
+    second_id = save(store, make_state(2), epoch=2)
+    plain = sync(store).save(CheckpointData(epoch=3, snapshots={("op", 0): b"not dcp"}))
+    [entry] = sync(store).load_manifest(second_id).operators[METADATA_OPERATOR].partitions
+    flip_byte(tmp_path, f"{PREFIX}{second_id}/{entry.path}", 3)
+    state = make_state(BLANK_SEED)
+    with caplog.at_level(logging.WARNING, logger="cairn"):
+        reader = load(store, state)
+    assert reader.checkpoint_id == first_id
+    assert digests(state) == digests(first)
+    assert str(second_id) in caplog.text and "trying the next one" in caplog.text
+    with pytest.raises(CheckpointNotFoundError, match=METADATA_OPERATOR):
+        CairnReader(store, checkpoint_id=plain.checkpoint_id, prefix=PREFIX).read_metadata()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointNotFoundError, match="committed DCP checkpoint"):
+        CairnReader(str(empty), prefix=PREFIX).read_metadata()
+
+
+def test_checkpoint_id_given_to_dcp_chooses_the_id_on_save_and_load(tmp_path: Path) -> None:
+    store = str(tmp_path)
+    cid = CheckpointId.now()
+    state = {"x": torch.arange(10.0)}
+    writer = CairnWriter(store, epoch=1, prefix=PREFIX)
+    dcp_save(state, storage_writer=writer, checkpoint_id=str(cid), no_dist=True)
+    assert writer.checkpoint_id == cid
+    dcp_save({"x": torch.zeros(10)}, storage_writer=writer, no_dist=True)  # a later one
+    assert writer.checkpoint_id is not None and writer.checkpoint_id > cid, "a new id"
+    blank = {"x": torch.zeros(10)}
+    reader = CairnReader(store, prefix=PREFIX)
+    dcp_load(blank, storage_reader=reader, checkpoint_id=str(cid), no_dist=True)
+    assert reader.checkpoint_id == cid and torch.equal(blank["x"], state["x"])
+    with pytest.raises(CheckpointException) as info:
+        dcp_save(state, storage_writer=writer, checkpoint_id=str(cid), no_dist=True)
+    assert isinstance(failure_of(info), CheckpointExistsError)
+    with pytest.raises(InvalidInputError, match="not a checkpoint id"):
+        writer.reset("/some/path")
+
+
+def test_ranks_that_opened_different_checkpoints_are_refused(tmp_path: Path) -> None:
+    reader = CairnReader(str(tmp_path), prefix=PREFIX)
+    plans = [LoadPlan([], storage_data="a"), LoadPlan([], storage_data="b")]
+    with pytest.raises(InvalidInputError, match="different checkpoints"):
+        reader.prepare_global_plan(plans)
+    assert reader.prepare_global_plan(plans[:1] * 2) == plans[:1] * 2
+
+
+# -- commits, fencing, refusals ---------------------------------------------------------
+
+
+def test_a_fenced_writer_uploads_nothing_and_commits_nothing(tmp_path: Path) -> None:
+    store = RecordingStore(LocalStore(tmp_path))
+    before = save(store, {"x": torch.ones(3), "y": torch.zeros(2)})
+    generation = sync(store).take_over()
+    store.puts.clear()
+    store.stream_puts.clear()
+    with pytest.raises(CheckpointException) as info:
+        save(store, {"x": torch.zeros(3), "y": torch.ones(2)}, epoch=2)
+    assert isinstance(failure_of(info), FencedError)
+    assert (list(store.puts), store.stream_puts) == ([], []), "refused before any upload"
+    assert sync(store).list_checkpoints() == [before] and sync(store).read_latest() == before
+    after = save(
+        store, {"x": torch.zeros(3), "y": torch.ones(2)}, epoch=2, writer_generation=generation
+    )
+    assert sync(store).list_checkpoints() == [before, after]
+    assert sync(store).load_manifest(after).writer_generation == generation
+
+
+class _TakeOverDuringUpload(CairnWriter):
+    """A writer whose store a newer writer takes over once it has uploaded."""
+
+    store_path = ""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        result = super().write_data(plan, planner)
+        sync(self.store_path).take_over()
+        return result
+
+
+def test_a_writer_fenced_between_planning_and_commit_commits_nothing(tmp_path: Path) -> None:
+    store = str(tmp_path)
+    before = save(store, {"x": torch.ones(3)})
+    writer = _TakeOverDuringUpload(store, epoch=2, prefix=PREFIX)
+    writer.store_path = store
+    with pytest.raises(CheckpointException) as info:
+        dcp_save({"x": torch.zeros(3)}, storage_writer=writer, no_dist=True)
+    assert isinstance(failure_of(info), FencedError)
+    ckpt = sync(store)
+    assert ckpt.list_checkpoints() == [before] and ckpt.read_latest() == before
+    assert not (tmp_path / PREFIX / str(writer.checkpoint_id) / "manifest.json").exists()
+
+
+def test_what_cannot_make_one_atomic_checkpoint_is_refused(tmp_path: Path) -> None:
+    store = str(tmp_path)
+    with pytest.raises(InvalidInputError, match="use_collectives=True"):
+        dcp_save(  # without collectives DCP calls the writer directly, not via a gather
+            {"x": torch.ones(3)},
+            storage_writer=CairnWriter(store, epoch=1, prefix=PREFIX),
+            no_dist=True,
+            use_collectives=False,
+        )
+    planner = DefaultSavePlanner(enable_plan_caching=True)
+    writer = CairnWriter(store, epoch=1, prefix=PREFIX)
+    dcp_save({"x": torch.ones(3)}, storage_writer=writer, planner=planner, no_dist=True)
+    with pytest.raises(CheckpointException) as info:  # the second save reuses the plan
+        dcp_save({"x": torch.ones(3)}, storage_writer=writer, planner=planner, no_dist=True)
+    assert "plan caching" in str(failure_of(info))
+    with pytest.raises(InvalidInputError, match="epoch"):
+        CairnWriter(store, epoch=-1)
+    with pytest.raises(InvalidInputError, match="writer_generation"):
+        CairnWriter(store, epoch=1, writer_generation=True)
+
+
+def test_the_writer_pickles_unless_its_store_is_in_memory(tmp_path: Path) -> None:
+    writer = CairnWriter(str(tmp_path), epoch=4, prefix=PREFIX, compression="zstd")
+    copy = pickle.loads(pickle.dumps(writer))
+    state = {"x": torch.arange(5.0)}
+    dcp_save(state, storage_writer=copy, no_dist=True)
+    manifest = sync(str(tmp_path)).load_manifest(copy.checkpoint_id)
+    assert manifest.epoch == 4 and {p.codec for _, p in manifest.partition_entries()} == {"zstd"}
+    for store in (MemoryStore(), "memory://"):
+        with pytest.raises(InvalidInputError, match="memory store"):
+            pickle.dumps(CairnWriter(store, epoch=1))
+
+
+def test_cairn_errors_cross_processes_as_themselves() -> None:
+    errors = [
+        IntegrityMismatchError("p/q", "aa", "bb", what="sha256 of item 'x'"),
+        FencedError(1, 2),
+        CheckpointNotFoundError("p", "DCP metadata"),
+    ]
+    for error in errors:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert copy.__dict__ == error.__dict__
+
+
+def test_saving_from_inside_an_event_loop_is_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        with pytest.raises(CheckpointException) as info:
+            save(str(tmp_path), {"x": torch.ones(2)})
+        assert isinstance(failure_of(info), SyncInAsyncContextError)
+
+    asyncio.run(main())
+
+
+# -- the cairn tools, unchanged -----------------------------------------------------------
+
+
+def test_cairn_verify_copy_and_gc_work_on_dcp_checkpoints(tmp_path: Path) -> None:
+    store, target = tmp_path / "store", tmp_path / "copy"
+    store.mkdir()
+    old = save(str(store), make_state(1), epoch=1)
+    state = make_state(2)
+    new = save(str(store), state, epoch=2)
+    cli = [sys.executable, "-m", "cairn.cli"]
+    common = ["--store", str(store), "--prefix", PREFIX, "--json"]
+    verified = subprocess.run(
+        [*cli, "verify", "--all", *common], capture_output=True, text=True, check=False
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert str(old) in verified.stdout and str(new) in verified.stdout
+    copied = subprocess.run(
+        [*cli, "copy", str(new), "--to", str(target), *common],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert copied.returncode == 0, copied.stderr
+    blank = make_state(BLANK_SEED)
+    assert load(str(target), blank).checkpoint_id == new
+    assert digests(blank) == digests(state)
+    result = sync(str(store)).gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert result.deleted == [old]
+    assert sync(str(store)).list_checkpoints() == [new]
+    json.loads(verified.stdout)  # the CLI's JSON stays parseable with DCP checkpoints
