@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore
 from obstore.store import MemoryStore
+from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
     CheckpointData,

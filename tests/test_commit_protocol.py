@@ -10,10 +10,10 @@ import random
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore, InjectedCrash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import MemoryStore, ObjectStore
+from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
     CheckpointData,

@@ -14,10 +14,10 @@ import re
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import ObjectStore
+from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
     CheckpointData,

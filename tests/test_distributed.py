@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from distributed_worker import WORKER_LEASE, partition_bytes, run_worker
 from obstore.store import LocalStore, S3Store
+from support.distributed_worker import WORKER_LEASE, partition_bytes, run_worker
 from support.servers import S3Server, s3_store_options
 
 from cairn import (

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultyStore
 from obstore.store import MemoryStore
+from support.faults import FaultyStore
 
 from cairn import (
     CheckpointData,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore, InjectedCrash
 from obstore.store import ObjectStore
+from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
     CheckpointData,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore
 from obstore.store import MemoryStore, ObjectStore
+from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
     BrokenChainError,

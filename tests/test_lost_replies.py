@@ -41,8 +41,8 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore, PutFault, PutKind, PutStep
 from obstore.store import LocalStore, MemoryStore, ObjectStore
+from support.faults import FaultPlan, FaultyStore, PutFault, PutKind, PutStep
 from test_commit_protocol import expected_artifacts, sample
 
 from cairn import (

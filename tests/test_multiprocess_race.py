@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_store
-from crash_child import parse_lines, race_data
+from support.crash_child import parse_lines, race_data
 from test_process_kill import child_store, start_child, wait_for_line
 
 from cairn import CheckpointId, ObjectStoreCheckpointer

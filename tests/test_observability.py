@@ -15,11 +15,11 @@ from typing import Any
 import prometheus_client
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore
 from obstore.store import MemoryStore, S3Store
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support.faults import FaultPlan, FaultyStore
 from support.proxy import FaultProxy
 from support.servers import s3_store_options
 

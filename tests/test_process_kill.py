@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import pytest
 from conftest import make_store
-from crash_child import (
+from support.crash_child import (
     OBJECTS_PER_CHECKPOINT,
     Line,
     child_command,

@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore, InjectedCrash
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -21,6 +20,7 @@ from hypothesis.stateful import (
     rule,
 )
 from obstore.store import MemoryStore, ObjectStore
+from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
     CheckpointData,

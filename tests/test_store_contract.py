@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faults import FaultPlan, FaultyStore
 from obstore.store import AzureStore, LocalStore, MemoryStore, S3Store
+from support.faults import FaultPlan, FaultyStore
 from support.servers import AzuriteServer, S3Server, azure_store_options, s3_store_options
 
 from cairn import RetryPolicy, TransientStoreError

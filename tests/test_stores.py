@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import obstore
 import pytest
-from faults import FaultPlan, FaultyStore, PutFault
 from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionError
 from obstore.store import HTTPStore, LocalStore, MemoryStore
+from support.faults import FaultPlan, FaultyStore, PutFault
 
 from cairn import (
     InvalidStoreUrlError,

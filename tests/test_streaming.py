@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST_RETRY
-from faults import FaultPlan, FaultyStore
 from obstore.store import MemoryStore, ObjectStore
+from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
     CheckpointData,

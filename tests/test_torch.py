@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 import torch
 from obstore.store import LocalStore, MemoryStore
+from support.torch_worker import BLANK_SEED, digests, make_state
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, SavePlanner
@@ -33,7 +34,6 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
-from torch_worker import BLANK_SEED, digests, make_state
 
 from cairn import (
     BrokenChainError,

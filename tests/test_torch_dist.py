@@ -24,12 +24,12 @@ import pytest
 
 pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
 
-import torch_worker
+from support import torch_worker
 from support.servers import S3Server, free_port, s3_store_options, unique_name
+from support.torch_worker import BLANK_SEED, PREFIX, digests, make_state, open_store
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch_worker import BLANK_SEED, PREFIX, digests, make_state, open_store
 
 from cairn import (
     CheckpointId,
