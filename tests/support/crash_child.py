@@ -2,8 +2,8 @@
 
 Usage::
 
-    python tests/crash_child.py crash --store STORE [--max-saves N] [--max-seconds S]
-    python tests/crash_child.py race --store STORE --writer W [--writers 8] [--rounds 5]
+    python tests/support/crash_child.py crash --store STORE [--max-saves N] [--max-seconds S]
+    python tests/support/crash_child.py race --store STORE --writer W [--writers 8] [--rounds 5]
 
 ``STORE`` is ``file:///abs/dir``, or ``s3://bucket`` with the keyword arguments for
 ``obstore.store.S3Store(bucket, **options)`` as a JSON object in the environment variable
