@@ -160,7 +160,8 @@ class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
     ``duration_ms`` runs from the start of the save to just before its manifest write;
     ``upload_ms`` is the upload phase within it (artifacts and offsets, concurrently), and
     ``commit_ms`` what follows it up to the manifest write (the check that every artifact
-    is present, the fence check). The manifest write and the pointer swap that follow
+    is present, the fence check, and for a background save its wait for the save before
+    it, which keeps commits in call order). The manifest write and the pointer swap that follow
     cannot be measured in the record they write. ``uploaded_*`` count what this save
     sent (stored bytes, after compression); ``carried_*`` what it references from earlier
     checkpoints without sending it again; ``retries`` the store calls it retried.
