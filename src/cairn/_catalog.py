@@ -171,13 +171,14 @@ async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
     record, _, _ = await _pointer.read_writer(ctx.store, ctx.paths.writer_record())
     pointer, _, _ = await _pointer.read_pointer(ctx.store, ctx.paths.latest_pointer())
     named = pointer.checkpoint_id if pointer is not None else None
+    listed = await listed_ids(ctx)  # one listing serves the staleness check and the ranking
     tried = None
-    if named is not None and await _pointer_is_current(ctx, named, record):
+    if named is not None and await _pointer_is_current(ctx, named, record, listed):
         tried = named
         yield named
     elif named is None:
         log.info("no usable _latest pointer: ranking the committed checkpoints")
-    ids = [cid for cid in await listed_ids(ctx) if cid != tried]
+    ids = [cid for cid in listed if cid != tried]
     headers = await _read_headers(ctx, ids[::-1])
     ranked = sorted(
         (h for h in headers if h is not None and _admitted(record, h)), key=_rank, reverse=True
@@ -187,10 +188,13 @@ async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
 
 
 async def _pointer_is_current(
-    ctx: Context, named: CheckpointId, record: _pointer.WriterRecord | None
+    ctx: Context,
+    named: CheckpointId,
+    record: _pointer.WriterRecord | None,
+    listed: list[CheckpointId],
 ) -> bool:
     """False when a checkpoint committed after the one ``_latest`` names outranks it."""
-    newer = [cid for cid in await listed_ids(ctx) if cid > named]
+    newer = [cid for cid in listed if cid > named]
     if not newer:
         return True
     own, *later = await _read_headers(ctx, [named, *newer])
