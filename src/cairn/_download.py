@@ -31,6 +31,7 @@ from cairn import _catalog, _chains
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
+from cairn._localfs import _fsync_directory
 from cairn._validate import positive_int
 from cairn.codecs import StreamDecoder, get_codec
 from cairn.data import ArtifactKey, ChainLink, LoadedCheckpoint
@@ -253,6 +254,7 @@ async def write_atomically(
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise IntegrityMismatchError(source, expected_sha256, digest)
         await asyncio.to_thread(os.replace, partial, target)
+        await asyncio.to_thread(_fsync_directory, target.parent)  # the rename, durably
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

@@ -30,6 +30,7 @@ __all__ = [
     "_DIR_FLAGS",
     "_EPOCH",
     "_LINK_ERRNOS",
+    "_fsync_directory",
     "_is_staging",
     "_local_delete",
     "_local_dirs",
@@ -38,6 +39,7 @@ __all__ = [
     "_local_list",
     "_local_list_dir",
     "_local_parts",
+    "_local_persist",
     "_local_remove_tree",
     "_open_nofollow_dir",
     "_scan_tree",
@@ -119,6 +121,40 @@ def _local_dirs(root: Path, parts: Sequence[str]) -> Iterator[list[int]]:
     finally:
         for fd in reversed(fds):
             os.close(fd)
+
+
+def _local_persist(root: Path, path: str) -> None:
+    """Make the file just written at object ``path`` durable, as a PUT to S3 is.
+
+    obstore's local store writes a staging file and renames it into place without any
+    fsync, so a power cut could lose a "committed" checkpoint's bytes or names. This
+    fsyncs the file's bytes, then each directory from its parent up to ``root``: the
+    rename, and any directory the put created, live in those. Walked with ``O_NOFOLLOW``
+    descriptors like everything else here; a file deleted meanwhile has nothing to keep.
+    """
+    parts = _local_parts("put", path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        if len(fds) != len(parts):
+            return  # a directory on the way vanished or became a link: nothing of ours
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for dir_fd in reversed(fds):
+            os.fsync(dir_fd)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """fsync ``directory``, so that a rename or a new name in it survives a power cut."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _scan_tree(dir_fd: int, key: str, found: list[ObjectInfo]) -> None:

@@ -27,6 +27,10 @@ Invariants kept at this boundary:
   ``.{name}.lock`` file next to the object, around read-compare-replace, where the
   replace is obstore's atomic rename. That holds between processes on one host (not
   across hosts sharing a network filesystem);
+* a ``put`` or ``put_stream`` that returned is durable, as a PUT to S3 is: on a local
+  store (where obstore writes and renames without any fsync) the file and every
+  directory from its parent up to the root are fsynced before it returns, so a
+  manifest is never on disk ahead of its artifacts after a power cut;
 * ``delete`` of a missing object is not an error;
 * a local store never follows a symbolic link below its root (the root itself may be
   one: the caller chose it), so nothing outside the root is read, written or deleted
@@ -74,6 +78,7 @@ from cairn._localfs import (
     _local_list,
     _local_list_dir,
     _local_parts,
+    _local_persist,
     _local_remove_tree,
 )
 from cairn._storetypes import (
@@ -468,6 +473,7 @@ class ObstoreStore:
             path,
             obstore.put_async(self._store, path, data, mode=obstore_mode, attributes=attributes),
         )
+        await self._persist(path)
         return ObjectInfo(
             path=path,
             size=memoryview(data).nbytes,
@@ -496,6 +502,13 @@ class ObstoreStore:
                 max_concurrency=PARTS_IN_FLIGHT,
             ),
         )
+        await self._persist(path)
+
+    async def _persist(self, path: str) -> None:
+        """On a local directory, fsync what a put just wrote (obstore does not)."""
+        root = self._capabilities.local_path
+        if root is not None:
+            await _local_io("put", path, _local_persist, root, path)
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
         self._check_readable("head", path)
@@ -563,23 +576,26 @@ class ObstoreStore:
         target = root.joinpath(*_local_parts("put", path))
         lock_path = target.with_name(f".{target.name}.lock")
 
-        def acquire() -> int:
+        def open_lock() -> int:
             lock_path.parent.mkdir(parents=True, exist_ok=True)
             # O_NOFOLLOW: a link planted at the lock's name must not create or open a file
             # elsewhere (ELOOP, reported as a StoreError).
             flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(lock_path, flags, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            return fd
+            return os.open(lock_path, flags, 0o644)
 
         try:
-            fd = await asyncio.to_thread(acquire)
+            fd = await asyncio.to_thread(open_lock)
         except OSError as exc:
             if exc.errno in _LINK_ERRNOS:
                 raise StoreError(
                     "put", path, f"its lock file {lock_path.name!r} is a symbolic link (remove it)"
                 ) from None
             raise translate_error("put", path, exc) from exc
+        try:
+            await _flock_exclusive(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
         try:
             try:
                 current = await self.head(path)
@@ -594,6 +610,27 @@ class ObstoreStore:
             return await self.head(path)
         finally:
             os.close(fd)  # closing the descriptor releases the lock
+
+
+async def _flock_exclusive(fd: int, path: str) -> None:
+    """Take an exclusive ``flock`` on ``fd``, waiting on the event loop, not in a thread.
+
+    A blocking ``flock`` in a worker thread would hold that thread for as long as another
+    holder keeps the lock: enough waiters fill the loop's default executor, and the
+    holder, which needs a worker to fsync its put, never finishes (a deadlock). A waiter
+    cancelled meanwhile would also leave a thread to take the lock later and keep it.
+    So: non-blocking attempts, with a pause doubling from 1 ms up to 50 ms between them.
+    """
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        except OSError as exc:
+            raise translate_error("put", path, exc) from exc
 
 
 def as_store(store: Store | ObjectStore | str) -> Store:

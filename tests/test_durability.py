@@ -1,0 +1,185 @@
+"""A local store's writes are durable when they return, as a PUT to S3 is.
+
+obstore's local store writes a staging file and renames it into place without any
+fsync: a power cut after a "committed" save could leave the manifest naming artifacts
+whose bytes or names never reached the disk. A power cut cannot be staged in a test, so
+these record every ``os.fsync`` (which file or directory each descriptor is, from
+``/proc/self/fd``) and check that each put, each artifact of a save, and a restore
+fsync what a power cut would otherwise lose, in an order that keeps the commit
+protocol: artifacts before the manifest that names them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from cairn import CheckpointData, ObjectStoreCheckpointer
+from cairn.errors import PreconditionFailedError
+from cairn.stores import IfMatch, ObstoreStore, open_store
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc/self/fd to name descriptors"
+)
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The real paths of every descriptor fsynced while the test runs, in order."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return synced
+
+
+def _store(root: Path) -> ObstoreStore:
+    root.mkdir(parents=True, exist_ok=True)
+    return ObstoreStore(open_store(str(root)))
+
+
+def _chain_to(root: Path, path: str) -> list[str]:
+    """The file, then each directory from its parent up to ``root``."""
+    target = (root / path).resolve()
+    chain = [str(target)]
+    directory = target.parent
+    while True:
+        chain.append(str(directory))
+        if directory == root.resolve():
+            return chain
+        directory = directory.parent
+
+
+def test_a_local_put_fsyncs_the_file_then_every_directory_up_to_the_root(
+    tmp_path: Path, fsynced: list[str]
+) -> None:
+    store = _store(tmp_path / "store")
+    asyncio.run(store.put("a/b/c/object", b"payload"))
+    assert fsynced == _chain_to(tmp_path / "store", "a/b/c/object")
+
+
+def test_a_local_put_stream_is_durable_too(tmp_path: Path, fsynced: list[str]) -> None:
+    store = _store(tmp_path / "store")
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(3):
+            yield b"x" * 1000
+
+    asyncio.run(store.put_stream("d/streamed", chunks))
+    assert fsynced == _chain_to(tmp_path / "store", "d/streamed")
+
+
+def test_a_local_compare_and_swap_is_durable(tmp_path: Path, fsynced: list[str]) -> None:
+    store = _store(tmp_path / "store")
+
+    async def swap() -> None:
+        first = await store.put("_latest", b"one")
+        assert first.e_tag is not None
+        fsynced.clear()
+        await store.put("_latest", b"two", mode=IfMatch(first.e_tag))
+
+    asyncio.run(swap())
+    assert fsynced[:2] == _chain_to(tmp_path / "store", "_latest")
+
+
+def test_a_save_fsyncs_every_artifact_before_the_manifest_that_names_them(
+    tmp_path: Path, fsynced: list[str]
+) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    ckpt = ObjectStoreCheckpointer(str(root))
+    data = CheckpointData(epoch=1, snapshots={("op", 0): b"a" * 100, ("op", 1): b"b"})
+    manifest = asyncio.run(ckpt.save(data))
+    base = root / "checkpoints"
+    directory = base / str(manifest.checkpoint_id)
+    artifacts = [str((directory / e.path).resolve()) for _, e in manifest.partition_entries()]
+    manifest_file = str((directory / "manifest.json").resolve())
+    assert len(artifacts) == 2
+    for path in [*artifacts, manifest_file]:
+        assert path in fsynced, f"{path} was never fsynced"
+    manifest_at = fsynced.index(manifest_file)
+    assert all(fsynced.index(path) < manifest_at for path in artifacts)
+    # Each artifact's directory, and the new checkpoint's directories, were fsynced after
+    # the artifact itself: the names are durable, not only the bytes.
+    for path in artifacts:
+        parent = str(Path(path).parent)
+        assert parent in fsynced[fsynced.index(path) :]
+    assert str(base.resolve()) in fsynced
+
+
+def test_a_restored_file_is_fsynced_and_so_is_its_directory(
+    tmp_path: Path, fsynced: list[str]
+) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    ckpt = ObjectStoreCheckpointer(str(root))
+    manifest = asyncio.run(ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"abc"})))
+    target_dir = tmp_path / "out"
+    target_dir.mkdir()
+    target = target_dir / "restored"
+    fsynced.clear()
+    (_, entry), = manifest.partition_entries()
+    path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
+    asyncio.run(ckpt.load_artifact_to(path, target, expected_sha256=entry.sha256))
+    assert target.read_bytes() == b"abc"
+    assert fsynced[-1] == str(target_dir.resolve())
+
+
+def test_many_concurrent_local_swaps_finish(tmp_path: Path) -> None:
+    """More compare-and-swap waiters than the loop has worker threads: all finish.
+
+    A waiter used to block in ``flock`` on a worker thread; with every worker taken by
+    waiters, the lock holder could not get one to fsync its put, and all of them hung.
+    """
+    store = _store(tmp_path / "store")
+    waiters = 4 * (min(32, (os.cpu_count() or 1) + 4))
+
+    async def swap_until_done(first_e_tag: str | None) -> bool:
+        e_tag = first_e_tag
+        while True:
+            assert e_tag is not None
+            try:
+                await store.put("_latest", b"mine", mode=IfMatch(e_tag))
+                return True
+            except PreconditionFailedError:
+                e_tag = (await store.head("_latest")).e_tag
+
+    async def race() -> list[bool]:
+        first = await store.put("_latest", b"start")
+        swaps = [swap_until_done(first.e_tag) for _ in range(waiters)]
+        return await asyncio.wait_for(asyncio.gather(*swaps), timeout=60)
+
+    assert asyncio.run(race()) == [True] * waiters
+
+
+def test_a_cancelled_local_swap_does_not_keep_the_lock(tmp_path: Path) -> None:
+    """A swap cancelled while another process holds the lock never takes it later."""
+    store = _store(tmp_path / "store")
+
+    async def scenario() -> None:
+        first = await store.put("_latest", b"start")
+        assert first.e_tag is not None
+        lock_file = tmp_path / "store" / "._latest.lock"
+        holder = os.open(lock_file, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(holder, fcntl.LOCK_EX)  # as another process holding the lock would
+        waiting = asyncio.ensure_future(store.put("_latest", b"x", mode=IfMatch(first.e_tag)))
+        await asyncio.sleep(0.2)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        os.close(holder)  # releases it
+        await asyncio.sleep(0.2)
+        # The lock is free again: a new swap takes it at once.
+        await asyncio.wait_for(store.put("_latest", b"y", mode=IfMatch(first.e_tag)), 10)
+
+    asyncio.run(scenario())
+    assert (tmp_path / "store" / "_latest").read_bytes() == b"y"
