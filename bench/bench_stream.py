@@ -13,7 +13,10 @@ measures on a LocalStore in a temp dir beside it:
   chunk_size=8 MiB, max_concurrency=4)`` without any hash ("put") and one SHA-256 pass
   over the file in 8 MiB reads ("sha"), each alone: a save that hashes on the other core
   while the bytes go out, reading them once, reaches 1.0. Its CPU seconds are compared
-  with put's plus sha's (target: at most 1.2 times);
+  with put's plus sha's (target: at most 1.2 times). cairn's local store fsyncs what it
+  puts (the file, then each directory up to the root) and obstore's does not, so the
+  floor of a durable save, "put+fsync" (the same put, then those fsyncs) against "sha",
+  is reported too: on tmpfs the two floors agree, on a disk the fsync waits for it;
 * load: cairn's ``load_artifact_to(path, Path(out), expected_sha256=...)`` (verified,
   fsynced, renamed), with the façade's default ranges ("cairn") and with 1 MiB ranges
   (``cairn.sources.RESTORE_CHUNK``, "cairn 1MiB"), against its floor, the slower of
@@ -109,6 +112,19 @@ def sha256_file(path: str) -> str:
     return hasher.hexdigest()
 
 
+def fsync_upwards(root: Path, path: str) -> None:
+    """fsync the file at ``path`` below ``root``, then each directory up to ``root``: what
+    cairn's local store does after every put, so that the put survives a power cut."""
+    target = root / path
+    directories = [root / parent for parent in Path(path).parents]  # parent first, root last
+    for synced in [target, *directories]:
+        fd = os.open(synced, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def write(file: BinaryIO, chunk: Any) -> None:
     file.write(chunk)
 
@@ -166,6 +182,21 @@ def prepare_child(spec: Spec) -> ChildRun:
             return ""
 
         return raw_save
+    if variant == "save/put+fsync":
+        root = Path(spec["root"])
+
+        async def durable_raw_save() -> str:
+            await obstore.put_async(
+                store,
+                artifact_path(0),
+                Path(file),
+                chunk_size=PART_SIZE,
+                max_concurrency=PARTS_IN_FLIGHT,
+            )
+            await asyncio.to_thread(fsync_upwards, root, artifact_path(0))
+            return ""
+
+        return durable_raw_save
     if variant in ("save/sha", "load/sha"):
         # The save hashes the source file; the load, the stored object's bytes.
         hashed = file if variant == "save/sha" else os.path.join(spec["root"], spec["path"])
@@ -368,15 +399,16 @@ def run_all(reps: int, only: str, size: int, where: str | None) -> dict[str, Any
                 amount=size / MiB,
                 unit="MiB",
                 variants={},  # each run is a subprocess: see measure_children
-                ratios=[("cairn", "put", None)],
+                ratios=[("cairn", "put", None), ("cairn", "put+fsync", None)],
                 floors=[
                     Floor("cairn", ("put", "sha"), 0.9, cpu_target=1 / 1.2),
+                    Floor("cairn", ("put+fsync", "sha"), 0.9),
                     Floor("cairn", ("put", "sha"), None, cores=os.cpu_count()),
                 ],
             )
             print(f"running {sc.name} on {kind}...", file=sys.stderr, flush=True)
             rss: dict[str, list[float]] = {}
-            names = ["cairn", "put", "sha"]
+            names = ["cairn", "put", "put+fsync", "sha"]
             measure_children(sc, names, reps, lambda v: save_run(work, file, v), rss, digests, runs)
             measured.append((sc, rss))
         if only in f"load {label} to file {kind}":
