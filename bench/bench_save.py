@@ -30,6 +30,7 @@ from contextlib import (
 from pathlib import Path
 
 import obstore
+from obstore.store import LocalStore
 
 from cairn import CheckpointData, CheckpointId, ObjectStoreCheckpointer
 
@@ -49,6 +50,7 @@ from bench.harness import (  # noqa: E402
     bounded,
     emit_json,
     fixed,
+    fsync_upwards,
     measure,
     print_report,
     report,
@@ -78,7 +80,12 @@ def cairn_save(factory: StoreFactory, parts: Sequence[bytes], limit: int) -> Var
     return variant
 
 
-def raw_save(factory: StoreFactory, parts: Sequence[bytes], limit: int, sha: bool) -> Variant:
+def raw_save(
+    factory: StoreFactory, parts: Sequence[bytes], limit: int, sha: bool, fsync: bool = False
+) -> Variant:
+    """Raw obstore puts of ``parts``; with ``sha`` each hashed in a thread meanwhile, with
+    ``fsync`` (a local store) each then fsynced with its directories, as cairn does."""
+
     @asynccontextmanager
     async def variant() -> AsyncIterator[Run]:
         with factory() as store:
@@ -89,6 +96,10 @@ def raw_save(factory: StoreFactory, parts: Sequence[bytes], limit: int, sha: boo
                     await asyncio.gather(asyncio.to_thread(sha256_hex, parts[i]), upload)
                 else:
                     await upload
+                if fsync:
+                    assert isinstance(store, LocalStore), store
+                    assert store.prefix is not None, store
+                    await asyncio.to_thread(fsync_upwards, store.prefix, artifact_path(i))
 
             yield lambda: bounded(limit, len(parts), put)
 
@@ -159,12 +170,15 @@ async def floor_scenario(kind: str, parts: Sequence[bytes]) -> AsyncIterator[Sce
         variants={
             "cairn": cairn_save(factory, parts, 8),
             "put": raw_save(factory, parts, 8, sha=False),
+            "put+fsync": raw_save(factory, parts, 8, sha=False, fsync=True),
             "sha x2": fixed(hash_all(parts, 2)),
         },
-        ratios=[("cairn", "put", None)],
+        ratios=[("cairn", "put", None), ("cairn", "put+fsync", None)],
         floors=[
             Floor("cairn", ("put", "sha x2"), 0.9, cpu_target=1 / 1.2),
+            Floor("cairn", ("put+fsync", "sha x2"), 0.9),
             Floor("cairn", ("put", "sha x2"), None, cores=os.cpu_count()),
+            Floor("cairn", ("put+fsync", "sha x2"), None, cores=os.cpu_count()),
         ],
         settle=kind == "local",
     )

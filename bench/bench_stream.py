@@ -74,6 +74,7 @@ from bench.harness import (  # noqa: E402
     Scenario,
     artifact_path,
     emit_json,
+    fsync_upwards,
     print_report,
     report,
     settle,
@@ -110,19 +111,6 @@ def sha256_file(path: str) -> str:
         while chunk := f.read(CHUNK):
             hasher.update(chunk)
     return hasher.hexdigest()
-
-
-def fsync_upwards(root: Path, path: str) -> None:
-    """fsync the file at ``path`` below ``root``, then each directory up to ``root``: what
-    cairn's local store does after every put, so that the put survives a power cut."""
-    target = root / path
-    directories = [root / parent for parent in Path(path).parents]  # parent first, root last
-    for synced in [target, *directories]:
-        fd = os.open(synced, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def write(file: BinaryIO, chunk: Any) -> None:

@@ -37,6 +37,7 @@ from contextlib import (
     contextmanager,
 )
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import obstore
@@ -152,6 +153,18 @@ def sha256_hex(data: Buffer) -> str:
 def artifact_path(i: int) -> str:
     """Same depth as cairn's layout, so a LocalStore creates as many directories."""
     return f"ckpt/operators/op/partition-{i}.snap"
+
+
+def fsync_upwards(root: Path, path: str) -> None:
+    """fsync the file at ``path`` below ``root``, then each directory up to ``root``: what
+    cairn's local store does after every put, so that the put survives a power cut."""
+    directories = [root / parent for parent in Path(path).parents]  # parent first, root last
+    for synced in [root / path, *directories]:
+        fd = os.open(synced, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 async def bounded(limit: int, count: int, job: Callable[[int], Awaitable[T]]) -> list[T]:
