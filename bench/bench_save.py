@@ -219,6 +219,26 @@ async def partitions_scenario(kind: str, parts: Sequence[bytes]) -> AsyncIterato
 
 
 @asynccontextmanager
+async def durable_scenario(kind: str, parts: Sequence[bytes]) -> AsyncIterator[Scenario]:
+    """Small partitions on a local directory: what a durable put costs. cairn's local store
+    fsyncs each put's file and directories; obstore's does not ("put"); "put+fsync" does
+    the same fsyncs after each raw put."""
+    factory = STORES[kind]
+    yield Scenario(
+        name=f"durable {len(parts)}x{len(parts[0])}B c=8",
+        store=kind,
+        amount=len(parts),
+        unit="obj",
+        variants={
+            "cairn save": cairn_save(factory, parts, 8),
+            "put": raw_save(factory, parts, 8, sha=False),
+            "put+fsync": raw_save(factory, parts, 8, sha=False, fsync=True),
+        },
+        ratios=[("cairn save", "put+fsync", None), ("cairn save", "put", None)],
+    )
+
+
+@asynccontextmanager
 async def small_scenario(kind: str, parts: Sequence[bytes]) -> AsyncIterator[Scenario]:
     factory = STORES[kind]
     yield Scenario(
@@ -254,6 +274,7 @@ async def run_all(reps: int, only: str) -> list[Scenario]:
         *((f"load 64x8MiB c=8 {k}", functools.partial(load_scenario, k, big)) for k in STORES),
         ("small 10000x1KiB memory", functools.partial(small_scenario, "memory", small)),
         ("partitions 20000x16B c=8 memory", functools.partial(partitions_scenario, "memory", tiny)),
+        ("durable 2000x16B c=8 local", functools.partial(durable_scenario, "local", tiny[:2000])),
     ]
     done = []
     for label, build in builders:
