@@ -12,6 +12,7 @@ protocol: artifacts before the manifest that names them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cairn import CheckpointData, ObjectStoreCheckpointer
-from cairn.errors import PreconditionFailedError
+from cairn.errors import NotDurableError, PreconditionFailedError
 from cairn.stores import IfMatch, ObstoreStore, open_store
 
 pytestmark = pytest.mark.skipif(
@@ -127,7 +128,7 @@ def test_a_restored_file_is_fsynced_and_so_is_its_directory(
     target_dir.mkdir()
     target = target_dir / "restored"
     fsynced.clear()
-    (_, entry), = manifest.partition_entries()
+    ((_, entry),) = manifest.partition_entries()
     path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
     asyncio.run(ckpt.load_artifact_to(path, target, expected_sha256=entry.sha256))
     assert target.read_bytes() == b"abc"
@@ -183,3 +184,49 @@ def test_a_cancelled_local_swap_does_not_keep_the_lock(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert (tmp_path / "store" / "_latest").read_bytes() == b"y"
+
+
+def _failing_fsync_of(monkeypatch: pytest.MonkeyPatch, suffix: str) -> None:
+    """Make ``os.fsync`` fail with EIO, as a dying disk does, for files ending in ``suffix``."""
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(suffix):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_put_whose_fsync_fails_raises_not_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path / "store")
+    _failing_fsync_of(monkeypatch, "/object")
+    with pytest.raises(NotDurableError) as caught:
+        asyncio.run(store.put("dir/object", b"payload"))
+    assert caught.value.path == "dir/object"
+    assert "not made durable" in str(caught.value)
+
+
+@pytest.mark.parametrize("failing", ["/manifest.json", ".snap"])
+def test_a_save_that_cannot_be_made_durable_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """A manifest (or artifact) whose fsync fails: the save fails and nothing stands as
+    committed, although the manifest's bytes had landed (it used to count as committed:
+    "our own bytes at the manifest path")."""
+    root = tmp_path / "store"
+    root.mkdir()
+    ckpt = ObjectStoreCheckpointer(str(root))
+    first = asyncio.run(ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"one"})))
+    _failing_fsync_of(monkeypatch, failing)
+    with pytest.raises(NotDurableError):
+        asyncio.run(ckpt.save(CheckpointData(epoch=2, snapshots={("op", 0): b"two"})))
+    monkeypatch.undo()
+    listed = asyncio.run(ckpt.list_checkpoints())
+    assert listed == [first.checkpoint_id]
+    assert len(list(root.rglob("manifest.json"))) == 1
+    loaded = asyncio.run(ckpt.load_latest())
+    assert loaded is not None
+    assert loaded.manifest.checkpoint_id == first.checkpoint_id

@@ -23,6 +23,9 @@ Invariants:
   bytes mean our commit happened (a retried write whose reply was lost), a tombstone
   means GC claimed the id first (:class:`CheckpointAbortedError`, nothing committed),
   anything else is :class:`CheckpointExistsError`;
+* a manifest that landed but could not be made durable (:class:`NotDurableError`) is
+  deleted again and the save fails: a crash could lose it, so it never counts as a
+  commit;
 * a save that fails before its commit removes what it uploaded (best effort: GC sweeps
   the rest); a commit fenced at its pointer swap is rolled back and raises
   :class:`FencedError`; a pointer swap that fails otherwise after the commit leaves
@@ -33,6 +36,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -51,6 +55,7 @@ from cairn.errors import (
     CheckpointNotFoundError,
     FencedError,
     InvalidInputError,
+    NotDurableError,
     ObjectExistsError,
     StoreError,
 )
@@ -249,6 +254,12 @@ async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManif
     body = encode_manifest(manifest)
     try:
         await ctx.store.put(path, body, mode="create")
+    except NotDurableError:
+        # Our manifest landed, but a crash could lose it: it must not stand as committed
+        # (if this delete fails too, a reader that trusts it still verifies every byte).
+        with contextlib.suppress(CheckpointerError):
+            await ctx.store.delete([path])
+        raise
     except ObjectExistsError:
         existing = await ctx.store.get(path)
         if bytes(existing.data) == _lease.TOMBSTONE:
@@ -280,6 +291,9 @@ async def _write_manifest(
             manifest = finish(manifest)
         await save_manifest(ctx, generation, manifest)
     except (CheckpointExistsError, CheckpointAbortedError):
+        raise
+    except NotDurableError:
+        await _discard_uncommitted(ctx, cid)  # save_manifest removed the manifest itself
         raise
     except StoreError as exc:
         # The retries ran out, but an attempt may have landed with its reply lost: our own

@@ -25,6 +25,7 @@ CheckpointerError
     ├── TransientStoreError        a failure worth retrying (timeout, connection, 5xx)
     ├── ObjectNotFoundError        (also CheckpointNotFoundError) no object at that path
     ├── ObjectExistsError          a create-only write met an existing object
+    ├── NotDurableError            a write landed but could not be made durable (fsync)
     └── PreconditionFailedError    a compare-and-swap write met another version
 ```
 
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidStoreUrlError",
     "MissingArtifactError",
+    "NotDurableError",
     "ObjectExistsError",
     "ObjectNotFoundError",
     "PreconditionFailedError",
@@ -278,6 +280,13 @@ class TransientStoreError(StoreError):
 
 class ObjectExistsError(StoreError):
     """A create-only write found an object already at ``path``."""
+
+
+class NotDurableError(StoreError):
+    """A write reached the store but could not be made durable (a local store's fsync
+    failed). Treat it as failed: the object may be readable now and gone, or damaged,
+    after a crash. Not retried: the kernel reports such a failure once, so a second
+    fsync would succeed without making anything durable."""
 
 
 class PreconditionFailedError(StoreError):

@@ -30,7 +30,8 @@ Invariants kept at this boundary:
 * a ``put`` or ``put_stream`` that returned is durable, as a PUT to S3 is: on a local
   store (where obstore writes and renames without any fsync) the file and every
   directory from its parent up to the root are fsynced before it returns, so a
-  manifest is never on disk ahead of its artifacts after a power cut;
+  manifest is never on disk ahead of its artifacts after a power cut. A write that
+  landed but whose fsync failed raises :class:`NotDurableError` (never retried);
 * ``delete`` of a missing object is not an error;
 * a local store never follows a symbolic link below its root (the root itself may be
   one: the caller chose it), so nothing outside the root is read, written or deleted
@@ -105,6 +106,7 @@ from cairn._urls import (
 from cairn.errors import (
     CheckpointNotFoundError,
     InvalidInputError,
+    NotDurableError,
     ObjectNotFoundError,
     PreconditionFailedError,
     StoreError,
@@ -507,8 +509,14 @@ class ObstoreStore:
     async def _persist(self, path: str) -> None:
         """On a local directory, fsync what a put just wrote (obstore does not)."""
         root = self._capabilities.local_path
-        if root is not None:
+        if root is None:
+            return
+        try:
             await _local_io("put", path, _local_persist, root, path)
+        except StoreError as exc:
+            raise NotDurableError(
+                "put", path, f"written, but not made durable: {exc.reason}"
+            ) from exc
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
         self._check_readable("head", path)
