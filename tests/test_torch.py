@@ -44,6 +44,7 @@ from cairn import (
     CheckpointPaths,
     CorruptManifestError,
     FencedError,
+    IntegrityError,
     IntegrityMismatchError,
     InvalidInputError,
     RetentionPolicy,
@@ -54,7 +55,14 @@ from cairn._buffer import Buffer
 from cairn.integrity import sha256_hex
 from cairn.manifest import encode_manifest
 from cairn.stores import ForwardingStore, ObstoreStore, PutMode, StoreMethod
-from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter, _format, _writer
+from cairn.torch import (
+    METADATA_OPERATOR,
+    CairnReader,
+    CairnWriter,
+    _format,
+    _writer,
+    load_latest,
+)
 from cairn.torch._format import BUNDLE_BYTES, ConcatReader, tensor_bytes
 
 pytestmark = pytest.mark.filterwarnings(
@@ -566,3 +574,37 @@ def test_cairn_verify_copy_and_gc_work_on_dcp_checkpoints(tmp_path: Path) -> Non
     assert result.deleted == [old]
     assert sync(str(store)).list_checkpoints() == [new]
     json.loads(verified.stdout)  # the CLI's JSON stays parseable with DCP checkpoints
+
+
+def test_load_latest_falls_back_past_a_damaged_shard(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The newest checkpoint's shard is damaged: its load fails as DCP reads it, and
+    load_latest loads the one before, whole; with none left, it says so."""
+    store = str(tmp_path)
+    first = make_state(1)
+    first_id = save(store, first, epoch=1)
+    second_id = save(store, make_state(2), epoch=2)
+    [entry, *_] = sync(store).load_manifest(second_id).operators["rank-0"].partitions
+    flip_byte(tmp_path, f"{PREFIX}{second_id}/{entry.path}", 100)
+    state = make_state(BLANK_SEED)
+    with caplog.at_level(logging.WARNING, logger="cairn"):
+        loaded = load_latest(state, store, prefix=PREFIX)
+    assert loaded == first_id
+    assert digests(state) == digests(first)
+    assert str(second_id) in caplog.text and "trying the next one" in caplog.text
+    # Damage is the only failure it passes over: no checkpoint left is not found.
+    [entry, *_] = sync(store).load_manifest(first_id).operators["rank-0"].partitions
+    flip_byte(tmp_path, f"{PREFIX}{first_id}/{entry.path}", 100)
+    with pytest.raises(CheckpointNotFoundError, match="committed DCP checkpoint"):
+        load_latest(make_state(BLANK_SEED), store, prefix=PREFIX)
+
+
+def test_load_latest_raises_what_is_not_damage(tmp_path: Path) -> None:
+    """A state that asks for a key the checkpoint lacks is DCP's error, not a fallback."""
+    store = str(tmp_path)
+    save(store, {"a": torch.ones(3)}, epoch=1)
+    save(store, {"a": torch.ones(3) * 2}, epoch=2)
+    with pytest.raises(CheckpointException) as info:
+        load_latest({"a": torch.zeros(3), "missing": torch.zeros(2)}, store, prefix=PREFIX)
+    assert not isinstance(failure_of(info), (IntegrityError, CheckpointNotFoundError))

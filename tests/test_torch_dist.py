@@ -190,6 +190,15 @@ def test_a_fenced_writer_is_refused_and_the_new_generation_saves(run: Run) -> No
     assert _load_alone(run, None)[0] == after["digests"], "the latest is the new generation's"
 
 
+def test_load_latest_falls_back_past_a_damaged_shard_on_every_rank(run: Run) -> None:
+    """Rank 1's shard of the newest checkpoint was damaged: both ranks loaded the one
+    before it, each its own shard of it, bit-exactly."""
+    before = run.ranks[0]["async_process"]
+    for rank in run.ranks:
+        assert rank["fallback"]["id"] == before["id"]
+        assert rank["fallback"]["digests"] == rank["async_process"]["digests"]
+
+
 def test_sigkill_of_rank_1_during_write_data_commits_nothing(run: Run) -> None:
     assert run.exitcodes == [0, -signal.SIGKILL]
     assert run.ranks[0]["killed"]["type"] in {"RuntimeError", "CheckpointException"}

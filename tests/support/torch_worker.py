@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.futures import Future
 
 from cairn import SyncCheckpointer
-from cairn.torch import CairnReader, CairnWriter
+from cairn.torch import CairnReader, CairnWriter, load_latest
 
 PREFIX = "dcp/"
 SHARDED_ROWS = 8  # rows of the tensor sharded along dim 0 (divisible by 1 and 2 ranks)
@@ -201,6 +201,21 @@ def suite(rank: int, spec: dict[str, Any], out: dict[str, Any], save: Callable[[
     }
     save()
 
+    # load_latest past damage: rank 1's shard of the newest checkpoint has a flipped
+    # byte; both ranks see the failure and load the one before (async_process), alike.
+    damaged_path = ""
+    if rank == 0:
+        damaged_path = _flip_rank_1_shard(store, writer.checkpoint_id)
+    dist.barrier()
+    state = make_state(BLANK_SEED, mesh)
+    loaded = load_latest(state, store, prefix=PREFIX)
+    out["fallback"] = {"id": str(loaded), "digests": digests(state)}
+    dist.barrier()
+    if rank == 0:
+        _flip_rank_1_shard(store, writer.checkpoint_id, damaged_path)  # repaired
+    dist.barrier()
+    save()
+
     # Last, as it breaks the process group: rank 1 is killed during write_data.
     StallingWriter.marker = spec["marker"]
     writer = StallingWriter(
@@ -215,6 +230,23 @@ def suite(rank: int, spec: dict[str, Any], out: dict[str, Any], save: Callable[[
         out["killed"] = {"type": "none"}
     except BaseException as exc:
         out["killed"] = _failure(exc)
+
+
+def _flip_rank_1_shard(store: Any, checkpoint_id: Any, path: str = "") -> str:
+    """Flip one byte in the middle of rank 1's first artifact (or of ``path``); its path."""
+    import obstore
+
+    from cairn.stores import open_store as open_obstore
+
+    raw = open_obstore(store) if isinstance(store, str) else store
+    if not path:
+        manifest = SyncCheckpointer(store, open_paths()).load_manifest(checkpoint_id)
+        entry = manifest.operators["rank-1"].partitions[0]
+        path = open_paths().resolve(checkpoint_id, entry.path)
+    data = bytearray(obstore.get(raw, path).bytes())
+    data[len(data) // 2] ^= 0x01
+    obstore.put(raw, path, bytes(data))
+    return path
 
 
 def open_paths() -> Any:

@@ -3,10 +3,11 @@
 Install with ``pip install 'cairn[torch]'`` (torch and numpy). Then::
 
     import torch.distributed.checkpoint as dcp
-    from cairn.torch import CairnReader, CairnWriter
+    from cairn.torch import CairnReader, CairnWriter, load_latest
 
     dcp.save(state_dict, storage_writer=CairnWriter("s3://bucket/run", epoch=step))
     dcp.load(state_dict, storage_reader=CairnReader("s3://bucket/run"))
+    load_latest(state_dict, "s3://bucket/run")  # the same, falling back past damage
 
 ``dcp.async_save`` works with either executor: in process mode the writer is pickled
 into DCP's background process (its configuration travels; the store connection is made
@@ -62,6 +63,9 @@ Invariants:
   the artifact (and the item); DCP reports it inside its ``CheckpointException``
   (except from ``read_metadata``, whose every exception DCP turns into an
   ``AssertionError`` carrying cairn's message; called directly it raises cairn's error);
+* a checkpoint whose shard turns out damaged while DCP reads it fails that load
+  (nothing unverified reaches the state); :func:`load_latest` then loads the next
+  older checkpoint, every rank alike;
 * all ranks of a load read the same checkpoint: without a ``checkpoint_id`` each rank
   chooses the latest, and a load whose ranks chose differently is refused;
 * the metadata is never unpickled before it is verified, nor with any global outside
@@ -86,7 +90,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "(or pip install torch==2.13.0 numpy)"
     ) from exc
 
+from cairn.torch._latest import load_latest
 from cairn.torch._reader import CairnReader
 from cairn.torch._writer import METADATA_OPERATOR, CairnWriter, rank_operator
 
-__all__ = ["METADATA_OPERATOR", "CairnReader", "CairnWriter", "rank_operator"]
+__all__ = ["METADATA_OPERATOR", "CairnReader", "CairnWriter", "load_latest", "rank_operator"]

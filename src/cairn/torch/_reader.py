@@ -8,7 +8,7 @@ import io
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import torch
@@ -72,7 +72,8 @@ class CairnReader(StorageReader):
     DCP saved, skipping (with a warning) any whose manifest or DCP metadata is damaged or
     gone. Every item is checked against its SHA-256 before DCP sees a byte of it; a
     mismatch raises :class:`~cairn.IntegrityMismatchError` naming the artifact. At most
-    ``max_concurrent_downloads`` reads are in flight per rank.
+    ``max_concurrent_downloads`` reads are in flight per rank. ``skip`` names checkpoints
+    the choice of the latest passes over (see :func:`cairn.torch.load_latest`).
     """
 
     def __init__(
@@ -82,10 +83,12 @@ class CairnReader(StorageReader):
         checkpoint_id: CheckpointId | str | None = None,
         prefix: str = "checkpoints/",
         max_concurrent_downloads: int = 8,
+        skip: Iterable[CheckpointId] = (),
     ) -> None:
         self._ckpt = make_checkpointer(
             store, prefix, max_concurrent_downloads=max_concurrent_downloads
         )
+        self._skip = frozenset(skip)
         self._default_id = (
             None if checkpoint_id is None else parse_checkpoint_id(checkpoint_id, "checkpoint_id")
         )
@@ -139,6 +142,8 @@ class CairnReader(StorageReader):
             except _NotDcp as exc:
                 raise CheckpointNotFoundError(str(exc), "DCP metadata") from None
         async for cid in _catalog.latest_candidates(ctx):
+            if cid in self._skip:
+                continue
             try:
                 return await self._open_one(cid)
             except _NotDcp:

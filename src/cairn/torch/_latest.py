@@ -1,0 +1,78 @@
+"""``load_latest``: ``dcp.load`` of the newest DCP checkpoint that loads whole, falling back.
+
+:class:`~cairn.torch.CairnReader` without a ``checkpoint_id`` already passes over a
+checkpoint whose manifest or DCP metadata is damaged. Damage in a shard is only found
+while DCP reads it, after the choice: the read fails (the bytes never reach the state).
+This helper then loads the next older checkpoint, as
+:meth:`~cairn.ObjectStoreCheckpointer.load_latest` does for cairn's own checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import LoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from cairn import _catalog
+from cairn.ids import CheckpointId
+from cairn.torch._reader import CairnReader
+from cairn.torch._runtime import StoreArg
+
+__all__ = ["load_latest"]
+
+log = logging.getLogger("cairn")
+
+
+def load_latest(
+    state_dict: dict[str, Any],
+    store: StoreArg,
+    *,
+    prefix: str = "checkpoints/",
+    max_concurrent_downloads: int = 8,
+    process_group: Any = None,
+    planner: LoadPlanner | None = None,
+) -> CheckpointId:
+    """Load into ``state_dict`` the newest DCP checkpoint whose every item verifies.
+
+    Every rank calls it, as it would call ``dcp.load``. Each attempt is one
+    ``dcp.load`` with a :class:`~cairn.torch.CairnReader`; when it fails only because
+    of damage (an item whose SHA-256 does not match, an artifact gone: cairn's
+    :class:`~cairn.IntegrityError` or :class:`~cairn.CheckpointNotFoundError` on any
+    rank, which DCP reports to every rank alike), the checkpoint is passed over and the
+    next older one is loaded, with a warning. Any other failure is raised as DCP raised
+    it. Items of the failed attempt that had verified may already be in ``state_dict``;
+    the next attempt loads every item again. Returns the id of the checkpoint loaded.
+
+    When no checkpoint is left, :class:`~cairn.CheckpointNotFoundError` is raised.
+    """
+    damaged: list[CheckpointId] = []
+    while True:
+        reader = CairnReader(
+            store,
+            prefix=prefix,
+            max_concurrent_downloads=max_concurrent_downloads,
+            skip=damaged,
+        )
+        try:
+            dcp_load(
+                state_dict, storage_reader=reader, planner=planner, process_group=process_group
+            )
+        except CheckpointException as exc:
+            cid = reader.checkpoint_id
+            if cid is None:
+                # No checkpoint was opened: DCP wraps the reader's error in an
+                # AssertionError. Ask the reader again, to raise cairn's own error.
+                reader.read_metadata()
+                raise
+            errors = [error for error, _ in exc.failures.values()]
+            if not errors or not all(isinstance(e, _catalog.DAMAGE) for e in errors):
+                raise
+            log.warning("checkpoint %s does not load (%s): trying the next one", cid, errors[0])
+            damaged.append(cid)
+            continue
+        loaded = reader.checkpoint_id
+        assert loaded is not None  # read_metadata chose it, or raised
+        return loaded
