@@ -30,6 +30,7 @@ __all__ = [
     "_DIR_FLAGS",
     "_EPOCH",
     "_LINK_ERRNOS",
+    "_RangePastEnd",
     "_fsync_directory",
     "_is_staging",
     "_local_delete",
@@ -40,6 +41,8 @@ __all__ = [
     "_local_list_dir",
     "_local_parts",
     "_local_persist",
+    "_local_read",
+    "_local_read_range",
     "_local_remove_tree",
     "_open_nofollow_dir",
     "_scan_tree",
@@ -146,6 +149,79 @@ def _local_persist(root: Path, path: str) -> None:
             os.close(fd)
         for dir_fd in reversed(fds):
             os.fsync(dir_fd)
+
+
+class _RangePastEnd(Exception):
+    """A ranged read that starts at or past the end of the file (obstore: invalid range)."""
+
+    def __init__(self, start: int, size: int) -> None:
+        super().__init__(f"the range starts at {start}, the object has {size} bytes")
+
+
+@contextlib.contextmanager
+def _open_object(root: Path, operation: str, path: str) -> Iterator[tuple[int, os.stat_result]]:
+    """The descriptor and status of the regular file at object ``path``, closed on exit.
+
+    Walked from ``root`` with ``O_NOFOLLOW`` descriptors and opened with ``O_NOFOLLOW``
+    (no window between a check and the open). FileNotFoundError when the file, or a
+    directory on its way, is missing, a symbolic link, or not a regular file/directory.
+    """
+    parts = _local_parts(operation, path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        if len(fds) != len(parts):
+            raise FileNotFoundError(errno.ENOENT, "no such object", path)
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
+        except OSError as exc:
+            if exc.errno in _LINK_ERRNOS:
+                raise FileNotFoundError(errno.ENOENT, "a symbolic link", path) from None
+            raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "not a file", path)
+        yield fd, st
+    finally:
+        os.close(fd)
+
+
+def _read_exactly(fd: int, start: int, wanted: int) -> bytes:
+    """``wanted`` bytes of ``fd`` from ``start``, in one new ``bytes`` when possible."""
+    pieces: list[bytes] = []
+    got = 0
+    while got < wanted:  # pread returns at most about 2 GiB at once
+        piece = os.pread(fd, min(wanted - got, 1 << 30), start + got)
+        if not piece:
+            raise OSError(errno.EIO, f"the file ended at {start + got} while being read")
+        pieces.append(piece)
+        got += len(piece)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _local_read_range(root: Path, path: str, start: int, end: int) -> bytes:
+    """Bytes ``start`` up to ``end`` of the object at ``path`` (``end`` clamped to its
+    size, as obstore does), with ``pread`` into a new ``bytes``.
+
+    obstore's local ranged read costs about three times the CPU (0.30 s per GiB in 1 MiB
+    ranges on tmpfs, against 0.09 s), which a streamed restore pays on top of hashing and
+    writing. Raises FileNotFoundError as :func:`_open_object` does, and
+    :class:`_RangePastEnd` when ``start`` is not below the size.
+    """
+    with _open_object(root, "get_range", path) as (fd, st):
+        if start >= st.st_size:
+            raise _RangePastEnd(start, st.st_size)
+        return _read_exactly(fd, start, min(end, st.st_size) - start)
+
+
+def _local_read(root: Path, path: str) -> tuple[bytes, ObjectInfo]:
+    """The whole object at ``path`` and the metadata of the version read (a rename
+    replacing it meanwhile does not mix versions: the descriptor holds the old file).
+
+    Half the cost of obstore's get and its second await for the bytes, which a
+    ``load_latest`` that must read thousands of manifests pays once per manifest.
+    """
+    with _open_object(root, "get", path) as (fd, st):
+        return _read_exactly(fd, 0, st.st_size), _local_info(path, st)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -43,10 +43,12 @@ Invariants kept at this boundary:
   nor replacing it; ``delete`` of a path that is a link removes the link itself, and
   of a path through one deletes nothing; ``delete_prefix`` removes links as links
   (the prefix's own directory too, if it is one) and never descends into them.
-  Listing and deleting walk directory descriptors opened with ``O_NOFOLLOW``, so a
-  directory swapped for a link mid-walk is not followed either. Reads and writes go
-  through obstore after a ``lstat`` of each path component below the root: a link
-  swapped in between that check and obstore's own open is the remaining window.
+  Listing, deleting and reading (``get``, ``get_range``: a ``pread`` of the file,
+  cheaper than obstore's local read) walk directory descriptors opened with
+  ``O_NOFOLLOW``, so a directory swapped for a link mid-walk is not followed either.
+  ``head``, ``stat`` and writes go through obstore after a ``lstat`` of each path
+  component below the root: a link swapped in between that check and obstore's own
+  open is the remaining window there.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import datetime as dt
 import fcntl
 import os
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -80,7 +82,10 @@ from cairn._localfs import (
     _local_list_dir,
     _local_parts,
     _local_persist,
+    _local_read,
+    _local_read_range,
     _local_remove_tree,
+    _RangePastEnd,
 )
 from cairn._storetypes import (
     Blob,
@@ -408,6 +413,19 @@ class ObstoreStore:
                 operation, path, f"object (the symbolic link {link!r} on its path is not followed)"
             )
 
+    @contextlib.contextmanager
+    def _naming_links(self, operation: str, path: str) -> Iterator[None]:
+        """A local read found nothing: say so naming the link on the path, if that is why.
+
+        Local reads open with ``O_NOFOLLOW`` all the way down, so they never follow a
+        link; the ``lstat`` walk that names it is only paid when a read fails.
+        """
+        try:
+            yield
+        except ObjectNotFoundError:
+            self._check_readable(operation, path)
+            raise
+
     def _check_writable(self, path: str) -> None:
         root = self._capabilities.local_path
         if root is None:
@@ -422,7 +440,11 @@ class ObstoreStore:
             )
 
     async def get(self, path: str) -> Blob:
-        self._check_readable("get", path)
+        root = self._capabilities.local_path
+        if root is not None:
+            with self._naming_links("get", path):
+                body, info = await _local_io("get", path, _local_read, root, path)
+            return Blob(data=body, info=info)
         result = await _call("get", path, obstore.get_async(self._store, path))
         data = await _call("get", path, result.bytes_async())
         return Blob(data=data, info=_info(result.meta))
@@ -434,10 +456,18 @@ class ObstoreStore:
                 f"get_range of {path!r}: a byte range needs 0 <= start <= end, "
                 f"got start={start!r}, end={end!r}"
             )
-        self._check_readable("get_range", path)
         if start == end:
             await self.head(path)  # obstore refuses an empty range; a missing object is missing
             return b""
+        root = self._capabilities.local_path
+        if root is not None:
+            try:
+                with self._naming_links("get_range", path):
+                    return await _local_io(
+                        "get_range", path, _local_read_range, root, path, start, end
+                    )
+            except _RangePastEnd as exc:
+                raise StoreError("get_range", path, f"invalid range: {exc}") from None
         return await _call(
             "get_range", path, obstore.get_range_async(self._store, path, start=start, end=end)
         )
