@@ -157,7 +157,8 @@ def prepare_child(spec: Spec) -> ChildRun:
             return entry.sha256
 
         return cairn_save
-    if variant == "save/put":
+    if variant in ("save/put", "save/put+fsync"):
+        durable = variant == "save/put+fsync"  # then fsynced as cairn's local store does
 
         async def raw_save() -> str:
             await obstore.put_async(
@@ -167,24 +168,11 @@ def prepare_child(spec: Spec) -> ChildRun:
                 chunk_size=PART_SIZE,
                 max_concurrency=PARTS_IN_FLIGHT,
             )
+            if durable:
+                await asyncio.to_thread(fsync_upwards, Path(spec["root"]), artifact_path(0))
             return ""
 
         return raw_save
-    if variant == "save/put+fsync":
-        root = Path(spec["root"])
-
-        async def durable_raw_save() -> str:
-            await obstore.put_async(
-                store,
-                artifact_path(0),
-                Path(file),
-                chunk_size=PART_SIZE,
-                max_concurrency=PARTS_IN_FLIGHT,
-            )
-            await asyncio.to_thread(fsync_upwards, root, artifact_path(0))
-            return ""
-
-        return durable_raw_save
     if variant in ("save/sha", "load/sha"):
         # The save hashes the source file; the load, the stored object's bytes.
         hashed = file if variant == "save/sha" else os.path.join(spec["root"], spec["path"])

@@ -132,23 +132,17 @@ def _local_persist(root: Path, path: str) -> None:
     obstore's local store writes a staging file and renames it into place without any
     fsync, so a power cut could lose a "committed" checkpoint's bytes or names. This
     fsyncs the file's bytes, then each directory from its parent up to ``root``: the
-    rename, and any directory the put created, live in those. Walked with ``O_NOFOLLOW``
-    descriptors like everything else here; a file deleted meanwhile has nothing to keep.
+    rename, and any directory the put created, live in those. Opened as every local read
+    is (:func:`_open_object`); a file deleted meanwhile, or a link swapped in for it or
+    for a directory on its way, is nothing of ours to keep.
     """
-    parts = _local_parts("put", path)
-    with _local_dirs(root, parts[:-1]) as fds:
-        if len(fds) != len(parts):
-            return  # a directory on the way vanished or became a link: nothing of ours
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
-        except FileNotFoundError:
-            return
-        try:
+    try:
+        with _open_object(root, "put", path) as (fd, _, dir_fds):
             os.fsync(fd)
-        finally:
-            os.close(fd)
-        for dir_fd in reversed(fds):
-            os.fsync(dir_fd)
+            for dir_fd in reversed(dir_fds):
+                os.fsync(dir_fd)
+    except FileNotFoundError:
+        return
 
 
 class _RangePastEnd(Exception):
@@ -159,30 +153,33 @@ class _RangePastEnd(Exception):
 
 
 @contextlib.contextmanager
-def _open_object(root: Path, operation: str, path: str) -> Iterator[tuple[int, os.stat_result]]:
-    """The descriptor and status of the regular file at object ``path``, closed on exit.
+def _open_object(
+    root: Path, operation: str, path: str
+) -> Iterator[tuple[int, os.stat_result, list[int]]]:
+    """The descriptor and status of the regular file at object ``path``, and descriptors
+    of ``root`` and of each directory on its way (in order); all closed on exit.
 
     Walked from ``root`` with ``O_NOFOLLOW`` descriptors and opened with ``O_NOFOLLOW``
     (no window between a check and the open). FileNotFoundError when the file, or a
     directory on its way, is missing, a symbolic link, or not a regular file/directory.
     """
     parts = _local_parts(operation, path)
-    with _local_dirs(root, parts[:-1]) as fds:
-        if len(fds) != len(parts):
+    with _local_dirs(root, parts[:-1]) as dir_fds:
+        if len(dir_fds) != len(parts):
             raise FileNotFoundError(errno.ENOENT, "no such object", path)
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fds[-1])
         except OSError as exc:
             if exc.errno in _LINK_ERRNOS:
                 raise FileNotFoundError(errno.ENOENT, "a symbolic link", path) from None
             raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FileNotFoundError(errno.ENOENT, "not a file", path)
-        yield fd, st
-    finally:
-        os.close(fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError(errno.ENOENT, "not a file", path)
+            yield fd, st, dir_fds
+        finally:
+            os.close(fd)
 
 
 def _read_exactly(fd: int, start: int, wanted: int) -> bytes:
@@ -207,7 +204,7 @@ def _local_read_range(root: Path, path: str, start: int, end: int) -> bytes:
     writing. Raises FileNotFoundError as :func:`_open_object` does, and
     :class:`_RangePastEnd` when ``start`` is not below the size.
     """
-    with _open_object(root, "get_range", path) as (fd, st):
+    with _open_object(root, "get_range", path) as (fd, st, _):
         if start >= st.st_size:
             raise _RangePastEnd(start, st.st_size)
         return _read_exactly(fd, start, min(end, st.st_size) - start)
@@ -220,7 +217,7 @@ def _local_read(root: Path, path: str) -> tuple[bytes, ObjectInfo]:
     Half the cost of obstore's get and its second await for the bytes, which a
     ``load_latest`` that must read thousands of manifests pays once per manifest.
     """
-    with _open_object(root, "get", path) as (fd, st):
+    with _open_object(root, "get", path) as (fd, st, _):
         return _read_exactly(fd, 0, st.st_size), _local_info(path, st)
 
 
