@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from support.artifacts import artifact_path
 
 from cairn import (
     BrokenChainError,
     CheckpointData,
     CheckpointId,
+    CheckpointInUseError,
     CheckpointManifest,
     CheckpointNotFoundError,
     IntegrityMismatchError,
@@ -78,7 +80,7 @@ async def test_a_checkpoint_copied_elsewhere_still_resolves(ckpt: ObjectStoreChe
 
 async def test_broken_chains_name_the_link(ckpt: ObjectStoreCheckpointer) -> None:
     base, d1, _, d2 = await build_chain(ckpt)
-    delta_path = ckpt.paths.delta(d1.checkpoint_id, "agg", 0)
+    delta_path = artifact_path(ckpt.paths, d1, "agg", 0, is_delta=True)
     await ckpt.store.put(delta_path, b"+XX")
     with pytest.raises(IntegrityMismatchError) as mismatch:
         await ckpt.load_chain(d2.checkpoint_id, "agg", 0)
@@ -86,8 +88,8 @@ async def test_broken_chains_name_the_link(ckpt: ObjectStoreCheckpointer) -> Non
     # Mend the delta, so that the missing base is the only broken link (with two, which
     # one is reported first depends on which download fails first).
     await ckpt.store.put(delta_path, b"+a1")
-    await ckpt.delete_checkpoint(base.checkpoint_id)
-    base_path = ckpt.paths.snapshot(base.checkpoint_id, "agg", 0)
+    await ckpt.delete_checkpoint(base.checkpoint_id, force=True)  # breaks the chain
+    base_path = artifact_path(ckpt.paths, base, "agg", 0)
     with pytest.raises(BrokenChainError) as broken:
         await ckpt.load_chain(d2.checkpoint_id, "agg", 0)
     assert base_path in str(broken.value)
@@ -114,7 +116,10 @@ async def test_reference_style_manifest_walks_parents(ckpt: ObjectStoreCheckpoin
     await ckpt.save_manifest(manifest)
     chain = await ckpt.load_chain(cid, "op", 0)
     assert [bytes(link.data) for link in chain] == [b"base", b"+d"]
-    await ckpt.delete_checkpoint(base.checkpoint_id)
+    with pytest.raises(CheckpointInUseError) as refused:  # its manifest is a link of cid's
+        await ckpt.delete_checkpoint(base.checkpoint_id)
+    assert refused.value.dependents == [str(cid)]
+    await ckpt.delete_checkpoint(base.checkpoint_id, force=True)
     with pytest.raises(BrokenChainError, match="parent .* is missing") as info:
         await ckpt.load(cid)
     assert str(base.checkpoint_id) in info.value.link

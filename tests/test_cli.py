@@ -27,6 +27,7 @@ import obstore
 import pytest
 from obstore.store import S3Store
 from rich.console import Console
+from support.artifacts import artifact_path
 from support.servers import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server
 
 from cairn import (
@@ -129,6 +130,10 @@ class Filled:
     delta: CheckpointId
     newest: CheckpointId
     artifacts: dict[str, bytes]
+    base_snapshot: str
+    """``base``'s snapshot of ``("agg", 0)``, relative to the base prefix."""
+    delta_artifact: str
+    """``delta``'s delta of ``("agg", 0)``, relative to the base prefix."""
 
     @property
     def ids(self) -> list[str]:
@@ -161,15 +166,20 @@ async def fill(ckpt: ObjectStoreCheckpointer, url: str) -> Filled:
             watermark=1234,
         )
     )
+    prefix = ckpt.paths.base_prefix
+    base_snapshot = artifact_path(ckpt.paths, base, "agg", 0).removeprefix(prefix)
+    delta_artifact = artifact_path(ckpt.paths, delta, "agg", 0, is_delta=True).removeprefix(prefix)
     return Filled(
         url=url,
         base=base.checkpoint_id,
         delta=delta.checkpoint_id,
         newest=newest.checkpoint_id,
         artifacts={
-            f"{base.checkpoint_id}/operators/agg/partition-0.snap": first[("agg", 0)],
-            f"{delta.checkpoint_id}/operators/agg/partition-0.delta": b"agg-0 delta",
+            base_snapshot: first[("agg", 0)],
+            delta_artifact: b"agg-0 delta",
         },
+        base_snapshot=base_snapshot,
+        delta_artifact=delta_artifact,
     )
 
 
@@ -356,7 +366,7 @@ def test_bad_inputs_on_a_local_store(local: Filled, tmp_path: Path) -> None:
         (2, f"cannot restore into {a_file}: it is a file"),
         (2, f"{a_file} is a file"),
         (2, f"no checkpoint {unknown}"),
-        (2, f"checkpoint {local.base} holds state that later checkpoints build on"),
+        (2, f"checkpoint {local.base} holds state that other checkpoints or saves build on"),
         (2, "name a checkpoint"),
         (3, f"local directory {tmp_path / 'checkpoints'} does not exist (the default store"),
     ]
@@ -371,7 +381,7 @@ def test_bad_inputs_on_a_local_store(local: Filled, tmp_path: Path) -> None:
 
 def test_verify_finds_corruption_and_restore_refuses_it(local: Filled, tmp_path: Path) -> None:
     root = store_root(local) / PREFIX
-    damaged = f"{local.base}/operators/agg/partition-0.snap"
+    damaged = local.base_snapshot
     flip_byte(root / damaged)
     manifest = root / str(local.newest) / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"epoch": 3', '"epoch": 4'))
@@ -439,6 +449,26 @@ def test_delete_and_gc_on_a_local_store(local: Filled) -> None:
     remaining, gone = cairn_many([["list", *store, "--json"], ["show", str(local.base), *store]])
     assert [c["id"] for c in remaining.json()["checkpoints"]] == [str(local.newest)]
     assert gone.code == 2 and f"no checkpoint {local.base}" in gone.error_line()
+
+
+def test_delete_latest_dry_run_and_the_pointer_on_a_local_store(local: Filled) -> None:
+    store = ["--store", local.url]
+    dry = cairn("delete", "latest", "--dry-run", *store, "--json")
+    assert dry.code == 0, dry.explain()
+    assert dry.json()["deleted"] == str(local.newest) and dry.json()["dry_run"] is True
+    refused_dry = cairn("delete", str(local.base), "--dry-run", *store)
+    assert refused_dry.code == 2 and str(local.delta) in refused_dry.error_line()
+    listed = cairn("list", *store, "--json")
+    assert listed.json()["count"] == 3, "a dry run deletes nothing"
+
+    gone = cairn("delete", "latest", *store)
+    assert gone.code == 0, gone.explain()
+    assert f"deleted checkpoint {local.newest}" in gone.stdout
+    # _latest moved to the newest that remains: nothing warns of a missing manifest.
+    after, verified = cairn_many([["list", *store, "--json"], ["verify", "latest", *store]])
+    assert after.json()["latest"] == str(local.delta), after.explain()
+    assert "no readable manifest" not in after.stderr + verified.stderr
+    assert verified.code == 0 and str(local.delta) in verified.stdout, verified.explain()
 
 
 def test_copy_between_prefixes_keeps_chains_verified(local: Filled) -> None:
@@ -526,7 +556,7 @@ def test_every_command_on_s3(
         env=env,
     )
     assert back.code == 0 and back.json()["ok"] is True, back.explain()
-    damaged = f"{PREFIX}{filled.base}/operators/agg/partition-0.snap"
+    damaged = f"{PREFIX}{filled.base_snapshot}"
     obstore.put(raw, damaged, b"tampered bytes")
     corrupt, back_ok, refused = cairn_many(
         [

@@ -53,7 +53,7 @@ def test_every_command_on_azure(
     assert no_container.code == 3, no_container.explain()
     assert bad_url.code == 2 and "az://" in bad_url.error_line(), bad_url.explain()
 
-    damaged = f"{PREFIX}{filled.base}/operators/agg/partition-0.snap"
+    damaged = f"{PREFIX}{filled.base_snapshot}"
     obstore.put(raw, damaged, b"tampered bytes")
     corrupt = cairn("verify", str(filled.base), *store, env=env)
     assert corrupt.code == 1 and damaged in corrupt.error_line(), corrupt.explain()

@@ -60,7 +60,7 @@ def test_help_shows_flags_and_arguments_plainly() -> None:
     assert usage["copy"] == "cairn copy [OPTIONS] [ID|latest]..."
     assert usage["show"] == "cairn show [OPTIONS] ID|latest"
     assert usage["restore"] == "cairn restore [OPTIONS] ID|latest"
-    assert usage["delete"] == "cairn delete [OPTIONS] ID"
+    assert usage["delete"] == "cairn delete [OPTIONS] ID|latest"
     assert usage["list"] == "cairn list [OPTIONS]"
     assert re.search(r"--store\s+URL\s", pages["list"].stdout)
     assert re.search(r"--prefix\s+PREFIX\s", pages["list"].stdout)

@@ -100,7 +100,7 @@ def test_every_command_document_matches_its_schema(local: Filled, tmp_path: Path
     assert document("gc", collected)["deleted"] == [str(local.base)]
 
     # A failure the command reports itself: the result, plus the error.
-    flip_byte(store_root(local) / PREFIX / str(local.base) / "operators/agg/partition-0.snap")
+    flip_byte(store_root(local) / PREFIX / local.base_snapshot)
     damaged = cairn("verify", "--all", *store)
     doc = failure("verify", damaged, 1, "IntegrityError")
     assert doc["ok"] is False and [c["ok"] for c in doc["checkpoints"]] == [False]

@@ -254,7 +254,7 @@ def test_restore_never_silently_replaces_a_file(local: Filled, tmp_path: Path) -
     target = tmp_path / "restored"
     first = cairn("restore", str(local.delta), "--to", str(target), *store, "--json")
     assert first.code == 0, first.explain()
-    changed = target / f"{local.delta}/operators/agg/partition-0.delta"
+    changed = target / local.delta_artifact
     changed.write_bytes(b"edited by hand")
     (target / "notes.txt").write_text("mine")
 
@@ -295,11 +295,11 @@ def test_a_failed_restore_leaves_every_restored_name_as_it_was(
     before = {p: p.read_bytes() for p in target.rglob("*") if p.is_file()}
 
     # Damage in the store: found while reading, before anything is written.
-    flip_byte(store_root(local) / PREFIX / str(local.base) / "operators/agg/partition-0.snap")
+    flip_byte(store_root(local) / PREFIX / local.base_snapshot)
     with pytest.raises(Exception, match="sha256 mismatch"):
         asyncio.run(run(True))
     assert {p: p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
-    flip_byte(store_root(local) / PREFIX / str(local.base) / "operators/agg/partition-0.snap")
+    flip_byte(store_root(local) / PREFIX / local.base_snapshot)
 
     # A staged file that does not verify on disk: nothing is renamed either.
     import cairn.cli.restore as restore_module
@@ -310,7 +310,7 @@ def test_a_failed_restore_leaves_every_restored_name_as_it_was(
         staging: Path, files: list[tuple[str, bytes | memoryview]], bar: Transfer
     ) -> None:
         real_stage(staging, files, bar)
-        flip_byte(staging / f"{local.base}/operators/agg/partition-0.snap")
+        flip_byte(staging / local.base_snapshot)
 
     restore_module._stage = stage_then_damage
     try:
@@ -323,9 +323,7 @@ def test_a_failed_restore_leaves_every_restored_name_as_it_was(
     assert not [p for p in target.iterdir() if p.name.startswith(STAGING_PREFIX)]
 
     asyncio.run(run(True))
-    assert (target / f"{local.delta}/operators/agg/partition-0.delta").read_bytes() == (
-        b"agg-0 delta"
-    )
+    assert (target / local.delta_artifact).read_bytes() == (b"agg-0 delta")
 
 
 def _quiet() -> Console:

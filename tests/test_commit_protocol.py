@@ -13,6 +13,7 @@ from conftest import FAST_RETRY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import MemoryStore, ObjectStore
+from support.artifacts import artifact_path
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
@@ -316,7 +317,7 @@ async def test_load_latest_falls_back_from_a_bad_pointer(ckpt: ObjectStoreCheckp
     await assert_loads(ckpt, 2)
     await ckpt.store.delete([pointer])
     await ckpt.update_latest(second.checkpoint_id)
-    snap = ckpt.paths.snapshot(second.checkpoint_id, "op0", 0)
+    snap = artifact_path(ckpt.paths, second, "op0", 0)
     await ckpt.store.put(snap, b"corrupted")  # names a corrupt one
     await assert_loads(ckpt, 1)
     await ckpt.store.put(ckpt.paths.manifest(first.checkpoint_id), b"{}")

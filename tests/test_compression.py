@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_RETRY
 from obstore.store import ObjectStore
+from support.artifacts import artifact_path
 
 from cairn import (
     CheckpointData,
@@ -51,7 +52,7 @@ async def test_compressed_round_trip(raw_store: ObjectStore, tmp_path: Path) -> 
 async def test_damaged_compressed_bytes_are_an_integrity_error(raw_store: ObjectStore) -> None:
     ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY, compression="zstd")
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): STATE}))
-    path = ckpt.paths.snapshot(manifest.checkpoint_id, "op", 0)
+    path = artifact_path(ckpt.paths, manifest, "op", 0)
     body = bytearray((await ckpt.store.get(path)).data)
     body[len(body) // 2] ^= 0xFF
     await ckpt.store.put(path, bytes(body))
@@ -72,7 +73,7 @@ def test_a_reader_without_the_codec_gets_a_clear_error(
     with pytest.raises(CodecError, match="zstandard") as info:
         reader.load(manifest.checkpoint_id)
     assert info.value.codec == "zstd"
-    assert info.value.path == reader.paths.snapshot(manifest.checkpoint_id, "op", 0)
+    assert info.value.path == artifact_path(reader.paths, manifest, "op", 0)
     with pytest.raises(CodecError, match="not installed"):
         SyncCheckpointer(tmp_path.as_uri(), compression="zstd")
 

@@ -17,6 +17,7 @@ from conftest import FAST_RETRY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import ObjectStore
+from support.artifacts import artifact_path
 from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
@@ -154,7 +155,7 @@ async def test_build_manifest_from_saved_partitions(ckpt: ObjectStoreCheckpointe
 
 async def test_integrity_mismatch_on_load(ckpt: ObjectStoreCheckpointer) -> None:
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"original"}))
-    path = ckpt.paths.snapshot(manifest.checkpoint_id, "op", 0)
+    path = artifact_path(ckpt.paths, manifest, "op", 0)
     await ckpt.store.put(path, b"tampered")
     with pytest.raises(IntegrityMismatchError) as info:
         await ckpt.load(manifest.checkpoint_id)
@@ -184,8 +185,8 @@ async def test_save_and_load_everything(ckpt: ObjectStoreCheckpointer) -> None:
         ("win", 0): b"",
     }
     assert loaded.source_offsets == offsets
-    offset_file = await ckpt.load_artifact(ckpt.paths.source_offset(data.id, "kafka"))
-    assert b'"topic-0": "42"' in bytes(offset_file)
+    manifest_bytes = await ckpt.load_artifact(ckpt.paths.manifest(data.id))
+    assert b'"topic-0": "42"' in bytes(manifest_bytes)  # the offsets live in the manifest
     latest = await ckpt.load_latest()
     assert latest is not None and latest.manifest == manifest
 
@@ -270,7 +271,8 @@ async def test_manifest_entries_cannot_escape_their_checkpoint(
     body = bytes((await ckpt.store.get(path)).data)
     body = re.sub(rb',\n  "manifest_sha256": "[0-9a-f]{64}"', b"", body)  # as a legacy writer would
     for evil in ("../../_latest", "/etc/passwd", "operators/../../x"):
-        await ckpt.store.put(path, body.replace(b"operators/op/partition-0.snap", evil.encode()))
+        [(_, entry)] = manifest.partition_entries()
+        await ckpt.store.put(path, body.replace(entry.path.encode(), evil.encode()))
         with pytest.raises(CorruptManifestError, match="climb out|relative"):
             await ckpt.load(manifest.checkpoint_id)
 

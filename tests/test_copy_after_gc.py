@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.artifacts import artifact_path
 from support.servers import S3Server
 from test_cli import PREFIX, cairn, cairn_many, s3_env
 
@@ -132,16 +133,16 @@ def test_copy_and_restore_keep_compressed_artifacts_as_stored(tmp_path: Path) ->
     """A zstd-compressed chain copies and restores as stored, and both verify."""
     source = tmp_path / "source"
 
-    async def save() -> list[CheckpointId]:
+    async def save() -> tuple[list[CheckpointId], str]:
         ckpt = ObjectStoreCheckpointer(str(source), compression="zstd")
         base = await ckpt.save(CheckpointData(epoch=1, snapshots={("agg", 0): b"a" * 5000}))
         delta = await ckpt.save(
             CheckpointData(epoch=2, deltas={("agg", 0): b"d" * 3000}, parent_id=base.checkpoint_id)
         )
-        return [base.checkpoint_id, delta.checkpoint_id]
+        snapshot = artifact_path(ckpt.paths, base, "agg", 0).removeprefix(ckpt.paths.base_prefix)
+        return [base.checkpoint_id, delta.checkpoint_id], snapshot
 
-    base, delta = asyncio.run(save())
-    snap = f"{base}/operators/agg/partition-0.snap"
+    (_, delta), snap = asyncio.run(save())
     stored = (source / PREFIX / snap).read_bytes()
     assert len(stored) < 5000, "not compressed: the test would prove nothing"
     store = ["--store", str(source)]

@@ -14,6 +14,7 @@ from conftest import FAST_RETRY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import MemoryStore
+from support.artifacts import artifact_path
 
 from cairn import CheckpointData, CheckpointerError, CheckpointId, ObjectStoreCheckpointer
 
@@ -72,7 +73,7 @@ async def build(steps: list[tuple[int, int, str]]) -> ObjectStoreCheckpointer:
         except CheckpointerError:
             continue  # a lower generation after a higher one is fenced: nothing committed
         cid = manifest.checkpoint_id
-        path, artifact = ckpt.paths.manifest(cid), ckpt.paths.snapshot(cid, "op", 0)
+        path, artifact = ckpt.paths.manifest(cid), artifact_path(ckpt.paths, manifest, "op", 0)
         if damage == "manifest-tail":
             await flip(ckpt, path, -30)
         elif damage == "manifest-head":

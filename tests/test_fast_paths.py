@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_RETRY
 from obstore.store import MemoryStore
+from support.artifacts import artifact_path
 from support.faults import FaultyStore
 
 from cairn import (
@@ -248,7 +249,7 @@ async def test_an_artifact_of_another_length_is_a_size_mismatch_naming_both(
     ckpt = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
     data = pattern(1000, seed=7)
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): data}))
-    path = ckpt.paths.snapshot(manifest.checkpoint_id, "op", 0)
+    path = artifact_path(ckpt.paths, manifest, "op", 0)
     stored = data + change if change is not None else data[:600]
     await inner.put(path, stored)
     with pytest.raises(IntegrityMismatchError, match="size mismatch") as info:

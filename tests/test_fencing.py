@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import FAST_RETRY
 from obstore.store import ObjectStore
+from support.artifacts import artifact_path
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
@@ -69,7 +70,8 @@ async def test_the_new_writer_never_restores_a_stale_commit(raw_store: ObjectSto
     loaded = await new.load_latest()
     assert loaded is not None and loaded.manifest.checkpoint_id == older[-1]
     # And an older checkpoint of the fenced generation is still a fallback.
-    await new.store.delete([new.paths.snapshot(older[-1], "op", 0)])
+    newest_older = await new.load_manifest(older[-1])
+    await new.store.delete([artifact_path(new.paths, newest_older, "op", 0)])
     loaded = await new.load_latest()
     assert loaded is not None and loaded.manifest.checkpoint_id == older[0]
     assert stale in await new.list_checkpoints()  # committed, listed, never the latest

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import FAST_RETRY
 from obstore.store import MemoryStore, ObjectStore
+from support.artifacts import artifact_path
 from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
@@ -134,7 +135,7 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
     entries = await upload_all(ckpt.context, data, WriterRecord(0))
     manifest = assemble_manifest(data.id, data.epoch, entries, parent_id=data.parent_id)
     # Someone deletes an artifact the new manifest carries over from its parent.
-    gone = ckpt.paths.snapshot(parent.checkpoint_id, "op", 1)
+    gone = artifact_path(ckpt.paths, parent, "op", 1)
     await ckpt.store.delete([gone])
     with pytest.raises(BrokenChainError, match="missing at commit time") as info:
         await ckpt.commit(manifest)
@@ -144,7 +145,7 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
     data2 = CheckpointData(epoch=3, snapshots={("op", 0): b"x" * 100})
     entries2 = await upload_all(ckpt.context, data2, WriterRecord(0))
     manifest2 = assemble_manifest(data2.id, data2.epoch, entries2)
-    own = ckpt.paths.snapshot(data2.id, "op", 0)
+    own = artifact_path(ckpt.paths, manifest2, "op", 0)
     await ckpt.store.delete([own])
     with pytest.raises(BrokenChainError, match="missing at commit time"):
         await ckpt.commit(manifest2)

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support.artifacts import artifact_path
 from test_cli import cairn as run_cli
 from test_cli import cairn_many
 
@@ -155,6 +156,8 @@ async def test_gc_sweeps_neither_through_a_linked_orphan_nor_links_in_doomed_che
     ckpt = checkpointer(root)
     old = await save(ckpt, 1)
     new = await save(ckpt, 2)
+    old_snapshot = root / artifact_path(ckpt.paths, await ckpt.load_manifest(old), "agg", 0)
+    assert old_snapshot.exists()
     orphan = root / PREFIX / str(older_id(old))
     orphan.symlink_to(outside.root, target_is_directory=True)
     links = plant_links(root / PREFIX / str(old), outside)
@@ -169,7 +172,7 @@ async def test_gc_sweeps_neither_through_a_linked_orphan_nor_links_in_doomed_che
     # Links are not objects: GC neither lists nor removes them (delete_checkpoint does).
     assert orphan.is_symlink() and all(link.is_symlink() for link in links)
     assert not (root / PREFIX / str(old) / "manifest.json").exists()
-    assert not (root / PREFIX / str(old) / "operators" / "agg" / "partition-0.snap").exists()
+    assert not old_snapshot.exists()
     assert await ckpt.list_checkpoints() == [new]
     assert (await ckpt.load(new)).epoch == 2
 
@@ -220,7 +223,7 @@ async def test_reads_through_links_are_refused_and_loading_falls_back(
     ckpt = checkpointer(root)
     good = await save(ckpt, 1)
     bad = await save(ckpt, 2)
-    artifact = f"{PREFIX}{bad}/operators/agg/partition-0.snap"
+    artifact = artifact_path(ckpt.paths, await ckpt.load_manifest(bad), "agg", 0)
     # The same bytes outside: only refusing the link makes the load fail.
     copy = outside.root / "copy.snap"
     copy.write_bytes((root / artifact).read_bytes())

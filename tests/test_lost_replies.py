@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_RETRY
 from obstore.store import LocalStore, MemoryStore, ObjectStore
+from support.artifacts import artifact_path
 from support.faults import FaultPlan, FaultyStore, PutFault, PutKind, PutStep
 from test_commit_protocol import expected_artifacts, sample
 
@@ -488,7 +489,7 @@ async def assert_saved_exactly(
     reader: ObjectStoreCheckpointer, manifest: CheckpointManifest, epoch: int
 ) -> None:
     """``manifest`` is committed as returned, loads the bytes of ``sample(epoch)``, and
-    its directory holds exactly its artifacts, its offsets and its manifest."""
+    its directory holds exactly its artifacts and its manifest."""
     cid = manifest.checkpoint_id
     paths = reader.paths
     stored = bytes((await reader.store.get(paths.manifest(cid))).data)
@@ -496,8 +497,8 @@ async def assert_saved_exactly(
     loaded = await reader.load(cid)
     assert {k: bytes(v) for k, v in loaded.artifacts.items()} == expected_artifacts(epoch)
     listed = {info.path for info in await reader.store.list(paths.checkpoint_dir(cid))}
-    wanted = {paths.snapshot(cid, op, p) for op, p in expected_artifacts(epoch)}
-    assert listed == wanted | {paths.manifest(cid), paths.source_offset(cid, "events")}
+    wanted = {artifact_path(paths, manifest, op, p) for op, p in expected_artifacts(epoch)}
+    assert listed == wanted | {paths.manifest(cid)}
 
 
 @pytest.mark.parametrize(("steps", "fired"), EXACT)

@@ -19,6 +19,7 @@ from obstore.store import MemoryStore, S3Store
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support.artifacts import artifact_path
 from support.faults import FaultPlan, FaultyStore
 from support.proxy import FaultProxy
 from support.servers import s3_store_options
@@ -73,7 +74,7 @@ async def test_prometheus_counts_saves_restores_fallbacks_and_gc() -> None:
         await stale.save(CheckpointData(epoch=4, snapshots={("op", 0): b"late"}))
     await ckpt.load(first.checkpoint_id)
     # Damage the newest: load_latest falls back to the first.
-    await inner.put(ckpt.paths.delta(second.checkpoint_id, "op", 0), b"-" * 10)
+    await inner.put(artifact_path(ckpt.paths, second, "op", 0, is_delta=True), b"-" * 10)
     loaded = await ckpt.load_latest()
     assert loaded is not None and loaded.checkpoint_id == first.checkpoint_id
     await ckpt.take_over()  # the writer that took over above is gone; this one goes on

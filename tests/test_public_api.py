@@ -52,6 +52,8 @@ EXPECTED = {
     "UnsupportedManifestVersionError",
     "WorkerReport",
     "__version__",
+    "ArtifactExistsError",
+    "CheckpointInUseError",
     "commit_distributed",
     "upload_partitions",
     "open_store",

@@ -158,7 +158,7 @@ async def test_orphans_are_swept_only_when_old(ckpt: ObjectStoreCheckpointer) ->
     orphan = CheckpointId.now()
     crashed = ObjectStoreCheckpointer(ckpt.store, lease=dt.timedelta(milliseconds=30))
     await crashed.save_snapshot(orphan, "op", 0, b"left behind by a crashed save")
-    await asyncio.sleep(0.05)  # its lease lapses: only min_age protects it now
+    await asyncio.sleep(2.1)  # its lease lapses (stamps may be whole seconds): min_age is left
     young = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(hours=1))
     assert young.orphans_deleted == []
     assert ckpt.paths.snapshot(orphan, "op", 0) in await paths_in(ckpt)

@@ -12,10 +12,12 @@ from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionU
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.distributed import WorkerReport, commit_distributed, upload_partitions
 from cairn.errors import (
+    ArtifactExistsError,
     BrokenChainError,
     CheckpointAbortedError,
     CheckpointerError,
     CheckpointExistsError,
+    CheckpointInUseError,
     CheckpointNotFoundError,
     CodecError,
     CorruptManifestError,
@@ -58,6 +60,7 @@ _shutdown.install()  # a clean exit right after a store call: see cairn/_shutdow
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArtifactExistsError",
     "ArtifactKey",
     "BrokenChainError",
     "ChainLink",
@@ -65,6 +68,7 @@ __all__ = [
     "CheckpointData",
     "CheckpointExistsError",
     "CheckpointId",
+    "CheckpointInUseError",
     "CheckpointManifest",
     "CheckpointManifestV2",
     "CheckpointNotFoundError",

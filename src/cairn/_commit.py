@@ -10,6 +10,7 @@ A save (:func:`save`):
    over by reference (:mod:`cairn._chains`);
 4. checks that every artifact its manifest names is in the store, then writes
    ``{base}{id}/manifest.json`` only if absent: **this single write is the commit**;
+   then checks the artifacts once more (below);
 5. ends the lease (deletes its intent) and advances ``_latest`` by compare-and-swap,
    only forwards, only if not fenced.
 
@@ -17,8 +18,27 @@ Invariants:
 
 * before step 4's write the checkpoint does not exist for any reader (listing and
   loading go through the manifest); after it, it is immutable: the manifest is never
-  overwritten and artifacts are not rewritten once a manifest exists;
-* a manifest is never written over artifacts that are gone;
+  overwritten, and no write through cairn replaces an artifact it names, because every
+  object a save uploads carries that save attempt's own token
+  (:func:`cairn.layout.new_attempt`) and the reference's fixed names are written
+  create-only; a second writer of the same id writes objects of its own, fails at its
+  create with :class:`CheckpointExistsError`, and leaves garbage that GC sweeps;
+* a failed save removes only objects of its own attempt, never the directory: another
+  writer of the same id may have committed there;
+* no manifest reported as committed names an artifact that is gone, whatever the clocks
+  say and however long the save paused. Every public way to commit (:func:`save`,
+  :func:`commit`, :func:`save_manifest`) checks the artifacts before the create and again
+  after it. The check before makes the usual failure invisible. The check after closes
+  the window between the two: GC sweeps an uncommitted directory only after claiming its
+  id with a tombstone, a create-only write on the very path of the manifest, so while
+  the tombstone stands the create fails (:class:`CheckpointAbortedError`). GC removes a
+  tombstone only once its directory is empty and the tombstone is a day old by the
+  store's own time (:mod:`cairn.retention`), which a save paused in that window can
+  outlast. Once the create has succeeded no claim can succeed, so nothing GC decides
+  later sweeps the directory; a sweep decided earlier is over before the tombstone can
+  go. So if the artifacts are all there after the create, they stay; if they are not,
+  the manifest (ours: create-only) is deleted again before anything else sees it named
+  by ``_latest``, and the save fails;
 * a create that meets "already exists" is resolved by reading the manifest back: our own
   bytes mean our commit happened (a retried write whose reply was lost), a tombstone
   means GC claimed the id first (:class:`CheckpointAbortedError`, nothing committed),
@@ -30,20 +50,24 @@ Invariants:
   the rest); a commit fenced at its pointer swap is rolled back and raises
   :class:`FencedError`; a pointer swap that fails otherwise after the commit leaves
   ``_latest`` behind (a hint) but does not fail the save;
-* deletion removes the manifest first, so a half-deleted checkpoint is never listed.
+* deletion never breaks another committed checkpoint nor a save in progress that builds
+  on the one deleted (:class:`CheckpointInUseError`, unless forced); it removes the
+  manifest first, so a half-deleted checkpoint is never listed, and then moves
+  ``_latest`` off it, by compare-and-swap, to the newest checkpoint that remains.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import msgspec
 
-from cairn import _catalog, _chains, _lease, _observe, _pointer, _upload
+from cairn import _catalog, _chains, _lease, _observe, _pointer, _upload, retention
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
 from cairn.data import ArtifactKey, CheckpointData
@@ -52,6 +76,7 @@ from cairn.errors import (
     CheckpointAbortedError,
     CheckpointerError,
     CheckpointExistsError,
+    CheckpointInUseError,
     CheckpointNotFoundError,
     FencedError,
     InvalidInputError,
@@ -60,6 +85,7 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
+from cairn.layout import is_attempt_artifact, new_attempt
 from cairn.manifest import (
     CheckpointManifest,
     OperatorSnapshotEntry,
@@ -74,6 +100,7 @@ __all__ = [
     "assemble_manifest",
     "commit",
     "delete_checkpoint",
+    "dependents",
     "refuse_if_committed",
     "save",
     "save_manifest",
@@ -81,7 +108,7 @@ __all__ = [
 
 log = logging.getLogger("cairn")
 
-Entry = tuple[str, PartitionSnapshotEntry]
+Entry = _upload.Entry
 
 
 async def save(
@@ -115,17 +142,19 @@ async def _save(
     cid = data.id
     record = await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
     await refuse_if_committed(ctx, cid)
+    attempt = new_attempt()
+    uploads = _uploads_of(data)
     async with _lease.hold_lease(
         ctx.store, ctx.paths.intent(cid), data.parent_id, ctx.lease
     ) as lease:
         try:
             uploading = time.perf_counter()
-            entries = await upload_all(ctx, data, record)
+            entries = await upload_all(ctx, data, record, uploads, attempt)
             uploaded = time.perf_counter()
             if before_commit is not None:
                 await before_commit()
         except BaseException:
-            await _discard_uncommitted(ctx, cid)
+            await _upload.discard_attempt(ctx, cid, uploads, attempt)
             raise
         manifest = assemble_manifest(
             data.id,
@@ -144,7 +173,22 @@ async def _save(
             return msgspec.structs.replace(checked, stats=stats)
 
         async with _observe.observed(None, "commit", checkpoint_id=cid) as op:
-            manifest = await _write_manifest(ctx, generation, manifest, with_stats)
+
+            async def discard(_: CheckpointManifest) -> None:
+                await _upload.discard_attempt(ctx, cid, uploads, attempt)
+
+            try:
+                manifest = await _write_manifest(ctx, generation, manifest, with_stats, discard)
+            except BrokenChainError as exc:
+                if _own_upload(ctx, manifest, exc.link):
+                    # Only GC removes what a save uploaded: it claimed the id, the lease
+                    # having lapsed, and swept the directory (its tombstone may be gone).
+                    raise CheckpointAbortedError(
+                        str(cid),
+                        ctx.paths.manifest(cid),
+                        f"its own upload {exc.link!r} was swept (GC reclaimed the id)",
+                    ) from exc
+                raise
             await lease.stop()  # before its intent goes: a renewal would write it again
             op.manifest = await _publish(ctx, generation, manifest)
             return op.manifest
@@ -181,25 +225,37 @@ def _save_stats(
     )
 
 
-async def upload_all(
-    ctx: Context, data: CheckpointData, record: _pointer.WriterRecord
-) -> list[Entry]:
-    """Upload what ``data`` holds; its entries, with those carried from the parent."""
-    cid = data.id
-    inherited: dict[ArtifactKey, list[Entry]] = {}
-    if data.parent_id is not None:
-        inherited = await _chains.carried_chains(ctx, data, record)
-    uploads: list[_upload.PartitionUpload] = [
+def _uploads_of(data: CheckpointData) -> list[_upload.PartitionUpload]:
+    """Every snapshot and delta ``data`` holds, as uploads."""
+    return [
         *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
         *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
     ]
-    jobs: list[Callable[[], Awaitable[Entry | None]]] = [
-        _upload.upload_job(ctx, cid, op, p, is_delta, buf) for op, p, is_delta, buf in uploads
+
+
+async def upload_all(
+    ctx: Context,
+    data: CheckpointData,
+    record: _pointer.WriterRecord,
+    uploads: list[_upload.PartitionUpload] | None = None,
+    attempt: str | None = None,
+) -> list[Entry]:
+    """Upload what ``data`` holds (``uploads``, by default all of it) as ``attempt`` (by
+    default a new one); the entries, with those carried from the parent. The source
+    offsets live in the manifest itself."""
+    cid = data.id
+    uploads = uploads if uploads is not None else _uploads_of(data)
+    attempt = attempt if attempt is not None else new_attempt()
+    inherited: dict[ArtifactKey, list[Entry]] = {}
+    if data.parent_id is not None:
+        inherited = await _chains.carried_chains(ctx, data, record)
+    jobs: list[Callable[[], Awaitable[Entry]]] = [
+        _upload.upload_job(ctx, cid, op, p, is_delta, buf, attempt)
+        for op, p, is_delta, buf in uploads
     ]
-    jobs += [_upload.offset_job(ctx, cid, src, e) for src, e in data.source_offsets.items()]
     results = await bounded_gather(ctx.max_concurrent_uploads, jobs)
     entries = [link for links in inherited.values() for link in links]
-    entries += [r for r in results if r is not None]
+    entries += results
     return entries
 
 
@@ -242,13 +298,27 @@ async def commit(ctx: Context, generation: int, manifest: CheckpointManifest) ->
 
 
 async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:
-    """Write ``manifest`` only if no manifest exists for its id (the commit point itself)."""
+    """The commit point alone: check the artifacts, create ``manifest`` only if absent,
+    check them again (see the module docstring). Raises :class:`BrokenChainError` naming
+    the first artifact that is not in the store, and commits nothing then."""
+    _check_manifest_input(manifest)
+    await _check_before_create(ctx, manifest)
+    await _create_manifest(ctx, generation, manifest)
+    await _check_after_create(ctx, manifest)
+
+
+def _check_manifest_input(manifest: CheckpointManifest) -> None:
     if not isinstance(manifest, CheckpointManifest):
         raise InvalidInputError(f"expected a CheckpointManifest, got {manifest!r}")
     try:
         check_manifest(manifest)
     except InvalidInputError as exc:
         raise InvalidInputError(f"manifest {manifest.checkpoint_id}: {exc}") from None
+
+
+async def _create_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:
+    """Write ``manifest`` only if no manifest exists for its id: the create itself."""
+    _check_manifest_input(manifest)
     await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
     path = ctx.paths.manifest(manifest.checkpoint_id)
     body = encode_manifest(manifest)
@@ -269,46 +339,61 @@ async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManif
         log.info("manifest %s was already written by this commit (retried write)", path)
 
 
+Discard = Callable[[CheckpointManifest], Awaitable[None]]
+"""Removes what a commit that surely did not happen leaves behind (best effort)."""
+
+
 async def _write_manifest(
     ctx: Context,
     generation: int,
     manifest: CheckpointManifest,
     finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
+    discard: Discard | None = None,
 ) -> CheckpointManifest:
-    """The commit point: check every artifact is there, then create the manifest.
+    """The commit point: check every artifact is there, create the manifest, check again.
 
     ``finish`` completes the manifest once the check passed (a save adds its stats);
-    returns the manifest written.
+    returns the manifest written. ``discard`` runs whenever the commit surely did not
+    happen; without one, the manifest's own attempt-named artifacts are removed, unless
+    another writer's commit or GC's claim is what stopped this one (a twin coordinator
+    may have committed the very same uploads).
     """
     cid = manifest.checkpoint_id
+    own_discard = discard is not None
+
+    async def discard_all(written: CheckpointManifest) -> None:
+        await (discard(written) if discard is not None else _discard_uncommitted(ctx, written))
+
     try:
-        try:
-            await _check_artifacts_present(ctx, manifest)
-        except BrokenChainError:
-            await _raise_if_claimed(ctx, cid)
-            raise
+        await _check_before_create(ctx, manifest)
         if finish is not None:
             manifest = finish(manifest)
-        await save_manifest(ctx, generation, manifest)
+        await _create_manifest(ctx, generation, manifest)
     except (CheckpointExistsError, CheckpointAbortedError):
+        if own_discard:  # objects only this attempt wrote: nobody else's commit names them
+            await discard_all(manifest)
         raise
     except NotDurableError:
-        await _discard_uncommitted(ctx, cid)  # save_manifest removed the manifest itself
+        await discard_all(manifest)  # the create removed the manifest itself
         raise
     except StoreError as exc:
         # The retries ran out, but an attempt may have landed with its reply lost: our own
         # bytes at the manifest path mean the commit happened, so go on as committed. (If
         # this read fails too, its error propagates: the outcome is unknown, and nothing
         # is discarded.)
-        if await _manifest_is(ctx, cid, encode_manifest(manifest)):
-            log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
-            return manifest
-        await _discard_uncommitted(ctx, cid)
-        raise
+        if not await _manifest_is(ctx, cid, encode_manifest(manifest)):
+            await discard_all(manifest)
+            raise
+        log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
     except BaseException:
         # Only discard when the manifest surely did not land.
         if not await _catalog.committed(ctx, cid):
-            await _discard_uncommitted(ctx, cid)
+            await discard_all(manifest)
+        raise
+    try:
+        await _check_after_create(ctx, manifest)
+    except BrokenChainError:
+        await discard_all(manifest)  # the manifest was rolled back
         raise
     return manifest
 
@@ -335,9 +420,15 @@ async def _publish(
             log.warning("checkpoint %s is committed, _latest not advanced: %s", cid, exc)
     except FencedError:
         log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
-        await delete_checkpoint(ctx, cid)
+        await _roll_back(ctx, manifest)
         raise
     return manifest
+
+
+async def _roll_back(ctx: Context, manifest: CheckpointManifest) -> None:
+    """Remove a manifest this writer just committed, then the objects it uploaded."""
+    await ctx.store.delete([ctx.paths.manifest(manifest.checkpoint_id)])
+    await _discard_uncommitted(ctx, manifest)
 
 
 async def _manifest_is(ctx: Context, cid: CheckpointId, body: bytes) -> bool:
@@ -349,15 +440,47 @@ async def _manifest_is(ctx: Context, cid: CheckpointId, body: bytes) -> bool:
     return bytes(blob.data) == body
 
 
-async def _raise_if_claimed(ctx: Context, cid: CheckpointId) -> None:
-    """Raise :class:`CheckpointAbortedError` if GC has claimed ``cid``."""
-    path = ctx.paths.manifest(cid)
+async def _check_before_create(ctx: Context, manifest: CheckpointManifest) -> None:
+    """Check every artifact is there before the create; say why when one is not.
+
+    A missing artifact is :class:`CheckpointExistsError` when another writer committed
+    the id meanwhile, :class:`CheckpointAbortedError` when GC claimed it or swept this
+    checkpoint's own uploads, else :class:`BrokenChainError` naming the first missing one.
+    """
+    cid = manifest.checkpoint_id
     try:
-        info = await ctx.store.head(path)
-    except CheckpointNotFoundError:
-        return
-    if _lease.is_tombstone(info):
-        raise CheckpointAbortedError(str(cid), path)
+        await _check_artifacts_present(ctx, manifest)
+    except BrokenChainError as exc:
+        path = ctx.paths.manifest(cid)
+        try:
+            info = await ctx.store.head(path)
+        except CheckpointNotFoundError:
+            info = None
+        if info is not None and _lease.is_tombstone(info):
+            raise CheckpointAbortedError(str(cid), path) from None
+        if info is not None and not await _manifest_is(ctx, cid, encode_manifest(manifest)):
+            raise CheckpointExistsError(str(cid), path) from exc
+        raise
+
+
+async def _check_after_create(ctx: Context, manifest: CheckpointManifest) -> None:
+    """The check after the create (see the module docstring): roll back if one is gone."""
+    cid = manifest.checkpoint_id
+    try:
+        await _check_artifacts_present(ctx, manifest)
+    except BrokenChainError as exc:
+        log.warning("checkpoint %s lost %s around its commit: rolling it back", cid, exc.link)
+        await ctx.store.delete([ctx.paths.manifest(cid)])
+        raise
+
+
+def _own_upload(ctx: Context, manifest: CheckpointManifest, path: str) -> bool:
+    """True when store ``path`` is an artifact ``manifest`` names as its own upload."""
+    cid = manifest.checkpoint_id
+    return any(
+        entry.owner is None and ctx.paths.resolve(cid, entry.path) == path
+        for _, entry in manifest.partition_entries()
+    )
 
 
 async def _check_artifacts_present(ctx: Context, manifest: CheckpointManifest) -> None:
@@ -398,16 +521,85 @@ async def refuse_if_committed(ctx: Context, cid: CheckpointId) -> None:
         raise CheckpointExistsError(str(cid), ctx.paths.manifest(cid))
 
 
-async def _discard_uncommitted(ctx: Context, cid: CheckpointId) -> None:
-    """Best effort: remove what a failed save uploaded. Orphans left here are GC's job."""
+async def _discard_uncommitted(ctx: Context, manifest: CheckpointManifest) -> None:
+    """Best effort: remove what ``manifest``'s writers uploaded for a commit that failed.
+
+    Only the attempt-named artifacts the manifest names as its own: nobody else writes
+    those names, whereas the directory may hold another writer's commit of the same id.
+    What is left is GC's job.
+    """
+    cid = manifest.checkpoint_id
+    own = [
+        ctx.paths.resolve(cid, entry.path)
+        for _, entry in manifest.partition_entries()
+        if entry.owner is None and is_attempt_artifact(entry.path)
+    ]
     try:
-        await ctx.store.delete_prefix(ctx.paths.checkpoint_dir(cid))
+        await ctx.store.delete(own)
     except (CheckpointerError, asyncio.CancelledError) as exc:
         log.info("could not clean up after failed save of %s: %s", cid, exc)
 
 
-async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId) -> None:
-    """Delete every object of ``checkpoint_id``, the manifest first."""
+def _needs(manifest: CheckpointManifest, cid: CheckpointId) -> bool:
+    """True when ``manifest``'s restore chains need checkpoint ``cid`` (its bytes, or its
+    manifest for a delta listed without its base, the reference's way)."""
+    heads: dict[tuple[str, int], bool] = {}
+    for operator, entry in manifest.partition_entries():
+        if entry.owner == cid:
+            return True
+        heads.setdefault((operator, entry.partition_id), entry.is_delta)
+    return manifest.parent_id == cid and any(heads.values())
+
+
+async def dependents(ctx: Context, checkpoint_id: CheckpointId) -> list[CheckpointId]:
+    """What deleting ``checkpoint_id`` would break, oldest first: the committed
+    checkpoints whose chains need it, and the saves in progress (a live lease) that build
+    on it.
+
+    Reads only (this machine's clock judges the leases): a save whose lease looks lapsed
+    but that still runs fails at its commit, whose artifact checks find what it carried
+    gone, and commits nothing.
+    """
     check_id(checkpoint_id)
+    state = await retention.read_state(ctx.store, ctx.paths)
+    now = dt.datetime.now(dt.UTC)
+    found = {
+        cid
+        for cid, manifest in state.manifests.items()
+        if cid != checkpoint_id and _needs(manifest, checkpoint_id)
+    }
+    busy, _ = retention.uncommitted_dirs(state, ctx.paths, now=now, min_age=dt.timedelta(0))
+    found.update(cid for cid, parent in busy.items() if parent == checkpoint_id)
+    return sorted(found)
+
+
+async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> None:
+    """Delete every object of ``checkpoint_id``, the manifest first; then move ``_latest``
+    off it. Refuses with :class:`CheckpointInUseError` when :func:`dependents` names
+    anything, unless ``force``."""
+    check_id(checkpoint_id)
+    if not force:
+        found = await dependents(ctx, checkpoint_id)
+        if found:
+            raise CheckpointInUseError(str(checkpoint_id), [str(cid) for cid in found])
     await ctx.store.delete([ctx.paths.manifest(checkpoint_id)])
+    await _move_latest_off(ctx, checkpoint_id)
     await ctx.store.delete_prefix(ctx.paths.checkpoint_dir(checkpoint_id))
+
+
+async def _move_latest_off(ctx: Context, deleted: CheckpointId) -> None:
+    """If ``_latest`` names ``deleted``, point it at the newest checkpoint that remains
+    (by compare-and-swap, only while it still names ``deleted``), or at nothing."""
+    pointer, _, _ = await _pointer.read_pointer(ctx.store, ctx.paths.latest_pointer())
+    if pointer is None or pointer.checkpoint_id != deleted:
+        return
+    target: CheckpointManifest | None = None
+    async for cid in _catalog.latest_candidates(ctx):
+        if cid == deleted:
+            continue
+        try:
+            target = await _catalog.load_manifest(ctx, cid)
+        except _catalog.DAMAGE:
+            continue
+        break
+    await _pointer.retreat_latest(ctx.store, ctx.paths.latest_pointer(), deleted, target)

@@ -17,11 +17,15 @@ uploaded nor wait for ever on what a crashed save left. The protocol:
   committed; a GC whose claim meets a real manifest spares the directory as committed.
 
 So clocks decide only *when* GC tries to claim (liveness), never whether a commit and a
-sweep can both happen (safety). Readers take a zero-byte ``manifest.json`` for "not
-committed" (no manifest is ever empty). GC removes a tombstone once nothing else is left
-in its directory and it is older than :data:`TOMBSTONE_RETENTION`; a save also checks,
-just before its commit, that every artifact its manifest names is present, so a save
-stalled for longer than that between its check and its commit is the one case left open.
+sweep can both happen (safety); and the clock that decides is the store's: a lease's age
+is the store's time (:func:`cairn.retention.store_now`) less the ``last_modified`` the
+store stamped on the intent, so a GC whose own clock is days off claims no live lease.
+Readers take a zero-byte ``manifest.json`` for "not committed" (no manifest is ever
+empty; :func:`is_tombstone` is the one test). GC removes a tombstone once nothing else is
+left in its directory and it is older than :data:`TOMBSTONE_RETENTION` by the store's
+time. A save stalled for longer than that between its check of the artifacts and its
+create could then commit over a swept directory; it checks the artifacts again after
+the create and rolls its manifest back if any is gone (:mod:`cairn._commit`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from cairn.stores import ObjectInfo, Store
 
 __all__ = [
     "DEFAULT_LEASE",
+    "STAMP_RESOLUTION",
     "TOMBSTONE",
     "TOMBSTONE_RETENTION",
     "Intent",
@@ -50,6 +55,7 @@ __all__ = [
     "hold_lease",
     "is_live",
     "is_tombstone",
+    "stamp_margin",
 ]
 
 log = logging.getLogger("cairn")
@@ -86,11 +92,29 @@ def decode_intent(data: bytes) -> Intent | None:
     return intent if intent.lease_ms >= 0 else None
 
 
+STAMP_RESOLUTION = dt.timedelta(seconds=1)
+"""How coarse a store's ``last_modified`` may be: S3 and Azure state it in whole seconds
+(HTTP dates), so two such stamps taken within one second can compare either way."""
+
+
+def stamp_margin(*stamps: dt.datetime) -> dt.timedelta:
+    """What to allow for the stamps' resolution: :data:`STAMP_RESOLUTION` when any of them
+    is a whole second (a store that cuts them), nothing for finer ones (memory, local)."""
+    coarse = any(stamp.microsecond == 0 for stamp in stamps)
+    return STAMP_RESOLUTION if coarse else dt.timedelta(0)
+
+
 def is_live(info: ObjectInfo, intent: Intent | None, now: dt.datetime) -> bool:
-    """True when the intent at ``info`` was (re)written less than its lease ago."""
+    """True unless the intent at ``info`` was surely (re)written over its lease ago.
+
+    ``now`` is the store's time (:func:`cairn.retention.store_now`); on a store whose
+    stamps are whole seconds a lease counts as lapsed only :data:`STAMP_RESOLUTION`
+    past its end (:func:`stamp_margin`).
+    """
     if intent is None or intent.lease_ms <= 0:
         return False
-    return info.last_modified + dt.timedelta(milliseconds=intent.lease_ms) > now
+    lease = dt.timedelta(milliseconds=intent.lease_ms)
+    return info.last_modified + lease + stamp_margin(info.last_modified, now) > now
 
 
 def is_tombstone(info: ObjectInfo) -> bool:

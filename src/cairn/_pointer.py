@@ -35,6 +35,10 @@ claim left there, since only the dead writer could have moved it); generations o
 than every recorded fence (stores written before fences existed) are bounded by nothing
 but ``_latest`` itself.
 
+``_latest`` moves forwards only, with one exception: deleting the checkpoint it names
+moves it, by compare-and-swap and only while it still names that one, back to the newest
+checkpoint that remains (:func:`retreat_latest`), keeping its writer generation.
+
 Both records accept what the reference implementation wrote (a bare checkpoint id for
 ``_latest``), and both are JSON.
 
@@ -76,7 +80,7 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.manifest import MAX_INT64, dec_hook, decode_record, enc_hook
+from cairn.manifest import MAX_INT64, CheckpointManifest, dec_hook, decode_record, enc_hook
 from cairn.stores import IfMatch, PutMode, Store
 
 log = logging.getLogger("cairn")
@@ -268,6 +272,28 @@ async def advance_latest(
                 return False
             if not force and current.order() >= wanted.order():
                 return False
+        if await _swap(store, path, _encoder.encode(wanted), e_tag, exists):
+            return True
+    raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")
+
+
+async def retreat_latest(
+    store: Store, path: str, deleted: CheckpointId, target: CheckpointManifest | None
+) -> bool:
+    """Move ``_latest`` off ``deleted`` (a checkpoint being deleted) to ``target``.
+
+    Only while the pointer still names ``deleted``: a writer that moved it meanwhile
+    wins. The pointer keeps its writer generation (the fence it records); with no
+    ``target`` it names nothing. Returns whether it moved.
+    """
+    for _ in range(MAX_CAS_ROUNDS):
+        current, e_tag, exists = await read_pointer(store, path)
+        if current is None or current.checkpoint_id != deleted:
+            return False
+        if target is None:
+            wanted = LatestPointer(None, -1, current.writer_generation)
+        else:
+            wanted = LatestPointer(target.checkpoint_id, target.epoch, current.writer_generation)
         if await _swap(store, path, _encoder.encode(wanted), e_tag, exists):
             return True
     raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")

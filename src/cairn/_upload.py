@@ -9,32 +9,51 @@ Invariants:
   further upload starts, and the failure is raised once those in flight have ended;
 * nothing here writes a manifest: an upload is invisible to every reader until
   :mod:`cairn._commit` commits it, and the uploads hold the checkpoint's lease while they
-  run (:mod:`cairn._lease`).
+  run (:mod:`cairn._lease`);
+* no upload replaces an object another save attempt wrote: every name written here
+  carries the attempt's own token (:func:`cairn.layout.new_attempt`), except the
+  reference's ``save_snapshot``/``save_delta`` names, which are written create-only
+  (:func:`upload_write_once`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
-
-import msgspec
 
 from cairn import _lease
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
-from cairn.errors import InvalidInputError
+from cairn.errors import (
+    ArtifactExistsError,
+    CheckpointerError,
+    InvalidInputError,
+    ObjectExistsError,
+)
 from cairn.ids import CheckpointId
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
-from cairn.layout import validate_name, validate_partition
-from cairn.manifest import PartitionSnapshotEntry, SourceOffsetEntry
+from cairn.layout import new_attempt, validate_name, validate_partition
+from cairn.manifest import PartitionSnapshotEntry
 from cairn.sources import ArtifactData, StreamSource, as_buffer, check_artifact_data
 
-__all__ = ["PartitionUpload", "check_uploads", "offset_job", "upload_job", "upload_partitions"]
+__all__ = [
+    "Entry",
+    "PartitionUpload",
+    "check_uploads",
+    "discard_attempt",
+    "upload_job",
+    "upload_partitions",
+    "upload_write_once",
+]
 
 PartitionUpload = tuple[str, int, bool, ArtifactData]
 """``(operator, partition, is_delta, data)`` for ``save_partitions_concurrent``."""
 
 Entry = tuple[str, PartitionSnapshotEntry]
+"""``(operator, entry)``: one artifact of a checkpoint, as its manifest lists it."""
+
+log = logging.getLogger("cairn")
 
 
 async def upload_partitions(
@@ -43,13 +62,89 @@ async def upload_partitions(
     uploads: Sequence[PartitionUpload],
     metadata_key: str | None,
 ) -> list[Entry]:
-    """Upload checked ``uploads`` of ``checkpoint_id`` under its lease; their entries."""
+    """Upload checked ``uploads`` of ``checkpoint_id`` under its lease; their entries.
+
+    One attempt token names every object of the call. A failure removes what the call
+    uploaded (best effort: GC sweeps what is left).
+    """
+    attempt = new_attempt()
     jobs = [
-        upload_job(ctx, checkpoint_id, op, part, is_delta, data, metadata_key)
+        upload_job(ctx, checkpoint_id, op, part, is_delta, data, attempt, metadata_key)
         for op, part, is_delta, data in uploads
     ]
     async with _lease.hold_lease(ctx.store, ctx.paths.intent(checkpoint_id), None, ctx.lease):
-        return await bounded_gather(ctx.max_concurrent_uploads, jobs)
+        try:
+            return await bounded_gather(ctx.max_concurrent_uploads, jobs)
+        except BaseException:
+            await discard_attempt(ctx, checkpoint_id, uploads, attempt)
+            raise
+
+
+async def discard_attempt(
+    ctx: Context,
+    checkpoint_id: CheckpointId,
+    uploads: Sequence[PartitionUpload],
+    attempt: str,
+) -> None:
+    """Best effort: delete the objects ``attempt`` may have written for ``uploads``, and
+    the checkpoint's intent (the lease ends with the attempt).
+
+    Only names that carry the attempt's token: no other writer's object can be among
+    them. (Another writer of the same id that is still uploading renews the intent
+    within a third of its lease; should GC claim the id meanwhile, that save fails with
+    :class:`~cairn.errors.CheckpointAbortedError`, committing nothing.)
+    """
+    paths = [
+        ctx.paths.resolve(checkpoint_id, ctx.paths.relative_artifact(op, p, delta, attempt))
+        for op, p, delta, _ in uploads
+    ]
+    paths.append(ctx.paths.intent(checkpoint_id))
+    try:
+        await ctx.store.delete(paths)
+    except (CheckpointerError, asyncio.CancelledError) as exc:
+        log.info("could not clean up after a failed upload to %s: %s", checkpoint_id, exc)
+
+
+async def upload_write_once(
+    ctx: Context, checkpoint_id: CheckpointId, upload: PartitionUpload
+) -> PartitionSnapshotEntry:
+    """Upload one partition to the reference's attempt-less name, create-only.
+
+    The name is fixed (``paths.snapshot``/``paths.delta``), so it is written only if
+    absent: a second writer of the same id cannot replace bytes a committed manifest
+    names. The payload is built whole in memory first (a create-only write is one
+    request); a name that already holds exactly these bytes (a retried write whose reply
+    was lost) counts as written, other bytes raise :class:`ArtifactExistsError`.
+    """
+    operator, partition, is_delta, data = upload
+    relative = ctx.paths.relative_artifact(operator, partition, is_delta)
+    path = ctx.paths.resolve(checkpoint_id, relative)
+    codec = ctx.codec
+    buffer = as_buffer(data, f"artifact {path!r}")
+    if buffer is None:
+        encoder = codec.encoder if codec is not None else None
+        source = StreamSource(data, encoder=encoder, what=f"artifact {path!r}")
+        stored: bytes | memoryview = b"".join([bytes(c) async for c in source.open()])
+        digest, size = source.sha256, source.size
+    else:
+        digest, size = await sha256_hex_async(buffer), buffer.nbytes
+        stored = await asyncio.to_thread(codec.compress, buffer) if codec is not None else buffer
+    async with _lease.hold_lease(ctx.store, ctx.paths.intent(checkpoint_id), None, ctx.lease):
+        try:
+            await ctx.store.put(path, stored, mode="create")
+        except ObjectExistsError:
+            existing = await ctx.store.get(path)
+            if bytes(existing.data) != bytes(stored):
+                raise ArtifactExistsError(str(checkpoint_id), path) from None
+    return PartitionSnapshotEntry(
+        partition_id=partition,
+        is_delta=is_delta,
+        path=relative,
+        size_bytes=size,
+        sha256=digest,
+        codec=codec.name if codec is not None else None,
+        stored_size_bytes=memoryview(stored).nbytes if codec is not None else None,
+    )
 
 
 def upload_job(
@@ -59,10 +154,14 @@ def upload_job(
     partition: int,
     is_delta: bool,
     data: ArtifactData,
+    attempt: str,
     metadata_key: str | None = None,
 ) -> Callable[[], Awaitable[Entry]]:
-    """The upload of one partition's artifact, to run under :func:`bounded_gather`."""
-    relative = ctx.paths.relative_artifact(operator, partition, is_delta)
+    """The upload of one partition's artifact, to run under :func:`bounded_gather`.
+
+    Its name carries ``attempt``, the token of the save attempt it belongs to.
+    """
+    relative = ctx.paths.relative_artifact(operator, partition, is_delta, attempt)
     path = ctx.paths.resolve(cid, relative)
     buffer = as_buffer(data, f"artifact {path!r}")
     codec = ctx.codec
@@ -139,19 +238,6 @@ async def _upload_stream(
         metadata = {metadata_key: source.sha256}
     await ctx.store.put_stream(path, source.open, metadata=metadata)
     return source.sha256
-
-
-def offset_job(
-    ctx: Context, cid: CheckpointId, source: str, entry: SourceOffsetEntry
-) -> Callable[[], Awaitable[None]]:
-    """The upload of one source's offsets (a readable copy; the manifest holds them too)."""
-    path = ctx.paths.source_offset(cid, source)
-    body = msgspec.json.format(msgspec.json.encode(entry), indent=2)
-
-    async def job() -> None:
-        await ctx.store.put(path, body)
-
-    return job
 
 
 def check_uploads(uploads: Sequence[PartitionUpload]) -> list[PartitionUpload]:

@@ -104,8 +104,12 @@ class Checkpointer(abc.ABC):
         """Every committed checkpoint id, oldest first."""
 
     @abc.abstractmethod
-    async def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
-        """Delete a checkpoint and all its artifacts; a missing one is not an error."""
+    async def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
+        """Delete a checkpoint and all its artifacts; a missing one is not an error.
+
+        Refuses (:class:`CheckpointInUseError`) while other checkpoints or saves in
+        progress build on it, unless ``force``.
+        """
 
     @abc.abstractmethod
     async def save(self, data: CheckpointData) -> CheckpointManifest:
@@ -285,19 +289,31 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def save_snapshot(
         self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
-        """Upload the full state of one partition of an uncommitted checkpoint."""
-        [(_, entry)] = await self.save_partitions_concurrent(
-            checkpoint_id, [(operator, partition, False, data)]
-        )
-        return entry.sha256
+        """Upload the full state of one partition of an uncommitted checkpoint.
+
+        Written to the reference's name, :meth:`CheckpointPaths.snapshot`, create-only: a
+        name that holds other bytes already (another save of this id wrote it) raises
+        :class:`ArtifactExistsError` and is left as it is. The payload is held whole in
+        memory for the one create-only request; for large files or streams use
+        :meth:`save` or :meth:`save_partitions_concurrent`, which stream. Returns the
+        SHA-256 of ``data``.
+        """
+        return await self._save_write_once(checkpoint_id, (operator, partition, False, data))
 
     async def save_delta(
         self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
-        """Upload an incremental delta of one partition of an uncommitted checkpoint."""
-        [(_, entry)] = await self.save_partitions_concurrent(
-            checkpoint_id, [(operator, partition, True, data)]
-        )
+        """Upload an incremental delta of one partition of an uncommitted checkpoint.
+
+        Written create-only to :meth:`CheckpointPaths.delta`, as :meth:`save_snapshot`.
+        """
+        return await self._save_write_once(checkpoint_id, (operator, partition, True, data))
+
+    async def _save_write_once(self, checkpoint_id: CheckpointId, upload: PartitionUpload) -> str:
+        check_id(checkpoint_id)
+        [checked] = _upload.check_uploads([upload])
+        await _commit.refuse_if_committed(self.context, checkpoint_id)
+        entry = await _upload.upload_write_once(self.context, checkpoint_id, checked)
         return entry.sha256
 
     async def save_partitions_concurrent(
@@ -311,7 +327,10 @@ class ObjectStoreCheckpointer(Checkpointer):
 
         At most ``max_concurrent_uploads`` uploads are in flight; digests are computed
         off the event loop. On the first failure no further upload starts, and the error
-        is raised once those in flight have ended. Writes no manifest. Raises
+        is raised once those in flight have ended (what the call uploaded is removed).
+        Writes no manifest. Every object's name carries a token of this call's own
+        (``partition-{p}.{attempt}.snap``; each entry's ``path`` says it), so no other
+        writer of the same id can replace it. Raises
         :class:`CheckpointExistsError` if the checkpoint is already committed (committed
         checkpoints are immutable). With ``metadata_key``, each artifact is hashed before
         it is sent and its digest stored as that user-metadata key (see
@@ -323,9 +342,28 @@ class ObjectStoreCheckpointer(Checkpointer):
         await _commit.refuse_if_committed(self.context, checkpoint_id)
         return await _upload.upload_partitions(self.context, checkpoint_id, checked, metadata_key)
 
-    async def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
-        """Delete every object of ``checkpoint_id``, the manifest first."""
-        await _commit.delete_checkpoint(self.context, checkpoint_id)
+    async def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
+        """Delete every object of ``checkpoint_id``, the manifest first.
+
+        Unlike the reference's, it never breaks another checkpoint: while
+        :meth:`dependents` names any (a committed checkpoint whose restore chains carry
+        its bytes or need its manifest, or a save in progress building on it), it raises
+        :class:`CheckpointInUseError` naming them and deletes nothing. ``force=True``
+        deletes it anyway, and those then no longer load. If ``_latest`` names it,
+        ``_latest`` is moved, by compare-and-swap, to the newest checkpoint that remains
+        (or to none). A checkpoint that does not exist is not an error.
+        """
+        await _commit.delete_checkpoint(self.context, checkpoint_id, force)
+
+    async def dependents(self, checkpoint_id: CheckpointId) -> list[CheckpointId]:
+        """What deleting ``checkpoint_id`` would break, oldest first.
+
+        The committed checkpoints whose restore chains need it (they carry its bytes by
+        reference, or list a delta whose base it holds, the reference's way), and the
+        saves in progress that build on it (a live lease). Reads every manifest of the
+        store: one listing and one GET each; writes nothing.
+        """
+        return await _commit.dependents(self.context, check_id(checkpoint_id))
 
     # -- fencing and the latest pointer (cairn._pointer) ---------------------------------
 

@@ -4,6 +4,8 @@
 CheckpointerError
 ├── CheckpointNotFoundError        (also FileNotFoundError) no such checkpoint or object
 ├── CheckpointExistsError          a checkpoint with that id is already committed
+│   └── ArtifactExistsError        a write-once artifact path already holds other bytes
+├── CheckpointInUseError           deleting it would break checkpoints or saves built on it
 ├── IntegrityError                 stored bytes are not what was written
 │   ├── IntegrityMismatchError     SHA-256 (or size) of an artifact differs from the manifest
 │   ├── MissingArtifactError       an artifact a manifest or report names is not in the store
@@ -39,9 +41,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ArtifactExistsError",
     "BrokenChainError",
     "CheckpointAbortedError",
     "CheckpointExistsError",
+    "CheckpointInUseError",
     "CheckpointNotFoundError",
     "CheckpointerError",
     "CodecError",
@@ -107,6 +111,40 @@ class CheckpointExistsError(CheckpointerError):
         self.checkpoint_id = checkpoint_id
         self.path = path
         super().__init__(f"checkpoint {checkpoint_id} is already committed at {path!r}")
+
+
+class ArtifactExistsError(CheckpointExistsError):
+    """A write-once artifact path (the reference's ``save_snapshot``/``save_delta`` names)
+    already holds other bytes: another save of ``checkpoint_id`` wrote it first. What is
+    stored there is untouched."""
+
+    def __init__(self, checkpoint_id: str, path: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.path = path
+        CheckpointerError.__init__(
+            self,
+            f"artifact {path!r} of checkpoint {checkpoint_id} already holds other bytes "
+            "(another save of this id wrote it first); it is left as it was",
+        )
+
+
+class CheckpointInUseError(CheckpointerError):
+    """Deleting ``checkpoint_id`` would break what builds on it; nothing was deleted.
+
+    ``dependents`` are the committed checkpoints whose restore chains need its manifest
+    or its bytes, and the saves in progress that build on it (newest last). Delete those
+    first, or pass ``force=True`` to delete it anyway (they then no longer load).
+    """
+
+    def __init__(self, checkpoint_id: str, dependents: list[str]) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.dependents = list(dependents)
+        more = f" and {len(dependents) - 1} more" if len(dependents) > 1 else ""
+        super().__init__(
+            f"checkpoint {checkpoint_id} holds state that other checkpoints or saves build "
+            f"on ({dependents[0]}{more}); deleting it would break them. Delete those first, "
+            "or pass force=True"
+        )
 
 
 class IntegrityError(CheckpointerError):
@@ -193,12 +231,14 @@ class CheckpointAbortedError(CheckpointerError):
     with a new :class:`~cairn.CheckpointData`. See :mod:`cairn._lease`.
     """
 
-    def __init__(self, checkpoint_id: str, path: str) -> None:
+    def __init__(self, checkpoint_id: str, path: str, why: str | None = None) -> None:
         self.checkpoint_id = checkpoint_id
         self.path = path
+        self.why = why
+        reason = why if why is not None else f"GC claimed it ({path!r} is a tombstone)"
         super().__init__(
-            f"checkpoint {checkpoint_id} was aborted before it committed: GC claimed it "
-            f"({path!r} is a tombstone) after its save's lease lapsed; nothing was committed"
+            f"checkpoint {checkpoint_id} was aborted before it committed: {reason} "
+            "after its save's lease lapsed; nothing was committed"
         )
 
 

@@ -4,11 +4,20 @@
 {base}_latest                                        hint: id of the newest commit
 {base}_writer                                        fencing record: current writer generation
 {base}{id}/manifest.json                             the commit marker, written last
-{base}{id}/operators/{operator}/partition-{p}.snap   full state
-{base}{id}/operators/{operator}/partition-{p}.delta  incremental delta
-{base}{id}/offsets/{source}.json                     source offsets
-{base}{id}/intent.json                               parent of an incremental save in progress
+{base}_clock                                         GC's probe of the store's own time
+{base}{id}/manifest.json                             the commit marker, written last
+{base}{id}/operators/{operator}/partition-{p}.{attempt}.snap   full state
+{base}{id}/operators/{operator}/partition-{p}.{attempt}.delta  incremental delta
+{base}{id}/intent.json                               a save in progress: its lease, its parent
 ```
+
+``{attempt}`` is 12 lowercase hex digits drawn afresh by every save attempt
+(:func:`new_attempt`), so two writers of one id never write the same object: the manifest
+names exactly the objects its own writer uploaded, and a loser's objects are garbage that
+GC sweeps. The reference's own calls (``save_snapshot``, ``save_delta``) write the
+attempt-less names ``partition-{p}.snap``/``.delta`` create-only, and checkpoints written
+before attempts existed (those names, and copies of their offsets in
+``offsets/{source}.json``) keep loading.
 
 Invariants:
 
@@ -16,6 +25,8 @@ Invariants:
   listing or deleting that prefix reaches exactly that checkpoint and nothing else;
 * operator and source names are validated before they become path segments, so no name
   can climb out of its checkpoint or collide with another object's path;
+* an object name that carries an attempt token is written by one save attempt only, so no
+  write through cairn replaces an object that another attempt's manifest names;
 * paths recorded in manifests are relative to the checkpoint directory, so a checkpoint
   copied to another prefix or store still resolves; :func:`validate_relative_path`
   rejects any relative path that is absolute or climbs out;
@@ -29,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import re
+import secrets
 
 from cairn._validate import is_int
 from cairn.errors import InvalidInputError, InvalidNameError
@@ -40,6 +52,8 @@ __all__ = [
     "MAX_RELATIVE_PATH_BYTES",
     "MAX_SOURCE_NAME_BYTES",
     "CheckpointPaths",
+    "is_attempt_artifact",
+    "new_attempt",
     "short_repr",
     "validate_name",
     "validate_partition",
@@ -72,7 +86,31 @@ _NAME_LIMITS = {"source": MAX_SOURCE_NAME_BYTES}
 MANIFEST_NAME = "manifest.json"
 LATEST_NAME = "_latest"
 WRITER_NAME = "_writer"
+CLOCK_NAME = "_clock"
 INTENT_NAME = "intent.json"
+
+_ATTEMPT_HEX = 12
+_ATTEMPT = re.compile(rf"[0-9a-f]{{{_ATTEMPT_HEX}}}")
+# operators/{operator}/partition-{p}.{attempt}.{snap|delta}, as relative_artifact writes it.
+_ATTEMPT_ARTIFACT = re.compile(
+    rf"operators/[^/]+/partition-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.(?:snap|delta)"
+)
+
+
+def new_attempt() -> str:
+    """A fresh attempt token: 12 random lowercase hex digits (48 bits).
+
+    Each save attempt draws its own, and every artifact it uploads carries it, so two
+    writers of the same checkpoint id (a job re-run beside a zombie of the old run) write
+    disjoint objects.
+    """
+    return secrets.token_hex(_ATTEMPT_HEX // 2)
+
+
+def is_attempt_artifact(relative_path: str) -> bool:
+    """True when ``relative_path`` is an artifact name that carries an attempt token."""
+    return _ATTEMPT_ARTIFACT.fullmatch(relative_path) is not None
+
 
 # Exactly the characters of Unicode categories Cc (C0, DEL, C1) and Cs (surrogates), both
 # fixed by Unicode's stability policy: one regex scan instead of a unicodedata lookup per
@@ -220,6 +258,10 @@ class CheckpointPaths:
         """The manifest object: the commit marker of ``checkpoint_id``."""
         return f"{self.checkpoint_dir(checkpoint_id)}{MANIFEST_NAME}"
 
+    def clock(self) -> str:
+        """The object GC writes to read the store's own time (its ``last_modified``)."""
+        return f"{self._base}{CLOCK_NAME}"
+
     def intent(self, checkpoint_id: CheckpointId) -> str:
         """Written first by an incremental save: names the parent it builds on, for GC."""
         return f"{self.checkpoint_dir(checkpoint_id)}{INTENT_NAME}"
@@ -237,12 +279,37 @@ class CheckpointPaths:
         return self.resolve(checkpoint_id, self.relative_source_offset(source))
 
     @staticmethod
-    def relative_artifact(operator: str, partition: int, is_delta: bool) -> str:
-        """An artifact's path relative to its checkpoint directory (as stored in manifests)."""
+    def relative_artifact(
+        operator: str, partition: int, is_delta: bool, attempt: str | None = None
+    ) -> str:
+        """An artifact's path relative to its checkpoint directory (as stored in manifests).
+
+        With ``attempt`` (see :func:`new_attempt`) the name carries that save attempt's
+        token: ``partition-{p}.{attempt}.snap``; without, the reference's name.
+        """
         validate_name("operator", operator)
         validate_partition(partition)
         suffix = "delta" if is_delta else "snap"
-        return f"operators/{operator}/partition-{partition}.{suffix}"
+        if attempt is None:
+            return f"operators/{operator}/partition-{partition}.{suffix}"
+        if not isinstance(attempt, str) or not _ATTEMPT.fullmatch(attempt):
+            raise InvalidInputError(
+                f"not an attempt token ({_ATTEMPT_HEX} hex digits): {attempt!r}"
+            )
+        return f"operators/{operator}/partition-{partition}.{attempt}.{suffix}"
+
+    @staticmethod
+    def is_artifact_of(path: str, operator: str, partition: int, is_delta: bool) -> bool:
+        """True when relative ``path`` names that partition's artifact, with or without an
+        attempt token (what a manifest entry may record)."""
+        plain = CheckpointPaths.relative_artifact(operator, partition, is_delta)
+        if path == plain:
+            return True
+        stem, _, suffix = plain.rpartition(".")
+        if not (path.startswith(stem + ".") and path.endswith("." + suffix)):
+            return False
+        token = path[len(stem) + 1 : -len(suffix) - 1]
+        return _ATTEMPT.fullmatch(token) is not None
 
     @staticmethod
     def relative_source_offset(source: str) -> str:

@@ -24,8 +24,9 @@ extends. Invariants kept here:
   signed ones), or a time ``datetime`` cannot show (after year 9999) is damage, so a
   reader can skip the checkpoint and fall back;
 * an entry's ``path`` is exactly the layout's path for its operator, partition and kind
-  (:meth:`CheckpointPaths.relative_artifact`), as cairn has always written it and as the
-  reference's schema documents it; any other path (one too long for a local file
+  (:meth:`CheckpointPaths.relative_artifact`), with or without the token of the save
+  attempt that wrote it (the reference's schema documents the name without; cairn's own
+  saves write the name with); any other path (one too long for a local file
   system, one through ``manifest.json``) would make a read fail as a store error
   instead of as damage;
 * an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
@@ -399,12 +400,15 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
     if not isinstance(part.is_delta, bool):
         raise InvalidInputError(f"is_delta must be a bool, got {short_repr(part.is_delta)}")
     expected = CheckpointPaths.relative_artifact(operator, part.partition_id, part.is_delta)
-    if part.path != expected:
+    if not isinstance(part.path, str) or not CheckpointPaths.is_artifact_of(
+        part.path, operator, part.partition_id, part.is_delta
+    ):
         validate_relative_path(part.path)  # its more precise reason first, if it has one
         kind = "delta" if part.is_delta else "snapshot"
         raise InvalidInputError(
             f"entry {short_repr(part.path)} of operator {operator!r} is not at the layout's "
-            f"path for partition {part.partition_id}'s {kind}: {expected!r}"
+            f"path for partition {part.partition_id}'s {kind}: {expected!r} (or that name "
+            "with an attempt token)"
         )
     where = repr(part.path)  # the layout's path: as short as the operator's name
     _check_int(f"size_bytes of {where}", part.size_bytes, 0, MAX_INT64)

@@ -18,7 +18,16 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   crash mid-GC never leaves a listed checkpoint with missing artifacts — only orphans,
   which the next run sweeps (GC is idempotent and resumable);
 * before the artifact phase, GC looks again for checkpoints committed and saves started
-  since it planned, and spares everything they reference.
+  since it planned, and spares everything they reference;
+* every age is judged by the store's own time, never by this machine's clock: GC writes
+  ``{base}_clock`` and reads back the ``last_modified`` the store stamped on it
+  (:func:`store_now`), and compares that with the stamps the store put on leases,
+  tombstones and artifacts. A GC whose clock runs days ahead or behind therefore decides
+  exactly what a GC with a true clock would (``keep_within`` compares with the
+  ``timestamp_ms`` writers record in their manifests, a retention rule, not a safety one);
+* in a committed directory, attempt-named artifacts (:func:`cairn.layout.new_attempt`)
+  that its manifest does not name are the garbage of another writer of the same id that
+  lost the commit: they are swept once older than ``min_age``.
 """
 
 from __future__ import annotations
@@ -30,7 +39,15 @@ from dataclasses import dataclass, field
 
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
-from cairn._lease import TOMBSTONE_RETENTION, Intent, claim, decode_intent, is_live, is_tombstone
+from cairn._lease import (
+    TOMBSTONE_RETENTION,
+    Intent,
+    claim,
+    decode_intent,
+    is_live,
+    is_tombstone,
+    stamp_margin,
+)
 from cairn._pointer import LatestPointer, read_pointer
 from cairn._validate import positive_int
 from cairn.errors import (
@@ -41,11 +58,20 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.layout import CheckpointPaths
+from cairn.layout import CheckpointPaths, is_attempt_artifact
 from cairn.manifest import CheckpointManifest, decode_manifest
 from cairn.stores import ObjectInfo, Store
 
-__all__ = ["GcPlan", "GcResult", "RetentionPolicy", "StoreState", "plan_gc", "read_state"]
+__all__ = [
+    "GcPlan",
+    "GcResult",
+    "RetentionPolicy",
+    "StoreState",
+    "plan_gc",
+    "read_state",
+    "store_now",
+    "uncommitted_dirs",
+]
 
 log = logging.getLogger("cairn.gc")
 MANIFEST_READ_CONCURRENCY = 16
@@ -315,6 +341,8 @@ def plan_gc(
     records = _RecordPaths(paths)
     to_delete: list[ObjectInfo] = []
     orphans: list[ObjectInfo] = []
+    named: dict[CheckpointId, set[str]] = {}
+    settled_before = now - min_age
     for info, cid in zip(state.objects, owners, strict=True):
         if cid is None or info.path in referenced:
             continue
@@ -324,9 +352,15 @@ def plan_gc(
                 to_delete.append(info)  # a committed save's leftover intent protects nothing
             elif cid not in whole and info.path != manifest_path:
                 to_delete.append(info)
+            elif info.last_modified <= settled_before and _lost_attempt(
+                paths, cid, manifests[cid], info.path, named
+            ):
+                orphans.append(info)
         elif cid in dead:
             is_the_tombstone = info.path == records(cid)[0]
-            expired = in_dir[cid] == 1 and info.last_modified <= now - TOMBSTONE_RETENTION
+            # Judged by the store's time: a tombstone outlives any local clock's error.
+            margin = stamp_margin(info.last_modified, now)
+            expired = in_dir[cid] == 1 and info.last_modified + margin <= now - TOMBSTONE_RETENTION
             if not is_the_tombstone or expired:
                 orphans.append(info)
     return GcPlan(
@@ -336,6 +370,36 @@ def plan_gc(
         objects_to_delete=to_delete,
         orphans=orphans,
     )
+
+
+def _lost_attempt(
+    paths: CheckpointPaths,
+    cid: CheckpointId,
+    manifest: CheckpointManifest,
+    path: str,
+    named: dict[CheckpointId, set[str]],
+) -> bool:
+    """True when ``path``, in committed ``cid``'s directory, is an attempt-named artifact
+    its manifest does not name: a losing writer's upload. ``named`` caches each
+    manifest's own paths."""
+    relative = path[len(paths.checkpoint_dir(cid)) :]
+    if not is_attempt_artifact(relative):
+        return False
+    own = named.get(cid)
+    if own is None:
+        own = named[cid] = {e.path for _, e in manifest.partition_entries() if e.owner is None}
+    return relative not in own
+
+
+async def store_now(store: Store, paths: CheckpointPaths) -> dt.datetime:
+    """The store's own time: the ``last_modified`` it stamps on a probe written now.
+
+    GC judges leases, tombstones and ``min_age`` by this, so that no local clock, however
+    far off, makes it sweep what a save still needs (see the module docstring).
+    """
+    path = paths.clock()
+    await store.put(path, b"cairn: GC reads the store's time from this object's stamp\n")
+    return (await store.head(path)).last_modified
 
 
 async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
@@ -430,11 +494,13 @@ async def run_gc(
         raise InvalidInputError(f"min_age must be a timedelta >= 0, got {min_age!r}")
     if not isinstance(policy, RetentionPolicy):
         raise InvalidInputError(f"gc takes a RetentionPolicy, got {policy!r}")
-    now = dt.datetime.now(dt.UTC)
     state = await read_state(store, paths)
     unknown_pins = [cid for cid in policy.pinned if cid not in state.manifests]
     if unknown_pins:
         raise InvalidInputError(f"pinned checkpoint {unknown_pins[0]} does not exist")
+    # After the listing, so every stamp in it is older. A dry run writes nothing, not even
+    # the probe: it deletes nothing either, so this machine's clock is safe for its report.
+    now = dt.datetime.now(dt.UTC) if dry_run else await store_now(store, paths)
     _, abandoned = uncommitted_dirs(state, paths, now=now, min_age=min_age)
     claimed = abandoned if dry_run else await _claim_all(store, paths, abandoned)
     plan = plan_gc(paths, state, policy, now=now, min_age=min_age, claimed=claimed)
@@ -456,7 +522,9 @@ async def run_gc(
     now_state = await read_state(store, paths)
     known = {**state.manifests, **now_state.manifests}  # deleted manifests are still known here
     fresh = set(now_state.manifests) - set(state.manifests)
-    busy_now, _ = uncommitted_dirs(now_state, paths, now=dt.datetime.now(dt.UTC), min_age=min_age)
+    busy_now, _ = uncommitted_dirs(
+        now_state, paths, now=await store_now(store, paths), min_age=min_age
+    )
     parents_now = {p for p in busy_now.values() if p is not None and p in known}
     spared_whole, spared = _reachable(paths, fresh | parents_now, known)
     for info in doomed_bytes:

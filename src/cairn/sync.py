@@ -255,9 +255,13 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoints`."""
         return _runner.run(self.async_checkpointer.list_checkpoints())
 
-    def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
+    def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
         """See :meth:`ObjectStoreCheckpointer.delete_checkpoint`."""
-        _runner.run(self.async_checkpointer.delete_checkpoint(checkpoint_id))
+        _runner.run(self.async_checkpointer.delete_checkpoint(checkpoint_id, force=force))
+
+    def dependents(self, checkpoint_id: CheckpointId) -> list[CheckpointId]:
+        """See :meth:`ObjectStoreCheckpointer.dependents`."""
+        return _runner.run(self.async_checkpointer.dependents(checkpoint_id))
 
     def save_partitions_concurrent(
         self,

@@ -326,9 +326,13 @@ def restore_command(
 
 @app.command("delete", cls=CairnCommand)
 def delete_command(
-    ref: Annotated[str, typer.Argument(metavar="ID", help="The checkpoint id to delete.")],
+    ref: RefArgument,
     force: Annotated[
-        bool, typer.Option("--force", help="Delete even if later checkpoints build on it.")
+        bool,
+        typer.Option("--force", help="Delete even if other checkpoints or saves build on it."),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only say what would be deleted.")
     ] = False,
     store: StoreOption = None,
     prefix: PrefixOption = None,
@@ -337,14 +341,17 @@ def delete_command(
 ) -> None:
     """Delete one checkpoint: its manifest first (never half-listed), then its files.
 
-    Refuses when later checkpoints build on it (their chains would break), unless --force.
+    Refuses when other checkpoints or saves in progress build on it (their chains would
+    break), unless --force. If _latest names it, _latest moves to the newest checkpoint
+    that remains.
     """
     session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
-        cid = parse_id(ref)
+        parse_ref(ref)
         ckpt = await session.open()
-        deleted = await delete(ckpt, cid, force, session.where())
+        cid = await resolve(ckpt, ref, session.where())
+        deleted = await delete(ckpt, cid, force, session.where(), dry_run)
         session.output.json(views.delete_doc(session.doc(), deleted))
         session.output.show(views.delete_text(deleted))
 

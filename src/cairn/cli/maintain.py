@@ -1,10 +1,11 @@
 """``cairn delete`` and ``cairn gc``: removing checkpoints without breaking the others.
 
-``delete`` refuses (exit 2) to remove a checkpoint that later checkpoints build on
-(their parent, or the owner of artifacts their restore chains carry over by reference)
-unless ``--force``: deleting it would break their chains. ``gc`` applies a
-:class:`cairn.RetentionPolicy` with :meth:`ObjectStoreCheckpointer.gc`, which keeps
-whatever a retained checkpoint needs.
+``delete`` follows the library's rule (:meth:`ObjectStoreCheckpointer.delete_checkpoint`):
+it refuses (exit 2) to remove a checkpoint that other checkpoints or saves in progress
+build on (their parent, or the owner of artifacts their restore chains carry over by
+reference) unless ``--force``, and moves ``_latest`` off what it deletes. ``--dry-run``
+says what would happen. ``gc`` applies a :class:`cairn.RetentionPolicy` with
+:meth:`ObjectStoreCheckpointer.gc`, which keeps whatever a retained checkpoint needs.
 """
 
 from __future__ import annotations
@@ -46,52 +47,34 @@ def parse_duration(text: str) -> dt.timedelta:
 
 @dataclass(frozen=True)
 class Deleted:
-    """A deleted checkpoint: its epoch, the bytes its own upload held, who built on it."""
+    """A deleted checkpoint (or, on a dry run, one that would be): its epoch, the bytes
+    its own upload held, and who built on it (they break when it is forced)."""
 
     checkpoint_id: CheckpointId
     epoch: int | None
     size_bytes: int
     dependents: list[CheckpointId]
-
-
-async def dependents_of(
-    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, ids: list[CheckpointId]
-) -> list[CheckpointId]:
-    """The committed checkpoints that name ``cid`` as parent or hold artifacts it owns.
-
-    Only later checkpoints can (ids are time-ordered), so only their manifests are read.
-    """
-    later = [other for other in ids if other > cid]
-    found: list[CheckpointId] = []
-    for listed in await read_manifests(ckpt, later):
-        manifest = listed.manifest
-        if manifest is None:
-            continue
-        if manifest.parent_id == cid or any(
-            entry.owner == cid for _, entry in manifest.partition_entries()
-        ):
-            found.append(listed.checkpoint_id)
-    return found
+    dry_run: bool = False
 
 
 async def delete(
-    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, force: bool, where: str
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, force: bool, where: str, dry_run: bool
 ) -> Deleted:
-    """Delete ``cid`` (manifest first, then its artifacts).
+    """Delete ``cid`` as :meth:`ObjectStoreCheckpointer.delete_checkpoint` does.
 
-    Raises :class:`CliError` with exit 2 if it is not committed, or if later
-    checkpoints build on it and ``force`` is not set.
+    Raises :class:`CliError` with exit 2 if it is not committed, or if other checkpoints
+    or saves build on it and ``force`` is not set (on a dry run too: it says what the
+    deletion would do).
     """
-    ids = await ckpt.list_checkpoints()
-    if cid not in ids:
+    if not await ckpt.exists(cid):
         raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE)
-    dependents = await dependents_of(ckpt, cid, ids)
+    dependents = await ckpt.dependents(cid)
     if dependents and not force:
         more = f" and {len(dependents) - 1} more" if len(dependents) > 1 else ""
         raise CliError(
-            f"checkpoint {cid} holds state that later checkpoints build on "
-            f"({dependents[0]}{more}); deleting it would break their chains. "
-            "Delete those first, or pass --force",
+            f"checkpoint {cid} holds state that other checkpoints or saves build on "
+            f"({dependents[0]}{more}); deleting it would break them. Delete those first, "
+            "or pass --force",
             ExitCode.USAGE,
         )
     [listed] = await read_manifests(ckpt, [cid])
@@ -103,5 +86,6 @@ async def delete(
             for _, entry in listed.manifest.partition_entries()
             if entry.owner is None
         )
-    await ckpt.delete_checkpoint(cid)
-    return Deleted(cid, epoch, size, dependents)
+    if not dry_run:
+        await ckpt.delete_checkpoint(cid, force=True)  # the dependents were checked above
+    return Deleted(cid, epoch, size, dependents, dry_run)

@@ -532,18 +532,21 @@ def delete_doc(where: dict[str, str], deleted: Deleted) -> dict[str, Any]:
         "epoch": deleted.epoch,
         "size_bytes": deleted.size_bytes,
         "broken_dependents": [str(d) for d in deleted.dependents],
+        "dry_run": deleted.dry_run,
     }
 
 
 def delete_text(deleted: Deleted) -> RenderableType:
     """``cairn delete``: one line."""
     epoch = "?" if deleted.epoch is None else deleted.epoch
+    verb = "would delete" if deleted.dry_run else "deleted"
     text = (
-        f"deleted checkpoint {deleted.checkpoint_id} (epoch {epoch}, "
+        f"{verb} checkpoint {deleted.checkpoint_id} (epoch {epoch}, "
         f"{human_size(deleted.size_bytes)} of its own artifacts)"
     )
     if deleted.dependents:
-        text += f"; {len(deleted.dependents)} later checkpoint(s) built on it no longer load"
+        would = "would no longer load" if deleted.dry_run else "no longer load"
+        text += f"; {len(deleted.dependents)} checkpoint(s) or save(s) built on it {would}"
     return Text(text)
 
 
