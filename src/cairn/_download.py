@@ -7,19 +7,24 @@ Invariants:
   ones inline (a thread hop costs more than their hash);
 * an uncompressed artifact is read in one request of its recorded size plus one byte,
   so one of any other length is an :class:`IntegrityMismatchError` on the size;
+* stored bytes are decoded by the bounded decoder of :mod:`cairn.codecs`, which stops
+  as soon as the output passes ``size_bytes`` (holding at most that plus one piece) with
+  an :class:`OversizedArtifactError` naming the artifact: a decompression bomb;
 * at most ``max_concurrent_downloads`` reads are in flight;
 * an artifact a chain needs that is gone is a :class:`BrokenChainError` naming it; bytes
   that do not hash as recorded are an :class:`IntegrityMismatchError` naming it, bytes
   that do not decode an :class:`UndecodableArtifactError`;
 * a streamed restore holds a bounded number of chunks in memory (those fetched ahead,
-  one being written, at most two being hashed); to a path, the final name appears only
-  once the bytes are fsynced and verified (a mismatch leaves nothing there).
+  one being written, at most two being hashed; compressed, one being decoded and one
+  decoded piece of at most ``chunk_size``); to a path, the final name appears only once
+  the bytes are fsynced and verified (a mismatch leaves nothing there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import itertools
 import os
 import uuid
@@ -33,14 +38,13 @@ from cairn._concurrency import bounded_gather
 from cairn._context import Context
 from cairn._localfs import _fsync_directory
 from cairn._validate import positive_int
-from cairn.codecs import StreamDecoder, get_codec
+from cairn.codecs import Codec, get_codec
 from cairn.data import ArtifactKey, ChainLink, LoadedCheckpoint
 from cairn.errors import (
     BrokenChainError,
     CheckpointNotFoundError,
     IntegrityMismatchError,
     InvalidInputError,
-    UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import StreamHasher, verify_integrity_async
@@ -145,10 +149,9 @@ def _fetch_link(
             stored = await load_artifact(ctx, path, None)
         except CheckpointNotFoundError:
             raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
-        try:
-            data = await asyncio.to_thread(codec.decompress, stored)
-        except Exception as exc:  # the codec's own error type: the bytes are damaged
-            raise UndecodableArtifactError(path, entry.codec, str(exc)) from None
+        data = await asyncio.to_thread(
+            codec.decompress, stored, path=path, size_bytes=entry.size_bytes
+        )
         if verify:
             await verify_integrity_async(path, data, entry.sha256)
         return data
@@ -166,16 +169,16 @@ async def load_artifact_to(
 ) -> str:
     """Stream the object at ``path`` into ``dest``; its SHA-256 (see the façade's docs)."""
     positive_int("chunk_size", chunk_size)
-    decoder = get_codec(codec, path=path).decoder() if codec is not None else None
+    decoding = get_codec(codec, path=path) if codec is not None else None
     size = (await ctx.store.head(path)).size
     if isinstance(dest, os.PathLike):
         return await write_atomically(
             Path(dest),
-            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoder),
+            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoding),
             path,
             expected_sha256,
         )
-    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoder)
+    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoding)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise IntegrityMismatchError(path, expected_sha256, digest)
     return digest
@@ -187,7 +190,7 @@ async def _stream_into(
     size: int,
     file: BinaryIO,
     chunk_size: int,
-    decoder: StreamDecoder | None = None,
+    codec: Codec | None = None,
 ) -> str:
     """Copy ``path`` into ``file`` by ranged reads; the digest of what was written.
 
@@ -195,9 +198,22 @@ async def _stream_into(
     the current one is hashed (on the hasher's thread) and written (on another), so a
     restore takes about as long as its slowest stage rather than their sum. Writes stay
     in order, one at a time; none is in flight once this returns or raises (the caller
-    closes the file then).
+    closes the file then). With ``codec``, each range is decoded on a worker thread that
+    also hashes and writes each decoded piece (at most ``chunk_size`` bytes) as it comes:
+    one range can decode to far more than fits in memory.
     """
     hasher = StreamHasher(lag=1)
+    decoded = hashlib.sha256()
+
+    def take(piece: bytes) -> None:
+        decoded.update(piece)
+        file.write(piece)
+
+    decoder = (
+        codec.decoder(take, path=path, limit=None, piece_size=chunk_size)
+        if codec is not None
+        else None
+    )
     writing: asyncio.Task[int] | None = None
     starts = iter(range(0, size, chunk_size))
     ahead = max(1, min(MAX_RANGES_AHEAD, RANGE_BYTES_AHEAD // chunk_size))
@@ -214,7 +230,9 @@ async def _stream_into(
             chunk = await upcoming.popleft()
             fetch()
             if decoder is not None:
-                chunk = await asyncio.to_thread(decoder.decompress, chunk)
+                await asyncio.to_thread(decoder.feed, chunk)
+                del chunk
+                continue
             await hasher.feed(chunk)
             if writing is not None:
                 await writing
@@ -222,7 +240,7 @@ async def _stream_into(
             del chunk
         if writing is not None:
             await writing
-        return await hasher.hexdigest()
+        return decoded.hexdigest() if decoder is not None else await hasher.hexdigest()
     finally:
         for future in upcoming:  # reads are safe to drop; a failed one was not this one's cause
             if future.done() and not future.cancelled():

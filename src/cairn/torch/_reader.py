@@ -30,6 +30,7 @@ from cairn.errors import (
     CorruptManifestError,
     IntegrityMismatchError,
     InvalidInputError,
+    UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex
@@ -282,10 +283,12 @@ async def _fetch_whole(
     stored = await load_artifact(ckpt.context, path, None)
     codec = get_codec(entry.codec, path=path)
     try:
-        data = await asyncio.to_thread(codec.decompress, stored)
-    except Exception as exc:  # the codec's own error type: the bytes are damaged
+        data = await asyncio.to_thread(
+            codec.decompress, stored, path=path, size_bytes=entry.size_bytes
+        )
+    except UndecodableArtifactError as exc:  # a mismatch here, as for any damaged item
         raise IntegrityMismatchError(
-            path, entry.sha256, f"undecodable {entry.codec} data ({exc})"
+            path, entry.sha256, f"undecodable {entry.codec} data ({exc.reason})"
         ) from None
     if verify and (actual := await asyncio.to_thread(sha256_hex, data)) != entry.sha256:
         raise IntegrityMismatchError(path, entry.sha256, actual)
