@@ -5,11 +5,13 @@ Invariants:
 * every byte handed out is verified against the SHA-256 its manifest records (unless
   the caller asks not to), after decompression; large buffers in a worker thread, small
   ones inline (a thread hop costs more than their hash);
-* an uncompressed artifact is read in one request of its recorded size plus one byte,
-  so one of any other length is an :class:`IntegrityMismatchError` on the size;
-* stored bytes are decoded by the bounded decoder of :mod:`cairn.codecs`, which stops
-  as soon as the output passes ``size_bytes`` (holding at most that plus one piece) with
-  an :class:`OversizedArtifactError` naming the artifact: a decompression bomb;
+* no read of an artifact an entry describes holds more than the entry records: its
+  stored bytes are read in one request of their recorded size (``size_bytes``, or
+  ``stored_size_bytes`` when compressed) plus one byte, so an object of any other length
+  is an :class:`IntegrityMismatchError` on the size, also unverified; and they are
+  decoded by the bounded decoder of :mod:`cairn.codecs`, which stops as soon as the
+  output passes ``size_bytes`` (holding at most that plus one piece) with an
+  :class:`OversizedArtifactError` naming the artifact: a decompression bomb;
 * at most ``max_concurrent_downloads`` reads are in flight;
 * an artifact a chain needs that is gone is a :class:`BrokenChainError` naming it; bytes
   that do not hash as recorded are an :class:`IntegrityMismatchError` naming it, bytes
@@ -51,7 +53,15 @@ from cairn.integrity import StreamHasher, verify_integrity_async
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
 
-__all__ = ["load", "load_artifact", "load_artifact_to", "load_chain"]
+__all__ = [
+    "load",
+    "load_artifact",
+    "load_artifact_to",
+    "load_chain",
+    "read_entry",
+    "read_sized",
+    "read_stored",
+]
 
 RANGE_BYTES_AHEAD = 4 * 1024 * 1024
 """A streamed restore fetches this many bytes of ranges ahead of the one it writes (at
@@ -112,21 +122,53 @@ async def load_artifact(ctx: Context, path: str, expected_sha256: str | None) ->
     return blob.data
 
 
-async def _read_sized(ctx: Context, path: str, size: int) -> Buffer:
+async def read_sized(ctx: Context, path: str, size: int) -> Buffer:
     """The bytes at ``path``, which must be exactly ``size`` bytes, in one request.
 
     A GET is two round trips through obstore (the response, then its body), a ranged
     read one: with many small artifacts that halves the calls. Asking for one byte more
     than expected tells a longer object from the right one, so nothing is hidden that a
-    whole read would have shown: any other length is an :class:`IntegrityMismatchError`
-    on the size.
+    whole read would have shown, and no more than that byte is read: any other length
+    is an :class:`IntegrityMismatchError` on the size. An empty object is checked by a
+    HEAD (an empty range reads nothing).
     """
+    if size == 0:
+        got = (await ctx.store.head(path)).size
+        if got != 0:
+            raise IntegrityMismatchError(path, "0", str(got), what="size")
+        return b""
     data = await ctx.store.get_range(path, 0, size + 1)
     got = memoryview(data).nbytes
     if got != size:
         if got > size:  # longer than written: its whole length, for the error, from a HEAD
             got = max(got, (await ctx.store.head(path)).size)
         raise IntegrityMismatchError(path, str(size), str(got), what="size")
+    return data
+
+
+async def read_stored(ctx: Context, path: str, entry: PartitionSnapshotEntry) -> Buffer:
+    """The bytes of ``entry`` at ``path`` as stored (compressed, if it is), which must be
+    the size it records (:func:`read_sized`)."""
+    if entry.codec is None:
+        return await read_sized(ctx, path, entry.size_bytes)
+    if entry.stored_size_bytes is None:  # a hand-made entry: the decoder still bounds it
+        return (await ctx.store.get(path)).data
+    return await read_sized(ctx, path, entry.stored_size_bytes)
+
+
+async def read_entry(
+    ctx: Context, path: str, entry: PartitionSnapshotEntry, verify: bool
+) -> Buffer:
+    """The bytes ``entry`` describes, from ``path``: read and decoded in memory bounded by
+    what the entry records (see the module docstring), verified when ``verify``."""
+    codec = get_codec(entry.codec, path=path) if entry.codec is not None else None
+    data = await read_stored(ctx, path, entry)
+    if codec is not None:
+        data = await asyncio.to_thread(
+            codec.decompress, data, path=path, size_bytes=entry.size_bytes
+        )
+    if verify:
+        await verify_integrity_async(path, data, entry.sha256)
     return data
 
 
@@ -137,24 +179,9 @@ def _fetch_link(
 
     async def job() -> Buffer:
         try:
-            if entry.codec is None:
-                if not verify:
-                    return (await ctx.store.get(path)).data
-                if entry.size_bytes == 0:  # an empty range reads nothing: read the object
-                    return await load_artifact(ctx, path, entry.sha256)
-                data = await _read_sized(ctx, path, entry.size_bytes)
-                await verify_integrity_async(path, data, entry.sha256)
-                return data
-            codec = get_codec(entry.codec, path=path)
-            stored = await load_artifact(ctx, path, None)
+            return await read_entry(ctx, path, entry, verify)
         except CheckpointNotFoundError:
             raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
-        data = await asyncio.to_thread(
-            codec.decompress, stored, path=path, size_bytes=entry.size_bytes
-        )
-        if verify:
-            await verify_integrity_async(path, data, entry.sha256)
-        return data
 
     return job
 
