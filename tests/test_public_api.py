@@ -38,6 +38,7 @@ EXPECTED = {
     "ObjectExistsError",
     "ObjectStoreCheckpointer",
     "OperatorSnapshotEntry",
+    "OversizedArtifactError",
     "PartitionSnapshotEntry",
     "PartitionUpload",
     "PreconditionFailedError",
@@ -87,7 +88,11 @@ def test_a_missing_object_is_a_store_error_and_a_not_found_error() -> None:
     assert issubclass(cairn.ObjectNotFoundError, cairn.CheckpointNotFoundError)
     error = cairn.ObjectNotFoundError("get", "a/b")
     assert (error.operation, error.path, str(error)) == ("get", "a/b", "object not found: 'a/b'")
-    for prose_free in (cairn.MissingArtifactError, cairn.UndecodableArtifactError):
+    for prose_free in (
+        cairn.MissingArtifactError,
+        cairn.UndecodableArtifactError,
+        cairn.OversizedArtifactError,
+    ):
         assert issubclass(prose_free, cairn.IntegrityError)
         assert not issubclass(prose_free, cairn.IntegrityMismatchError)
 
@@ -104,6 +109,7 @@ def test_every_error_pickles_as_itself() -> None:
         cairn.CheckpointAbortedError("id", "a/manifest.json"),
         cairn.InvalidNameError("operator", "x/y", "contains '/'"),
         cairn.TransientStoreError("put", "a/b", "503", status=503),
+        cairn.OversizedArtifactError("a/b", "zstd", 1200),
     ]
     for error in samples:
         copy = pickle.loads(pickle.dumps(error))

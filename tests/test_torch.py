@@ -341,7 +341,11 @@ def test_the_metadata_is_verified_before_it_is_unpickled(tmp_path: Path) -> None
     [entry] = sync(str(tmp_path)).load_manifest(cid).operators[METADATA_OPERATOR].partitions
     path = f"{PREFIX}{cid}/{entry.path}"
     marker = tmp_path / "pwned"
+    # As long as the real metadata, so its digest is what tells it apart (bytes of
+    # another length are refused on their size, before anything is hashed).
     hostile = pickle.dumps(_Exploit(str(marker)))
+    assert len(hostile) < entry.size_bytes
+    hostile = hostile.ljust(entry.size_bytes, b"\0")
     (tmp_path / path).write_bytes(hostile)
     reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
     with pytest.raises(IntegrityMismatchError) as info:

@@ -5,21 +5,28 @@ Invariants:
 * every byte handed out is verified against the SHA-256 its manifest records (unless
   the caller asks not to), after decompression; large buffers in a worker thread, small
   ones inline (a thread hop costs more than their hash);
-* an uncompressed artifact is read in one request of its recorded size plus one byte,
-  so one of any other length is an :class:`IntegrityMismatchError` on the size;
+* no read of an artifact an entry describes holds more than the entry records: its
+  stored bytes are read in one request of their recorded size (``size_bytes``, or
+  ``stored_size_bytes`` when compressed) plus one byte, so an object of any other length
+  is an :class:`IntegrityMismatchError` on the size, also unverified; and they are
+  decoded by the bounded decoder of :mod:`cairn.codecs`, which stops as soon as the
+  output passes ``size_bytes`` (holding at most that plus one piece) with an
+  :class:`OversizedArtifactError` naming the artifact: a decompression bomb;
 * at most ``max_concurrent_downloads`` reads are in flight;
 * an artifact a chain needs that is gone is a :class:`BrokenChainError` naming it; bytes
   that do not hash as recorded are an :class:`IntegrityMismatchError` naming it, bytes
   that do not decode an :class:`UndecodableArtifactError`;
 * a streamed restore holds a bounded number of chunks in memory (those fetched ahead,
-  one being written, at most two being hashed); to a path, the final name appears only
-  once the bytes are fsynced and verified (a mismatch leaves nothing there).
+  one being written, at most two being hashed; compressed, one being decoded and one
+  decoded piece of at most ``chunk_size``); to a path, the final name appears only once
+  the bytes are fsynced and verified (a mismatch leaves nothing there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import itertools
 import os
 import uuid
@@ -33,21 +40,28 @@ from cairn._concurrency import bounded_gather
 from cairn._context import Context
 from cairn._localfs import _fsync_directory
 from cairn._validate import positive_int
-from cairn.codecs import StreamDecoder, get_codec
+from cairn.codecs import Codec, get_codec
 from cairn.data import ArtifactKey, ChainLink, LoadedCheckpoint
 from cairn.errors import (
     BrokenChainError,
     CheckpointNotFoundError,
     IntegrityMismatchError,
     InvalidInputError,
-    UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import StreamHasher, verify_integrity_async
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
 
-__all__ = ["load", "load_artifact", "load_artifact_to", "load_chain"]
+__all__ = [
+    "load",
+    "load_artifact",
+    "load_artifact_to",
+    "load_chain",
+    "read_entry",
+    "read_sized",
+    "read_stored",
+]
 
 RANGE_BYTES_AHEAD = 4 * 1024 * 1024
 """A streamed restore fetches this many bytes of ranges ahead of the one it writes (at
@@ -108,21 +122,53 @@ async def load_artifact(ctx: Context, path: str, expected_sha256: str | None) ->
     return blob.data
 
 
-async def _read_sized(ctx: Context, path: str, size: int) -> Buffer:
+async def read_sized(ctx: Context, path: str, size: int) -> Buffer:
     """The bytes at ``path``, which must be exactly ``size`` bytes, in one request.
 
     A GET is two round trips through obstore (the response, then its body), a ranged
     read one: with many small artifacts that halves the calls. Asking for one byte more
     than expected tells a longer object from the right one, so nothing is hidden that a
-    whole read would have shown: any other length is an :class:`IntegrityMismatchError`
-    on the size.
+    whole read would have shown, and no more than that byte is read: any other length
+    is an :class:`IntegrityMismatchError` on the size. An empty object is checked by a
+    HEAD (an empty range reads nothing).
     """
+    if size == 0:
+        got = (await ctx.store.head(path)).size
+        if got != 0:
+            raise IntegrityMismatchError(path, "0", str(got), what="size")
+        return b""
     data = await ctx.store.get_range(path, 0, size + 1)
     got = memoryview(data).nbytes
     if got != size:
         if got > size:  # longer than written: its whole length, for the error, from a HEAD
             got = max(got, (await ctx.store.head(path)).size)
         raise IntegrityMismatchError(path, str(size), str(got), what="size")
+    return data
+
+
+async def read_stored(ctx: Context, path: str, entry: PartitionSnapshotEntry) -> Buffer:
+    """The bytes of ``entry`` at ``path`` as stored (compressed, if it is), which must be
+    the size it records (:func:`read_sized`)."""
+    if entry.codec is None:
+        return await read_sized(ctx, path, entry.size_bytes)
+    if entry.stored_size_bytes is None:  # a hand-made entry: the decoder still bounds it
+        return (await ctx.store.get(path)).data
+    return await read_sized(ctx, path, entry.stored_size_bytes)
+
+
+async def read_entry(
+    ctx: Context, path: str, entry: PartitionSnapshotEntry, verify: bool
+) -> Buffer:
+    """The bytes ``entry`` describes, from ``path``: read and decoded in memory bounded by
+    what the entry records (see the module docstring), verified when ``verify``."""
+    codec = get_codec(entry.codec, path=path) if entry.codec is not None else None
+    data = await read_stored(ctx, path, entry)
+    if codec is not None:
+        data = await asyncio.to_thread(
+            codec.decompress, data, path=path, size_bytes=entry.size_bytes
+        )
+    if verify:
+        await verify_integrity_async(path, data, entry.sha256)
     return data
 
 
@@ -133,25 +179,9 @@ def _fetch_link(
 
     async def job() -> Buffer:
         try:
-            if entry.codec is None:
-                if not verify:
-                    return (await ctx.store.get(path)).data
-                if entry.size_bytes == 0:  # an empty range reads nothing: read the object
-                    return await load_artifact(ctx, path, entry.sha256)
-                data = await _read_sized(ctx, path, entry.size_bytes)
-                await verify_integrity_async(path, data, entry.sha256)
-                return data
-            codec = get_codec(entry.codec, path=path)
-            stored = await load_artifact(ctx, path, None)
+            return await read_entry(ctx, path, entry, verify)
         except CheckpointNotFoundError:
             raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
-        try:
-            data = await asyncio.to_thread(codec.decompress, stored)
-        except Exception as exc:  # the codec's own error type: the bytes are damaged
-            raise UndecodableArtifactError(path, entry.codec, str(exc)) from None
-        if verify:
-            await verify_integrity_async(path, data, entry.sha256)
-        return data
 
     return job
 
@@ -166,16 +196,16 @@ async def load_artifact_to(
 ) -> str:
     """Stream the object at ``path`` into ``dest``; its SHA-256 (see the façade's docs)."""
     positive_int("chunk_size", chunk_size)
-    decoder = get_codec(codec, path=path).decoder() if codec is not None else None
+    decoding = get_codec(codec, path=path) if codec is not None else None
     size = (await ctx.store.head(path)).size
     if isinstance(dest, os.PathLike):
         return await write_atomically(
             Path(dest),
-            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoder),
+            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoding),
             path,
             expected_sha256,
         )
-    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoder)
+    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoding)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise IntegrityMismatchError(path, expected_sha256, digest)
     return digest
@@ -187,7 +217,7 @@ async def _stream_into(
     size: int,
     file: BinaryIO,
     chunk_size: int,
-    decoder: StreamDecoder | None = None,
+    codec: Codec | None = None,
 ) -> str:
     """Copy ``path`` into ``file`` by ranged reads; the digest of what was written.
 
@@ -195,9 +225,22 @@ async def _stream_into(
     the current one is hashed (on the hasher's thread) and written (on another), so a
     restore takes about as long as its slowest stage rather than their sum. Writes stay
     in order, one at a time; none is in flight once this returns or raises (the caller
-    closes the file then).
+    closes the file then). With ``codec``, each range is decoded on a worker thread that
+    also hashes and writes each decoded piece (at most ``chunk_size`` bytes) as it comes:
+    one range can decode to far more than fits in memory.
     """
     hasher = StreamHasher(lag=1)
+    decoded = hashlib.sha256()
+
+    def take(piece: bytes) -> None:
+        decoded.update(piece)
+        file.write(piece)
+
+    decoder = (
+        codec.decoder(take, path=path, limit=None, piece_size=chunk_size)
+        if codec is not None
+        else None
+    )
     writing: asyncio.Task[int] | None = None
     starts = iter(range(0, size, chunk_size))
     ahead = max(1, min(MAX_RANGES_AHEAD, RANGE_BYTES_AHEAD // chunk_size))
@@ -214,7 +257,9 @@ async def _stream_into(
             chunk = await upcoming.popleft()
             fetch()
             if decoder is not None:
-                chunk = await asyncio.to_thread(decoder.decompress, chunk)
+                await asyncio.to_thread(decoder.feed, chunk)
+                del chunk
+                continue
             await hasher.feed(chunk)
             if writing is not None:
                 await writing
@@ -222,7 +267,7 @@ async def _stream_into(
             del chunk
         if writing is not None:
             await writing
-        return await hasher.hexdigest()
+        return decoded.hexdigest() if decoder is not None else await hasher.hexdigest()
     finally:
         for future in upcoming:  # reads are safe to drop; a failed one was not this one's cause
             if future.done() and not future.cancelled():

@@ -10,6 +10,7 @@ CheckpointerError
 │   ├── IntegrityMismatchError     SHA-256 (or size) of an artifact differs from the manifest
 │   ├── MissingArtifactError       an artifact a manifest or report names is not in the store
 │   ├── UndecodableArtifactError   stored bytes do not decode with the codec their entry names
+│   ├── OversizedArtifactError     stored bytes decode past the size their entry records
 │   ├── CorruptManifestError       bytes at a manifest path are not a valid manifest
 │   │   └── UnsupportedManifestVersionError
 │   └── BrokenChainError           an incremental chain misses a link (parent, base, artifact)
@@ -62,6 +63,7 @@ __all__ = [
     "NotDurableError",
     "ObjectExistsError",
     "ObjectNotFoundError",
+    "OversizedArtifactError",
     "PreconditionFailedError",
     "StoreError",
     "SyncInAsyncContextError",
@@ -183,6 +185,24 @@ class UndecodableArtifactError(IntegrityError):
         self.codec = codec
         self.reason = reason
         super().__init__(f"artifact {path!r} does not decode as {codec}: {reason}")
+
+
+class OversizedArtifactError(IntegrityError):
+    """The stored bytes at ``path`` decode with ``codec`` to more than the ``size_bytes``
+    their entry records: they are damaged, or a decompression bomb.
+
+    Decoding stopped as soon as the output passed ``size_bytes`` (see :mod:`cairn.codecs`),
+    so how far the bytes would have inflated is not known, nor held in memory.
+    """
+
+    def __init__(self, path: str, codec: str, size_bytes: int) -> None:
+        self.path = path
+        self.codec = codec
+        self.size_bytes = size_bytes
+        super().__init__(
+            f"artifact {path!r} decodes as {codec} to more than the {size_bytes} bytes its "
+            "entry records: decoding stopped there"
+        )
 
 
 class CorruptManifestError(IntegrityError):

@@ -61,6 +61,7 @@ from cairn import (
     LoadedCheckpoint,
     ObjectStoreCheckpointer,
 )
+from cairn._download import read_stored
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer
 
@@ -124,7 +125,8 @@ async def stored_bytes(
     """Every link's bytes as stored, by path relative to the base prefix.
 
     ``loaded`` holds each link's data verified and decoded; an entry stored compressed is
-    read again as stored (its digest covers the decoded bytes, which ``loaded`` checked).
+    read again as stored (its digest covers the decoded bytes, which ``loaded`` checked),
+    no more than the size its entry records.
     """
     found: dict[str, bytes | memoryview] = {}
     for chain in loaded.chains.values():
@@ -136,7 +138,8 @@ async def stored_bytes(
                 found[relative] = memoryview(link.data)
             else:
                 path = ckpt.paths.resolve(link.owner, link.entry.path)
-                found[relative] = memoryview(await ckpt.load_artifact(path))
+                stored = await read_stored(ckpt.context, path, link.entry)
+                found[relative] = memoryview(stored)
     return found
 
 

@@ -21,15 +21,15 @@ from torch.futures import Future
 from cairn import _catalog
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
-from cairn._download import load_artifact
+from cairn._download import read_entry
 from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.codecs import get_codec
 from cairn.errors import (
     BrokenChainError,
     CheckpointNotFoundError,
     CorruptManifestError,
     IntegrityMismatchError,
     InvalidInputError,
+    UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex
@@ -275,21 +275,14 @@ class CairnReader(StorageReader):
 async def _fetch_whole(
     ckpt: ObjectStoreCheckpointer, path: str, entry: PartitionSnapshotEntry, *, verify: bool = True
 ) -> Buffer:
-    """The artifact's bytes, decompressed, verified against the entry when ``verify``."""
-    expected = entry.sha256 if verify else None
-    if entry.codec is None:
-        return await load_artifact(ckpt.context, path, expected)
-    stored = await load_artifact(ckpt.context, path, None)
-    codec = get_codec(entry.codec, path=path)
+    """The artifact's bytes, decompressed, verified against the entry when ``verify``; read
+    and decoded in memory bounded by its recorded sizes (see :mod:`cairn._download`)."""
     try:
-        data = await asyncio.to_thread(codec.decompress, stored)
-    except Exception as exc:  # the codec's own error type: the bytes are damaged
+        return await read_entry(ckpt.context, path, entry, verify)
+    except UndecodableArtifactError as exc:  # a mismatch here, as for any damaged item
         raise IntegrityMismatchError(
-            path, entry.sha256, f"undecodable {entry.codec} data ({exc})"
+            path, entry.sha256, f"undecodable {entry.codec} data ({exc.reason})"
         ) from None
-    if verify and (actual := await asyncio.to_thread(sha256_hex, data)) != entry.sha256:
-        raise IntegrityMismatchError(path, entry.sha256, actual)
-    return data
 
 
 def _verify_item(path: str, item: ReadItem, record: ItemRecord, piece: memoryview) -> None:
