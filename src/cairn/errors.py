@@ -10,6 +10,8 @@ CheckpointerError
 │   ├── UndecodableArtifactError   stored bytes do not decode with the codec their entry names
 │   ├── CorruptManifestError       bytes at a manifest path are not a valid manifest
 │   │   └── UnsupportedManifestVersionError
+│   ├── SignatureError             a reader with signing keys met a manifest that is not
+│   │                              signed by one of them (unsigned, unknown key, forged)
 │   └── BrokenChainError           an incremental chain misses a link (parent, base, artifact)
 ├── FencedError                    a newer writer has taken over the store
 ├── CheckpointAbortedError         GC claimed a save's checkpoint id before it committed
@@ -59,6 +61,7 @@ __all__ = [
     "ObjectExistsError",
     "ObjectNotFoundError",
     "PreconditionFailedError",
+    "SignatureError",
     "StoreError",
     "SyncInAsyncContextError",
     "TransientStoreError",
@@ -163,6 +166,22 @@ class UnsupportedManifestVersionError(CorruptManifestError):
         self.version = version
         self.supported = supported
         super().__init__(path, f"unsupported manifest version {version!r} (supported: {supported})")
+
+
+class SignatureError(IntegrityError):
+    """The manifest at ``path`` is not signed by one of the reader's keys.
+
+    Raised only by a checkpointer given signing keys (see :mod:`cairn.signing`): the
+    manifest carries no signature, names a key the reader does not hold, or its
+    signature does not verify (someone who can write the store, but does not hold the
+    key, wrote or rewrote it). Like any :class:`IntegrityError` it makes that checkpoint
+    unloadable without saying anything of the others: ``load_latest`` falls back past it.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"untrusted manifest at {path!r}: {reason}")
 
 
 class BrokenChainError(IntegrityError):
