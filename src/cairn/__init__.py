@@ -32,6 +32,7 @@ from cairn.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    SignatureError,
     StoreError,
     SyncInAsyncContextError,
     TransientStoreError,
@@ -50,6 +51,7 @@ from cairn.manifest import (
 )
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
+from cairn.signing import HmacSigner, ManifestSigner
 from cairn.stores import Store, open_store
 from cairn.sync import SyncCheckpointer
 
@@ -75,6 +77,7 @@ __all__ = [
     "CorruptManifestError",
     "FencedError",
     "GcResult",
+    "HmacSigner",
     "IncompleteCheckpointError",
     "IntegrityError",
     "IntegrityMismatchError",
@@ -83,6 +86,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidStoreUrlError",
     "LoadedCheckpoint",
+    "ManifestSigner",
     "MissingArtifactError",
     "NotDurableError",
     "ObjectExistsError",
@@ -94,6 +98,7 @@ __all__ = [
     "PreconditionFailedError",
     "RetentionPolicy",
     "RetryPolicy",
+    "SignatureError",
     "SourceOffsetEntry",
     "Store",
     "StoreError",

@@ -251,7 +251,7 @@ async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManif
         raise InvalidInputError(f"manifest {manifest.checkpoint_id}: {exc}") from None
     await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
     path = ctx.paths.manifest(manifest.checkpoint_id)
-    body = encode_manifest(manifest)
+    body = encode_manifest(manifest, ctx.keys)
     try:
         await ctx.store.put(path, body, mode="create")
     except NotDurableError:
@@ -300,7 +300,7 @@ async def _write_manifest(
         # bytes at the manifest path mean the commit happened, so go on as committed. (If
         # this read fails too, its error propagates: the outcome is unknown, and nothing
         # is discarded.)
-        if await _manifest_is(ctx, cid, encode_manifest(manifest)):
+        if await _manifest_is(ctx, cid, encode_manifest(manifest, ctx.keys)):
             log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
             return manifest
         await _discard_uncommitted(ctx, cid)
