@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.nn.parallel import DistributedDataParallel
 
 from cairn import CheckpointPaths, SyncCheckpointer
-from cairn.torch import CairnReader, CairnWriter
+from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner
 
 PREFIX = "train/"
 FEATURES = 32
@@ -84,7 +84,12 @@ def train(args: argparse.Namespace) -> None:
         model_sd, optim_sd = get_state_dict(model, optim)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "losses": losses, "step": 0}
         reader = CairnReader(args.store, checkpoint_id=latest, prefix=PREFIX)
-        dcp_load(state, storage_reader=reader, process_group=checkpoint_group)
+        dcp_load(
+            state,
+            storage_reader=reader,
+            planner=SafeLoadPlanner(),  # non-tensor values: weights_only=True
+            process_group=checkpoint_group,
+        )
         set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
         start = int(state["step"])
         if rank == 0:

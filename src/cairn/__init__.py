@@ -35,6 +35,7 @@ from cairn.errors import (
     ObjectNotFoundError,
     OversizedArtifactError,
     PreconditionFailedError,
+    SignatureError,
     StoreError,
     SyncInAsyncContextError,
     TransientStoreError,
@@ -53,6 +54,7 @@ from cairn.manifest import (
 )
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
+from cairn.signing import HmacSigner, ManifestSigner
 from cairn.stores import Store, open_store
 from cairn.sync import SyncCheckpointer
 
@@ -80,6 +82,7 @@ __all__ = [
     "CorruptManifestError",
     "FencedError",
     "GcResult",
+    "HmacSigner",
     "IncompleteCheckpointError",
     "IntegrityError",
     "IntegrityMismatchError",
@@ -88,6 +91,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidStoreUrlError",
     "LoadedCheckpoint",
+    "ManifestSigner",
     "MissingArtifactError",
     "NotDurableError",
     "ObjectExistsError",
@@ -100,6 +104,7 @@ __all__ = [
     "PreconditionFailedError",
     "RetentionPolicy",
     "RetryPolicy",
+    "SignatureError",
     "SourceOffsetEntry",
     "Store",
     "StoreError",

@@ -46,6 +46,9 @@ log = logging.getLogger("cairn")
 DAMAGE = (CheckpointNotFoundError, IntegrityError)
 """What makes one checkpoint unloadable without saying anything of the others.
 
+A manifest not signed by the reader's keys is a :class:`~cairn.errors.SignatureError`
+(an :class:`IntegrityError`): damage, so readers fall back past a forged checkpoint.
+
 A manifest naming a codec nobody knows is a :class:`CorruptManifestError` (damage). Not
 damage, so raised: a :class:`~cairn.errors.StoreError` (a store that refuses or fails a
 read would refuse the older checkpoints too, and answering None, "no checkpoint", would
@@ -57,8 +60,10 @@ restoring older state silently would hide a missing install).
 async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> CheckpointManifest:
     """The checked manifest of ``checkpoint_id``.
 
-    Raises :class:`CheckpointNotFoundError` if it is not committed and
-    :class:`CorruptManifestError` if the bytes there are not its valid manifest.
+    Raises :class:`CheckpointNotFoundError` if it is not committed,
+    :class:`CorruptManifestError` if the bytes there are not its valid manifest, and,
+    when the context has signing keys, :class:`~cairn.errors.SignatureError` if it is
+    not signed by one of them.
     """
     check_id(checkpoint_id)
     path = ctx.paths.manifest(checkpoint_id)
@@ -68,7 +73,7 @@ async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> Checkpoint
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id}") from None
     if memoryview(blob.data).nbytes == 0:
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id} (aborted by GC)")
-    manifest = decode_manifest(path, blob.data)
+    manifest = decode_manifest(path, blob.data, ctx.keys)
     if manifest.checkpoint_id != checkpoint_id:
         raise CorruptManifestError(
             path, f"it describes checkpoint {manifest.checkpoint_id}, not {checkpoint_id}"

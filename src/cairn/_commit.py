@@ -321,7 +321,7 @@ async def _create_manifest(ctx: Context, generation: int, manifest: CheckpointMa
     _check_manifest_input(manifest)
     await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
     path = ctx.paths.manifest(manifest.checkpoint_id)
-    body = encode_manifest(manifest)
+    body = encode_manifest(manifest, ctx.keys)
     try:
         await ctx.store.put(path, body, mode="create")
     except NotDurableError:
@@ -381,7 +381,7 @@ async def _write_manifest(
         # bytes at the manifest path mean the commit happened, so go on as committed. (If
         # this read fails too, its error propagates: the outcome is unknown, and nothing
         # is discarded.)
-        if not await _manifest_is(ctx, cid, encode_manifest(manifest)):
+        if not await _manifest_is(ctx, cid, encode_manifest(manifest, ctx.keys)):
             await discard_all(manifest)
             raise
         log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
@@ -458,7 +458,9 @@ async def _check_before_create(ctx: Context, manifest: CheckpointManifest) -> No
             info = None
         if info is not None and _lease.is_tombstone(info):
             raise CheckpointAbortedError(str(cid), path) from None
-        if info is not None and not await _manifest_is(ctx, cid, encode_manifest(manifest)):
+        if info is not None and not await _manifest_is(
+            ctx, cid, encode_manifest(manifest, ctx.keys)
+        ):
             raise CheckpointExistsError(str(cid), path) from exc
         raise
 

@@ -3,8 +3,10 @@
 The checkpointer's parts (:mod:`cairn._catalog`, :mod:`cairn._upload`,
 :mod:`cairn._download`, :mod:`cairn._chains`, :mod:`cairn._commit`) are functions of a
 :class:`Context`; :class:`~cairn.ObjectStoreCheckpointer` builds one from its settings.
-Invariant: ``store`` is the retrying store, so every call any part makes is retried
-only on transient failures, with the checkpointer's policy.
+Invariants: ``store`` is the retrying store, so every call any part makes is retried
+only on transient failures, with the checkpointer's policy; with ``keys``, every
+manifest written is signed by the first and every manifest read for use is verified
+(see :mod:`cairn.signing`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from cairn.codecs import Codec
 from cairn.errors import InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
+from cairn.signing import SigningKeys
 from cairn.stores import Store
 
 __all__ = ["Context", "check_id"]
@@ -23,7 +26,8 @@ __all__ = ["Context", "check_id"]
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """A checkpointer's store (retrying), layout, concurrency limits, codec and lease."""
+    """A checkpointer's store (retrying), layout, concurrency limits, codec, lease and
+    signing keys (None: manifests are neither signed nor verified)."""
 
     store: Store
     paths: CheckpointPaths
@@ -31,6 +35,7 @@ class Context:
     max_concurrent_downloads: int
     codec: Codec | None
     lease: dt.timedelta
+    keys: SigningKeys | None = None
 
 
 def check_id(checkpoint_id: object) -> CheckpointId:

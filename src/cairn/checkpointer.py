@@ -47,6 +47,7 @@ from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.observe import Observer, Operation
 from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
+from cairn.signing import SigningKey, signing_keys
 from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store, as_store
 
@@ -135,6 +136,10 @@ class ObjectStoreCheckpointer(Checkpointer):
     progress holds a ``lease`` on its directory, renewed every third of it, that keeps
     GC away however long the save runs (see :mod:`cairn._lease`). At most
     ``max_saves_in_flight`` saves run in the background at once (:meth:`save_async`).
+    With ``signing_key`` (HMAC key bytes, a :class:`~cairn.signing.ManifestSigner`, or
+    a sequence of them: the first signs, all verify), every manifest committed is
+    signed, and every manifest used is refused with :class:`SignatureError` unless one
+    of the keys signed it; without, signatures are ignored (see :mod:`cairn.signing`).
     """
 
     def __init__(
@@ -149,8 +154,10 @@ class ObjectStoreCheckpointer(Checkpointer):
         lease: dt.timedelta = _lease.DEFAULT_LEASE,
         max_saves_in_flight: int = 1,
         observers: Sequence[Observer] = (),
+        signing_key: SigningKey | Sequence[SigningKey] | None = None,
     ) -> None:
         self.paths = paths if paths is not None else CheckpointPaths()
+        self.signing_keys = signing_keys(signing_key)
         self.codec = get_codec(compression) if compression is not None else None
         if not isinstance(self.paths, CheckpointPaths):
             raise InvalidInputError(f"paths must be a CheckpointPaths, got {paths!r}")
@@ -191,6 +198,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             self.max_concurrent_downloads,
             self.codec,
             self.lease,
+            self.signing_keys,
         )
 
     # -- writing: the commit protocol (cairn._commit, cairn._upload) ---------------------

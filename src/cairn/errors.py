@@ -13,6 +13,8 @@ CheckpointerError
 │   ├── OversizedArtifactError     stored bytes decode past the size their entry records
 │   ├── CorruptManifestError       bytes at a manifest path are not a valid manifest
 │   │   └── UnsupportedManifestVersionError
+│   ├── SignatureError             a reader with signing keys met a manifest that is not
+│   │                              signed by one of them (unsigned, unknown key, forged)
 │   └── BrokenChainError           an incremental chain misses a link (parent, base, artifact)
 ├── FencedError                    a newer writer has taken over the store
 ├── CheckpointAbortedError         GC claimed a save's checkpoint id before it committed
@@ -65,6 +67,7 @@ __all__ = [
     "ObjectNotFoundError",
     "OversizedArtifactError",
     "PreconditionFailedError",
+    "SignatureError",
     "StoreError",
     "SyncInAsyncContextError",
     "TransientStoreError",
@@ -221,6 +224,22 @@ class UnsupportedManifestVersionError(CorruptManifestError):
         self.version = version
         self.supported = supported
         super().__init__(path, f"unsupported manifest version {version!r} (supported: {supported})")
+
+
+class SignatureError(IntegrityError):
+    """The manifest at ``path`` is not signed by one of the reader's keys.
+
+    Raised only by a checkpointer given signing keys (see :mod:`cairn.signing`): the
+    manifest carries no signature, names a key the reader does not hold, or its
+    signature does not verify (someone who can write the store, but does not hold the
+    key, wrote or rewrote it). Like any :class:`IntegrityError` it makes that checkpoint
+    unloadable without saying anything of the others: ``load_latest`` falls back past it.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"untrusted manifest at {path!r}: {reason}")
 
 
 class BrokenChainError(IntegrityError):

@@ -15,9 +15,15 @@ extends. Invariants kept here:
   file bytes with that value zeroed. Any changed byte (content, key or white space) is
   detected on read, and unknown fields are refused, so a flipped key cannot hide the
   checksum. Manifests without it (the reference's, or older writers') still load;
+* a signed manifest (a writer with keys, see :mod:`cairn.signing`) has a ``"signature"``
+  member just before ``"manifest_sha256"``, over the same bytes with its value emptied and
+  the checksum zeroed; the checksum covers the signature. A reader with keys refuses a
+  manifest that is not signed by one of them (:class:`SignatureError`); one without keys
+  ignores the member. An unsigned manifest is exactly what cairn wrote before;
 * a manifest is at most :data:`MAX_MANIFEST_BYTES`: larger is refused when encoding
   (:class:`InvalidCheckpointDataError`) and, before any parsing, when decoding;
-* decoding never raises anything but :class:`CorruptManifestError` (and its subclass):
+* decoding never raises anything but :class:`CorruptManifestError` (and its subclass;
+  with keys, :class:`SignatureError` too, also an :class:`IntegrityError`):
   a JSON value of the wrong type, nesting deep enough to exhaust the parser's stack,
   an integer outside what JSON readers in other languages can hold (epochs, sizes and
   generations are non-negative signed 64-bit integers, watermarks and source epochs
@@ -52,6 +58,7 @@ from cairn.errors import (
     CorruptManifestError,
     InvalidCheckpointDataError,
     InvalidInputError,
+    SignatureError,
     UnsupportedManifestVersionError,
 )
 from cairn.ids import CheckpointId
@@ -63,6 +70,7 @@ from cairn.layout import (
     validate_partition,
     validate_relative_path,
 )
+from cairn.signing import ManifestSignature, SigningKeys, signature_field, well_formed
 
 __all__ = [
     "MANIFEST_VERSION",
@@ -219,8 +227,10 @@ _ZERO_DIGEST = "0" * 64
 
 
 class _StoredManifest(CheckpointManifest, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The manifest as stored: with the checksum of its own bytes, which is not public."""
+    """The manifest as stored: with its signature, if signed, and the checksum of its
+    own bytes, which are not public. (Fields are written in this order: the checksum last.)"""
 
+    signature: ManifestSignature | None = None
     manifest_sha256: str | None = None
 
 
@@ -258,14 +268,18 @@ _decoder = msgspec.json.Decoder(_StoredManifest, dec_hook=dec_hook)
 _probe_decoder = msgspec.json.Decoder(_VersionProbe)
 
 
-def encode_manifest(manifest: CheckpointManifest) -> bytes:
+def encode_manifest(manifest: CheckpointManifest, keys: SigningKeys | None = None) -> bytes:
     """Human-readable, deterministic JSON of ``manifest``, ending with its own checksum.
 
-    Raises :class:`InvalidCheckpointDataError` if it would exceed :data:`MAX_MANIFEST_BYTES`.
+    With ``keys``, signed by the first of them (see :mod:`cairn.signing`). Raises
+    :class:`InvalidCheckpointDataError` if it would exceed :data:`MAX_MANIFEST_BYTES`.
     """
     fields = msgspec.structs.asdict(manifest)
-    stored = _StoredManifest(**fields, manifest_sha256=_ZERO_DIGEST)
+    placeholder = None if keys is None else keys.placeholder()
+    stored = _StoredManifest(**fields, signature=placeholder, manifest_sha256=_ZERO_DIGEST)
     body = msgspec.json.format(_encoder.encode(stored), indent=2) + b"\n"
+    if keys is not None and placeholder is not None:
+        body = _sign(body, keys, placeholder)
     if len(body) > MAX_MANIFEST_BYTES:
         entries = sum(len(op.partitions) for op in manifest.operators.values())
         raise InvalidCheckpointDataError(
@@ -273,8 +287,21 @@ def encode_manifest(manifest: CheckpointManifest) -> bytes:
             f"({entries} artifact entries), over the limit of {MAX_MANIFEST_BYTES} bytes: "
             "save fewer partitions per checkpoint, or a full snapshot to shorten the chains"
         )
-    placeholder = _checksum_field(_ZERO_DIGEST)
-    return body.replace(placeholder, _checksum_field(hashlib.sha256(body).hexdigest()))
+    zeroed = _checksum_field(_ZERO_DIGEST)
+    return body.replace(zeroed, _checksum_field(hashlib.sha256(body).hexdigest()))
+
+
+def _sign(body: bytes, keys: SigningKeys, placeholder: ManifestSignature) -> bytes:
+    """``body`` (its signature's value empty, its checksum zeroed) with the value put in."""
+    field = signature_field(placeholder)
+    start = body.find(field)
+    # The member is top-level (two spaces in, after a newline that no JSON string holds):
+    # nothing else in a manifest cairn encodes can spell it.
+    assert start >= 0, "the signature member"
+    assert body.find(field, start + 1) < 0, "one signature member"
+    value = keys.sign(body)
+    signed = signature_field(msgspec.structs.replace(placeholder, value=value))
+    return body[:start] + signed + body[start + len(field) :]
 
 
 def decode_record(
@@ -296,12 +323,15 @@ def decode_record(
         raise CorruptManifestError(path, f"unreadable {what}: nested too deeply") from None
 
 
-def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
+def decode_manifest(path: str, data: Buffer, keys: SigningKeys | None = None) -> CheckpointManifest:
     """Parse and check the manifest bytes read from ``path``.
 
     Raises :class:`UnsupportedManifestVersionError` for another schema version and
     :class:`CorruptManifestError` for anything else that is not a valid manifest,
-    including one over :data:`MAX_MANIFEST_BYTES` (refused before it is parsed).
+    including one over :data:`MAX_MANIFEST_BYTES` (refused before it is parsed). With
+    ``keys``, a valid manifest that is not signed by one of them (unsigned, another key,
+    a signature that does not verify) raises :class:`SignatureError`; without, the
+    signature is not looked at.
     """
     size = memoryview(data).nbytes
     if size > MAX_MANIFEST_BYTES:
@@ -324,15 +354,18 @@ def decode_manifest(path: str, data: Buffer) -> CheckpointManifest:
         raise CorruptManifestError(path, str(exc)) from None
     except RecursionError:
         raise CorruptManifestError(path, "its JSON is nested too deeply") from None
+    checksum = None
     if stored.manifest_sha256 is not None:
-        _verify_checksum(path, data, stored.manifest_sha256)
+        checksum = _verify_checksum(path, data, stored.manifest_sha256)
     fields = msgspec.structs.asdict(stored)
-    del fields["manifest_sha256"]
+    del fields["manifest_sha256"], fields["signature"]
     manifest = CheckpointManifest(**fields)
     try:
         check_manifest(manifest, stored=True)
     except InvalidInputError as exc:
         raise CorruptManifestError(path, str(exc)) from None
+    if keys is not None:
+        _verify_signature(path, data, stored.signature, checksum, keys)
     return manifest
 
 
@@ -341,7 +374,8 @@ _CHECKSUM_FIELD = re.compile(rb'"manifest_sha256": "([^"]*)"')
 and cost a compile, 0.1 ms, per manifest decoded: a tenth of a GC plan's time)."""
 
 
-def _verify_checksum(path: str, data: Buffer, digest: str) -> None:
+def _verify_checksum(path: str, data: Buffer, digest: str) -> tuple[int, int]:
+    """Check the manifest checksum ``digest``; the span of its member in ``data``."""
     # On the caller's buffer, without a copy: a manifest may be tens of megabytes.
     body = memoryview(data)
     wanted = digest.encode()
@@ -356,6 +390,57 @@ def _verify_checksum(path: str, data: Buffer, digest: str) -> None:
     actual = hasher.hexdigest()
     if actual != digest:
         raise CorruptManifestError(path, f"manifest checksum mismatch: {actual} != {digest}")
+    return start, end
+
+
+def _verify_signature(
+    path: str,
+    data: Buffer,
+    signature: ManifestSignature | None,
+    checksum: tuple[int, int] | None,
+    keys: SigningKeys,
+) -> None:
+    """Raise :class:`SignatureError` unless ``signature`` is one of ``keys``' over ``data``.
+
+    What was signed is ``data`` with the signature's value emptied and the checksum
+    zeroed: the signature member must be exactly as cairn spells it (top-level, once),
+    and before the checksum, which cairn always writes with it.
+    """
+    held = ", ".join(keys.key_ids)
+    if signature is None:
+        raise SignatureError(
+            path, f"it is not signed; this reader requires a signature by one of its keys ({held})"
+        )
+    if checksum is None or not well_formed(signature):
+        raise SignatureError(path, "its signature member is not one cairn writes")
+    signer = keys.find(signature)
+    if signer is None:
+        raise SignatureError(
+            path,
+            f"it is signed by key {signature.key_id!r} ({signature.alg}), which is not one "
+            f"of this reader's ({held})",
+        )
+    body = bytes(data)  # the signer takes bytes: one copy, whatever the buffer
+    field = signature_field(signature)
+    start = body.find(field)
+    end = start + len(field)
+    if start < 0 or body.find(field, start + 1) >= 0 or end > checksum[0]:
+        raise SignatureError(path, "its signature member is not one cairn writes")
+    signed = b"".join(
+        (
+            body[:start],
+            signature_field(msgspec.structs.replace(signature, value="")),
+            body[end : checksum[0]],
+            _checksum_field(_ZERO_DIGEST),
+            body[checksum[1] :],
+        )
+    )
+    if not signer.verify(signed, bytes.fromhex(signature.value)):
+        raise SignatureError(
+            path,
+            f"its signature by key {signature.key_id!r} does not verify: it was not written "
+            "by a holder of that key, or was changed since",
+        )
 
 
 def _check_int(what: str, value: object, low: int, high: int) -> None:

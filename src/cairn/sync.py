@@ -36,6 +36,7 @@ from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.observe import Observer
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
+from cairn.signing import SigningKey
 from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store
 
@@ -164,6 +165,7 @@ class SyncCheckpointer:
         lease: dt.timedelta = DEFAULT_LEASE,
         max_saves_in_flight: int = 1,
         observers: Sequence[Observer] = (),
+        signing_key: SigningKey | Sequence[SigningKey] | None = None,
     ) -> None:
         self.async_checkpointer = ObjectStoreCheckpointer(
             store,
@@ -175,6 +177,7 @@ class SyncCheckpointer:
             lease=lease,
             max_saves_in_flight=max_saves_in_flight,
             observers=observers,
+            signing_key=signing_key,
         )
 
     @classmethod

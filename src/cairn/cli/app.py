@@ -42,7 +42,7 @@ from cairn.cli.session import (
     other_prefixes_hint,
     run,
 )
-from cairn.cli.verify import verify
+from cairn.cli.verify import signature_of, signature_state, verify
 from cairn.demo.harness import demo_command
 
 __all__ = ["app"]
@@ -212,7 +212,8 @@ def show_command(
     json_mode: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Show one checkpoint: sources, offsets, and the artifacts of its restore chains.
+    """Show one checkpoint: sources, offsets, the artifacts of its restore chains, and
+    whether it is signed (with CAIRN_SIGNING_KEY, one not signed by it is refused).
 
     Over 200 artifacts (or 50 sources), a summary per operator instead; --partitions
     lists every artifact and source. --json follows the same rule: a summary has
@@ -224,11 +225,16 @@ def show_command(
         parse_ref(ref)
         ckpt = await session.open()
         cid = await _resolve(session, ckpt, ref)
-        manifest = await ckpt.load_manifest(cid)
+        manifest = await ckpt.load_manifest(cid)  # with keys: refused unless signed by one
+        signature = await signature_of(ckpt, cid)
+        state = signature_state(ckpt, signature, verified=True)
+        key_id = signature.key_id if signature is not None else None
         latest = cid == await ckpt.latest_id()
         listed = views.show_lists_entries(manifest, partitions)
-        session.output.json({**session.doc(), **views.show_doc(manifest, latest, listed)})
-        session.output.show(views.show_table(manifest, latest, listed))
+        doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
+        session.output.json({**session.doc(), **doc})
+        table = views.show_table(manifest, latest, listed, signature=state, key_id=key_id)
+        session.output.show(table)
 
     run(session, body)
 
@@ -245,6 +251,8 @@ def verify_command(
     """Load checkpoints and check the SHA-256 of every artifact of every restore chain.
 
     Exits with 1 when any checkpoint fails, naming the damaged artifact or manifest.
+    Says whether each is signed; with CAIRN_SIGNING_KEY (hex keys, comma-separated),
+    one not signed by one of the keys fails.
     """
     session = Session.create(store, prefix, json_mode, debug)
 
@@ -508,7 +516,9 @@ def copy_command(
         session.other_store = True
         source = await session.open()
         target_prefix = session.prefix if to_prefix is None else to_prefix
-        target = open_checkpointer(target_url, target_prefix, create=True)
+        target = open_checkpointer(
+            target_url, target_prefix, create=True, signing_key=session.signing_key
+        )
         if target_url == session.url and target.paths == source.paths:
             raise CliError(
                 "the target is the source: give another --to or --to-prefix", ExitCode.USAGE

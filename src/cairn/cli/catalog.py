@@ -82,7 +82,8 @@ async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> Checkp
     if ref.lower() == LATEST:
         latest = await ckpt.latest_id()
         if latest is None:
-            raise CliError(f"no checkpoints in {where}", ExitCode.USAGE)
+            signed = " signed by a key of CAIRN_SIGNING_KEY" if ckpt.signing_keys else ""
+            raise CliError(f"no checkpoints{signed} in {where}", ExitCode.USAGE)
         return latest
     cid = parse_id(ref)
     if not await ckpt.exists(cid):

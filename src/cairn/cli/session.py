@@ -13,8 +13,13 @@ is under ``checkpoints/`` and the store holds runs of ``cairn demo`` (each under
 ``demo/<run>/``), the newest run's prefix is used, and a ``note:`` on stderr says so.
 "Newest" is the run holding the newest checkpoint id (ids are time-ordered).
 
+``$CAIRN_SIGNING_KEY`` (hex; several separated by commas, the first signing) makes every
+command sign the manifests it writes (``copy``) and refuse those not signed by one of
+the keys (see :mod:`cairn.signing`); a value that is not hex is a usage error naming
+the variable. ``cairn demo`` neither signs nor verifies.
+
 Commands validate everything they can before any I/O (ids, policies, URLs, target
-directories); :meth:`Session.open` is where the store is first touched.
+directories, keys); :meth:`Session.open` is where the store is first touched.
 
 :func:`run` runs one command's coroutine and turns any failure into its exit code (see
 :mod:`cairn.cli.errors`), one line on stderr and, with ``--json``, the ``error`` of the
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,21 +39,33 @@ from urllib.parse import unquote, urlsplit
 
 import typer
 
-from cairn import CheckpointId, CheckpointPaths, ObjectStoreCheckpointer, open_store
+from cairn import (
+    CheckpointId,
+    CheckpointPaths,
+    InvalidInputError,
+    ObjectStoreCheckpointer,
+    open_store,
+)
 from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
 from cairn.cli.output import Output
+from cairn.signing import parse_hex_keys
 from cairn.stores import Store, store_url
 
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_STORE_DIR",
     "DEMO_PREFIX",
+    "SIGNING_KEY_ENV",
     "Session",
     "checkpoint_prefixes",
     "cli_store_url",
     "open_checkpointer",
     "run",
+    "signing_key_from_env",
 ]
+
+SIGNING_KEY_ENV = "CAIRN_SIGNING_KEY"
+"""The environment variable holding the command's signing keys (hex, comma-separated)."""
 
 DEFAULT_STORE_DIR = "checkpoints"
 DEFAULT_PREFIX = "checkpoints/"
@@ -65,6 +83,20 @@ def cli_store_url(raw: str | None) -> str:
     if raw is None or raw == "":
         return Path(DEFAULT_STORE_DIR).absolute().as_uri()
     return store_url(raw)
+
+
+def signing_key_from_env() -> list[bytes] | None:
+    """The keys ``$CAIRN_SIGNING_KEY`` holds (None when unset or empty).
+
+    A malformed value raises :class:`CliError` (exit 2) naming the variable, never the key.
+    """
+    text = os.environ.get(SIGNING_KEY_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return parse_hex_keys(text, SIGNING_KEY_ENV)
+    except InvalidInputError as exc:
+        raise CliError(str(exc), ExitCode.USAGE) from None
 
 
 def local_dir(url: str) -> Path | None:
@@ -143,6 +175,7 @@ class Session:
     url: str = ""
     prefix: str = ""
     other_store: bool = False  # a second store is in play (copy): store errors name neither
+    signing_key: list[bytes] | None = None
 
     @classmethod
     def create(
@@ -178,9 +211,14 @@ class Session:
         unreachable store instead of being created empty.
         """
         self.parse()
+        self.signing_key = signing_key_from_env()
         hint = " (the default store: pass --store URL or set CAIRN_STORE)"
         ckpt = open_checkpointer(
-            self.url, self.prefix, create=create, hint=hint if self.default_store else ""
+            self.url,
+            self.prefix,
+            create=create,
+            hint=hint if self.default_store else "",
+            signing_key=self.signing_key,
         )
         if self.prefix_option is None and not await _checkpoint_dirs(ckpt.store, self.prefix):
             run_prefix = await newest_demo_run(ckpt.store)
@@ -190,7 +228,9 @@ class Session:
                     f"run, prefix {run_prefix!r} (pass --prefix to choose)"
                 )
                 self.prefix = run_prefix
-                ckpt = ObjectStoreCheckpointer(ckpt.store, CheckpointPaths(run_prefix))
+                ckpt = ObjectStoreCheckpointer(
+                    ckpt.store, CheckpointPaths(run_prefix), signing_key=self.signing_key
+                )
         return ckpt
 
     async def elsewhere(self, ckpt: ObjectStoreCheckpointer) -> str:
@@ -199,12 +239,18 @@ class Session:
 
 
 def open_checkpointer(
-    url: str, prefix: str, *, create: bool, hint: str = ""
+    url: str,
+    prefix: str,
+    *,
+    create: bool,
+    hint: str = "",
+    signing_key: list[bytes] | None = None,
 ) -> ObjectStoreCheckpointer:
     """An :class:`ObjectStoreCheckpointer` over ``url`` with base ``prefix``.
 
     Unless ``create``, a local directory that does not exist raises :class:`CliError`
-    (exit 3), with ``hint`` appended to the message.
+    (exit 3), with ``hint`` appended to the message. ``signing_key``: its keys (see
+    :func:`signing_key_from_env`).
     """
     directory = local_dir(url)
     if directory is not None and not create and not directory.is_dir():
@@ -212,7 +258,9 @@ def open_checkpointer(
         raise CliError(
             f"store unreachable: local directory {directory} {what}{hint}", ExitCode.STORE
         )
-    return ObjectStoreCheckpointer(open_store(url), CheckpointPaths(prefix))
+    return ObjectStoreCheckpointer(
+        open_store(url), CheckpointPaths(prefix), signing_key=signing_key
+    )
 
 
 class _OneLine(logging.Formatter):

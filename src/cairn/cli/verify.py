@@ -4,6 +4,10 @@ Each checkpoint is loaded with :meth:`ObjectStoreCheckpointer.load`, which check
 manifest's own checksum and the SHA-256 of every artifact of every partition's restore
 chain (including artifacts held by the parent checkpoints it builds on). Checkpoints
 are verified one after the other, so memory holds one checkpoint at a time.
+
+Each result also says whether the checkpoint is signed (:mod:`cairn.signing`), by
+which key, and, when the command has keys (``$CAIRN_SIGNING_KEY``), whether the
+signature verifies: with keys, a checkpoint not signed by one of them fails.
 """
 
 from __future__ import annotations
@@ -14,13 +18,44 @@ from cairn import (
     CheckpointId,
     CheckpointNotFoundError,
     CodecError,
+    CorruptManifestError,
     IntegrityError,
     ObjectStoreCheckpointer,
+    SignatureError,
 )
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer
+from cairn.signing import ManifestSignature, read_signature
 
-__all__ = ["Verified", "verify"]
+__all__ = ["SIGNATURE_STATES", "Verified", "signature_of", "signature_state", "verify"]
+
+SIGNATURE_STATES = ("verified", "invalid", "unsigned", "unchecked")
+"""What a checkpoint's signature is: ``verified`` (by one of the command's keys),
+``invalid`` (the command has keys and it is not signed by one of them: another key, or
+a signature that does not verify), ``unsigned`` (it carries none), ``unchecked`` (it is
+signed, and the command has no key to check it with)."""
+
+
+async def signature_of(
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId
+) -> ManifestSignature | None:
+    """The signature ``cid``'s manifest carries, unverified; None if none (or no manifest)."""
+    try:
+        blob = await ckpt.store.get(ckpt.paths.manifest(cid))
+    except CheckpointNotFoundError:
+        return None
+    return read_signature(blob.data)
+
+
+def signature_state(
+    ckpt: ObjectStoreCheckpointer, signature: ManifestSignature | None, verified: bool
+) -> str:
+    """One of :data:`SIGNATURE_STATES`; ``verified``: the checkpointer accepted its manifest."""
+    if ckpt.signing_keys is None:
+        return "unsigned" if signature is None else "unchecked"
+    if verified:
+        return "verified"
+    return "unsigned" if signature is None else "invalid"
 
 
 @dataclass(frozen=True)
@@ -32,6 +67,8 @@ class Verified:
     artifacts: int
     size_bytes: int
     error: str | None
+    signature: str | None = None
+    key_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -43,15 +80,27 @@ async def verify_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Verifi
     """Load ``cid`` with every digest checked; integrity failures are returned, not raised.
 
     Store failures (:class:`cairn.StoreError`) are raised: they say nothing about the
-    checkpoint.
+    checkpoint. ``signature`` is one of :data:`SIGNATURE_STATES`, or None when its
+    manifest could not be read.
     """
+    signature = await signature_of(ckpt, cid)
+    key_id = signature.key_id if signature is not None else None
     try:
         loaded = await ckpt.load(cid, verify=True)
     except (IntegrityError, CodecError, CheckpointNotFoundError) as exc:
-        return Verified(cid, None, 0, 0, describe(exc))
+        own = getattr(exc, "path", None) == ckpt.paths.manifest(cid)
+        state: str | None
+        if isinstance(exc, SignatureError) and own:
+            state = signature_state(ckpt, signature, verified=False)
+        elif isinstance(exc, CorruptManifestError | CheckpointNotFoundError) and own:
+            state = None  # its manifest does not read: nothing to say of its signature
+        else:  # its own manifest was accepted; an artifact or a parent failed
+            state = signature_state(ckpt, signature, verified=True)
+        return Verified(cid, None, 0, 0, describe(exc), state, key_id)
     links = [link for chain in loaded.chains.values() for link in chain]
     size = sum(memoryview(link.data).nbytes for link in links)
-    return Verified(cid, loaded.epoch, len(links), size, None)
+    state = signature_state(ckpt, signature, verified=True)
+    return Verified(cid, loaded.epoch, len(links), size, None, state, key_id)
 
 
 async def verify(

@@ -53,6 +53,7 @@ __all__ = [
     "show_doc",
     "show_lists_entries",
     "show_table",
+    "signature_text",
     "verify_doc",
     "verify_table",
 ]
@@ -263,11 +264,21 @@ def operator_summaries(manifest: CheckpointManifest) -> list[dict[str, Any]]:
     return rows
 
 
-def show_doc(manifest: CheckpointManifest, latest: bool, listed: bool = True) -> dict[str, Any]:
+def show_doc(
+    manifest: CheckpointManifest,
+    latest: bool,
+    listed: bool = True,
+    *,
+    signature: str = "unsigned",
+    key_id: str | None = None,
+) -> dict[str, Any]:
     """``cairn show --json``: the summary, source offsets, per-operator totals, and (when
-    ``listed``) every artifact."""
+    ``listed``) every artifact. ``signature`` is one of
+    :data:`cairn.cli.verify.SIGNATURE_STATES` and ``key_id`` the key it names."""
     doc = manifest_doc(manifest)
     doc["latest"] = latest
+    doc["signature"] = signature
+    doc["key_id"] = key_id
     doc["source_offsets"] = {
         name: {"source_type": e.source_type, "offsets": dict(e.offsets), "epoch": e.epoch}
         for name, e in sorted(manifest.source_offsets.items())
@@ -298,7 +309,25 @@ def _more(shown: int, total: int, what: str) -> RenderableType | None:
     return Text(f"{total - shown} more {what} not shown; --partitions lists every one")
 
 
-def show_table(manifest: CheckpointManifest, latest: bool, listed: bool = True) -> RenderableType:
+def signature_text(signature: str | None, key_id: str | None) -> str:
+    """A signature state (:data:`cairn.cli.verify.SIGNATURE_STATES`) in words."""
+    key = f" by key {key_id}" if key_id else ""
+    return {
+        "verified": f"signed{key}, verified",
+        "invalid": f"signed{key}, DOES NOT VERIFY with CAIRN_SIGNING_KEY",
+        "unsigned": "unsigned",
+        "unchecked": f"signed{key}, not checked (no CAIRN_SIGNING_KEY)",
+    }.get(signature or "", "unknown")
+
+
+def show_table(
+    manifest: CheckpointManifest,
+    latest: bool,
+    listed: bool = True,
+    *,
+    signature: str = "unsigned",
+    key_id: str | None = None,
+) -> RenderableType:
     """``cairn show``: the checkpoint's facts, its sources, and its restore chains.
 
     Unless ``listed``, the chains are summarised per operator and each table holds at
@@ -322,6 +351,7 @@ def show_table(manifest: CheckpointManifest, latest: bool, listed: bool = True) 
         ),
         ("watermark", "—" if manifest.watermark is None else manifest.watermark),
         ("writer generation", manifest.writer_generation or 0),
+        ("signature", signature_text(signature, key_id)),
     ):
         facts.add_row(Text(name), _plain(value))
     parts: list[RenderableType] = [facts]
@@ -406,6 +436,8 @@ def verify_doc(where: dict[str, str], results: list[Verified]) -> dict[str, Any]
                 "artifacts": r.artifacts,
                 "size_bytes": r.size_bytes,
                 "error": r.error,
+                "signature": r.signature,
+                "key_id": r.key_id,
             }
             for r in results
         ],
@@ -422,6 +454,7 @@ def verify_table(results: list[Verified]) -> RenderableType:
         ">Epoch",
         ">Artifacts",
         ">Size",
+        "Signature",
         "Result",
     )
     for r in results:
@@ -431,6 +464,7 @@ def verify_table(results: list[Verified]) -> RenderableType:
             _plain("?" if r.epoch is None else r.epoch),
             _plain(r.artifacts if r.ok else ""),
             _plain(human_size(r.size_bytes) if r.ok else ""),
+            _plain(r.signature or "?"),
             result,
         )
     return table

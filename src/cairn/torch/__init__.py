@@ -3,11 +3,19 @@
 Install with ``pip install 'cairn[torch]'`` (torch and numpy). Then::
 
     import torch.distributed.checkpoint as dcp
-    from cairn.torch import CairnReader, CairnWriter, load_latest
+    from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner, load_latest
 
     dcp.save(state_dict, storage_writer=CairnWriter("s3://bucket/run", epoch=step))
-    dcp.load(state_dict, storage_reader=CairnReader("s3://bucket/run"))
+    dcp.load(
+        state_dict,
+        storage_reader=CairnReader("s3://bucket/run"),
+        planner=SafeLoadPlanner(),  # byte items: weights_only=True, never arbitrary code
+    )
     load_latest(state_dict, "s3://bucket/run")  # the same, falling back past damage
+
+Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
+checkpoints (see :mod:`cairn.signing`): a reader with the key refuses, or passes over
+when choosing the latest, a checkpoint that someone without the key wrote.
 
 ``dcp.async_save`` works with either executor: in process mode the writer is pickled
 into DCP's background process (its configuration travels; the store connection is made
@@ -70,6 +78,10 @@ Invariants:
   chooses the latest, and a load whose ranks chose differently is refused;
 * the metadata is never unpickled before it is verified, nor with any global outside
   DCP's metadata types;
+* a byte item (a value that is not a tensor, which DCP stores pickled and whose default
+  planner unpickles with ``weights_only=False``, running whatever code it names) reaches
+  a planner only if it unpickles with ``weights_only=True``
+  (:class:`~cairn.torch.SafeLoadPlanner`, see :mod:`cairn.torch._planner`);
 * memory during a save is bounded by the concurrency, not by the state: contiguous CPU
   tensors are sent from their own memory, bundles a chunk at a time, and tensors that
   must be copied (from a device, or to make them contiguous) are uploaded in batches
@@ -91,7 +103,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from cairn.torch._latest import load_latest
+from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
 from cairn.torch._writer import METADATA_OPERATOR, CairnWriter, rank_operator
 
-__all__ = ["METADATA_OPERATOR", "CairnReader", "CairnWriter", "load_latest", "rank_operator"]
+__all__ = [
+    "METADATA_OPERATOR",
+    "CairnReader",
+    "CairnWriter",
+    "SafeLoadPlanner",
+    "load_latest",
+    "rank_operator",
+]

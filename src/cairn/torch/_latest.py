@@ -10,6 +10,7 @@ This helper then loads the next older checkpoint, as
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from torch.distributed.checkpoint.api import CheckpointException
@@ -18,6 +19,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from cairn import _catalog
 from cairn.ids import CheckpointId
+from cairn.signing import SigningKey
+from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
 from cairn.torch._runtime import StoreArg
 
@@ -34,6 +37,7 @@ def load_latest(
     max_concurrent_downloads: int = 8,
     process_group: Any = None,
     planner: LoadPlanner | None = None,
+    signing_key: SigningKey | Sequence[SigningKey] | None = None,
 ) -> CheckpointId:
     """Load into ``state_dict`` the newest DCP checkpoint whose every item verifies.
 
@@ -46,6 +50,10 @@ def load_latest(
     it. Items of the failed attempt that had verified may already be in ``state_dict``;
     the next attempt loads every item again. Returns the id of the checkpoint loaded.
 
+    ``planner`` defaults to a :class:`~cairn.torch.SafeLoadPlanner`, which never
+    unpickles anything but tensors and plain values. With ``signing_key`` (see
+    :mod:`cairn.signing`), checkpoints not signed by one of the keys are passed over.
+
     When no checkpoint is left, :class:`~cairn.CheckpointNotFoundError` is raised.
     """
     damaged: list[CheckpointId] = []
@@ -55,10 +63,14 @@ def load_latest(
             prefix=prefix,
             max_concurrent_downloads=max_concurrent_downloads,
             skip=damaged,
+            signing_key=signing_key,
         )
         try:
             dcp_load(
-                state_dict, storage_reader=reader, planner=planner, process_group=process_group
+                state_dict,
+                storage_reader=reader,
+                planner=planner if planner is not None else SafeLoadPlanner(),
+                process_group=process_group,
             )
         except CheckpointException as exc:
             cid = reader.checkpoint_id

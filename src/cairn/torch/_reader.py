@@ -8,7 +8,7 @@ import io
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from cairn.errors import (
 from cairn.ids import CheckpointId
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.signing import SigningKey
 from cairn.torch._format import (
     ItemRecord,
     copy_bytes_into,
@@ -41,6 +42,7 @@ from cairn.torch._format import (
     parse_record,
     tensor_from_bytes,
 )
+from cairn.torch._planner import check_byte_item, unpickles_safely
 from cairn.torch._runtime import StoreArg, make_checkpointer, parse_checkpoint_id, run
 from cairn.torch._writer import METADATA_OPERATOR
 
@@ -73,7 +75,15 @@ class CairnReader(StorageReader):
     gone. Every item is checked against its SHA-256 before DCP sees a byte of it; a
     mismatch raises :class:`~cairn.IntegrityMismatchError` naming the artifact. At most
     ``max_concurrent_downloads`` reads are in flight per rank. ``skip`` names checkpoints
-    the choice of the latest passes over (see :func:`cairn.torch.load_latest`).
+    the choice of the latest passes over (see :func:`cairn.torch.load_latest`). With
+    ``signing_key`` (see :mod:`cairn.signing`), a checkpoint whose manifest is not signed
+    by one of the keys is refused (:class:`~cairn.SignatureError`), and passed over when
+    choosing the latest.
+
+    Byte items (DCP's pickled non-tensor values) reach the planner only if they unpickle
+    with ``weights_only=True``: use :class:`~cairn.torch.SafeLoadPlanner`, which then
+    unpickles them that way once; any other planner gets them after cairn has checked
+    them so (see :mod:`cairn.torch._planner`).
     """
 
     def __init__(
@@ -84,9 +94,13 @@ class CairnReader(StorageReader):
         prefix: str = "checkpoints/",
         max_concurrent_downloads: int = 8,
         skip: Iterable[CheckpointId] = (),
+        signing_key: SigningKey | Sequence[SigningKey] | None = None,
     ) -> None:
         self._ckpt = make_checkpointer(
-            store, prefix, max_concurrent_downloads=max_concurrent_downloads
+            store,
+            prefix,
+            max_concurrent_downloads=max_concurrent_downloads,
+            signing_key=signing_key,
         )
         self._skip = frozenset(skip)
         self._default_id = (
@@ -302,7 +316,10 @@ async def _deliver(
 ) -> None:
     """Hand one verified item to the planner (tensor copies run off the event loop)."""
     if item.type == LoadItemType.BYTE_IO:
-        planner.load_bytes(item, io.BytesIO(piece.tobytes()))
+        data = piece.tobytes()
+        if not unpickles_safely(planner):
+            check_byte_item(item, data)  # DCP's default planner would unpickle anything
+        planner.load_bytes(item, io.BytesIO(data))
         return
     target = planner.resolve_tensor(item).detach()
     await _off_loop(piece, _copy_into, target, item, record, piece)

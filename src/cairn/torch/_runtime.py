@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from obstore.store import MemoryStore, ObjectStore
@@ -26,6 +26,7 @@ from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import InvalidInputError, SyncInAsyncContextError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
+from cairn.signing import SigningKey
 from cairn.stores import Store
 from cairn.sync import _runner
 
@@ -64,6 +65,7 @@ def make_checkpointer(
     max_concurrent_downloads: int = 8,
     compression: str | None = None,
     lease: dt.timedelta = DEFAULT_LEASE,
+    signing_key: SigningKey | Sequence[SigningKey] | None = None,
 ) -> ObjectStoreCheckpointer:
     """The checkpointer a writer or reader works through (arguments checked here)."""
     positive_int("max_concurrent_uploads", max_concurrent_uploads)
@@ -75,6 +77,7 @@ def make_checkpointer(
         max_concurrent_downloads=max_concurrent_downloads,
         compression=compression,
         lease=lease,
+        signing_key=signing_key,
     )
 
 

@@ -8,7 +8,7 @@ import io
 import logging
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from cairn.errors import IncompleteCheckpointError, InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.signing import SigningKey
 from cairn.torch._format import (
     BUNDLE_BYTES,
     OWN_ARTIFACT_BYTES,
@@ -147,7 +148,9 @@ class CairnWriter(StorageWriter):
     :meth:`~cairn.ObjectStoreCheckpointer.take_over` (0 if it never took over): once a
     newer generation has taken over the store, a save is refused with
     :class:`~cairn.FencedError`. ``lease`` is how long an interrupted save's uploads are
-    protected from GC (see :mod:`cairn._lease`).
+    protected from GC (see :mod:`cairn._lease`). With ``signing_key`` the manifest is
+    signed (see :mod:`cairn.signing`), so a :class:`CairnReader` given the key loads it
+    and refuses what someone without the key wrote.
 
     Pickles (for ``dcp.async_save`` in process mode) unless its store is in memory.
     See :mod:`cairn.torch` for what is stored and what is guaranteed.
@@ -163,6 +166,7 @@ class CairnWriter(StorageWriter):
         compression: str | None = None,
         writer_generation: int = 0,
         lease: dt.timedelta = DEFAULT_LEASE,
+        signing_key: SigningKey | Sequence[SigningKey] | None = None,
     ) -> None:
         if not is_int(epoch) or epoch < 0:
             raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
@@ -175,6 +179,7 @@ class CairnWriter(StorageWriter):
             "max_concurrent_uploads": max_concurrent_uploads,
             "compression": compression,
             "lease": lease,
+            "signing_key": signing_key,
         }
         self._prefix = prefix
         self.epoch = epoch
