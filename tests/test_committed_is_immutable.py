@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import types
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from obstore.store import ObjectStore
 from support.artifacts import artifact_path
-from support.gates import GatedStore
+from support.gates import GatedStore, Match
 
 from cairn import (
     ArtifactExistsError,
@@ -37,9 +36,7 @@ from cairn import (
 )
 from cairn import retention as retention_module
 from cairn.layout import is_attempt_artifact
-from cairn.stores import ForwardingStore, ObstoreStore, PutMode, Store, StoreMethod
-
-T = TypeVar("T")
+from cairn.stores import ObstoreStore, PutMode, StoreMethod
 
 FAST = RetryPolicy(attempts=3, initial_delay=0.001, max_delay=0.01)
 
@@ -303,35 +300,18 @@ async def test_a_save_whose_directory_was_swept_while_it_stalled_commits_nothing
     assert latest is not None and latest.checkpoint_id == first.checkpoint_id
 
 
-class _FrozenSave(ForwardingStore):
-    """A save's process frozen mid-upload: partition 1's upload and every lease renewal
-    wait until :meth:`thaw`, so the lease lapses by the store's own time."""
+def _lease_renewals() -> Match:
+    """Matches every write of an intent but the first: the renewals of a lease."""
+    seen = 0
 
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.intents = 0
-        self.frozen = asyncio.Event()
-        self._thawed = asyncio.Event()
-
-    def thaw(self) -> None:
-        self._thawed.set()
-
-    async def _around(
-        self,
-        operation: StoreMethod,
-        path: str,
-        call: Callable[[], Awaitable[T]],
-        *,
-        mode: PutMode | None = None,
-    ) -> T:
+    def match(operation: StoreMethod, path: str, mode: PutMode | None) -> bool:
+        nonlocal seen
         if operation == "put" and path.endswith("/intent.json"):
-            self.intents += 1
-            if self.intents > 1:
-                await self._thawed.wait()
-        elif operation == "put" and "/partition-1." in path:
-            self.frozen.set()
-            await self._thawed.wait()
-        return await call()
+            seen += 1
+            return seen > 1
+        return False
+
+    return match
 
 
 @pytest.mark.parametrize("tombstone_dropped", [False, True])
@@ -339,13 +319,16 @@ async def test_a_save_whose_lease_gc_claimed_is_aborted(
     raw_store: ObjectStore, tombstone_dropped: bool
 ) -> None:
     inner = ObstoreStore(raw_store)
-    frozen = _FrozenSave(inner)
+    # The save's process is frozen mid-upload: partition 1's upload and every lease
+    # renewal wait, so the lease lapses by the store's own time.
+    renewals = GatedStore(inner, _lease_renewals(), every=True)
+    frozen = GatedStore(renewals, lambda op, path, mode: op == "put" and "/partition-1." in path)
     saver = ObjectStoreCheckpointer(
         frozen, retry=FAST, lease=dt.timedelta(milliseconds=300), max_concurrent_uploads=1
     )
     data = CheckpointData(epoch=1, snapshots={("op", 0): b"a", ("op", 1): b"b"})
     running = asyncio.create_task(saver.save(data))
-    await frozen.frozen.wait()
+    await frozen.reached.wait()
     gc = ObjectStoreCheckpointer(inner, retry=FAST)
     claimed = False
     for _ in range(50):  # until the lease has lapsed by the store's clock (~1 s stamps)
@@ -357,7 +340,8 @@ async def test_a_save_whose_lease_gc_claimed_is_aborted(
     assert claimed, "GC claims a directory whose lease lapsed"
     if tombstone_dropped:  # as when the tombstone expired before the save woke up
         await inner.delete([gc.paths.manifest(data.id)])
-    frozen.thaw()
+    renewals.release()
+    frozen.release()
     with pytest.raises(CheckpointAbortedError) as info:
         await running
     assert str(data.id) in str(info.value)

@@ -18,15 +18,17 @@ Match = Callable[[StoreMethod, str, PutMode | None], bool]
 
 
 class GatedStore(ForwardingStore):
-    """Holds the first call that ``match`` accepts until :meth:`release`.
+    """Holds the first call that ``match`` accepts (every one, with ``every``) until
+    :meth:`release`.
 
-    ``reached`` is set when that call arrives (before it reaches ``inner``); every other
-    call, and every later matching one, goes straight through.
+    ``reached`` is set when the first such call arrives (before it reaches ``inner``);
+    every other call goes straight through.
     """
 
-    def __init__(self, inner: Store, match: Match) -> None:
+    def __init__(self, inner: Store, match: Match, *, every: bool = False) -> None:
         super().__init__(inner)
         self._match = match
+        self._every = every
         self._armed = True
         self.reached = asyncio.Event()
         self._open = asyncio.Event()
@@ -44,7 +46,7 @@ class GatedStore(ForwardingStore):
         mode: PutMode | None = None,
     ) -> T:
         if self._armed and self._match(operation, path, mode):
-            self._armed = False
+            self._armed = self._every
             self.reached.set()
             await self._open.wait()
         return await call()
