@@ -126,7 +126,7 @@ async def _measure(what: str, bomb: bytes) -> dict[str, Any]:
     good = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): STATE}))
     bad = await ckpt.save(CheckpointData(epoch=2, snapshots={("op", 0): STATE}))
     path = await plant_bomb(ckpt, bad.checkpoint_id, "op", bomb)
-    [entry] = good.operators["op"].partitions
+    entries = {m.checkpoint_id: m.operators["op"].partitions[0] for m in (good, bad)}
 
     async def read(cid: CheckpointId) -> Any:
         if what == "load":
@@ -134,6 +134,7 @@ async def _measure(what: str, bomb: bytes) -> dict[str, Any]:
         if what == "load_chain":
             return await ckpt.load_chain(cid, "op", 0)
         if what == "load_artifact_to":
+            entry = entries[cid]
             artifact = ckpt.paths.resolve(cid, entry.path)
             return await ckpt.load_artifact_to(
                 artifact, Discard(), expected_sha256=entry.sha256, codec="zstd"
