@@ -51,7 +51,7 @@ async def tombstones(ckpt: ObjectStoreCheckpointer) -> set[str]:
 
 
 async def checkpoint_objects(ckpt: ObjectStoreCheckpointer) -> set[str]:
-    """Objects inside checkpoint directories (not _latest, its lock sidecar, or tombstones)."""
+    """Objects inside checkpoint directories (not _latest, _writer, or tombstones)."""
     inside = {p for p in await paths_in(ckpt) if ckpt.paths.checkpoint_of(p) is not None}
     return inside - await tombstones(ckpt)
 

@@ -5,7 +5,10 @@ contract's (tests/test_store_contract.py)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import fcntl
 import multiprocessing
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -190,6 +193,87 @@ async def test_deleting_a_local_checkpoint_removes_staging_leftovers(tmp_path: P
     await ckpt.delete_checkpoint(manifest.checkpoint_id)
     assert not folder.exists()
     assert await ckpt.list_checkpoints() == []
+
+
+# -- the local compare-and-swap locks the object's directory -------------------------------
+
+
+def _local(root: Path) -> ObstoreStore:
+    root.mkdir(parents=True, exist_ok=True)
+    return ObstoreStore(LocalStore(root))
+
+
+def _lock_directory(path: Path) -> int:
+    """Hold an exclusive ``flock`` on directory ``path``, as another process's swap would."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+async def test_a_local_compare_and_swap_locks_the_objects_directory(tmp_path: Path) -> None:
+    store = _local(tmp_path / "store")
+    first = await store.put("dir/pointer", b"1")
+    assert first.e_tag is not None
+    holder = _lock_directory(tmp_path / "store" / "dir")
+    swap = asyncio.ensure_future(store.put("dir/pointer", b"2", mode=IfMatch(first.e_tag)))
+    await asyncio.sleep(0.2)
+    assert not swap.done(), "the swap waits while another holds the directory's lock"
+    os.close(holder)
+    await asyncio.wait_for(swap, 10)
+    assert os.listdir(tmp_path / "store" / "dir") == ["pointer"]  # no lock file
+    assert (tmp_path / "store" / "dir" / "pointer").read_bytes() == b"2"
+
+
+async def test_a_swap_whose_directory_was_made_again_locks_the_new_one(tmp_path: Path) -> None:
+    # A swap that waited for the lock of a directory removed meanwhile (its object deleted,
+    # the directory emptied and removed, then made again by a new put) holds a lock nobody
+    # else takes: it must lock the directory there now, or two swaps would run at once.
+    root = tmp_path / "store"
+    store = _local(root)
+    first = await store.put("dir/pointer", b"old")
+    assert first.e_tag is not None
+    old_directory = _lock_directory(root / "dir")
+    swap = asyncio.ensure_future(store.put("dir/pointer", b"swapped", mode=IfMatch(first.e_tag)))
+    await asyncio.sleep(0.1)  # the swap waits for the old directory's lock
+    await store.delete_prefix("dir/")
+    assert not (root / "dir").exists()
+    await store.put("dir/pointer", b"made again")
+    new_directory = _lock_directory(root / "dir")  # another swap, in the new directory
+    os.close(old_directory)
+    await asyncio.sleep(0.3)
+    assert not swap.done(), "the swap went on while another held the new directory's lock"
+    os.close(new_directory)
+    with pytest.raises(PreconditionFailedError, match="e-tag is"):
+        await asyncio.wait_for(swap, 10)
+    assert (root / "dir" / "pointer").read_bytes() == b"made again"
+
+
+async def test_a_lock_file_left_by_earlier_versions_breaks_nothing(tmp_path: Path) -> None:
+    # Earlier versions locked a ``.{name}.lock`` sidecar next to ``_latest`` and kept it.
+    # It is a file like any other: listed by the store, outside every checkpoint
+    # directory (so no checkpoint, GC or verification counts it), never opened again.
+    from cairn import CheckpointData, ObjectStoreCheckpointer, RetentionPolicy
+
+    root = tmp_path / "store"
+    ckpt = ObjectStoreCheckpointer(_local(root).obstore)
+    await ckpt.save(CheckpointData(epoch=0, snapshots={("op", 0): b"x"}))
+    leftover = root / ckpt.paths.base_prefix / "._latest.lock"
+    leftover.write_bytes(b"")
+    held = os.open(leftover, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # even one an old process still holds
+    try:
+        saved = [
+            (await ckpt.save(CheckpointData(epoch=e, snapshots={("op", 0): b"y"}))).checkpoint_id
+            for e in (1, 2, 3)
+        ]
+    finally:
+        os.close(held)
+    assert await ckpt.read_latest() == saved[-1]
+    assert (await ckpt.load_latest()) is not None
+    result = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert len(result.deleted) == 3 and result.orphans_deleted == []
+    assert await ckpt.list_checkpoints() == [saved[-1]]
+    assert leftover.is_file()
 
 
 # -- capabilities --------------------------------------------------------------------------

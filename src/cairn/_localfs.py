@@ -35,10 +35,12 @@ __all__ = [
     "_is_staging",
     "_local_delete",
     "_local_dirs",
+    "_local_holds",
     "_local_info",
     "_local_io",
     "_local_list",
     "_local_list_dir",
+    "_local_open_parent",
     "_local_parts",
     "_local_persist",
     "_local_read",
@@ -342,6 +344,28 @@ def _local_remove_tree(root: Path, prefix: str) -> None:
             pass
         except OSError as exc:
             raise translate_error("delete", prefix, exc) from exc
+
+
+def _local_open_parent(root: Path, path: str) -> int | None:
+    """A new descriptor of the directory that holds object ``path``, reached as every
+    local access is (``O_NOFOLLOW`` from ``root``); None if it, or a directory on its way,
+    is missing or a link. The caller closes it."""
+    parts = _local_parts("put", path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        if len(fds) != len(parts):
+            return None
+        return os.dup(fds[-1])
+
+
+def _local_holds(root: Path, path: str, dir_fd: int) -> bool:
+    """Whether ``dir_fd`` is still the directory at the place of object ``path``'s parent:
+    not one removed since it was opened (and maybe made again, a new directory)."""
+    parts = _local_parts("put", path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        if len(fds) != len(parts):
+            return False
+        now, held = os.fstat(fds[-1]), os.fstat(dir_fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 async def _local_io(operation: str, path: str, func: Callable[..., T], *args: Any) -> T:

@@ -23,10 +23,10 @@ Invariants kept at this boundary:
   never are;
 * ``put(mode=IfMatch(...))`` is a compare-and-swap on every backend. obstore's local
   store has no conditional update (``native_compare_and_swap`` is False), so for
-  ``file://`` stores it is done under an OS file lock (``fcntl.flock``) on a sidecar
-  ``.{name}.lock`` file next to the object, around read-compare-replace, where the
-  replace is obstore's atomic rename. That holds between processes on one host (not
-  across hosts sharing a network filesystem);
+  ``file://`` stores it is done under an OS file lock (``fcntl.flock``) on the
+  directory that holds the object, around read-compare-replace, where the replace is
+  obstore's atomic rename. That holds between processes on one host (not across hosts
+  sharing a network filesystem), and leaves no file of its own in the store;
 * a ``put`` or ``put_stream`` that returned is durable, as a PUT to S3 is: on a local
   store (where obstore writes and renames without any fsync) the file and every
   directory from its parent up to the root are fsynced before it returns, so a
@@ -75,11 +75,12 @@ from obstore.store import (
 
 from cairn._buffer import Buffer
 from cairn._localfs import (
-    _LINK_ERRNOS,
     _local_delete,
+    _local_holds,
     _local_io,
     _local_list,
     _local_list_dir,
+    _local_open_parent,
     _local_parts,
     _local_persist,
     _local_read,
@@ -609,45 +610,37 @@ class ObstoreStore:
     async def _locked_compare_and_swap(
         self, root: Path, path: str, data: Buffer, mode: IfMatch
     ) -> ObjectInfo:
-        """Compare-and-swap under an OS file lock, for a directory without a native one."""
-        # Joined by parts: a leading "/" (which obstore ignores) must not leave the root.
-        target = root.joinpath(*_local_parts("put", path))
-        lock_path = target.with_name(f".{target.name}.lock")
+        """Compare-and-swap under an OS file lock, for a directory without a native one.
 
-        def open_lock() -> int:
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
-            # O_NOFOLLOW: a link planted at the lock's name must not create or open a file
-            # elsewhere (ELOOP, reported as a StoreError).
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            return os.open(lock_path, flags, 0o644)
-
-        try:
-            fd = await asyncio.to_thread(open_lock)
-        except OSError as exc:
-            if exc.errno in _LINK_ERRNOS:
-                raise StoreError(
-                    "put", path, f"its lock file {lock_path.name!r} is a symbolic link (remove it)"
-                ) from None
-            raise translate_error("put", path, exc) from exc
-        try:
-            await _flock_exclusive(fd, path)
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            try:
-                current = await self.head(path)
-            except CheckpointNotFoundError:
-                raise PreconditionFailedError("put", path, "object no longer exists") from None
-            if current.e_tag != mode.e_tag:
-                raise PreconditionFailedError(
-                    "put", path, f"e-tag is {current.e_tag}, expected {mode.e_tag}"
-                )
-            await self.put(path, data, mode="overwrite")
-            # The local store's e-tag is derived from inode, mtime and size: read it back.
-            return await self.head(path)
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
+        The lock is an exclusive ``flock`` on the directory that holds the object, opened
+        as every local access is (without following a link on the way): the swaps of all
+        objects in one directory take turns, in one process and between processes, and
+        no lock file is left in the store. A swap needs the object, so its directory
+        exists; one that was removed while this waited (its object deleted, and maybe
+        made again since, a new directory) is not the one to hold: lock the one there
+        now.
+        """
+        while True:
+            fd = await _local_io("put", path, _local_open_parent, root, path)
+            if fd is None:
+                raise PreconditionFailedError("put", path, "object no longer exists")
+            try:  # closing the descriptor releases the lock, also when cancelled
+                await _flock_exclusive(fd, path)
+                if not await _local_io("put", path, _local_holds, root, path, fd):
+                    continue
+                try:
+                    current = await self.head(path)
+                except CheckpointNotFoundError:
+                    raise PreconditionFailedError("put", path, "object no longer exists") from None
+                if current.e_tag != mode.e_tag:
+                    raise PreconditionFailedError(
+                        "put", path, f"e-tag is {current.e_tag}, expected {mode.e_tag}"
+                    )
+                await self.put(path, data, mode="overwrite")
+                # The local store's e-tag is derived from inode, mtime and size: read it back.
+                return await self.head(path)
+            finally:
+                os.close(fd)
 
 
 async def _flock_exclusive(fd: int, path: str) -> None:
