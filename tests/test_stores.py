@@ -5,12 +5,14 @@ contract's (tests/test_store_contract.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import fcntl
 import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,9 +32,12 @@ from cairn import (
     TransientStoreError,
     open_store,
 )
+from cairn import stores as cairn_stores
 from cairn._buffer import Buffer
+from cairn._localfs import _local_parent_missing
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.stores import (
+    LOCAL_PUT_ATTEMPTS,
     Blob,
     ForwardingStore,
     IfMatch,
@@ -274,6 +279,128 @@ async def test_a_lock_file_left_by_earlier_versions_breaks_nothing(tmp_path: Pat
     assert len(result.deleted) == 3 and result.orphans_deleted == []
     assert await ckpt.list_checkpoints() == [saved[-1]]
     assert leftover.is_file()
+
+
+class _RemovingRacer:
+    """A thread that keeps removing the (empty) folders of an object's path, deepest first,
+    as a concurrent delete that empties them does, until the put notices (the put's check
+    for a vanished folder stops it, so the put's next try meets no racer)."""
+
+    def __init__(self, root: Path, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        parts = path.split("/")[:-1]
+        self.folders = [os.path.join(root, *parts[:depth]) for depth in range(len(parts), 0, -1)]
+        self.stop = threading.Event()
+        self.noticed = 0
+
+        def noticing(root: Path, path: str) -> bool:
+            self.noticed += 1
+            self.halt()
+            return _local_parent_missing(root, path)
+
+        monkeypatch.setattr(cairn_stores, "_local_parent_missing", noticing)
+        self.thread = threading.Thread(target=self._remove, daemon=True)
+        self.thread.start()
+
+    def _remove(self) -> None:
+        while not self.stop.is_set():
+            for folder in self.folders:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+@pytest.mark.parametrize("how", ["put", "put_stream"])
+async def test_a_local_put_survives_a_delete_removing_its_new_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # obstore makes an object's folders one level after another, then its staging file:
+    # a concurrent delete that removes a folder just made (it is still empty) fails
+    # obstore's put with "Unable to create dir ... No such file or directory".
+    root = tmp_path / "store"
+    store = _local(root)
+    noticed = 0
+    for i in range(20):
+        path = f"run-{i}/operators/op/partition-0.snap"
+        racer = _RemovingRacer(root, path, monkeypatch)
+        try:
+            if how == "put":
+                await store.put(path, b"state")
+            else:
+                await store.put_stream(path, lambda: _chunks([b"sta", b"te"]))
+        finally:
+            racer.halt()
+        noticed += racer.noticed
+        assert (root / path).read_bytes() == b"state"
+    assert noticed > 0, "no put lost the race: the test proved nothing"
+
+
+async def _chunks(parts: Sequence[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def _failing_puts(
+    monkeypatch: pytest.MonkeyPatch, root: Path, failures: int, *, remove: bool = True
+) -> list[str]:
+    """Make obstore's next ``failures`` puts lose the race as a real one does: it made the
+    object's folders, a concurrent delete removed them (unless ``remove`` is False), and
+    it fails with obstore's error. The paths put are returned as they are called."""
+    real = obstore.put_async
+    calls: list[str] = []
+
+    def put_async(store: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(path)
+        if len(calls) > failures:
+            return real(store, path, *args, **kwargs)
+        folder = root.joinpath(*path.split("/")[:-1])
+        folder.mkdir(parents=True, exist_ok=True)
+        if remove:
+            for gone in (folder, *folder.parents):
+                if gone == root:
+                    break
+                gone.rmdir()
+
+        async def fail() -> None:
+            raise GenericError(
+                f"Generic LocalFileSystem error: Unable to create dir {folder}: "
+                "No such file or directory (os error 2)"
+            )
+
+        return fail()
+
+    monkeypatch.setattr(obstore, "put_async", put_async)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "create"])
+async def test_a_local_put_whose_folder_vanished_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: PutMode
+) -> None:
+    root = tmp_path / "store"
+    store = _local(root)
+    calls = _failing_puts(monkeypatch, root, failures=2)
+    await store.put("a/b/object", b"written", mode=mode)
+    assert calls == ["a/b/object"] * 3
+    assert (root / "a" / "b" / "object").read_bytes() == b"written"
+
+
+async def test_a_local_put_tries_again_only_while_its_folder_vanishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    store = _local(root)
+    calls = _failing_puts(monkeypatch, root, failures=1, remove=False)
+    with pytest.raises(StoreError, match="Unable to create dir"):
+        await store.put("a/b/object", b"written")
+    assert len(calls) == 1, "a failure with the folders in place is not tried again"
+
+    calls = _failing_puts(monkeypatch, root, failures=10**6)
+    with pytest.raises(StoreError, match="Unable to create dir"):
+        await store.put("c/object", b"written")
+    assert len(calls) == LOCAL_PUT_ATTEMPTS
 
 
 # -- capabilities --------------------------------------------------------------------------

@@ -41,6 +41,7 @@ __all__ = [
     "_local_list",
     "_local_list_dir",
     "_local_open_parent",
+    "_local_parent_missing",
     "_local_parts",
     "_local_persist",
     "_local_read",
@@ -366,6 +367,13 @@ def _local_holds(root: Path, path: str, dir_fd: int) -> bool:
             return False
         now, held = os.fstat(fds[-1]), os.fstat(dir_fd)
         return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _local_parent_missing(root: Path, path: str) -> bool:
+    """Whether a directory on the way to object ``path`` is missing (or a link) now."""
+    parts = _local_parts("put", path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        return len(fds) != len(parts)
 
 
 async def _local_io(operation: str, path: str, func: Callable[..., T], *args: Any) -> T:

@@ -81,6 +81,7 @@ from cairn._localfs import (
     _local_list,
     _local_list_dir,
     _local_open_parent,
+    _local_parent_missing,
     _local_parts,
     _local_persist,
     _local_read,
@@ -144,6 +145,9 @@ PART_SIZE = 8 * 1024 * 1024
 """Multipart part size for streamed uploads (S3's minimum is 5 MiB)."""
 PARTS_IN_FLIGHT = 4
 """Parts of one streamed upload in flight at once: memory is about PART_SIZE times this."""
+LOCAL_PUT_ATTEMPTS = 8
+"""Tries of a local put whose directory a concurrent delete keeps removing as the put
+makes it (see :meth:`ObstoreStore._local_put`); one removal costs one more try."""
 
 
 @runtime_checkable
@@ -501,10 +505,15 @@ class ObstoreStore:
         else:
             obstore_mode = mode
         attributes = dict(metadata) if metadata and capabilities.user_metadata else None
-        result = await _call(
-            "put",
+        result = await self._local_put(
             path,
-            obstore.put_async(self._store, path, data, mode=obstore_mode, attributes=attributes),
+            lambda: _call(
+                "put",
+                path,
+                obstore.put_async(
+                    self._store, path, data, mode=obstore_mode, attributes=attributes
+                ),
+            ),
         )
         await self._persist(path)
         return ObjectInfo(
@@ -523,19 +532,50 @@ class ObstoreStore:
     ) -> None:
         self._check_writable(path)
         attributes = dict(metadata) if metadata and self._capabilities.user_metadata else None
-        await _call(
-            "put",
+        await self._local_put(
             path,
-            obstore.put_async(
-                self._store,
+            lambda: _call(
+                "put",
                 path,
-                open_chunks(),
-                attributes=attributes,
-                chunk_size=PART_SIZE,
-                max_concurrency=PARTS_IN_FLIGHT,
+                obstore.put_async(
+                    self._store,
+                    path,
+                    open_chunks(),
+                    attributes=attributes,
+                    chunk_size=PART_SIZE,
+                    max_concurrency=PARTS_IN_FLIGHT,
+                ),
             ),
         )
         await self._persist(path)
+
+    async def _local_put(self, path: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` (one obstore put of ``path``), again while on a local directory it
+        fails because a directory on the object's way vanished meanwhile.
+
+        obstore's local put makes the missing directories of the object one level after
+        another, then opens its staging file in the last one. A delete that empties a
+        directory removes it (:func:`cairn._localfs._local_delete`): one that removes a
+        directory the put just made, before the put made the next one or its file there,
+        fails the put ("Unable to create dir ...: No such file or directory") with
+        nothing written. Trying again makes them again. Once the staging file is in its
+        directory, no such delete can remove that directory (it is not empty), so the
+        rename into place does not lose this race. Other failures are not tried again.
+        """
+        root = self._capabilities.local_path
+        tries = 1
+        while True:
+            try:
+                return await attempt()
+            except StoreError as exc:
+                if root is None or tries >= LOCAL_PUT_ATTEMPTS:
+                    raise
+                if type(exc) not in (StoreError, ObjectNotFoundError):
+                    raise  # exists, precondition, transient (the retry policy's), ...
+                if not await _local_io("put", path, _local_parent_missing, root, path):
+                    raise
+            tries += 1
+            self._check_writable(path)  # a link may have come in the vanished one's place
 
     async def _persist(self, path: str) -> None:
         """On a local directory, fsync what a put just wrote (obstore does not)."""
