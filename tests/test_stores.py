@@ -200,7 +200,7 @@ async def test_deleting_a_local_checkpoint_removes_staging_leftovers(tmp_path: P
     assert await ckpt.list_checkpoints() == []
 
 
-# -- the local compare-and-swap locks the object's directory -------------------------------
+# -- a local directory keeps no lock files and no empty folders -----------------------------
 
 
 def _local(root: Path) -> ObstoreStore:
@@ -279,6 +279,22 @@ async def test_a_lock_file_left_by_earlier_versions_breaks_nothing(tmp_path: Pat
     assert len(result.deleted) == 3 and result.orphans_deleted == []
     assert await ckpt.list_checkpoints() == [saved[-1]]
     assert leftover.is_file()
+
+
+async def test_a_local_delete_prefix_removes_the_folders_it_empties(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = _local(root)
+    await store.put("a/b/c/one", b"1")
+    await store.put("a/b/c/d/two", b"2")
+    await store.put("a/kept", b"3")
+    await store.delete_prefix("a/b/")
+    assert sorted(os.listdir(root / "a")) == ["kept"]
+    await store.delete(["a/kept"])
+    assert os.listdir(root) == [], "emptied folders go, the root stays"
+    await store.put("x/y/z", b"4")
+    (root / "x" / "y" / "w").mkdir()  # not empty: what holds it stays, and above it
+    await store.delete(["x/y/z"])
+    assert (root / "x" / "y" / "w").is_dir()
 
 
 class _RemovingRacer:

@@ -32,7 +32,10 @@ Invariants kept at this boundary:
   directory from its parent up to the root are fsynced before it returns, so a
   manifest is never on disk ahead of its artifacts after a power cut. A write that
   landed but whose fsync failed raises :class:`NotDurableError` (never retried);
-* ``delete`` of a missing object is not an error;
+* ``delete`` of a missing object is not an error. On a local store a ``delete`` or
+  ``delete_prefix`` that empties directories removes them too, up to (never
+  including) the root, as an object store keeps no empty folders; a ``put`` whose
+  directory such a delete removed while the put was making it tries again;
 * a local store never follows a symbolic link below its root (the root itself may be
   one: the caller chose it), so nothing outside the root is read, written or deleted
   through one. A link is not an object: listings neither report it nor descend into
@@ -367,15 +370,9 @@ class ObstoreStore:
     def __init__(self, store: ObjectStore) -> None:
         self._store = store
         self._capabilities = _declared_capabilities(store)
-        self._local_cleanup = False
         # Azure's List Blobs gives each ETag without the quotes that its HEAD, GET and PUT
         # replies (and so head, get and put here) give: one e-tag, one spelling.
         self._quote_listed_e_tags = isinstance(store, AzureStore)
-        if isinstance(store, LocalStore):
-            # obstore exposes its options only through the pickle protocol.
-            pickled = getattr(store, "__getnewargs_ex__", None)
-            options: dict[str, Any] = pickled()[1] if pickled is not None else {}
-            self._local_cleanup = bool(options.get("automatic_cleanup", False))
 
     @property
     def obstore(self) -> ObjectStore:
@@ -628,7 +625,7 @@ class ObstoreStore:
         root = self._capabilities.local_path
         if root is not None:
             # obstore's local delete resolves the path, following links in its parents.
-            await _local_io("delete", paths[0], _local_delete, root, paths, self._local_cleanup)
+            await _local_io("delete", paths[0], _local_delete, root, paths)
             return
         try:
             await _call("delete", paths[0], obstore.delete_async(self._store, list(paths)))
