@@ -13,6 +13,7 @@ stderr with no traceback, and that human output is a table in human units.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
 import json
 import os
@@ -269,6 +270,96 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
     ):
         assert run.code == 2, run.explain()
         assert needle in run.error_line(), run.explain()
+
+
+INT64 = "9223372036854775807 (a 64-bit integer's limit)"
+DAYS = "999999999 days (timedelta's limit)"
+HUGE = "9" * 100
+TWENTY = "9" * 20
+
+
+PAST_LIMITS: list[tuple[list[str], str, str]] = [
+    *(
+        (["gc", "--keep-last", "1", option, value], option, DAYS)
+        for option in ("--keep-within", "--min-age")
+        for value in ("99999999999d", f"{HUGE}w", TWENTY, f"{TWENTY}d", "1000000000d")
+    ),
+    *(
+        (["gc", *before, option, value], option, INT64)
+        for before, option in (
+            ([], "--keep-last"),
+            (["--keep-last", "1"], "--keep-every-n-epochs"),
+        )
+        for value in (HUGE, TWENTY, "9223372036854775808", "9" * 5000)
+    ),
+    *(
+        (["demo", option, value], option, INT64)
+        for option in ("--events", "--seed", "--checkpoint-every", "--full-every")
+        for value in (HUGE, TWENTY)
+    ),
+    (["demo", "--seed", f"-{TWENTY}"], "--seed", "at least -9223372036854775808"),
+    *(
+        (["demo", "--stream-seconds", value], "--stream-seconds", "86399999913600 seconds")
+        for value in (HUGE, TWENTY, "1e400", "inf")
+    ),
+]
+"""Every numeric and duration option of every command, each with values past its limit:
+huge, twenty digits, and (where it has one) the first value past the limit."""
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "limit"),
+    PAST_LIMITS,
+    ids=[" ".join(args)[:48] for args, _, _ in PAST_LIMITS],
+)
+def test_numbers_past_their_limits_are_usage_errors(
+    args: list[str],
+    option: str,
+    limit: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # In-process (a subprocess each would take minutes): main() is what the console
+    # script runs. Each used to be accepted, then crash with an OverflowError (exit 1) or
+    # run without end.
+    import cairn.cli
+
+    monkeypatch.chdir(tmp_path)
+    code = cairn.cli.main([*args, "--store", str(tmp_path / "store")])
+    err = capsys.readouterr().err
+    run = Run(tuple(args), code, "", err)
+    assert run.code == 2, run.explain()
+    line = run.error_line()  # one line, no traceback
+    assert f"'{option}'" in line and limit in line, run.explain()
+    assert "at most" in line or "at least" in line, run.explain()
+    assert list(tmp_path.iterdir()) == [], "checked before anything was opened or run"
+
+
+def test_a_huge_duration_or_number_is_a_usage_error_in_a_real_process(tmp_path: Path) -> None:
+    cases = [
+        ["gc", "--keep-last", "1", "--keep-within", "99999999999d"],
+        ["gc", "--keep-last", "1", "--min-age", "99999999999d"],
+        ["gc", "--keep-last", "1", "--min-age", TWENTY],
+        ["gc", "--keep-last", TWENTY],
+        ["demo", "--stream-seconds", "inf"],
+    ]
+    runs = cairn_many(cases, env={"CAIRN_STORE": str(tmp_path / "store")}, cwd=tmp_path)
+    for run in runs:
+        assert run.code == 2, run.explain()
+        assert "at most" in run.error_line(), run.explain()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_numbers_at_their_limits_are_taken(local: Filled) -> None:
+    top = "9223372036854775807"
+    run = cairn(
+        *("gc", "--keep-last", top, "--keep-every-n-epochs", top),
+        *("--keep-within", "999999999d", "--min-age", "999999999d"),
+        *("--dry-run", "--store", local.url, "--json"),
+    )
+    assert run.code == 0, run.explain()
+    assert run.json()["deleted"] == []
 
 
 # -- tests: a local store ------------------------------------------------------------------
@@ -601,6 +692,10 @@ def test_units_and_durations() -> None:
     for bad in ("7x", "", "d", "1h 30", "-1d"):
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(bad)
+    assert parse_duration("999999999d") == dt.timedelta(days=999999999)
+    for past in ("1000000000d", "999999999d1s", "86399999913601", "9" * 400):
+        with pytest.raises(ValueError, match="at most 999999999 days"):
+            parse_duration(past)
 
 
 def test_progress_shows_only_on_a_terminal_after_a_delay() -> None:

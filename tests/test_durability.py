@@ -169,8 +169,8 @@ def test_a_cancelled_local_swap_does_not_keep_the_lock(tmp_path: Path) -> None:
     async def scenario() -> None:
         first = await store.put("_latest", b"start")
         assert first.e_tag is not None
-        lock_file = tmp_path / "store" / "._latest.lock"
-        holder = os.open(lock_file, os.O_RDWR | os.O_CREAT)
+        # The lock is on the directory that holds the object, here the store's root.
+        holder = os.open(tmp_path / "store", os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(holder, fcntl.LOCK_EX)  # as another process holding the lock would
         waiting = asyncio.ensure_future(store.put("_latest", b"x", mode=IfMatch(first.e_tag)))
         await asyncio.sleep(0.2)

@@ -298,23 +298,19 @@ async def test_writes_through_or_over_links_are_refused(root: Path, outside: Out
     assert (root / "file-link").is_symlink() and (root / "new-link").is_symlink()
 
 
-async def test_latest_pointer_and_its_lock_are_never_written_through(
+async def test_latest_pointer_and_a_leftover_lock_file_are_never_written_through(
     root: Path, outside: Outside
 ) -> None:
     ckpt = checkpointer(root)
     first = await save(ckpt, 1)
+    # Earlier versions locked a ``._latest.lock`` sidecar; one left behind as a link
+    # (dangling: O_CREAT would create its target) is never opened, let alone created.
     lock = root / PREFIX / "._latest.lock"
-    lock.unlink(missing_ok=True)
-    lock.symlink_to(outside.root / "created-by-lock")  # dangling: O_CREAT would create it
-
-    # The save is committed; its pointer swap is refused (logged), never written through.
+    lock.symlink_to(outside.root / "created-by-lock")
     second = await save(ckpt, 2)
     outside.assert_untouched()
-    assert await ckpt.exists(second) and await ckpt.read_latest() == first
-    with pytest.raises(StoreError, match="lock file '._latest.lock' is a symbolic link"):
-        await ckpt.update_latest(second)
+    assert await ckpt.read_latest() == second and lock.is_symlink()
 
-    lock.unlink()
     pointer = root / PREFIX / "_latest"
     pointer.unlink()
     pointer.symlink_to(outside.root / "secret.txt")
@@ -329,10 +325,10 @@ async def test_latest_pointer_and_its_lock_are_never_written_through(
     assert first in await ckpt.list_checkpoints()
 
 
-async def test_compare_and_swap_keeps_its_lock_file_in_the_root(
+async def test_compare_and_swap_stays_in_the_root_and_leaves_no_lock_file(
     root: Path, outside: Outside
 ) -> None:
-    # obstore reads "/abs/x" as "abs/x" under the root; the lock file must go there too.
+    # obstore reads "/abs/x" as "abs/x" under the root; the directory locked is there too.
     store = ObstoreStore(open_store(root.as_uri()))
     path = str(outside.root / "pointer")
     first = await store.put(path, b"1")
@@ -340,7 +336,8 @@ async def test_compare_and_swap_keeps_its_lock_file_in_the_root(
     await store.put(path, b"2", mode=IfMatch((await store.head(path)).e_tag or ""))
     assert (await store.get(path)).data == b"2"
     inside = root.joinpath(*path.strip("/").split("/"))
-    assert inside.read_bytes() == b"2" and (inside.parent / ".pointer.lock").is_file()
+    assert inside.read_bytes() == b"2"
+    assert sorted(p.name for p in inside.parent.iterdir()) == ["pointer"]
     outside.assert_untouched()
 
 
@@ -379,7 +376,7 @@ async def test_local_listing_and_delete_keep_obstore_semantics(root: Path) -> No
     assert await plain.list("missing/") == [] and await plain.list("a/b/kept.bin/") == []
 
     await plain.delete(["a/b/kept.bin", "a/b/never-was.bin", "x/y/z.bin"])
-    assert absent(root / "a" / "b" / "kept.bin") and (root / "a" / "b").is_dir()
+    assert absent(root / "a" / "b" / "kept.bin") and (root / "a" / "b").is_dir()  # staging
     await tidy.delete(["c/d/gone.bin"])
     assert absent(root / "c") and not absent(root), "emptied folders go, the root stays"
     with pytest.raises(StoreError, match="store delete failed for 'a/b'"):

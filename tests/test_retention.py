@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import os
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -19,7 +21,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from obstore.store import MemoryStore, ObjectStore
+from obstore.store import LocalStore, MemoryStore, ObjectStore
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
@@ -51,7 +53,7 @@ async def tombstones(ckpt: ObjectStoreCheckpointer) -> set[str]:
 
 
 async def checkpoint_objects(ckpt: ObjectStoreCheckpointer) -> set[str]:
-    """Objects inside checkpoint directories (not _latest, its lock sidecar, or tombstones)."""
+    """Objects inside checkpoint directories (not _latest, _writer, or tombstones)."""
     inside = {p for p in await paths_in(ckpt) if ckpt.paths.checkpoint_of(p) is not None}
     return inside - await tombstones(ckpt)
 
@@ -169,6 +171,51 @@ async def test_orphans_are_swept_only_when_old(ckpt: ObjectStoreCheckpointer) ->
     # GC claimed the id first: the crashed save can never commit it now.
     assert await tombstones(ckpt) == {ckpt.paths.manifest(orphan)}
     assert not await ckpt.exists(orphan)
+
+
+def empty_directories(root: Path) -> list[str]:
+    """Every directory below ``root`` that holds nothing at all."""
+    return sorted(
+        os.path.relpath(folder, root)
+        for folder, subdirs, files in os.walk(root)
+        if not subdirs and not files and folder != str(root)
+    )
+
+
+async def test_gc_on_a_local_directory_leaves_no_empty_folders(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    ckpt = ObjectStoreCheckpointer(LocalStore(root))
+    for epoch in range(60):
+        snapshots = {("op", 0): b"state", ("other", 1): bytes([epoch])}
+        await ckpt.save(CheckpointData(epoch=epoch, snapshots=snapshots))
+    result = await ckpt.gc(RetentionPolicy(keep_last=5), min_age=NOW)
+    assert len(result.deleted) == 55
+    kept = await ckpt.list_checkpoints()
+    assert len(kept) == 5
+    assert empty_directories(root) == []
+    base = await ckpt.store.list_dir(ckpt.paths.base_prefix)
+    assert sorted(base.prefixes) == sorted(ckpt.paths.checkpoint_dir(cid) for cid in kept)
+    assert {info.path for info in base.objects} <= {
+        ckpt.paths.latest_pointer(),
+        ckpt.paths.writer_record(),
+    }
+    for cid in kept:
+        await ckpt.load(cid)
+
+
+async def test_deleting_a_local_checkpoint_leaves_no_empty_folder(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    ckpt = ObjectStoreCheckpointer(LocalStore(root))
+    first, second = [
+        (await ckpt.save(CheckpointData(epoch=epoch, snapshots={("op", 0): b"x"}))).checkpoint_id
+        for epoch in (1, 2)
+    ]
+    await ckpt.delete_checkpoint(first)
+    assert empty_directories(root) == []
+    base = await ckpt.store.list_dir(ckpt.paths.base_prefix)
+    assert base.prefixes == [ckpt.paths.checkpoint_dir(second)]
 
 
 async def test_gc_is_resumable_after_a_crash(raw_store: ObjectStore) -> None:

@@ -30,34 +30,19 @@ def local_store(tmp_path: Path, **options: Any) -> ObstoreStore:
     return ObstoreStore(LocalStore(root, **options))
 
 
-class LocalDirectoryContract(StoreContract):
-    """The contract, where the one rule a local directory breaks is an expected failure.
-
-    Its compare-and-swap locks a sidecar ``.{name}.lock`` next to the object (see
-    :mod:`cairn.stores`), created before the comparison and kept (removing it would race
-    with the next locker), so a failed compare-and-swap of ``dir/gone`` leaves
-    ``dir/.gone.lock``, which listings report. Strict: fixing it turns this into a failure
-    that says to drop the mark.
-    """
-
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason="the lock sidecar is listed")
-    async def test_a_failed_compare_and_swap_leaves_no_object(self, store: Store) -> None:
-        await super().test_a_failed_compare_and_swap_leaves_no_object(store)
-
-
 class TestMemoryStore(StoreContract):
     @pytest.fixture
     def store(self) -> Store:
         return ObstoreStore(MemoryStore())
 
 
-class TestLocalStore(LocalDirectoryContract):
+class TestLocalStore(StoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
         return local_store(tmp_path)
 
 
-class TestLocalStoreWithAutomaticCleanup(LocalDirectoryContract):
+class TestLocalStoreWithAutomaticCleanup(StoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
         return local_store(tmp_path, automatic_cleanup=True)
@@ -75,13 +60,13 @@ class TestAzureStore(StoreContract):
         return ObstoreStore(AzureStore(azure_container, **azure_store_options(azurite_server)))
 
 
-class TestRetryingStore(LocalDirectoryContract):
+class TestRetryingStore(StoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
         return RetryingStore(local_store(tmp_path), NO_WAIT)
 
 
-class TestFaultyStore(LocalDirectoryContract):
+class TestFaultyStore(StoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
         return FaultyStore(local_store(tmp_path))

@@ -5,9 +5,15 @@ contract's (tests/test_store_contract.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
+import fcntl
 import multiprocessing
+import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,9 +33,12 @@ from cairn import (
     TransientStoreError,
     open_store,
 )
+from cairn import stores as cairn_stores
 from cairn._buffer import Buffer
+from cairn._localfs import _local_parent_missing
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.stores import (
+    LOCAL_PUT_ATTEMPTS,
     Blob,
     ForwardingStore,
     IfMatch,
@@ -190,6 +199,236 @@ async def test_deleting_a_local_checkpoint_removes_staging_leftovers(tmp_path: P
     await ckpt.delete_checkpoint(manifest.checkpoint_id)
     assert not folder.exists()
     assert await ckpt.list_checkpoints() == []
+
+
+# -- a local directory keeps no lock files and no empty folders -----------------------------
+
+
+def _local(root: Path) -> ObstoreStore:
+    root.mkdir(parents=True, exist_ok=True)
+    return ObstoreStore(LocalStore(root))
+
+
+def _lock_directory(path: Path) -> int:
+    """Hold an exclusive ``flock`` on directory ``path``, as another process's swap would."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+async def test_a_local_compare_and_swap_locks_the_objects_directory(tmp_path: Path) -> None:
+    store = _local(tmp_path / "store")
+    first = await store.put("dir/pointer", b"1")
+    assert first.e_tag is not None
+    holder = _lock_directory(tmp_path / "store" / "dir")
+    swap = asyncio.ensure_future(store.put("dir/pointer", b"2", mode=IfMatch(first.e_tag)))
+    await asyncio.sleep(0.2)
+    assert not swap.done(), "the swap waits while another holds the directory's lock"
+    os.close(holder)
+    await asyncio.wait_for(swap, 10)
+    assert os.listdir(tmp_path / "store" / "dir") == ["pointer"]  # no lock file
+    assert (tmp_path / "store" / "dir" / "pointer").read_bytes() == b"2"
+
+
+async def test_a_swap_whose_directory_was_made_again_locks_the_new_one(tmp_path: Path) -> None:
+    # A swap that waited for the lock of a directory removed meanwhile (its object deleted,
+    # the directory emptied and removed, then made again by a new put) holds a lock nobody
+    # else takes: it must lock the directory there now, or two swaps would run at once.
+    root = tmp_path / "store"
+    store = _local(root)
+    first = await store.put("dir/pointer", b"old")
+    assert first.e_tag is not None
+    old_directory = _lock_directory(root / "dir")
+    swap = asyncio.ensure_future(store.put("dir/pointer", b"swapped", mode=IfMatch(first.e_tag)))
+    await asyncio.sleep(0.1)  # the swap waits for the old directory's lock
+    await store.delete_prefix("dir/")
+    assert not (root / "dir").exists()
+    await store.put("dir/pointer", b"made again")
+    new_directory = _lock_directory(root / "dir")  # another swap, in the new directory
+    os.close(old_directory)
+    await asyncio.sleep(0.3)
+    assert not swap.done(), "the swap went on while another held the new directory's lock"
+    os.close(new_directory)
+    with pytest.raises(PreconditionFailedError, match="e-tag is"):
+        await asyncio.wait_for(swap, 10)
+    assert (root / "dir" / "pointer").read_bytes() == b"made again"
+
+
+async def test_a_lock_file_left_by_earlier_versions_breaks_nothing(tmp_path: Path) -> None:
+    # Earlier versions locked a ``.{name}.lock`` sidecar next to ``_latest`` and kept it.
+    # It is a file like any other: listed by the store, outside every checkpoint
+    # directory (so no checkpoint, GC or verification counts it), never opened again.
+    from cairn import CheckpointData, ObjectStoreCheckpointer, RetentionPolicy
+
+    root = tmp_path / "store"
+    ckpt = ObjectStoreCheckpointer(_local(root).obstore)
+    await ckpt.save(CheckpointData(epoch=0, snapshots={("op", 0): b"x"}))
+    leftover = root / ckpt.paths.base_prefix / "._latest.lock"
+    leftover.write_bytes(b"")
+    held = os.open(leftover, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # even one an old process still holds
+    try:
+        saved = [
+            (await ckpt.save(CheckpointData(epoch=e, snapshots={("op", 0): b"y"}))).checkpoint_id
+            for e in (1, 2, 3)
+        ]
+    finally:
+        os.close(held)
+    assert await ckpt.read_latest() == saved[-1]
+    assert (await ckpt.load_latest()) is not None
+    result = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert len(result.deleted) == 3 and result.orphans_deleted == []
+    assert await ckpt.list_checkpoints() == [saved[-1]]
+    assert leftover.is_file()
+
+
+async def test_a_local_delete_prefix_removes_the_folders_it_empties(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = _local(root)
+    await store.put("a/b/c/one", b"1")
+    await store.put("a/b/c/d/two", b"2")
+    await store.put("a/kept", b"3")
+    await store.delete_prefix("a/b/")
+    assert sorted(os.listdir(root / "a")) == ["kept"]
+    await store.delete(["a/kept"])
+    assert os.listdir(root) == [], "emptied folders go, the root stays"
+    await store.put("x/y/z", b"4")
+    (root / "x" / "y" / "w").mkdir()  # not empty: what holds it stays, and above it
+    await store.delete(["x/y/z"])
+    assert (root / "x" / "y" / "w").is_dir()
+
+
+class _RemovingRacer:
+    """A thread that keeps removing the (empty) folders of an object's path, deepest first,
+    as a concurrent delete that empties them does, until the put notices (the put's check
+    for a vanished folder stops it, so the put's next try meets no racer)."""
+
+    def __init__(self, root: Path, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        parts = path.split("/")[:-1]
+        self.folders = [os.path.join(root, *parts[:depth]) for depth in range(len(parts), 0, -1)]
+        self.stop = threading.Event()
+        self.noticed = 0
+
+        def noticing(root: Path, path: str) -> bool:
+            self.noticed += 1
+            self.halt()
+            return _local_parent_missing(root, path)
+
+        monkeypatch.setattr(cairn_stores, "_local_parent_missing", noticing)
+        self.thread = threading.Thread(target=self._remove, daemon=True)
+        self.thread.start()
+
+    def _remove(self) -> None:
+        while not self.stop.is_set():
+            for folder in self.folders:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+@pytest.mark.parametrize("how", ["put", "put_stream"])
+async def test_a_local_put_survives_a_delete_removing_its_new_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # obstore makes an object's folders one level after another, then its staging file:
+    # a concurrent delete that removes a folder just made (it is still empty) fails
+    # obstore's put with "Unable to create dir ... No such file or directory". Whether a
+    # racing thread hits that window is up to the scheduler: put until some puts lost
+    # the race (most do, on an idle machine), within a bound. The retry itself is
+    # checked deterministically below (test_a_local_put_whose_folder_vanished_...).
+    root = tmp_path / "store"
+    store = _local(root)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often: the racer runs more often
+    noticed = puts = 0
+    deadline = time.monotonic() + 20
+    try:
+        while noticed < 3 and (puts < 20 or time.monotonic() < deadline):
+            path = f"run-{puts}/operators/op/partition-0.snap"
+            puts += 1
+            racer = _RemovingRacer(root, path, monkeypatch)
+            try:
+                if how == "put":
+                    await store.put(path, b"state")
+                else:
+                    await store.put_stream(path, lambda: _chunks([b"sta", b"te"]))
+            finally:
+                racer.halt()
+            noticed += racer.noticed
+            assert (root / path).read_bytes() == b"state"
+    finally:
+        sys.setswitchinterval(interval)
+    if not noticed:
+        pytest.skip(f"none of {puts} puts lost the race to the racing thread here")
+
+
+async def _chunks(parts: Sequence[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def _failing_puts(
+    monkeypatch: pytest.MonkeyPatch, root: Path, failures: int, *, remove: bool = True
+) -> list[str]:
+    """Make obstore's next ``failures`` puts lose the race as a real one does: it made the
+    object's folders, a concurrent delete removed them (unless ``remove`` is False), and
+    it fails with obstore's error. The paths put are returned as they are called."""
+    real = obstore.put_async
+    calls: list[str] = []
+
+    def put_async(store: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(path)
+        if len(calls) > failures:
+            return real(store, path, *args, **kwargs)
+        folder = root.joinpath(*path.split("/")[:-1])
+        folder.mkdir(parents=True, exist_ok=True)
+        if remove:
+            for gone in (folder, *folder.parents):
+                if gone == root:
+                    break
+                gone.rmdir()
+
+        async def fail() -> None:
+            raise GenericError(
+                f"Generic LocalFileSystem error: Unable to create dir {folder}: "
+                "No such file or directory (os error 2)"
+            )
+
+        return fail()
+
+    monkeypatch.setattr(obstore, "put_async", put_async)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "create"])
+async def test_a_local_put_whose_folder_vanished_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: PutMode
+) -> None:
+    root = tmp_path / "store"
+    store = _local(root)
+    calls = _failing_puts(monkeypatch, root, failures=2)
+    await store.put("a/b/object", b"written", mode=mode)
+    assert calls == ["a/b/object"] * 3
+    assert (root / "a" / "b" / "object").read_bytes() == b"written"
+
+
+async def test_a_local_put_tries_again_only_while_its_folder_vanishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    store = _local(root)
+    calls = _failing_puts(monkeypatch, root, failures=1, remove=False)
+    with pytest.raises(StoreError, match="Unable to create dir"):
+        await store.put("a/b/object", b"written")
+    assert len(calls) == 1, "a failure with the folders in place is not tried again"
+
+    calls = _failing_puts(monkeypatch, root, failures=10**6)
+    with pytest.raises(StoreError, match="Unable to create dir"):
+        await store.put("c/object", b"written")
+    assert len(calls) == LOCAL_PUT_ATTEMPTS
 
 
 # -- capabilities --------------------------------------------------------------------------

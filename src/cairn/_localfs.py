@@ -35,10 +35,13 @@ __all__ = [
     "_is_staging",
     "_local_delete",
     "_local_dirs",
+    "_local_holds",
     "_local_info",
     "_local_io",
     "_local_list",
     "_local_list_dir",
+    "_local_open_parent",
+    "_local_parent_missing",
     "_local_parts",
     "_local_persist",
     "_local_read",
@@ -296,8 +299,40 @@ def _local_list_dir(root: Path, prefix: str) -> ListDirResult:
     return ListDirResult(prefixes=sorted(prefixes), objects=objects)
 
 
-def _local_delete(root: Path, paths: Sequence[str], cleanup: bool) -> None:
-    """Unlink each path's final name in its parent, opened without following links."""
+def _remove_emptied_dirs(dirs: Sequence[str], fds: Sequence[int]) -> None:
+    """Remove directory ``dirs[-1]``, then each one above it, for as long as they are empty.
+
+    ``dirs`` are the directories from just below the root down to the one a delete
+    emptied; ``fds[i]`` is the descriptor of the directory that holds ``dirs[i]`` (so
+    ``fds[0]`` is the root's, which is never removed). ``rmdir`` of a name in its
+    parent's descriptor removes only an empty directory, never follows a link (a link
+    swapped in is ENOTDIR), and never reaches above the root. One that is not empty
+    (another object, or a save that just made it: its staging file is in it before its
+    name is) stops the walk; one already gone (another cleanup) does not: its parent may
+    be empty now.
+
+    The parent is not fsynced after an ``rmdir``, as it is not after the unlinks that
+    emptied the directory: no guarantee of cairn rests on a delete surviving a power cut
+    (S3's does, a local store's never did). One that did not survive leaves what was
+    there before: the files (which the next GC deletes again) or an empty directory,
+    which holds no object.
+    """
+    for depth in range(len(dirs), 0, -1):
+        try:
+            os.rmdir(dirs[depth - 1], dir_fd=fds[depth - 1])
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return  # ENOTEMPTY (or EEXIST), or not ours to remove: what is above stays too
+
+
+def _local_delete(root: Path, paths: Sequence[str]) -> None:
+    """Unlink each path's final name in its parent, opened without following links, then
+    remove the directories that emptied, up to (never including) the root.
+
+    Object stores have no directories: without this each deleted checkpoint would leave
+    its folders behind, and every later listing of the base would walk them.
+    """
     split = sorted((_local_parts("delete", path), path) for path in paths)
     for parts, path in split:
         if not parts:
@@ -306,25 +341,24 @@ def _local_delete(root: Path, paths: Sequence[str], cleanup: bool) -> None:
             raise StoreError("delete", path, "a name ending in '#<digits>' is no object")
     for parent, group in itertools.groupby(split, key=lambda item: item[0][:-1]):
         with _local_dirs(root, parent) as fds:
+            if len(fds) != len(parent) + 1:
+                continue  # a parent is missing or a link: no such object here
+            removed = False
             for parts, path in group:
-                if len(fds) != len(parts):
-                    continue  # a parent is missing or a link: no such object here
                 try:
                     os.unlink(parts[-1], dir_fd=fds[-1])  # a link is unlinked, not followed
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
                     raise translate_error("delete", path, exc) from exc
-                if cleanup:  # as obstore's automatic_cleanup: drop emptied parents
-                    for depth in range(len(parts) - 1, 0, -1):
-                        try:
-                            os.rmdir(parts[depth - 1], dir_fd=fds[depth - 1])
-                        except OSError:
-                            break
+                removed = True
+            if removed:
+                _remove_emptied_dirs(parent, fds)
 
 
 def _local_remove_tree(root: Path, prefix: str) -> None:
-    """Remove directory ``prefix`` and all in it; a link there is removed as a link."""
+    """Remove directory ``prefix`` and all in it; a link there is removed as a link. Then
+    remove the directories above it that this emptied, up to (never including) the root."""
     parts = _local_parts("delete", prefix)
     with _local_dirs(root, parts[:-1]) as fds:
         if len(fds) != len(parts):
@@ -338,10 +372,42 @@ def _local_remove_tree(root: Path, prefix: str) -> None:
                 # With dir_fd, rmtree opens each level relative to its parent and refuses
                 # (rather than follows) a link, also one swapped in while it runs.
                 shutil.rmtree(name, dir_fd=parent_fd)
+            else:
+                return
         except FileNotFoundError:
             pass
         except OSError as exc:
             raise translate_error("delete", prefix, exc) from exc
+        _remove_emptied_dirs(parts[:-1], fds)
+
+
+def _local_open_parent(root: Path, path: str) -> int | None:
+    """A new descriptor of the directory that holds object ``path``, reached as every
+    local access is (``O_NOFOLLOW`` from ``root``); None if it, or a directory on its way,
+    is missing or a link. The caller closes it."""
+    parts = _local_parts("put", path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        if len(fds) != len(parts):
+            return None
+        return os.dup(fds[-1])
+
+
+def _local_holds(root: Path, path: str, dir_fd: int) -> bool:
+    """Whether ``dir_fd`` is still the directory at the place of object ``path``'s parent:
+    not one removed since it was opened (and maybe made again, a new directory)."""
+    parts = _local_parts("put", path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        if len(fds) != len(parts):
+            return False
+        now, held = os.fstat(fds[-1]), os.fstat(dir_fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _local_parent_missing(root: Path, path: str) -> bool:
+    """Whether a directory on the way to object ``path`` is missing (or a link) now."""
+    parts = _local_parts("put", path)
+    with _local_dirs(root, parts[:-1]) as fds:
+        return len(fds) != len(parts)
 
 
 async def _local_io(operation: str, path: str, func: Callable[..., T], *args: Any) -> T:

@@ -23,16 +23,19 @@ Invariants kept at this boundary:
   never are;
 * ``put(mode=IfMatch(...))`` is a compare-and-swap on every backend. obstore's local
   store has no conditional update (``native_compare_and_swap`` is False), so for
-  ``file://`` stores it is done under an OS file lock (``fcntl.flock``) on a sidecar
-  ``.{name}.lock`` file next to the object, around read-compare-replace, where the
-  replace is obstore's atomic rename. That holds between processes on one host (not
-  across hosts sharing a network filesystem);
+  ``file://`` stores it is done under an OS file lock (``fcntl.flock``) on the
+  directory that holds the object, around read-compare-replace, where the replace is
+  obstore's atomic rename. That holds between processes on one host (not across hosts
+  sharing a network filesystem), and leaves no file of its own in the store;
 * a ``put`` or ``put_stream`` that returned is durable, as a PUT to S3 is: on a local
   store (where obstore writes and renames without any fsync) the file and every
   directory from its parent up to the root are fsynced before it returns, so a
   manifest is never on disk ahead of its artifacts after a power cut. A write that
   landed but whose fsync failed raises :class:`NotDurableError` (never retried);
-* ``delete`` of a missing object is not an error;
+* ``delete`` of a missing object is not an error. On a local store a ``delete`` or
+  ``delete_prefix`` that empties directories removes them too, up to (never
+  including) the root, as an object store keeps no empty folders; a ``put`` whose
+  directory such a delete removed while the put was making it tries again;
 * a local store never follows a symbolic link below its root (the root itself may be
   one: the caller chose it), so nothing outside the root is read, written or deleted
   through one. A link is not an object: listings neither report it nor descend into
@@ -75,11 +78,13 @@ from obstore.store import (
 
 from cairn._buffer import Buffer
 from cairn._localfs import (
-    _LINK_ERRNOS,
     _local_delete,
+    _local_holds,
     _local_io,
     _local_list,
     _local_list_dir,
+    _local_open_parent,
+    _local_parent_missing,
     _local_parts,
     _local_persist,
     _local_read,
@@ -143,6 +148,9 @@ PART_SIZE = 8 * 1024 * 1024
 """Multipart part size for streamed uploads (S3's minimum is 5 MiB)."""
 PARTS_IN_FLIGHT = 4
 """Parts of one streamed upload in flight at once: memory is about PART_SIZE times this."""
+LOCAL_PUT_ATTEMPTS = 8
+"""Tries of a local put whose directory a concurrent delete keeps removing as the put
+makes it (see :meth:`ObstoreStore._local_put`); one removal costs one more try."""
 
 
 @runtime_checkable
@@ -362,15 +370,9 @@ class ObstoreStore:
     def __init__(self, store: ObjectStore) -> None:
         self._store = store
         self._capabilities = _declared_capabilities(store)
-        self._local_cleanup = False
         # Azure's List Blobs gives each ETag without the quotes that its HEAD, GET and PUT
         # replies (and so head, get and put here) give: one e-tag, one spelling.
         self._quote_listed_e_tags = isinstance(store, AzureStore)
-        if isinstance(store, LocalStore):
-            # obstore exposes its options only through the pickle protocol.
-            pickled = getattr(store, "__getnewargs_ex__", None)
-            options: dict[str, Any] = pickled()[1] if pickled is not None else {}
-            self._local_cleanup = bool(options.get("automatic_cleanup", False))
 
     @property
     def obstore(self) -> ObjectStore:
@@ -500,10 +502,15 @@ class ObstoreStore:
         else:
             obstore_mode = mode
         attributes = dict(metadata) if metadata and capabilities.user_metadata else None
-        result = await _call(
-            "put",
+        result = await self._local_put(
             path,
-            obstore.put_async(self._store, path, data, mode=obstore_mode, attributes=attributes),
+            lambda: _call(
+                "put",
+                path,
+                obstore.put_async(
+                    self._store, path, data, mode=obstore_mode, attributes=attributes
+                ),
+            ),
         )
         await self._persist(path)
         return ObjectInfo(
@@ -522,19 +529,50 @@ class ObstoreStore:
     ) -> None:
         self._check_writable(path)
         attributes = dict(metadata) if metadata and self._capabilities.user_metadata else None
-        await _call(
-            "put",
+        await self._local_put(
             path,
-            obstore.put_async(
-                self._store,
+            lambda: _call(
+                "put",
                 path,
-                open_chunks(),
-                attributes=attributes,
-                chunk_size=PART_SIZE,
-                max_concurrency=PARTS_IN_FLIGHT,
+                obstore.put_async(
+                    self._store,
+                    path,
+                    open_chunks(),
+                    attributes=attributes,
+                    chunk_size=PART_SIZE,
+                    max_concurrency=PARTS_IN_FLIGHT,
+                ),
             ),
         )
         await self._persist(path)
+
+    async def _local_put(self, path: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` (one obstore put of ``path``), again while on a local directory it
+        fails because a directory on the object's way vanished meanwhile.
+
+        obstore's local put makes the missing directories of the object one level after
+        another, then opens its staging file in the last one. A delete that empties a
+        directory removes it (:func:`cairn._localfs._local_delete`): one that removes a
+        directory the put just made, before the put made the next one or its file there,
+        fails the put ("Unable to create dir ...: No such file or directory") with
+        nothing written. Trying again makes them again. Once the staging file is in its
+        directory, no such delete can remove that directory (it is not empty), so the
+        rename into place does not lose this race. Other failures are not tried again.
+        """
+        root = self._capabilities.local_path
+        tries = 1
+        while True:
+            try:
+                return await attempt()
+            except StoreError as exc:
+                if root is None or tries >= LOCAL_PUT_ATTEMPTS:
+                    raise
+                if type(exc) not in (StoreError, ObjectNotFoundError):
+                    raise  # exists, precondition, transient (the retry policy's), ...
+                if not await _local_io("put", path, _local_parent_missing, root, path):
+                    raise
+            tries += 1
+            self._check_writable(path)  # a link may have come in the vanished one's place
 
     async def _persist(self, path: str) -> None:
         """On a local directory, fsync what a put just wrote (obstore does not)."""
@@ -587,7 +625,7 @@ class ObstoreStore:
         root = self._capabilities.local_path
         if root is not None:
             # obstore's local delete resolves the path, following links in its parents.
-            await _local_io("delete", paths[0], _local_delete, root, paths, self._local_cleanup)
+            await _local_io("delete", paths[0], _local_delete, root, paths)
             return
         try:
             await _call("delete", paths[0], obstore.delete_async(self._store, list(paths)))
@@ -609,45 +647,37 @@ class ObstoreStore:
     async def _locked_compare_and_swap(
         self, root: Path, path: str, data: Buffer, mode: IfMatch
     ) -> ObjectInfo:
-        """Compare-and-swap under an OS file lock, for a directory without a native one."""
-        # Joined by parts: a leading "/" (which obstore ignores) must not leave the root.
-        target = root.joinpath(*_local_parts("put", path))
-        lock_path = target.with_name(f".{target.name}.lock")
+        """Compare-and-swap under an OS file lock, for a directory without a native one.
 
-        def open_lock() -> int:
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
-            # O_NOFOLLOW: a link planted at the lock's name must not create or open a file
-            # elsewhere (ELOOP, reported as a StoreError).
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            return os.open(lock_path, flags, 0o644)
-
-        try:
-            fd = await asyncio.to_thread(open_lock)
-        except OSError as exc:
-            if exc.errno in _LINK_ERRNOS:
-                raise StoreError(
-                    "put", path, f"its lock file {lock_path.name!r} is a symbolic link (remove it)"
-                ) from None
-            raise translate_error("put", path, exc) from exc
-        try:
-            await _flock_exclusive(fd, path)
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            try:
-                current = await self.head(path)
-            except CheckpointNotFoundError:
-                raise PreconditionFailedError("put", path, "object no longer exists") from None
-            if current.e_tag != mode.e_tag:
-                raise PreconditionFailedError(
-                    "put", path, f"e-tag is {current.e_tag}, expected {mode.e_tag}"
-                )
-            await self.put(path, data, mode="overwrite")
-            # The local store's e-tag is derived from inode, mtime and size: read it back.
-            return await self.head(path)
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
+        The lock is an exclusive ``flock`` on the directory that holds the object, opened
+        as every local access is (without following a link on the way): the swaps of all
+        objects in one directory take turns, in one process and between processes, and
+        no lock file is left in the store. A swap needs the object, so its directory
+        exists; one that was removed while this waited (its object deleted, and maybe
+        made again since, a new directory) is not the one to hold: lock the one there
+        now.
+        """
+        while True:
+            fd = await _local_io("put", path, _local_open_parent, root, path)
+            if fd is None:
+                raise PreconditionFailedError("put", path, "object no longer exists")
+            try:  # closing the descriptor releases the lock, also when cancelled
+                await _flock_exclusive(fd, path)
+                if not await _local_io("put", path, _local_holds, root, path, fd):
+                    continue
+                try:
+                    current = await self.head(path)
+                except CheckpointNotFoundError:
+                    raise PreconditionFailedError("put", path, "object no longer exists") from None
+                if current.e_tag != mode.e_tag:
+                    raise PreconditionFailedError(
+                        "put", path, f"e-tag is {current.e_tag}, expected {mode.e_tag}"
+                    )
+                await self.put(path, data, mode="overwrite")
+                # The local store's e-tag is derived from inode, mtime and size: read it back.
+                return await self.head(path)
+            finally:
+                os.close(fd)
 
 
 async def _flock_exclusive(fd: int, path: str) -> None:

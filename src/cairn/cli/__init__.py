@@ -6,6 +6,7 @@ also what ``python -m cairn`` and ``python -m cairn.cli`` run. The modules, one 
 * :mod:`cairn.cli.app`: the typer commands (option parsing, then one call each);
 * :mod:`cairn.cli.session`: the store URL and prefix, running a command, logging;
 * :mod:`cairn.cli.errors`: exit codes and the one-line error messages;
+* :mod:`cairn.cli.limits`: the bounds of numeric and duration options;
 * :mod:`cairn.cli.output`, :mod:`cairn.cli.views`: consoles, units, tables, JSON (each
   document's JSON Schema is in ``cairn/cli/schemas/``);
 * :mod:`cairn.cli.help`: how ``--help`` renders;

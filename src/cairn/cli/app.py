@@ -31,6 +31,7 @@ from cairn.cli.errors import EXIT_CODES_HELP, CliError, ExitCode
 from cairn.cli.files import check_target_dir
 from cairn.cli.help import CairnCommand, CairnGroup
 from cairn.cli.history import Point, history_chart, history_doc
+from cairn.cli.limits import integer
 from cairn.cli.maintain import delete, parse_duration
 from cairn.cli.progress import Transfer
 from cairn.cli.restore import restore
@@ -366,6 +367,15 @@ def delete_command(
     run(session, body)
 
 
+def _duration(text: str) -> dt.timedelta:
+    """:func:`parse_duration` as an option's parser: what is wrong with the value, as a
+    usage error (a bare ValueError would reach the user prefixed with "Value error, ")."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def _policy(
     keep_last: int,
     keep_within: dt.timedelta | None,
@@ -396,14 +406,20 @@ def _policy(
 def gc_command(
     keep_last: Annotated[
         int,
-        typer.Option("--keep-last", metavar="N", min=1, help="Keep the N newest checkpoints."),
+        typer.Option(
+            "--keep-last",
+            metavar="N",
+            min=1,  # for --help: the parser checks it
+            parser=integer(1),
+            help="Keep the N newest checkpoints.",
+        ),
     ],
     keep_within: Annotated[
         dt.timedelta | None,
         typer.Option(
             "--keep-within",
             metavar="AGE",
-            parser=parse_duration,
+            parser=_duration,
             help="Also keep every checkpoint younger than AGE (7d, 12h, 30m, 1h30m).",
         ),
     ] = None,
@@ -412,7 +428,8 @@ def gc_command(
         typer.Option(
             "--keep-every-n-epochs",
             metavar="N",
-            min=1,
+            min=1,  # for --help: the parser checks it
+            parser=integer(1),
             help="Also keep every epoch divisible by N.",
         ),
     ] = None,
@@ -425,7 +442,7 @@ def gc_command(
         typer.Option(
             "--min-age",
             metavar="AGE",
-            parser=parse_duration,
+            parser=_duration,
             help="Leave uncommitted objects younger than AGE alone (a save may be in "
             "progress). \\[default: 1h]",
             show_default=False,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from cairn import CheckpointId, ObjectStoreCheckpointer
 from cairn.cli.catalog import read_manifests
 from cairn.cli.errors import CliError, ExitCode
+from cairn.cli.limits import duration_of
 
 __all__ = ["Deleted", "delete", "parse_duration"]
 
@@ -25,7 +26,8 @@ _UNIT_SECONDS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 def parse_duration(text: str) -> dt.timedelta:
-    """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w`` (or a bare number of seconds).
+    """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w`` (or a bare number of seconds), up to
+    999999999 days (timedelta's limit: see :func:`cairn.cli.limits.duration_of`).
 
     Raises :class:`ValueError` (a usage error on the command line) for anything else.
     """
@@ -33,7 +35,7 @@ def parse_duration(text: str) -> dt.timedelta:
         return text
     spec = text.strip().lower()
     if re.fullmatch(r"\d+(?:\.\d+)?", spec):
-        return dt.timedelta(seconds=float(spec))
+        return duration_of(float(spec))
     position, seconds = 0, 0.0
     for match in _DURATION_PART.finditer(spec):
         if match.start() != position or spec[position : match.start()].strip():
@@ -42,7 +44,7 @@ def parse_duration(text: str) -> dt.timedelta:
         position = match.end()
     if position == 0 or spec[position:].strip():
         raise ValueError(f"not a duration: {text!r} (use e.g. 7d, 12h, 30m, 90s, 1h30m)")
-    return dt.timedelta(seconds=seconds)
+    return duration_of(seconds)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from rich.text import Text
 from cairn import ObjectStoreCheckpointer
 from cairn.cli.catalog import read_manifests
 from cairn.cli.errors import CliError, ExitCode
+from cairn.cli.limits import check_seconds, integer
 from cairn.cli.output import human_size, make_table
 from cairn.cli.progress import Transfer
 from cairn.cli.session import (
@@ -412,24 +413,36 @@ def _run_prefix() -> str:
 def demo_command(
     events: Annotated[
         int,
-        typer.Option("--events", metavar="N", min=3, help="Events in the generated stream."),
+        typer.Option(
+            "--events",
+            metavar="N",
+            min=3,  # for --help: the parser checks it
+            parser=integer(3),
+            help="Events in the generated stream.",
+        ),
     ] = 20_000,
     seed: Annotated[
-        int, typer.Option("--seed", metavar="N", help="Seed of the generated stream.")
+        int,
+        typer.Option("--seed", metavar="N", parser=integer(), help="Seed of the generated stream."),
     ] = 42,
     checkpoint_every: Annotated[
         int | None,
         typer.Option(
             "--checkpoint-every",
             metavar="N",
-            min=1,
+            min=1,  # for --help: the parser checks it
+            parser=integer(1),
             help="Events between checkpoints. \\[default: events/10]",
         ),
     ] = None,
     full_every: Annotated[
         int,
         typer.Option(
-            "--full-every", metavar="N", min=1, help="A full snapshot every N checkpoints."
+            "--full-every",
+            metavar="N",
+            min=1,  # for --help: the parser checks it
+            parser=integer(1),
+            help="A full snapshot every N checkpoints.",
         ),
     ] = 4,
     stream_seconds: Annotated[
@@ -438,6 +451,7 @@ def demo_command(
             "--stream-seconds",
             metavar="SECONDS",
             min=0.1,
+            callback=check_seconds,
             help="How long the stream takes to arrive.",
         ),
     ] = 3.0,
