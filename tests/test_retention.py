@@ -197,6 +197,7 @@ async def test_gc_on_a_local_directory_leaves_no_empty_folders(tmp_path: Path) -
     base = await ckpt.store.list_dir(ckpt.paths.base_prefix)
     assert sorted(base.prefixes) == sorted(ckpt.paths.checkpoint_dir(cid) for cid in kept)
     assert {info.path for info in base.objects} <= {
+        ckpt.paths.clock(),
         ckpt.paths.latest_pointer(),
         ckpt.paths.writer_record(),
     }

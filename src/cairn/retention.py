@@ -77,6 +77,18 @@ log = logging.getLogger("cairn.gc")
 MANIFEST_READ_CONCURRENCY = 16
 
 
+_DAWN = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+
+def _before(now: dt.datetime, span: dt.timedelta) -> dt.datetime:
+    """``now - span``, or the earliest time there is when ``span`` reaches past it (a
+    ``min_age`` of 999999999 days: nothing is that old)."""
+    try:
+        return now - span
+    except OverflowError:
+        return _DAWN
+
+
 def _positive(name: str, value: object) -> None:
     if value is not None:
         positive_int(f"RetentionPolicy.{name}", value)
@@ -270,7 +282,7 @@ def _uncommitted_dirs(
         info_intent = state.intents.get(cid)
         intent = info_intent[1] if info_intent else None
         live = info_intent is not None and is_live(info_intent[0], intent, now)
-        if live or last > now - min_age:
+        if live or last > _before(now, min_age):
             busy[cid] = intent.parent_id if intent is not None else None
         else:
             abandoned.add(cid)
@@ -342,7 +354,7 @@ def plan_gc(
     to_delete: list[ObjectInfo] = []
     orphans: list[ObjectInfo] = []
     named: dict[CheckpointId, set[str]] = {}
-    settled_before = now - min_age
+    settled_before = _before(now, min_age)
     for info, cid in zip(state.objects, owners, strict=True):
         if cid is None or info.path in referenced:
             continue
@@ -360,7 +372,9 @@ def plan_gc(
             is_the_tombstone = info.path == records(cid)[0]
             # Judged by the store's time: a tombstone outlives any local clock's error.
             margin = stamp_margin(info.last_modified, now)
-            expired = in_dir[cid] == 1 and info.last_modified + margin <= now - TOMBSTONE_RETENTION
+            expired = in_dir[cid] == 1 and info.last_modified + margin <= _before(
+                now, TOMBSTONE_RETENTION
+            )
             if not is_the_tombstone or expired:
                 orphans.append(info)
     return GcPlan(
