@@ -171,4 +171,5 @@ def _info(meta: Any, *, quote_e_tag: bool = False) -> ObjectInfo:
         size=meta["size"],
         e_tag=e_tag,
         last_modified=meta["last_modified"],
+        version=meta.get("version"),
     )
