@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import platform
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -289,3 +290,14 @@ def test_stop_is_idempotent_and_closes_the_proxy() -> None:
     server.stop()
     with pytest.raises(ConnectionRefusedError):
         _request(endpoint, "GET", "/")
+
+
+def test_a_write_cut_short_is_never_forwarded(gcs_server: GcsServer, gcs_bucket: str) -> None:
+    host, port = gcs_server.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        head = f"PUT /{gcs_bucket}/cut HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+        sock.sendall(head.encode() + b"only part of the body")
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(100) == b""  # closed without an answer
+    with pytest.raises(FileNotFoundError):
+        obstore.head(_store(gcs_server, gcs_bucket), "cut")

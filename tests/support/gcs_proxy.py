@@ -7,6 +7,8 @@ writes are ``PUT /bucket/object`` (multipart: ``POST ?uploads``, ``PUT
 ``400 invalid uploadType``. ``GcsXmlProxy(upstream)`` listens on 127.0.0.1 (an ephemeral
 port) and in front of the server at ``upstream``:
 
+* reads each request whole before acting on it: a request cut short (a client killed
+  mid-upload) is dropped, never forwarded, so a write is all or nothing, as on GCS;
 * passes every read and every ``DELETE /bucket/object`` through unchanged: method, path,
   query, headers (but ``Host`` and the hop-by-hop ones), status, headers and body back;
 * turns ``PUT /bucket/object`` into the JSON API's upload (``POST
@@ -335,6 +337,10 @@ class GcsXmlProxy:
         return True if status == 200 else False if status == 404 else None
 
 
+class _Truncated(Exception):
+    """The client closed its connection before the end of the request body."""
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     proxy: GcsXmlProxy
@@ -370,15 +376,29 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch()
 
     def _body(self) -> bytes:
+        """The whole request body; :class:`_Truncated` if the client stopped sending."""
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             chunks = []
-            while size := int(self.rfile.readline().split(b";")[0].strip(), 16):
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                pass  # trailers
+            while True:
+                line = self.rfile.readline()
+                if not line:
+                    raise _Truncated
+                size = int(line.split(b";")[0].strip(), 16)
+                if size == 0:
+                    break
+                chunks.append(self._exactly(size))
+                self._exactly(2)  # the chunk's CRLF
+            while (line := self.rfile.readline()) not in (b"\r\n", b"\n"):
+                if not line:
+                    raise _Truncated  # trailers cut short
             return b"".join(chunks)
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        return self._exactly(int(self.headers.get("Content-Length") or 0))
+
+    def _exactly(self, n: int) -> bytes:
+        data = self.rfile.read(n)
+        if len(data) != n:
+            raise _Truncated
+        return data
 
     def _reply(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         self.send_response(status)
@@ -391,7 +411,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         owner = self.owner
-        body = self._body() if self.command in ("PUT", "POST", "DELETE") else b""
+        try:
+            body = self._body() if self.command in ("PUT", "POST", "DELETE") else b""
+        except _Truncated:
+            # A client that died mid-request: forward nothing (a PUT is all or nothing).
+            self.close_connection = True
+            return
         split = urlsplit(self.path)
         query = parse_qs(split.query, keep_blank_values=True)
         bucket, _, encoded_name = split.path.lstrip("/").partition("/")
