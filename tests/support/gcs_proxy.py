@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
 import threading
 import uuid
 import xml.etree.ElementTree as ET
@@ -344,6 +345,11 @@ class _Truncated(Exception):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     proxy: GcsXmlProxy
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that went away (killed, reset): nothing to report
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):
