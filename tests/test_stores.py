@@ -55,6 +55,7 @@ from cairn.stores import (
     StoreMethod,
     as_store,
     capabilities_of,
+    explain_store_error,
     translate_error,
 )
 
@@ -761,3 +762,56 @@ async def test_pointer_swaps_replace_the_version_they_read() -> None:
     assert len(swaps) >= 3  # the fence in _writer, and _latest moved by each save
     assert all(mode.version is not None for mode in swaps), swaps
     assert {mode.version for mode in swaps} <= {"1", "2", "3"}
+
+
+async def test_missing_gcs_credentials_fail_at_once_and_say_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Off Google Cloud without credentials object_store asks a metadata server that is
+    not there: not worth retrying, and explained."""
+    dead = "127.0.0.1:9"
+    for name in (
+        "GOOGLE_SERVICE_ACCOUNT",
+        "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud default credentials
+    monkeypatch.setenv("GCE_METADATA_HOST", dead)
+    monkeypatch.setenv("GCE_METADATA_IP", dead)
+    store = ObstoreStore(open_store("gs://bucket", base_url="http://127.0.0.1:9"))
+    with pytest.raises(StoreError) as info:
+        await store.list("checkpoints/")
+    assert type(info.value) is StoreError, "a token that cannot be had is not transient"
+    hint = explain_store_error(info.value, "gs://bucket")
+    assert hint is not None and hint.startswith(
+        "no GCS credentials are configured for the store of gs://bucket, and the GCE metadata "
+        f"server ({dead}, only on Google Cloud) gave no token: no answer (connect failed) to "
+        "list 'checkpoints/'; set GOOGLE_SERVICE_ACCOUNT to the path of a service-account key"
+    ), hint
+
+
+def test_refused_gcs_credentials_say_so() -> None:
+    debug = (
+        "Generic GCS error: Error performing token request: Error performing POST "
+        "https://oauth2.googleapis.com/token - 400 Bad Request\n\nDebug source:\n"
+        'Generic {\n    store: "GCS",\n    source: TokenRequest {\n        source: RetryError(\n'
+        "            RetryErrorImpl {\n                method: POST,\n"
+        "                uri: Some(\n                    https://oauth2.googleapis.com/token,\n"
+        "                ),\n                inner: Status {\n                    status: 400,\n"
+        '                    body: Some(\n                        "invalid_grant",\n'
+    )
+    error = translate_error("list", "checkpoints/", GenericError(debug))
+    assert type(error) is StoreError and error.status == 400
+    error.__cause__ = GenericError(debug)
+    assert explain_store_error(error, "gs://b") == (
+        "the GCS credentials of the store of gs://b were refused: the token request to "
+        "oauth2.googleapis.com got HTTP 400 (list 'checkpoints/'); check the service-account "
+        "key (GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY or "
+        "GOOGLE_APPLICATION_CREDENTIALS)"
+    )
+    # The same text from another store, or outside a token request, explains nothing.
+    other = debug.replace('store: "GCS"', 'store: "S3"').replace("TokenRequest", "ListRequest")
+    plain = translate_error("list", "checkpoints/", GenericError(other))
+    plain.__cause__ = GenericError(other)
+    assert explain_store_error(plain, "gs://b") is None
