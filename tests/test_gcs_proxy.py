@@ -283,7 +283,8 @@ def test_the_installed_binary_serves(gcs_server: GcsServer) -> None:
     assert status == 200
 
 
-def test_stop_is_idempotent_and_closes_the_proxy() -> None:
+def test_stop_is_idempotent_and_closes_the_proxy(gcs_server: GcsServer) -> None:
+    """A second server beside the session's (which, where it cannot run, skips this)."""
     server = GcsServer().start()
     endpoint = server.endpoint
     server.stop()
