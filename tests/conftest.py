@@ -1,8 +1,10 @@
 """Shared fixtures: one contract suite runs against every backend.
 
 ``backend`` is parametrized over memory, a local directory, S3 (moto's server on a
-loopback port, started by the test session) and Azure Blob (Azurite, likewise); every
-test that takes ``raw_store`` or ``ckpt`` runs once per backend.
+loopback port, started by the test session), Azure Blob (Azurite, likewise) and GCS
+(fake-gcs-server behind the tests' XML-API proxy, likewise; skipped with the reason where
+its binary cannot run); every test that takes ``raw_store`` or ``ckpt`` runs once per
+backend.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ from obstore.store import LocalStore, MemoryStore, ObjectStore
 from support.fixtures import (  # noqa: F401
     azure_container,
     azurite_server,
+    gcs_bucket,
+    gcs_server,
     s3_bucket,
     s3_proxy,
     s3_server,
 )
-from support.servers import azure_store_options, s3_store_options
+from support.servers import azure_store_options, gcs_store_options, s3_store_options
 
 from cairn import ObjectStoreCheckpointer, RetryPolicy
 
-BACKENDS = ["memory", "local", "s3", "azure"]
+BACKENDS = ["memory", "local", "s3", "azure", "gcs"]
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.001, max_delay=0.01)
 
@@ -41,7 +45,7 @@ def raw_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> O
 
 def make_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> ObjectStore:
     """A fresh obstore store of ``backend`` (a new bucket or container for remote ones)."""
-    from obstore.store import AzureStore, S3Store
+    from obstore.store import AzureStore, GCSStore, S3Store
 
     if backend == "memory":
         return MemoryStore()
@@ -57,6 +61,10 @@ def make_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
         server = request.getfixturevalue("azurite_server")
         container = request.getfixturevalue("azure_container")
         return AzureStore(container, **azure_store_options(server))
+    if backend == "gcs":
+        server = request.getfixturevalue("gcs_server")
+        bucket = request.getfixturevalue("gcs_bucket")
+        return GCSStore(bucket, **gcs_store_options(server))
     raise AssertionError(backend)
 
 

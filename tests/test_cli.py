@@ -82,7 +82,7 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("CAIRN_", "AWS_")) and k not in ("COLUMNS", "LINES")
+        if not k.startswith(("CAIRN_", "AWS_", "GOOGLE_", "GCE_")) and k not in ("COLUMNS", "LINES")
     }
     env.update(extra or {})
     return env

@@ -1,4 +1,4 @@
-"""Eight writer *processes* race on one store: a local directory, and an S3 bucket.
+"""Eight writer *processes* race on one store: a local directory, an S3 and a GCS bucket.
 
 Each writer is ``crash_child.py race`` in its own interpreter; writer ``w`` saves
 ``ROUNDS`` checkpoints with epochs ``r * 8 + w`` and reports the id and the exact
@@ -59,7 +59,7 @@ async def check_store(
     assert {key: bytes(data) for key, data in latest.artifacts.items()} == expected, context
 
 
-@pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.parametrize("kind", ["local", "s3", "gcs"])
 def test_eight_writer_processes_race_to_latest(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

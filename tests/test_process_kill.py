@@ -45,7 +45,7 @@ from support.crash_child import (
     expected_offsets,
     parse_lines,
 )
-from support.servers import s3_store_options
+from support.servers import gcs_env, s3_store_options
 
 from cairn import CheckpointId, CheckpointManifest, ObjectStoreCheckpointer
 
@@ -68,6 +68,10 @@ def child_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> di
     """Keyword arguments for :func:`start_child`: the same store ``make_store`` opens."""
     if kind == "local":
         return {"store": (tmp_path / "store").as_uri(), "env": child_env()}
+    if kind == "gcs":
+        server = request.getfixturevalue("gcs_server")
+        bucket = request.getfixturevalue("gcs_bucket")
+        return {"store": f"gs://{bucket}", "env": {**child_env(), **gcs_env(server)}}
     server = request.getfixturevalue("s3_server")
     bucket = request.getfixturevalue("s3_bucket")
     return {"store": f"s3://{bucket}", "env": child_env(s3_store_options(server.endpoint))}
@@ -275,7 +279,7 @@ async def check_after_kill(
     return classify_kill(lines, set(listed), pointer, landed, partial)
 
 
-@pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.parametrize("kind", ["local", "s3", "gcs"])
 def test_sigkill_at_random_points_never_loses_a_commit(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -1,7 +1,8 @@
 """The store contract (:mod:`cairn.testing`) run against every backend and every wrapper.
 
 One class per store: memory, a local directory (with and without obstore's automatic
-cleanup), S3 (moto's server), Azure Blob (Azurite), and the wrappers over a store:
+cleanup), S3 (moto's server), Azure Blob (Azurite), GCS (fake-gcs-server, its writes
+through the tests' XML-to-JSON proxy), and the wrappers over a store:
 :class:`RetryingStore`, the tests' :class:`FaultyStore`, and a retrying store over a
 faulty one that fails the first try of every operation.
 """
@@ -12,9 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from obstore.store import AzureStore, LocalStore, MemoryStore, S3Store
+from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 from support.faults import FaultPlan, FaultyStore
-from support.servers import AzuriteServer, S3Server, azure_store_options, s3_store_options
+from support.servers import (
+    AzuriteServer,
+    GcsServer,
+    S3Server,
+    azure_store_options,
+    gcs_store_options,
+    s3_store_options,
+)
 
 from cairn import RetryPolicy, TransientStoreError
 from cairn.retry import RetryingStore
@@ -58,6 +66,12 @@ class TestAzureStore(StoreContract):
     @pytest.fixture
     def store(self, azurite_server: AzuriteServer, azure_container: str) -> Store:
         return ObstoreStore(AzureStore(azure_container, **azure_store_options(azurite_server)))
+
+
+class TestGCSStore(StoreContract):
+    @pytest.fixture
+    def store(self, gcs_server: GcsServer, gcs_bucket: str) -> Store:
+        return ObstoreStore(GCSStore(gcs_bucket, **gcs_store_options(gcs_server)))
 
 
 class TestRetryingStore(StoreContract):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import multiprocessing
@@ -21,13 +22,16 @@ from typing import Any, TypeVar
 import obstore
 import pytest
 from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionError
-from obstore.store import HTTPStore, LocalStore, MemoryStore
+from obstore.store import GCSStore, HTTPStore, LocalStore, MemoryStore
 from support.faults import FaultPlan, FaultyStore, PutFault
+from support.servers import gcs_store_options
 
 from cairn import (
+    CheckpointData,
     InvalidStoreUrlError,
     ObjectExistsError,
     ObjectNotFoundError,
+    ObjectStoreCheckpointer,
     PreconditionFailedError,
     StoreError,
     TransientStoreError,
@@ -51,6 +55,7 @@ from cairn.stores import (
     StoreMethod,
     as_store,
     capabilities_of,
+    explain_store_error,
     translate_error,
 )
 
@@ -689,3 +694,124 @@ def test_importing_cairn_does_not_import_pytest() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+# -- GCS: a compare-and-swap is conditioned on the generation -------------------------------
+
+
+def _gcs_without_server() -> ObstoreStore:
+    """A GCS store whose endpoint nobody listens on: any request fails to connect."""
+    no_retry: Any = {"max_retries": 0, "retry_timeout": dt.timedelta(seconds=5)}
+    options = gcs_store_options("http://127.0.0.1:9")
+    return ObstoreStore(GCSStore("bucket", **options, retry_config=no_retry))
+
+
+async def test_a_gcs_compare_and_swap_without_the_generation_is_refused_before_sending() -> None:
+    store = _gcs_without_server()
+    # object_store's own refusal ("Version required for conditional update"), reproduced:
+    with pytest.raises(GenericError, match="Version required for conditional update"):
+        await obstore.put_async(store.obstore, "x", b"v", mode={"e_tag": '"abc"'})
+    with pytest.raises(StoreError) as refused:
+        await store.put("x", b"v", mode=IfMatch('"abc"'))
+    assert type(refused.value) is StoreError and refused.value.path == "x"
+    assert "GCS compares generations" in str(refused.value)
+    assert "IfMatch(info.e_tag, info.version)" in str(refused.value)
+    # With the generation it is sent: nothing listens, so it fails to connect.
+    with pytest.raises(TransientStoreError):
+        await store.put("x", b"v", mode=IfMatch('"abc"', "1700000000000000"))
+
+
+class _Versioned(ForwardingStore):
+    """Memory with a version on every object, as GCS has; records every put's mode."""
+
+    def __init__(self) -> None:
+        super().__init__(ObstoreStore(MemoryStore()))
+        self.modes: list[PutMode] = []
+        self.versions: dict[str, int] = {}
+
+    def _stamp(self, info: ObjectInfo) -> ObjectInfo:
+        return dataclasses.replace(info, version=str(self.versions.get(info.path, 0)))
+
+    async def get(self, path: str) -> Blob:
+        blob = await super().get(path)
+        return Blob(blob.data, self._stamp(blob.info))
+
+    async def put(
+        self,
+        path: str,
+        data: Buffer,
+        *,
+        mode: PutMode = "overwrite",
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        self.modes.append(mode)
+        written = await super().put(path, data, mode=mode, metadata=metadata)
+        self.versions[path] = self.versions.get(path, 0) + 1
+        return self._stamp(written)
+
+
+async def test_pointer_swaps_replace_the_version_they_read() -> None:
+    """``_latest`` and ``_writer`` are swapped on what the read returned, version included
+    (a swap built from the e-tag alone is what GCS refused)."""
+    store = _Versioned()
+    ckpt = ObjectStoreCheckpointer(store)
+    await ckpt.take_over()
+    await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"one"}))
+    await ckpt.save(CheckpointData(epoch=2, snapshots={("op", 0): b"two"}))
+    swaps = [mode for mode in store.modes if isinstance(mode, IfMatch)]
+    assert len(swaps) >= 3  # the fence in _writer, and _latest moved by each save
+    assert all(mode.version is not None for mode in swaps), swaps
+    assert {mode.version for mode in swaps} <= {"1", "2", "3"}
+
+
+async def test_missing_gcs_credentials_fail_at_once_and_say_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Off Google Cloud without credentials object_store asks a metadata server that is
+    not there: not worth retrying, and explained."""
+    dead = "127.0.0.1:9"
+    for name in (
+        "GOOGLE_SERVICE_ACCOUNT",
+        "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud default credentials
+    monkeypatch.setenv("GCE_METADATA_HOST", dead)
+    monkeypatch.setenv("GCE_METADATA_IP", dead)
+    store = ObstoreStore(open_store("gs://bucket", base_url="http://127.0.0.1:9"))
+    with pytest.raises(StoreError) as info:
+        await store.list("checkpoints/")
+    assert type(info.value) is StoreError, "a token that cannot be had is not transient"
+    hint = explain_store_error(info.value, "gs://bucket")
+    assert hint is not None and hint.startswith(
+        "no GCS credentials are configured for the store of gs://bucket, and the GCE metadata "
+        f"server ({dead}, only on Google Cloud) gave no token: no answer (connect failed) to "
+        "list 'checkpoints/'; set GOOGLE_SERVICE_ACCOUNT to the path of a service-account key"
+    ), hint
+
+
+def test_refused_gcs_credentials_say_so() -> None:
+    debug = (
+        "Generic GCS error: Error performing token request: Error performing POST "
+        "https://oauth2.googleapis.com/token - 400 Bad Request\n\nDebug source:\n"
+        'Generic {\n    store: "GCS",\n    source: TokenRequest {\n        source: RetryError(\n'
+        "            RetryErrorImpl {\n                method: POST,\n"
+        "                uri: Some(\n                    https://oauth2.googleapis.com/token,\n"
+        "                ),\n                inner: Status {\n                    status: 400,\n"
+        '                    body: Some(\n                        "invalid_grant",\n'
+    )
+    error = translate_error("list", "checkpoints/", GenericError(debug))
+    assert type(error) is StoreError and error.status == 400
+    error.__cause__ = GenericError(debug)
+    assert explain_store_error(error, "gs://b") == (
+        "the GCS credentials of the store of gs://b were refused: the token request to "
+        "oauth2.googleapis.com got HTTP 400 (list 'checkpoints/'); check the service-account "
+        "key (GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY or "
+        "GOOGLE_APPLICATION_CREDENTIALS)"
+    )
+    # The same text from another store, or outside a token request, explains nothing.
+    other = debug.replace('store: "GCS"', 'store: "S3"').replace("TokenRequest", "ListRequest")
+    plain = translate_error("list", "checkpoints/", GenericError(other))
+    plain.__cause__ = GenericError(other)
+    assert explain_store_error(plain, "gs://b") is None

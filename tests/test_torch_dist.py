@@ -1,4 +1,5 @@
-"""DCP on cairn with real torch.distributed: two spawned ranks (gloo, CPU), local and S3.
+"""DCP on cairn with real torch.distributed: two spawned ranks (gloo, CPU), on a local
+directory, S3 and GCS.
 
 One spawned run per store (a run costs ~15 s here): the ranks go through the scenarios
 of ``torch_worker.suite`` in one process group, and each test below checks one of them
@@ -25,7 +26,14 @@ import pytest
 pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
 
 from support import torch_worker
-from support.servers import S3Server, free_port, s3_store_options, unique_name
+from support.servers import (
+    GcsServer,
+    S3Server,
+    free_port,
+    gcs_store_options,
+    s3_store_options,
+    unique_name,
+)
 from support.torch_worker import BLANK_SEED, PREFIX, digests, make_state, open_store
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -97,13 +105,19 @@ def _spawn(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int | None]
     return ranks, [p.exitcode for p in procs], killed_at
 
 
-@pytest.fixture(scope="module", params=["local", "s3"])
+@pytest.fixture(scope="module", params=["local", "s3", "gcs"])
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One spawned 2-rank run of the suite against a fresh local directory or S3 bucket."""
+    """One spawned 2-rank run of the suite against a fresh local directory, S3 or GCS
+    bucket."""
     base = tmp_path_factory.mktemp(f"dcp-{request.param}")
     if request.param == "local":
         (base / "store").mkdir()
         store_spec: dict[str, Any] = {"kind": "local", "root": str(base / "store")}
+    elif request.param == "gcs":
+        gcs: GcsServer = request.getfixturevalue("gcs_server")
+        bucket = unique_name("dcp")
+        gcs.create_bucket(bucket)
+        store_spec = {"kind": "gcs", "bucket": bucket, "options": dict(gcs_store_options(gcs))}
     else:
         server: S3Server = request.getfixturevalue("s3_server")
         bucket = unique_name("dcp")

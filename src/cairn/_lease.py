@@ -93,8 +93,8 @@ def decode_intent(data: bytes) -> Intent | None:
 
 
 STAMP_RESOLUTION = dt.timedelta(seconds=1)
-"""How coarse a store's ``last_modified`` may be: S3 and Azure state it in whole seconds
-(HTTP dates), so two such stamps taken within one second can compare either way."""
+"""How coarse a store's ``last_modified`` may be: S3, GCS and Azure state it in whole
+seconds (HTTP dates), so two such stamps taken within one second can compare either way."""
 
 
 def stamp_margin(*stamps: dt.datetime) -> dt.timedelta:

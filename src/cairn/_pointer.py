@@ -42,6 +42,13 @@ checkpoint that remains (:func:`retreat_latest`), keeping its writer generation.
 Both records accept what the reference implementation wrote (a bare checkpoint id for
 ``_latest``), and both are JSON.
 
+Compare-and-swap. Each swap replaces exactly the version it read: it is conditioned on
+what the read returned as :class:`~cairn.stores.ObjectInfo`, the e-tag and, where the
+store keeps one, the version (GCS compares the generation alone: its e-tag is the MD5
+of the bytes, so it cannot tell two writes of the same record apart, and object_store
+refuses a GCS swap without the generation). A record that does not exist is created
+with a create-only put.
+
 Damaged records. Decoding either record raises nothing but :class:`CorruptManifestError`
 naming it: not JSON, JSON nested too deeply, a value of the wrong type (a number where
 an id belongs), a negative generation, or one over :data:`MAX_GENERATION`. What each
@@ -81,7 +88,7 @@ from cairn.errors import (
 )
 from cairn.ids import CheckpointId
 from cairn.manifest import MAX_INT64, CheckpointManifest, dec_hook, decode_record, enc_hook
-from cairn.stores import IfMatch, PutMode, Store
+from cairn.stores import IfMatch, ObjectInfo, PutMode, Store
 
 log = logging.getLogger("cairn")
 
@@ -195,30 +202,37 @@ def decode_writer(path: str, data: bytes) -> WriterRecord:
     return record
 
 
-async def read_pointer(store: Store, path: str) -> tuple[LatestPointer | None, str | None, bool]:
-    """``(pointer, e_tag, exists)``; a corrupt pointer reads as None but still exists."""
+async def read_pointer(
+    store: Store, path: str
+) -> tuple[LatestPointer | None, ObjectInfo | None, bool]:
+    """``(pointer, version, exists)``: ``version`` is the :class:`ObjectInfo` of what was
+    read (None when nothing exists), for a swap of it; a corrupt pointer reads as None
+    but still exists."""
     try:
         blob = await store.get(path)
     except CheckpointNotFoundError:
         return None, None, False
     try:
-        return decode_pointer(path, bytes(blob.data)), blob.info.e_tag, True
+        return decode_pointer(path, bytes(blob.data)), blob.info, True
     except CorruptManifestError as exc:
         log.warning("ignoring %s", exc)
-        return None, blob.info.e_tag, True
+        return None, blob.info, True
 
 
-async def read_writer(store: Store, path: str) -> tuple[WriterRecord | None, str | None, bool]:
-    """``(record, e_tag, exists)``; a damaged record reads as None (with a warning)."""
+async def read_writer(
+    store: Store, path: str
+) -> tuple[WriterRecord | None, ObjectInfo | None, bool]:
+    """``(record, version, exists)`` as :func:`read_pointer` returns them; a damaged
+    record reads as None (with a warning)."""
     try:
         blob = await store.get(path)
     except CheckpointNotFoundError:
         return WriterRecord(0), None, False
     try:
-        return decode_writer(path, bytes(blob.data)), blob.info.e_tag, True
+        return decode_writer(path, bytes(blob.data)), blob.info, True
     except CorruptManifestError as exc:
         log.warning("%s: take_over() replaces it", exc)
-        return None, blob.info.e_tag, True
+        return None, blob.info, True
 
 
 async def read_generation(store: Store, path: str) -> tuple[int, str | None]:
@@ -234,13 +248,14 @@ async def read_generation(store: Store, path: str) -> tuple[int, str | None]:
     return decode_writer(path, bytes(blob.data)).generation, blob.info.e_tag
 
 
-async def _swap(store: Store, path: str, data: bytes, e_tag: str | None, exists: bool) -> bool:
-    """One compare-and-swap; False when another writer got there first."""
+async def _swap(store: Store, path: str, data: bytes, current: ObjectInfo | None) -> bool:
+    """One compare-and-swap of ``current`` (the version read; None: create the record);
+    False when another writer got there first."""
     mode: PutMode = "create"
-    if exists:
-        if e_tag is None:
+    if current is not None:
+        if current.e_tag is None:
             raise StoreError("put", path, "the store returned no e-tag: cannot compare-and-swap")
-        mode = IfMatch(e_tag)
+        mode = IfMatch(current.e_tag, current.version)
     try:
         await store.put(path, data, mode=mode)
     except (ObjectExistsError, PreconditionFailedError):
@@ -264,7 +279,7 @@ async def advance_latest(
     """
     wanted = LatestPointer(checkpoint_id, epoch, generation)
     for _ in range(MAX_CAS_ROUNDS):
-        current, e_tag, exists = await read_pointer(store, path)
+        current, version, _ = await read_pointer(store, path)
         if current is not None:
             if current.writer_generation > generation:
                 raise FencedError(generation, current.writer_generation)
@@ -272,7 +287,7 @@ async def advance_latest(
                 return False
             if not force and current.order() >= wanted.order():
                 return False
-        if await _swap(store, path, _encoder.encode(wanted), e_tag, exists):
+        if await _swap(store, path, _encoder.encode(wanted), version):
             return True
     raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")
 
@@ -287,14 +302,14 @@ async def retreat_latest(
     ``target`` it names nothing. Returns whether it moved.
     """
     for _ in range(MAX_CAS_ROUNDS):
-        current, e_tag, exists = await read_pointer(store, path)
+        current, version, _ = await read_pointer(store, path)
         if current is None or current.checkpoint_id != deleted:
             return False
         if target is None:
             wanted = LatestPointer(None, -1, current.writer_generation)
         else:
             wanted = LatestPointer(target.checkpoint_id, target.epoch, current.writer_generation)
-        if await _swap(store, path, _encoder.encode(wanted), e_tag, exists):
+        if await _swap(store, path, _encoder.encode(wanted), version):
             return True
     raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")
 
@@ -309,7 +324,7 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
     writer of an older generation is fenced from then on.
     """
     for _ in range(MAX_CAS_ROUNDS):
-        record, e_tag, exists = await read_writer(store, writer_path)
+        record, version, _ = await read_writer(store, writer_path)
         pointer, _, pointer_exists = await read_pointer(store, latest_path)
         visible = [r.generation for r in (record,) if r is not None]
         visible += [p.writer_generation for p in (pointer,) if p is not None]
@@ -322,7 +337,7 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
             )
         fences = _completed_fences(record, pointer)
         replaced = WriterRecord(new_generation, time.time_ns() // 10**6, fences)
-        if await _swap(store, writer_path, _encoder.encode(replaced), e_tag, exists):
+        if await _swap(store, writer_path, _encoder.encode(replaced), version):
             if record is None:
                 if pointer is not None:
                     why = f"the latest pointer names generation {pointer.writer_generation}"
@@ -338,7 +353,7 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
     else:
         raise StoreError("put", writer_path, "gave up: the writer record is too contended")
     for _ in range(MAX_CAS_ROUNDS):
-        current, e_tag, exists = await read_pointer(store, latest_path)
+        current, version, _ = await read_pointer(store, latest_path)
         if current is not None and current.writer_generation >= new_generation:
             raise FencedError(new_generation, current.writer_generation)
         claimed = LatestPointer(
@@ -346,7 +361,7 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
             current.epoch if current else -1,
             new_generation,
         )
-        if await _swap(store, latest_path, _encoder.encode(claimed), e_tag, exists):
+        if await _swap(store, latest_path, _encoder.encode(claimed), version):
             break
     else:
         raise StoreError("put", latest_path, "gave up: the latest pointer is too contended")
@@ -380,13 +395,13 @@ def _completed_fences(
 async def _record_fence(store: Store, writer_path: str, generation: int, fence: Fence) -> None:
     """Add ``fence`` to ``_writer`` by compare-and-swap, while it still holds ``generation``."""
     for _ in range(MAX_CAS_ROUNDS):
-        record, e_tag, exists = await read_writer(store, writer_path)
+        record, version, _ = await read_writer(store, writer_path)
         if record is None or record.generation != generation:
             current = record.generation if record is not None else -1
             raise FencedError(generation, current)  # a newer takeover completes our fence
         fences = (*record.fences, fence)[-MAX_FENCES:]
         updated = msgspec.structs.replace(record, fences=fences)
-        if await _swap(store, writer_path, _encoder.encode(updated), e_tag, exists):
+        if await _swap(store, writer_path, _encoder.encode(updated), version):
             return
     raise StoreError("put", writer_path, "gave up: the writer record is too contended")
 

@@ -24,12 +24,19 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """What a HEAD or a listing tells about one object."""
+    """What a HEAD or a listing tells about one object.
+
+    ``version`` is the store's own name for this version of the object, where it keeps
+    one: GCS's generation (on every ``get``, ``head``, ``stat`` and ``put``; GCS listings
+    carry none), S3's or Azure's version id where versioning is on, None elsewhere. A
+    compare-and-swap of this version is ``IfMatch(info.e_tag, info.version)``.
+    """
 
     path: str
     size: int
     e_tag: str | None
     last_modified: dt.datetime
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +57,15 @@ class ListDirResult:
 
 @dataclass(frozen=True, slots=True)
 class IfMatch:
-    """Put mode: replace the object only if its current e-tag is ``e_tag``."""
+    """Put mode: replace the object only if it is still the version read before.
+
+    ``e_tag`` and ``version`` are that version's, as :class:`ObjectInfo` gives them
+    (``IfMatch(info.e_tag, info.version)``). Stores compare what they keep: the e-tag
+    (memory, S3, Azure, a local directory), or the version where that is the only
+    identity a write can be conditioned on: GCS compares generations alone (its e-tag is
+    the MD5 of the bytes, the same for two writes of the same bytes) and refuses a
+    compare-and-swap without ``version``.
+    """
 
     e_tag: str
     version: str | None = None

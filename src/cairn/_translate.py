@@ -36,6 +36,7 @@ __all__ = [
     "_DEBUG_SOURCE",
     "_HTTP_ERROR",
     "_REQUEST_ERROR",
+    "_TOKEN_REQUEST",
     "_TRANSIENT_HTTP_KINDS",
     "_TRANSIENT_STATUSES",
     "_Failure",
@@ -77,6 +78,12 @@ not be sent, a timeout, a connection reset or closed mid-exchange. object_store 
 the last two only for idempotent requests; every :class:`Store` call is safe to repeat
 (see :mod:`cairn.retry`). ``Decode`` (an unparseable response) and ``Unknown`` are not
 retried, by either."""
+
+
+_TOKEN_REQUEST = re.compile(r'\bstore: "(\w+)",\n[ \t]*source: TokenRequest \{\n')
+"""object_store's error for a failed request for an access token (GCS, Azure): the
+credentials are missing or refused. Its HTTP request was already retried by obstore,
+and what fails is the configuration, so it is never transient. Group 1: the store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +137,11 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
     status or connection-failure kind recorded in obstore's structured Debug form
     decides: 408, 429, 500, 502, 503, 504 (and S3's ``400 RequestTimeout``, and S3's
     200 carrying an error) and connect, send, timeout and interrupted failures are
-    :class:`TransientStoreError`; everything else is a plain :class:`StoreError`. The
-    HTTP status, when there was one, is kept as ``status`` on the error.
+    :class:`TransientStoreError`; everything else is a plain :class:`StoreError`. A
+    failed request for an access token (object_store's ``TokenRequest``: credentials
+    missing or refused, after obstore's own retries of it) is a plain
+    :class:`StoreError` whatever its status. The HTTP status, when there was one, is
+    kept as ``status`` on the error.
     """
     if isinstance(exc, CheckpointerError):
         return exc
@@ -147,6 +157,8 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
     if isinstance(
         exc, PermissionDeniedError | UnauthenticatedError | NotSupportedError | NotImplementedError
     ):
+        return StoreError(operation, path, reason, status=status)
+    if isinstance(exc, BaseError) and _TOKEN_REQUEST.search(str(exc).rpartition(_DEBUG_SOURCE)[2]):
         return StoreError(operation, path, reason, status=status)
     if isinstance(exc, TimeoutError | ConnectionError) or _is_transient(failure):
         return TransientStoreError(operation, path, reason, status=status)
@@ -171,4 +183,5 @@ def _info(meta: Any, *, quote_e_tag: bool = False) -> ObjectInfo:
         size=meta["size"],
         e_tag=e_tag,
         last_modified=meta["last_modified"],
+        version=meta.get("version"),
     )

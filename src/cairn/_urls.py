@@ -22,7 +22,7 @@ from obstore.store import (
     from_url,
 )
 
-from cairn._translate import _first_line, _http_failure
+from cairn._translate import _DEBUG_SOURCE, _TOKEN_REQUEST, _first_line, _http_failure
 from cairn.errors import (
     InvalidStoreUrlError,
     StoreError,
@@ -208,24 +208,65 @@ _MISSING_CONTAINER_CODES = {
 }
 
 
+_TOKEN_URI = re.compile(r"\buri: Some\(\n[ \t]*(\S+?),?\n")
+
+_GCE_METADATA_TOKEN = "/computeMetadata/v1/instance/service-accounts/"
+"""The path of the GCE metadata server's token endpoint: where object_store asks for a
+token when no GCS credentials are configured."""
+
+_GCS_CREDENTIALS = (
+    "set GOOGLE_SERVICE_ACCOUNT to the path of a service-account key file (or "
+    "GOOGLE_SERVICE_ACCOUNT_KEY to its JSON, or GOOGLE_APPLICATION_CREDENTIALS), or pass "
+    "service_account_key= to open_store"
+)
+
+
 def explain_store_error(exc: BaseException, url: str | None = None) -> str | None:
     """One line saying what is wrong and what to do, for store failures a newcomer meets.
 
-    Today: a bucket (S3's ``NoSuchBucket``) or container (Azure's ``ContainerNotFound``)
-    that does not exist, read from the error code in the response that obstore kept in
-    the cause of ``exc``; ``url`` is the store's, to name it. None when there is nothing
-    better to say than ``str(exc)``.
+    Today: a bucket (S3's and GCS's ``NoSuchBucket``) or container (Azure's
+    ``ContainerNotFound``) that does not exist, read from the error code in the response
+    that obstore kept in the cause of ``exc``; and GCS credentials that are missing
+    (object_store then asks the GCE metadata server, which answers only on GCP) or
+    refused by the token service. ``url`` is the store's, to name it. None when there is
+    nothing better to say than ``str(exc)``.
     """
     if not isinstance(exc, StoreError) or exc.__cause__ is None:
         return None
+    of = f" of {url}" if url else ""
+    debug = str(exc.__cause__).rpartition(_DEBUG_SOURCE)[2]
+    token = _TOKEN_REQUEST.search(debug)
+    if token is not None and token.group(1) == "GCS":
+        return _explain_gcs_token_failure(exc, debug[token.end() :], of)
     code = _http_failure(exc.__cause__).s3_code
     what = _MISSING_CONTAINER_CODES.get(code or "")
     if what is None:
         return None
-    of = f" of {url}" if url else ""
     return (
         f"the {what}{of} does not exist (the store answered {exc.status or 404} {code} to "
         f"{exc.operation} {exc.path!r}): create it, or correct the {what} name in the URL"
+    )
+
+
+def _explain_gcs_token_failure(exc: StoreError, debug: str, of: str) -> str:
+    failure = _http_failure(exc.__cause__) if exc.__cause__ is not None else None
+    answer = "no answer"
+    if failure is not None and failure.status is not None:
+        answer = f"HTTP {failure.status}"
+    elif failure is not None and failure.kind is not None:
+        answer = f"no answer ({failure.kind.lower()} failed)"
+    uri = _TOKEN_URI.search(debug)
+    where = urlsplit(uri.group(1)).netloc if uri else "the token service"
+    if uri is not None and _GCE_METADATA_TOKEN in uri.group(1):
+        return (
+            f"no GCS credentials are configured for the store{of}, and the GCE metadata "
+            f"server ({where}, only on Google Cloud) gave no token: {answer} to "
+            f"{exc.operation} {exc.path!r}; {_GCS_CREDENTIALS}"
+        )
+    return (
+        f"the GCS credentials of the store{of} were refused: the token request to {where} "
+        f"got {answer} ({exc.operation} {exc.path!r}); check the service-account key "
+        "(GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY or GOOGLE_APPLICATION_CREDENTIALS)"
     )
 
 

