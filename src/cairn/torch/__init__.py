@@ -13,6 +13,14 @@ Install with ``pip install 'cairn[torch]'`` (torch and numpy). Then::
     )
     load_latest(state_dict, "s3://bucket/run")  # the same, falling back past damage
 
+``checkpoint_id`` as torchtitan and torchtune pass it (``dcp.save(state,
+checkpoint_id=f"{folder}/step-{n}", storage_writer=writer)``): a checkpoint id is that
+checkpoint; anything else is a *name* (``step-100``, or a path or URL inside the writer's
+store, which keeps the part below the store's root), recorded in the manifest of a new
+checkpoint (a fresh id), and a load by that name loads the newest committed checkpoint
+with it. A path or URL outside the store is refused (:class:`~cairn.CheckpointLocationError`).
+The whole mapping is in :mod:`cairn.torch._target`.
+
 Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
 checkpoints (see :mod:`cairn.signing`): a reader with the key refuses, or passes over
 when choosing the latest, a checkpoint that someone without the key wrote.
@@ -29,8 +37,9 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
 ``load_latest`` work on it unchanged:
 
 1. **Planning** (``prepare_global_plan``, on DCP's coordinator): makes the checkpoint id
-   (a UUIDv7, or the ``checkpoint_id`` given to ``dcp.save``) and sends it to every rank
-   inside its plan, so all ranks agree without another collective. It refuses the save
+   (a UUIDv7, or the ``checkpoint_id`` given to ``dcp.save`` when it is one) and sends it,
+   with the checkpoint's name if it has one, to every rank inside its plan, so all ranks
+   agree without another collective. It refuses the save
    before anything is uploaded if a newer writer generation has taken over
    (:class:`~cairn.FencedError`) or the id is already committed.
 2. **Uploads** (``write_data``, every rank, as a worker of :mod:`cairn.distributed`):
