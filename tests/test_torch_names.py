@@ -147,8 +147,12 @@ def test_validate_checkpoint_id_answers_as_reset_accepts(tmp_path: Path) -> None
         "s3:/malformed",
         "a\\b",
     ]
-    for cls in (CairnWriter, CairnReader):
-        storage = cls(store, prefix=PREFIX, **({"epoch": 1} if cls is CairnWriter else {}))
+    storages: list[CairnWriter | CairnReader] = [
+        CairnWriter(store, epoch=1, prefix=PREFIX),
+        CairnReader(store, prefix=PREFIX),
+    ]
+    for storage in storages:
+        cls = type(storage)
         for value in values:
             try:
                 storage.reset(value)

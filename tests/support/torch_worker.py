@@ -282,10 +282,14 @@ RESHARDS = (("replicate", "shard0"), ("shard0", "replicate"), ("shard0", "shard1
 def reshard_scenarios(mesh: Any, store: Any, device: str) -> dict[str, Any]:
     """Save a 4x4 DTensor with one placement, load it into another, by name; per change,
     whether the loaded tensor is the saved one, whole and in this rank's shard."""
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Placement, Replicate
     from torch.distributed.tensor import zeros as dtensor_zeros
 
-    placements = {"replicate": [Replicate()], "shard0": [Shard(0)], "shard1": [Shard(1)]}
+    placements: dict[str, list[Placement]] = {
+        "replicate": [Replicate()],
+        "shard0": [Shard(0)],
+        "shard1": [Shard(1)],
+    }
     results: dict[str, Any] = {}
     for saved_as, loaded_as in RESHARDS:
         full = torch.arange(16, dtype=torch.float32, device=device).view(4, 4)
