@@ -69,6 +69,8 @@ COMMANDS_WITH_SCHEMAS = (
     "gc",
     "copy",
     "demo",
+    "export-dcp",
+    "import-dcp",
 )
 """The commands whose ``--json`` document has a JSON Schema in ``cairn/cli/schemas/``."""
 

@@ -21,6 +21,12 @@ checkpoint (a fresh id), and a load by that name loads the newest committed chec
 with it. A path or URL outside the store is refused (:class:`~cairn.CheckpointLocationError`).
 The whole mapping is in :mod:`cairn.torch._target`.
 
+In and out of DCP's own format: :func:`export_dcp` writes a DCP checkpoint as a
+directory that ``FileSystemReader`` and ``dcp_to_torch_save`` read, every byte verified;
+:func:`import_dcp` commits a directory ``FileSystemWriter`` wrote as one checkpoint,
+checked on the way in (see :mod:`cairn.torch._dcpdir` for what can and cannot be
+checked). ``cairn export-dcp`` and ``cairn import-dcp`` are the same on the command line.
+
 Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
 checkpoints (see :mod:`cairn.signing`): a reader with the key refuses, or passes over
 when choosing the latest, a checkpoint that someone without the key wrote.
@@ -111,6 +117,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "(or pip install torch==2.13.0 numpy)"
     ) from exc
 
+from cairn.torch._dcpdir import ExportedDcp, ImportedDcp, export_dcp, import_dcp
 from cairn.torch._latest import load_latest
 from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
@@ -120,7 +127,11 @@ __all__ = [
     "METADATA_OPERATOR",
     "CairnReader",
     "CairnWriter",
+    "ExportedDcp",
+    "ImportedDcp",
     "SafeLoadPlanner",
+    "export_dcp",
+    "import_dcp",
     "load_latest",
     "rank_operator",
 ]
