@@ -9,8 +9,8 @@ tests adapt PyTorch's ``test/distributed/checkpoint/test_format_utils.py``
 from __future__ import annotations
 
 import io
-import json
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -448,8 +448,5 @@ def test_without_torch_the_commands_say_how_to_install_it(
     assert info.value.code == 2
     # and the command line itself does not import torch to start
     probe = "import sys, cairn.cli.app; print('torch' in sys.modules)"
-    import subprocess
-
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    json.dumps(io.StringIO().getvalue())
