@@ -19,7 +19,18 @@ from test_cli import Run, cairn_many
 from cairn.cli.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("list", "show", "verify", "restore", "delete", "gc", "copy", "demo")
+COMMANDS = (
+    "list",
+    "show",
+    "verify",
+    "restore",
+    "delete",
+    "gc",
+    "copy",
+    "demo",
+    "export-dcp",
+    "import-dcp",
+)
 WIDE = {"COLUMNS": "200"}
 
 
@@ -60,6 +71,8 @@ def test_help_shows_flags_and_arguments_plainly() -> None:
     assert usage["copy"] == "cairn copy [OPTIONS] [ID|latest]..."
     assert usage["show"] == "cairn show [OPTIONS] ID|latest"
     assert usage["restore"] == "cairn restore [OPTIONS] ID|latest"
+    assert usage["export-dcp"] == "cairn export-dcp [OPTIONS] ID|latest|NAME"
+    assert usage["import-dcp"] == "cairn import-dcp [OPTIONS] DIR"
     assert usage["delete"] == "cairn delete [OPTIONS] ID|latest"
     assert usage["list"] == "cairn list [OPTIONS]"
     assert re.search(r"--store\s+URL\s", pages["list"].stdout)

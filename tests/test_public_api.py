@@ -58,6 +58,7 @@ EXPECTED = {
     "__version__",
     "ArtifactExistsError",
     "CheckpointInUseError",
+    "CheckpointLocationError",
     "commit_distributed",
     "upload_partitions",
     "open_store",

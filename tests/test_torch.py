@@ -40,6 +40,7 @@ from cairn import (
     CheckpointData,
     CheckpointExistsError,
     CheckpointId,
+    CheckpointLocationError,
     CheckpointNotFoundError,
     CheckpointPaths,
     CorruptManifestError,
@@ -437,8 +438,8 @@ def test_checkpoint_id_given_to_dcp_chooses_the_id_on_save_and_load(tmp_path: Pa
     with pytest.raises(CheckpointException) as info:
         dcp_save(state, storage_writer=writer, checkpoint_id=str(cid), no_dist=True)
     assert isinstance(failure_of(info), CheckpointExistsError)
-    with pytest.raises(InvalidInputError, match="not a checkpoint id"):
-        writer.reset("/some/path")
+    with pytest.raises(CheckpointLocationError, match="outside the store"):
+        writer.reset("/some/path")  # a location, and not inside this writer's store
 
 
 def test_ranks_that_opened_different_checkpoints_are_refused(tmp_path: Path) -> None:

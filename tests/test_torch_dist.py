@@ -4,8 +4,15 @@ directory, S3 and GCS.
 One spawned run per store (a run costs ~15 s here): the ranks go through the scenarios
 of ``torch_worker.suite`` in one process group, and each test below checks one of them
 against the store. Before the run this process saves a checkpoint alone (for 1 -> 2);
-after it, it loads what the ranks saved alone (2 -> 1). The run ends with rank 1 killed
-by SIGKILL while it uploads.
+after it, it loads what the ranks saved alone (2 -> 1). The scenarios include saves
+under a ``checkpoint_id`` given as a path or URL inside the store and as a name (as
+torchtitan and torchtune call ``dcp.save``), and DTensor placement changes between save
+and load (adapted from PyTorch's ``test/distributed/checkpoint/test_dtensor_resharding.py``).
+The run ends with rank 1 killed by SIGKILL while it uploads.
+
+The CUDA/NCCL variant (save, load and reshard with a GPU per rank) runs the short CUDA
+suite of ``torch_worker`` where two GPUs are available, and is skipped, saying why,
+elsewhere.
 """
 
 from __future__ import annotations
@@ -180,6 +187,38 @@ def test_each_rank_uploads_its_own_artifacts_under_one_manifest(run: Run) -> Non
     assert ckpt.list_checkpoints() == sorted(ckpt.list_checkpoints())
 
 
+def test_two_saves_under_one_name_load_the_later_and_the_earlier_by_its_id(run: Run) -> None:
+    """dcp.save(checkpoint_id=...) as torchtitan calls it: first a location inside the
+    store (a path, or an s3:// URL), then the bare name; both are the name runs/step-8."""
+    first, second = run.ranks[0]["named_first"], run.ranks[0]["named_second"]
+    for rank in run.ranks:
+        assert rank["named_first"] == first and rank["named_second"] == second
+        assert rank["named_by_name"] == second, "the later save is what the name loads"
+        assert rank["named_by_location"] == second
+        assert rank["named_by_first_id"] == {**first, "name": "runs/step-8"}
+    assert first["id"] != second["id"] and first["digests"] != second["digests"]
+    assert first["name"] == second["name"] == "runs/step-8"
+    ckpt = run.ckpt()
+    for saved in (first, second):
+        manifest = ckpt.load_manifest(CheckpointId.parse(saved["id"]))
+        assert manifest.name == "runs/step-8"
+        assert sorted(manifest.operators) == [METADATA_OPERATOR, "rank-0", "rank-1"]
+    loaded, reader = _load_alone(run, "runs/step-8")  # 2 -> 1, by name
+    assert loaded == second["digests"] and str(reader.checkpoint_id) == second["id"]
+
+
+def test_dtensor_placement_changes_load_bit_exact(run: Run) -> None:
+    """Adapted from PyTorch's test_dtensor_resharding.py
+    (test_1d_to_1d_reshard_placement_change): a 4x4 DTensor saved with one placement
+    loads into another, whole and in each rank's shard."""
+    expected = {
+        f"{a}->{b}": {"whole": True, "local": True, "device": "cpu"}
+        for a, b in torch_worker.RESHARDS
+    }
+    for rank in run.ranks:
+        assert rank["reshard"] == expected
+
+
 def test_async_save_in_thread_and_in_process_mode(run: Run) -> None:
     ckpt = run.ckpt()
     for scenario, epoch in (("async_thread", 3), ("async_process", 4)):
@@ -197,7 +236,8 @@ def test_a_fenced_writer_is_refused_and_the_new_generation_saves(run: Run) -> No
         assert "generation 0 is fenced" in fenced["failures"]["0"]["message"]
     ckpt = run.ckpt()
     epochs = [ckpt.load_manifest(cid).epoch for cid in ckpt.list_checkpoints()]
-    assert epochs == [1, 2, 3, 4, 6], "the fenced save (epoch 5) committed nothing"
+    named = 2 + len(torch_worker.RESHARDS)  # the scenarios by name save with epoch 0
+    assert epochs == [1, *[0] * named, 2, 3, 4, 6], "the fenced save (epoch 5) committed nothing"
     after = run.ranks[0]["after_takeover"]
     manifest = ckpt.load_manifest(CheckpointId.parse(after["id"]))
     assert manifest.writer_generation == after["generation"] == 1
@@ -271,3 +311,66 @@ def test_a_flipped_byte_in_any_artifact_is_caught(run: Run) -> None:
 def _sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run an async cairn call from this synchronous test, on cairn's own loop thread."""
     return _runner.run(coro)
+
+
+# -- CUDA and NCCL: the same save, load and reshard with a GPU per rank -------------------
+
+
+def _cuda_skip_reason() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "CUDA is not available here (torch.cuda.is_available() is False)"
+    if torch.cuda.device_count() < 2:
+        return f"2 GPUs are needed for 2 NCCL ranks, {torch.cuda.device_count()} found"
+    if not torch.distributed.is_nccl_available():
+        return "this torch build has no NCCL"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cuda_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """One spawned 2-rank NCCL run of the CUDA suite against a local store."""
+    reason = _cuda_skip_reason()
+    if reason is not None:
+        print(f"skipping the CUDA/NCCL DCP tests: {reason}")
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("dcp-cuda")
+    (base / "store").mkdir()
+    spec = {
+        "store": {"kind": "local", "root": str(base / "store")},
+        "backend": "nccl",
+        "suite": "cuda",
+        "outdir": str(base),
+    }
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=torch_worker.run_rank, args=(r, 2, port, spec)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=240)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    ranks = [json.loads((base / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for rank, report in enumerate(ranks):
+        assert "error" not in report, f"rank {rank} failed:\n{report['error']}"
+    return ranks
+
+
+def test_cuda_nccl_save_and_load_bit_exact(cuda_run: list[dict[str, Any]]) -> None:
+    for rank in cuda_run:
+        assert rank["save_load"]["digests"] == rank["saved"]
+    assert cuda_run[0]["save_load"]["id"] == cuda_run[1]["save_load"]["id"]
+
+
+def test_cuda_nccl_dtensor_placement_changes_load_bit_exact(
+    cuda_run: list[dict[str, Any]],
+) -> None:
+    expected = {
+        f"{a}->{b}": {"whole": True, "local": True, "device": "cuda"}
+        for a, b in torch_worker.RESHARDS
+    }
+    for rank in cuda_run:
+        assert rank["reshard"] == expected

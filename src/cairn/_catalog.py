@@ -10,6 +10,11 @@ Invariants:
   its pointer swap); then every committed checkpoint the writer record admits (a fenced
   writer's late commit never counts, see :mod:`cairn._pointer`), ranked by writer
   generation, epoch and id;
+* a *name* (a label some writers record, see :class:`~cairn.CheckpointManifest`) means
+  the newest checkpoint that carries it: :func:`named_candidates` tries the admitted
+  committed checkpoints with that name newest first, by writer generation, then id (the
+  time a save began), not by epoch: a later save under a name replaces the earlier one
+  in meaning, whatever epoch it records;
 * ranking reads every manifest but decodes only its three ranking fields. A manifest
   whose header decodes but whose whole does not fails when it is loaded, so the order
   tried is exactly that of decoding every manifest in full: a valid manifest's header is
@@ -34,11 +39,13 @@ from cairn.stores import ObjectInfo
 
 __all__ = [
     "DAMAGE",
+    "checkpoint_names",
     "committed",
     "latest_candidates",
     "list_checkpoints",
     "listed_ids",
     "load_manifest",
+    "named_candidates",
 ]
 
 log = logging.getLogger("cairn")
@@ -192,6 +199,24 @@ async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
         yield header.checkpoint_id
 
 
+async def named_candidates(ctx: Context, name: str) -> AsyncIterator[CheckpointId]:
+    """The committed checkpoints named ``name`` that the writer record admits, newest
+    first (see the module docstring). Reads every manifest's header once."""
+    record, _, _ = await _pointer.read_writer(ctx.store, ctx.paths.writer_record())
+    ids = await listed_ids(ctx)
+    headers = await _read_headers(ctx, ids[::-1])
+    named = [h for h in headers if h is not None and h.name == name and _admitted(record, h)]
+    named.sort(key=lambda h: (h.writer_generation or 0, h.checkpoint_id), reverse=True)
+    for header in named:
+        yield header.checkpoint_id
+
+
+async def checkpoint_names(ctx: Context) -> list[str]:
+    """The names the committed checkpoints carry, each once, sorted."""
+    headers = await _read_headers(ctx, await listed_ids(ctx))
+    return sorted({h.name for h in headers if h is not None and h.name is not None})
+
+
 async def _pointer_is_current(
     ctx: Context,
     named: CheckpointId,
@@ -229,11 +254,13 @@ async def _pointer_is_current(
 
 
 class _ManifestHeader(msgspec.Struct, frozen=True):
-    """The fields of a manifest that rank it; decoding skips the rest (no checks)."""
+    """The fields of a manifest that rank it, and its name; decoding skips the rest (no
+    checks)."""
 
     checkpoint_id: CheckpointId
     epoch: int
     writer_generation: int | None = None
+    name: str | None = None
 
 
 _header_decoder = msgspec.json.Decoder(_ManifestHeader, dec_hook=dec_hook)

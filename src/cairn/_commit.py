@@ -269,6 +269,7 @@ def assemble_manifest(
     watermark: int | None = None,
     timestamp_ms: int | None = None,
     writer_generation: int = 0,
+    name: str | None = None,
 ) -> CheckpointManifest:
     """The manifest of ``(operator, entry)`` pairs: entries per operator, in chain order."""
     per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
@@ -286,6 +287,7 @@ def assemble_manifest(
         watermark=watermark,
         total_size_bytes=sum(op.total_bytes for op in operators.values()),
         writer_generation=writer_generation or None,
+        name=name,
     )
 
 

@@ -21,6 +21,7 @@ CheckpointerError
 ├── InvalidInputError              (also ValueError) the caller's arguments are wrong
 │   ├── InvalidNameError           operator / source name or partition number
 │   ├── InvalidStoreUrlError       URL that open_store cannot open
+│   ├── CheckpointLocationError    a DCP checkpoint_id names a place outside the store
 │   ├── IncompleteCheckpointError  a distributed commit misses or repeats a partition
 │   └── InvalidCheckpointDataError inconsistent CheckpointData (duplicates, deltas
 │                                  without parent, negative epoch, ...)
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointAbortedError",
     "CheckpointExistsError",
     "CheckpointInUseError",
+    "CheckpointLocationError",
     "CheckpointNotFoundError",
     "CheckpointerError",
     "CodecError",
@@ -97,16 +99,19 @@ def _rebuild(
 
 
 class CheckpointNotFoundError(CheckpointerError, FileNotFoundError):
-    """A checkpoint, manifest or artifact does not exist at ``path``."""
+    """A checkpoint, manifest or artifact does not exist at ``path``; ``detail`` (if any)
+    says what was searched and what was found instead."""
 
-    def __init__(self, path: str, what: str = "object") -> None:
+    def __init__(self, path: str, what: str = "object", detail: str = "") -> None:
         self.path = path
         self.what = what
-        super().__init__(f"{what} not found: {path!r}")
+        self.detail = detail
+        super().__init__(str(self))
 
     def __str__(self) -> str:
         # FileNotFoundError's own __str__ would print "[Errno None] ..." otherwise.
-        return f"{self.what} not found: {self.path!r}"
+        detail = getattr(self, "detail", "")  # errors pickled before it existed lack it
+        return f"{self.what} not found: {self.path!r}" + (f": {detail}" if detail else "")
 
 
 class CheckpointExistsError(CheckpointerError):
@@ -302,6 +307,22 @@ class InvalidStoreUrlError(InvalidInputError):
         self.url = url
         self.reason = reason
         super().__init__(f"cannot open store URL {url!r}: {reason}")
+
+
+class CheckpointLocationError(InvalidInputError):
+    """A DCP ``checkpoint_id`` is a location (a URL, an absolute path) outside the store
+    being written or read, or one it cannot be compared with: nothing is written or read
+    anywhere but where it names (see :mod:`cairn.torch._target`)."""
+
+    def __init__(self, checkpoint_id: str, store: str, reason: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.store = store
+        self.reason = reason
+        super().__init__(
+            f"checkpoint_id {checkpoint_id!r} {reason} (the store is {store}): cairn "
+            "saves into and loads from its own store only; give a name such as "
+            "'step-100', or a location inside the store"
+        )
 
 
 class InvalidCheckpointDataError(InvalidInputError):

@@ -47,6 +47,7 @@ from cairn.errors import InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
 
 __all__ = [
+    "MAX_CHECKPOINT_NAME_BYTES",
     "MAX_NAME_BYTES",
     "MAX_PARTITION",
     "MAX_RELATIVE_PATH_BYTES",
@@ -55,6 +56,7 @@ __all__ = [
     "is_attempt_artifact",
     "new_attempt",
     "short_repr",
+    "validate_checkpoint_name",
     "validate_name",
     "validate_partition",
     "validate_relative_path",
@@ -82,6 +84,9 @@ longest path cairn makes is ``operators/{255 bytes}/partition-4294967295.delta``
 the bound leaves room and keeps every full path far below the 4096 of ``PATH_MAX``."""
 
 _NAME_LIMITS = {"source": MAX_SOURCE_NAME_BYTES}
+
+MAX_CHECKPOINT_NAME_BYTES = 1024
+"""The longest checkpoint name (a label recorded in a manifest), in UTF-8 bytes."""
 
 MANIFEST_NAME = "manifest.json"
 LATEST_NAME = "_latest"
@@ -147,6 +152,39 @@ def validate_name(kind: str, name: object, *, max_bytes: int | None = None) -> s
     size = len(name.encode("utf-8"))
     if size > limit:
         raise InvalidNameError(kind, name, f"is {size} UTF-8 bytes, the limit is {limit}")
+    return name
+
+
+def validate_checkpoint_name(name: object) -> str:
+    """Return ``name`` if it is a usable checkpoint name; else raise InvalidNameError.
+
+    A checkpoint name is a label recorded in a manifest (``step-100``, ``run-3/step-100``;
+    see :mod:`cairn.torch`), never a path of the store: the checkpoint's objects stay
+    under its id. Allowed: ``/``-separated segments, none empty, ``.`` or ``..``; no
+    ``\\``, control character or unpaired surrogate; at most
+    :data:`MAX_CHECKPOINT_NAME_BYTES` UTF-8 bytes; and not a checkpoint id's text (a
+    UUIDv7), which names the checkpoint with that id instead.
+    """
+    if not isinstance(name, str):
+        raise InvalidNameError("checkpoint name", name, "must be a string")
+    if any(segment in ("", ".", "..") for segment in name.split("/")):
+        raise InvalidNameError(
+            "checkpoint name", name, "must be '/'-separated segments, none empty, '.' or '..'"
+        )
+    if "\\" in name:
+        raise InvalidNameError("checkpoint name", name, "must not contain '\\'")
+    if _CONTROL_OR_SURROGATE.search(name):
+        raise InvalidNameError(
+            "checkpoint name", name, "must not contain control or surrogate characters"
+        )
+    size = len(name.encode("utf-8"))
+    if size > MAX_CHECKPOINT_NAME_BYTES:
+        limit = MAX_CHECKPOINT_NAME_BYTES
+        raise InvalidNameError(
+            "checkpoint name", name, f"is {size} UTF-8 bytes, the limit is {limit}"
+        )
+    if CheckpointId.is_valid(name):
+        raise InvalidNameError("checkpoint name", name, "is a checkpoint id, not a name")
     return name
 
 

@@ -10,7 +10,8 @@ extends. Invariants kept here:
 * every entry path is relative to the checkpoint directory of the checkpoint that owns
   the bytes (``owner``, or this checkpoint when ``owner`` is None) and cannot climb out;
 * optional fields have defaults and are omitted from the JSON when unset, so manifests
-  written without them (older writers) still load;
+  written without them (older writers) still load, and a manifest without one (no
+  ``stats``, no ``name``) is encoded byte for byte as before the field existed;
 * every manifest cairn writes ends with ``"manifest_sha256"``: the SHA-256 of the exact
   file bytes with that value zeroed. Any changed byte (content, key or white space) is
   detected on read, and unknown fields are refused, so a flipped key cannot hide the
@@ -66,6 +67,7 @@ from cairn.layout import (
     MAX_NAME_BYTES,
     CheckpointPaths,
     short_repr,
+    validate_checkpoint_name,
     validate_name,
     validate_partition,
     validate_relative_path,
@@ -190,7 +192,10 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
     """The commit record of one checkpoint (schema version 2).
 
     ``stats`` (optional; absent in manifests written before it existed) says how the
-    checkpoint was made: see :class:`SaveStats`.
+    checkpoint was made: see :class:`SaveStats`. ``name`` (optional) is a label the
+    writer gave the checkpoint besides its id, such as the ``checkpoint_id`` a DCP save
+    was given (``step-100``; see :mod:`cairn.torch`): several checkpoints may carry one
+    name, and a name never replaces the id in the store's layout.
     """
 
     version: int
@@ -204,6 +209,7 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
     total_size_bytes: int = 0
     writer_generation: int | None = None
     stats: SaveStats | None = None
+    name: str | None = None
 
     @classmethod
     def new(cls, checkpoint_id: CheckpointId, epoch: int) -> CheckpointManifest:
@@ -543,6 +549,8 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
         _check_int("watermark", manifest.watermark, -MAX_INT64 - 1, MAX_INT64)
     if manifest.writer_generation is not None:
         _check_int("writer_generation", manifest.writer_generation, 0, MAX_INT64)
+    if manifest.name is not None:
+        validate_checkpoint_name(manifest.name)
     if manifest.stats is not None:
         for field in SaveStats.__struct_fields__:
             _check_int(f"stats.{field}", getattr(manifest.stats, field), 0, MAX_INT64)

@@ -5,6 +5,8 @@ Linear layers, its Adam state, a tensor sharded across the ranks, and non-tensor
 :func:`digests` fingerprints one bit-exactly, whatever the topology that holds it.
 :func:`run_rank` is one spawned rank (gloo on CPU): it runs the scenarios of the suite
 in order, in one process group, and writes what it saw to ``{outdir}/rank-{r}.json``.
+With ``spec["suite"] == "cuda"`` (and ``spec["backend"] == "nccl"``) it runs the short
+CUDA suite instead: save, load and reshard with a GPU per rank.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def digests(state: Any, prefix: str = "") -> dict[str, str]:
     if isinstance(state, DTensor):
         state = state.full_tensor()
     if isinstance(state, torch.Tensor):
-        data = state.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        data = state.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         fingerprint = hashlib.sha256(data).hexdigest()[:16]
         out[prefix[:-1]] = f"{state.dtype}{list(state.shape)}:{fingerprint}"
     else:
@@ -148,6 +150,12 @@ def suite(rank: int, spec: dict[str, Any], out: dict[str, Any], save: Callable[[
     reader = CairnReader(store, checkpoint_id=spec["single_id"], prefix=PREFIX)
     dcp_load(state, storage_reader=reader)
     out["load_1_to_2"] = digests(state)
+    save()
+
+    # checkpoint_id as torchtitan and torchtune pass it, then DTensor resharding.
+    named_scenarios(spec, out, mesh, store)
+    save()
+    out["reshard"] = reshard_scenarios(mesh, store, "cpu")
     save()
 
     # A save from 2 ranks, then 2 -> 2 from the latest checkpoint (no id given).
@@ -234,6 +242,100 @@ def suite(rank: int, spec: dict[str, Any], out: dict[str, Any], save: Callable[[
         out["killed"] = _failure(exc)
 
 
+def _id_and_digests(writer_or_reader: Any, state: Any) -> dict[str, Any]:
+    return {
+        "id": str(writer_or_reader.checkpoint_id),
+        "name": writer_or_reader.name,
+        "digests": digests(state),
+    }
+
+
+def named_scenarios(spec: dict[str, Any], out: dict[str, Any], mesh: Any, store: Any) -> None:
+    """Two saves under one name (a path or URL inside the store, then the bare name), and
+    loads by that name (the later wins) and by the earlier's id (it still loads)."""
+    store_spec = spec["store"]
+    if store_spec["kind"] == "local":
+        location = f"{store_spec['root']}/runs/step-8"
+    else:
+        location = f"s3://{store_spec['bucket']}/runs/step-8"
+    first = make_state(11, mesh)
+    writer = CairnWriter(store, epoch=0, prefix=PREFIX)
+    dcp_save(first, storage_writer=writer, checkpoint_id=location)
+    out["named_first"] = _id_and_digests(writer, first)
+    second = make_state(12, mesh)
+    writer = CairnWriter(store, epoch=0, prefix=PREFIX)
+    dcp_save(second, storage_writer=writer, checkpoint_id="runs/step-8")
+    out["named_second"] = _id_and_digests(writer, second)
+    for key, checkpoint_id in (
+        ("by_name", "runs/step-8"),
+        ("by_location", location),
+        ("by_first_id", out["named_first"]["id"]),
+    ):
+        state = make_state(BLANK_SEED, mesh)
+        reader = CairnReader(store, prefix=PREFIX)
+        dcp_load(state, storage_reader=reader, checkpoint_id=checkpoint_id)
+        out[f"named_{key}"] = _id_and_digests(reader, state)
+
+
+RESHARDS = (("replicate", "shard0"), ("shard0", "replicate"), ("shard0", "shard1"))
+"""Placement changes between save and load (from PyTorch's test_dtensor_resharding.py)."""
+
+
+def reshard_scenarios(mesh: Any, store: Any, device: str) -> dict[str, Any]:
+    """Save a 4x4 DTensor with one placement, load it into another, by name; per change,
+    whether the loaded tensor is the saved one, whole and in this rank's shard."""
+    from torch.distributed.tensor import Placement, Replicate
+    from torch.distributed.tensor import zeros as dtensor_zeros
+
+    placements: dict[str, list[Placement]] = {
+        "replicate": [Replicate()],
+        "shard0": [Shard(0)],
+        "shard1": [Shard(1)],
+    }
+    results: dict[str, Any] = {}
+    for saved_as, loaded_as in RESHARDS:
+        full = torch.arange(16, dtype=torch.float32, device=device).view(4, 4)
+        saved = {"dtensor": distribute_tensor(full, mesh, placements[saved_as])}
+        name = f"reshard/{saved_as}-to-{loaded_as}"
+        dcp_save(
+            saved,
+            storage_writer=CairnWriter(store, epoch=0, prefix=PREFIX),
+            checkpoint_id=name,
+        )
+        target = {
+            "dtensor": dtensor_zeros([4, 4], device_mesh=mesh, placements=placements[loaded_as])
+        }
+        dcp_load(target, storage_reader=CairnReader(store, prefix=PREFIX), checkpoint_id=name)
+        loaded = target["dtensor"]
+        expected = distribute_tensor(full, mesh, placements[loaded_as]).to_local()
+        results[f"{saved_as}->{loaded_as}"] = {
+            "whole": bool(torch.equal(loaded.full_tensor(), full)),
+            "local": bool(torch.equal(loaded.to_local(), expected)),
+            "device": loaded.to_local().device.type,
+        }
+    return results
+
+
+def cuda_suite(
+    rank: int, spec: dict[str, Any], out: dict[str, Any], save: Callable[[], None]
+) -> None:
+    """Save, load and reshard with CUDA tensors over NCCL (a GPU per rank)."""
+    torch.cuda.set_device(rank)
+    store = open_store(spec["store"])
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    saved = {"w": torch.randn(64, 32, generator=torch.Generator().manual_seed(5)).cuda()}
+    saved["sharded"] = distribute_tensor(saved["w"].clone(), mesh, [Shard(0)])
+    writer = CairnWriter(store, epoch=1, prefix=PREFIX)
+    dcp_save(saved, storage_writer=writer, checkpoint_id="cuda/step-1")
+    target = {"w": torch.zeros(64, 32, device="cuda")}
+    target["sharded"] = distribute_tensor(torch.zeros(64, 32, device="cuda"), mesh, [Shard(0)])
+    dcp_load(target, storage_reader=CairnReader(store, prefix=PREFIX), checkpoint_id="cuda/step-1")
+    out["save_load"] = {"id": str(writer.checkpoint_id), "digests": digests(target)}
+    out["saved"] = digests(saved)
+    out["reshard"] = reshard_scenarios(mesh, store, "cuda")
+    save()
+
+
 def _flip_rank_1_shard(store: Any, checkpoint_id: Any, path: str = "") -> str:
     """Flip one byte in the middle of rank 1's first artifact (or of ``path``); its path."""
     import obstore
@@ -270,7 +372,10 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> Non
     )
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=dt.timedelta(seconds=60)
+        spec.get("backend", "gloo"),
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=60),
     )
     out: dict[str, Any] = {"pid": os.getpid()}
     result = Path(spec["outdir"]) / f"rank-{rank}.json"
@@ -279,7 +384,7 @@ def run_rank(rank: int, world_size: int, port: int, spec: dict[str, Any]) -> Non
         result.write_text(json.dumps(out))
 
     try:
-        suite(rank, spec, out, save)
+        (cuda_suite if spec.get("suite") == "cuda" else suite)(rank, spec, out, save)
     except BaseException:
         out["error"] = traceback.format_exc()
     save()

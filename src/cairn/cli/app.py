@@ -16,8 +16,14 @@ from typing import Annotated
 
 import typer
 
-from cairn import CheckpointId, ObjectStoreCheckpointer, RetentionPolicy, __version__
-from cairn.cli import views
+from cairn import (
+    CheckpointId,
+    CheckpointNotFoundError,
+    ObjectStoreCheckpointer,
+    RetentionPolicy,
+    __version__,
+)
+from cairn.cli import dcp, views
 from cairn.cli.catalog import (
     check_refs,
     parse_id,
@@ -556,6 +562,111 @@ def copy_command(
             ExitCode.INTEGRITY,
         )
         return ExitCode.INTEGRITY
+
+    run(session, body)
+
+
+@app.command("export-dcp", cls=CairnCommand)
+def export_dcp_command(
+    ref: Annotated[
+        str,
+        typer.Argument(
+            metavar="ID|latest|NAME",
+            help="A checkpoint id, 'latest' (the latest DCP save), or a checkpoint name.",
+        ),
+    ],
+    to: Annotated[
+        Path,
+        typer.Option("--to", metavar="DIR", help="Directory to write (missing, or empty)."),
+    ],
+    store: StoreOption = None,
+    prefix: PrefixOption = None,
+    json_mode: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Write a DCP checkpoint as a directory DCP's FileSystemReader reads, verified.
+
+    DIR gets .metadata and one __{rank}_{n}.distcp per artifact, as torch's
+    FileSystemWriter writes them (dcp.load(checkpoint_id=DIR) and dcp_to_torch_save read
+    it). Every item is verified against its SHA-256 as it is read, written into a
+    staging directory beside DIR, read back and checked again, and only then renamed to
+    DIR: DIR must be missing or empty, and appears whole or not at all. NAME is the name
+    a save was given (dcp.save's checkpoint_id): the newest checkpoint with it. Needs
+    the torch extra.
+    """
+    session = Session.create(store, prefix, json_mode, debug)
+    target_dir = to.expanduser().absolute()
+
+    async def body() -> None:
+        module = dcp.torch_module()
+        from cairn.torch._target import interpret
+
+        ckpt = await session.open()
+        target = (
+            None
+            if ref.lower() == "latest"
+            else interpret(ref, session.url, ckpt.paths, "the checkpoint")
+        )
+        try:
+            async with Transfer(session.output.err, "exporting", None) as bar:
+                exported = await module.export_dcp_async(
+                    ckpt, target, target_dir, store=session.url, progress=bar.advance
+                )
+        except CheckpointNotFoundError as exc:
+            hint = await session.elsewhere(ckpt)
+            if not hint:
+                raise
+            raise CliError(str(exc) + hint, ExitCode.USAGE, type(exc).__name__) from None
+        session.output.json(dcp.export_doc(session.doc(), exported))
+        session.output.show(dcp.export_table(exported))
+
+    run(session, body)
+
+
+@app.command("import-dcp", cls=CairnCommand)
+def import_dcp_command(
+    source: Annotated[
+        Path, typer.Argument(metavar="DIR", help="A DCP directory (.metadata, *.distcp).")
+    ],
+    epoch: Annotated[
+        int, typer.Option("--epoch", metavar="N", min=0, help="The epoch to record.")
+    ] = 0,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            metavar="NAME",
+            help="The checkpoint's name. \\[default: DIR's name, such as step-100]",
+            show_default=False,
+        ),
+    ] = None,
+    store: StoreOption = None,
+    prefix: PrefixOption = None,
+    json_mode: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Commit a directory DCP's FileSystemWriter wrote as one checkpoint, checked.
+
+    Nothing is committed unless the metadata matches the files: every item has its
+    record and every record its item, each file is exactly its items (a missing, short
+    or longer file is refused, exit 1), each item matches the CRC-32s torch.save recorded
+    in it, and each tensor has the dtype and shape of the metadata. DCP's format has no
+    digest of its own: a byte item a planner stored raw (not with torch.save) is checked
+    for size only. The new checkpoint loads through CairnReader by its id or its name.
+    Needs the torch extra.
+    """
+    session = Session.create(store, prefix, json_mode, debug)
+
+    async def body() -> None:
+        module = dcp.torch_module()
+        directory = dcp.source_dir(source)
+        ckpt = await session.open(create=True)
+        async with Transfer(session.output.err, f"importing {directory}", None) as bar:
+            imported = await module.import_dcp_async(
+                ckpt, directory, epoch=epoch, name=name, progress=bar.advance
+            )
+        session.output.json(dcp.import_doc(session.doc(), imported))
+        session.output.show(dcp.import_text(imported))
 
     run(session, body)
 

@@ -69,6 +69,8 @@ COMMANDS_WITH_SCHEMAS = (
     "gc",
     "copy",
     "demo",
+    "export-dcp",
+    "import-dcp",
 )
 """The commands whose ``--json`` document has a JSON Schema in ``cairn/cli/schemas/``."""
 
@@ -119,6 +121,8 @@ def kind(manifest: CheckpointManifest) -> str:
 def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
     """The summary of one manifest: what ``list`` shows per checkpoint.
 
+    ``name`` is the name it was saved under besides its id (a DCP save's
+    ``checkpoint_id``, see :mod:`cairn.torch`), or None.
     ``uploaded_*`` are the checkpoint's own artifacts, ``carried_*`` those it references
     from earlier checkpoints (bytes as handed to ``save``); ``duration_ms``,
     ``upload_ms``, ``commit_ms`` and ``retries`` come from the save's statistics and are
@@ -130,6 +134,7 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
     doc = {
         "id": str(manifest.checkpoint_id),
         "epoch": manifest.epoch,
+        "name": manifest.name,
         "created": iso_time(manifest.timestamp_ms),
         "timestamp_ms": manifest.timestamp_ms,
         "kind": kind(manifest),
@@ -184,12 +189,15 @@ def list_doc(
 
 
 def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableType:
-    """``cairn list``: one row per committed checkpoint, oldest first."""
+    """``cairn list``: one row per committed checkpoint, oldest first (with a Name column
+    when any of them has a name)."""
     if not listed:
         return Text("no checkpoints")
+    named = any(item.manifest is not None and item.manifest.name for item in listed)
     table = make_table(
         f"{len(listed)} checkpoint(s), oldest first",
         "ID",
+        *(["Name"] if named else []),
         ">Epoch",
         ">Created",
         "Kind",
@@ -206,6 +214,7 @@ def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableT
         if manifest is None:
             table.add_row(
                 _plain(item.checkpoint_id),
+                *([Text("")] if named else []),
                 Text("?"),
                 Text(""),
                 Text("unreadable", style="red"),
@@ -221,6 +230,7 @@ def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableT
         artifacts = str(doc["artifacts"]) + (f" ({new} new)" if new != doc["artifacts"] else "")
         table.add_row(
             _plain(manifest.checkpoint_id),
+            *([_plain(manifest.name or "—")] if named else []),
             _plain(manifest.epoch),
             _plain(human_age(manifest.timestamp_ms)),
             _plain(doc["kind"]),
@@ -340,6 +350,7 @@ def show_table(
     created = f"{time_text(manifest.timestamp_ms)} ({human_age(manifest.timestamp_ms)})"
     for name, value in (
         ("checkpoint", f"{manifest.checkpoint_id}" + ("  ◀ latest" if latest else "")),
+        ("name", manifest.name or "—"),
         ("epoch", manifest.epoch),
         ("created", created),
         ("kind", doc["kind"]),

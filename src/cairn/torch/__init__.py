@@ -13,6 +13,20 @@ Install with ``pip install 'cairn[torch]'`` (torch and numpy). Then::
     )
     load_latest(state_dict, "s3://bucket/run")  # the same, falling back past damage
 
+``checkpoint_id`` as torchtitan and torchtune pass it (``dcp.save(state,
+checkpoint_id=f"{folder}/step-{n}", storage_writer=writer)``): a checkpoint id is that
+checkpoint; anything else is a *name* (``step-100``, or a path or URL inside the writer's
+store, which keeps the part below the store's root), recorded in the manifest of a new
+checkpoint (a fresh id), and a load by that name loads the newest committed checkpoint
+with it. A path or URL outside the store is refused (:class:`~cairn.CheckpointLocationError`).
+The whole mapping is in :mod:`cairn.torch._target`.
+
+In and out of DCP's own format: :func:`export_dcp` writes a DCP checkpoint as a
+directory that ``FileSystemReader`` and ``dcp_to_torch_save`` read, every byte verified;
+:func:`import_dcp` commits a directory ``FileSystemWriter`` wrote as one checkpoint,
+checked on the way in (see :mod:`cairn.torch._dcpdir` for what can and cannot be
+checked). ``cairn export-dcp`` and ``cairn import-dcp`` are the same on the command line.
+
 Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
 checkpoints (see :mod:`cairn.signing`): a reader with the key refuses, or passes over
 when choosing the latest, a checkpoint that someone without the key wrote.
@@ -29,8 +43,9 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
 ``load_latest`` work on it unchanged:
 
 1. **Planning** (``prepare_global_plan``, on DCP's coordinator): makes the checkpoint id
-   (a UUIDv7, or the ``checkpoint_id`` given to ``dcp.save``) and sends it to every rank
-   inside its plan, so all ranks agree without another collective. It refuses the save
+   (a UUIDv7, or the ``checkpoint_id`` given to ``dcp.save`` when it is one) and sends it,
+   with the checkpoint's name if it has one, to every rank inside its plan, so all ranks
+   agree without another collective. It refuses the save
    before anything is uploaded if a newer writer generation has taken over
    (:class:`~cairn.FencedError`) or the id is already committed.
 2. **Uploads** (``write_data``, every rank, as a worker of :mod:`cairn.distributed`):
@@ -102,6 +117,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "(or pip install torch==2.13.0 numpy)"
     ) from exc
 
+from cairn.torch._dcpdir import ExportedDcp, ImportedDcp, export_dcp, import_dcp
 from cairn.torch._latest import load_latest
 from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
@@ -111,7 +127,11 @@ __all__ = [
     "METADATA_OPERATOR",
     "CairnReader",
     "CairnWriter",
+    "ExportedDcp",
+    "ImportedDcp",
     "SafeLoadPlanner",
+    "export_dcp",
+    "import_dcp",
     "load_latest",
     "rank_operator",
 ]

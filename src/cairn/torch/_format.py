@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import io
 import pickle
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -251,9 +252,12 @@ _OTHER_GLOBALS = {
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles DCP metadata, importing nothing but what DCP's metadata is made of."""
 
-    def __init__(self, data: io.BytesIO, path: str) -> None:
+    def __init__(
+        self, data: io.BytesIO, path: str, extra: frozenset[tuple[str, str]] = frozenset()
+    ) -> None:
         super().__init__(data)
         self._path = path
+        self._extra = extra
 
     def find_class(self, module: str, name: str) -> Any:
         if module == _METADATA_MODULE and isinstance(getattr(dcp_metadata, name, None), type):
@@ -262,7 +266,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             getattr(torch, name, None), torch.dtype | torch.layout | torch.memory_format
         ):
             return getattr(torch, name)
-        if (module, name) in _OTHER_GLOBALS:
+        if (module, name) in _OTHER_GLOBALS or (module, name) in self._extra:
             return super().find_class(module, name)
         raise CorruptManifestError(
             self._path,
@@ -271,15 +275,19 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
 
 
-def load_metadata(path: str, data: Buffer) -> dcp_metadata.Metadata:
+def load_metadata(
+    path: str, data: Buffer, *, extra_globals: Iterable[tuple[str, str]] = ()
+) -> dcp_metadata.Metadata:
     """DCP's metadata from ``data`` (already verified) read from ``path``.
 
     Raises :class:`CorruptManifestError` naming ``path`` when the bytes do not unpickle
     into a :class:`~torch.distributed.checkpoint.metadata.Metadata` with only the globals
-    DCP's metadata uses.
+    DCP's metadata uses, and ``extra_globals`` (``(module, name)`` pairs: what another
+    writer's metadata holds, such as ``FileSystemWriter``'s storage records).
     """
+    extra = frozenset(extra_globals)
     try:
-        loaded = _MetadataUnpickler(io.BytesIO(bytes(data)), path).load()
+        loaded = _MetadataUnpickler(io.BytesIO(bytes(data)), path, extra).load()
     except CorruptManifestError:
         raise
     except Exception as exc:  # whatever pickle raises for damaged input

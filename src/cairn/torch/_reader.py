@@ -43,16 +43,17 @@ from cairn.torch._format import (
     tensor_from_bytes,
 )
 from cairn.torch._planner import check_byte_item, unpickles_safely
-from cairn.torch._runtime import StoreArg, make_checkpointer, parse_checkpoint_id, run
+from cairn.torch._runtime import StoreArg, make_checkpointer, run
+from cairn.torch._target import Target, interpret, store_location, well_formed
 from cairn.torch._writer import METADATA_OPERATOR
 
-__all__ = ["CairnReader"]
+__all__ = ["CairnReader", "Opened", "open_dcp", "verified_pieces"]
 
 log = logging.getLogger("cairn")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Opened:
+class Opened:
     """A checkpoint chosen for loading: its manifest, entries by path, and DCP metadata."""
 
     checkpoint_id: CheckpointId
@@ -69,11 +70,14 @@ class _NotDcp(Exception):
 class CairnReader(StorageReader):
     """A DCP ``StorageReader`` that loads a checkpoint :class:`CairnWriter` saved, verified.
 
-    ``checkpoint_id`` picks the checkpoint (or ``dcp.load(..., checkpoint_id=...)``);
-    without one, the reader takes the checkpoint ``load_latest`` would choose among those
-    DCP saved, skipping (with a warning) any whose manifest or DCP metadata is damaged or
-    gone. Every item is checked against its SHA-256 before DCP sees a byte of it; a
-    mismatch raises :class:`~cairn.IntegrityMismatchError` naming the artifact. At most
+    ``checkpoint_id`` picks the checkpoint (or ``dcp.load(..., checkpoint_id=...)``): a
+    checkpoint id, or a name (``step-100``, or a path or URL inside the store; see
+    :meth:`reset`), which loads the newest committed checkpoint with that name. Without
+    one, the reader takes the checkpoint ``load_latest`` would choose among those DCP
+    saved. Choosing by name or as the latest skips (with a warning) any checkpoint whose
+    manifest or DCP metadata is damaged or gone. Every item is checked against its
+    SHA-256 before DCP sees a byte of it; a mismatch raises
+    :class:`~cairn.IntegrityMismatchError` naming the artifact. At most
     ``max_concurrent_downloads`` reads are in flight per rank. ``skip`` names checkpoints
     the choice of the latest passes over (see :func:`cairn.torch.load_latest`). With
     ``signing_key`` (see :mod:`cairn.signing`), a checkpoint whose manifest is not signed
@@ -90,7 +94,7 @@ class CairnReader(StorageReader):
         self,
         store: StoreArg,
         *,
-        checkpoint_id: CheckpointId | str | None = None,
+        checkpoint_id: CheckpointId | str | os.PathLike[str] | None = None,
         prefix: str = "checkpoints/",
         max_concurrent_downloads: int = 8,
         skip: Iterable[CheckpointId] = (),
@@ -102,12 +106,13 @@ class CairnReader(StorageReader):
             max_concurrent_downloads=max_concurrent_downloads,
             signing_key=signing_key,
         )
+        self._store = store
         self._skip = frozenset(skip)
-        self._default_id = (
-            None if checkpoint_id is None else parse_checkpoint_id(checkpoint_id, "checkpoint_id")
+        self._default: Target | None = (
+            None if checkpoint_id is None else self._interpret(checkpoint_id, "checkpoint_id")
         )
-        self._requested_id = self._default_id
-        self._opened: _Opened | None = None
+        self._requested = self._default
+        self._opened: Opened | None = None
         self._load_id = str(uuid.uuid4())
 
     @property
@@ -117,19 +122,37 @@ class CairnReader(StorageReader):
 
     @property
     def checkpoint_id(self) -> CheckpointId | None:
-        """The checkpoint being loaded: the one asked for, or the one chosen; None before."""
+        """The checkpoint being loaded: the one asked for, or the one chosen; None before
+        a checkpoint asked for by name (or as the latest) is chosen."""
         if self._opened is not None:
             return self._opened.checkpoint_id
-        return self._requested_id
+        return self._requested if isinstance(self._requested, CheckpointId) else None
+
+    @property
+    def name(self) -> str | None:
+        """The name of the checkpoint being loaded: the one asked for, or the chosen
+        checkpoint's (None if it has none)."""
+        if self._opened is not None:
+            return self._opened.manifest.name
+        return self._requested if isinstance(self._requested, str) else None
+
+    def _interpret(self, checkpoint_id: object, what: str) -> Target:
+        return interpret(checkpoint_id, self._store, self._ckpt.paths, what)
 
     # -- StorageReader -------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        """Start a new load; a ``checkpoint_id`` (a cairn id's text) chooses the checkpoint."""
-        self._requested_id = (
-            self._default_id
+        """Start a new load; DCP passes the ``checkpoint_id`` given to ``dcp.load``.
+
+        Read as :meth:`CairnWriter.reset <cairn.torch.CairnWriter.reset>` reads it (see
+        :mod:`cairn.torch._target`): a checkpoint id loads that checkpoint; a name (or a
+        path or URL inside the store) the newest committed checkpoint with that name; a
+        location outside the store raises :class:`~cairn.CheckpointLocationError`.
+        """
+        self._requested = (
+            self._default
             if checkpoint_id is None
-            else parse_checkpoint_id(checkpoint_id, "dcp.load's checkpoint_id")
+            else self._interpret(checkpoint_id, "dcp.load's checkpoint_id")
         )
         self._opened = None
         self._load_id = str(uuid.uuid4())
@@ -148,39 +171,8 @@ class CairnReader(StorageReader):
         metadata.storage_meta.load_id = self._load_id
         return metadata
 
-    async def _open(self) -> _Opened:
-        ctx = self._ckpt.context
-        if self._requested_id is not None:
-            try:
-                return await self._open_one(self._requested_id)
-            except _NotDcp as exc:
-                raise CheckpointNotFoundError(str(exc), "DCP metadata") from None
-        async for cid in _catalog.latest_candidates(ctx):
-            if cid in self._skip:
-                continue
-            try:
-                return await self._open_one(cid)
-            except _NotDcp:
-                log.info("checkpoint %s holds no DCP state: trying the next one", cid)
-            except _catalog.DAMAGE as exc:
-                log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
-        raise CheckpointNotFoundError(
-            ctx.paths.base_prefix or "/", "committed DCP checkpoint under"
-        )
-
-    async def _open_one(self, cid: CheckpointId) -> _Opened:
-        ctx = self._ckpt.context
-        manifest = await _catalog.load_manifest(ctx, cid)
-        entries = {entry.path: entry for _, entry in manifest.partition_entries()}
-        meta_entries = manifest.operators.get(METADATA_OPERATOR)
-        if meta_entries is None or len(meta_entries.partitions) != 1:
-            raise _NotDcp(ctx.paths.checkpoint_dir(cid) + "operators/" + METADATA_OPERATOR)
-        entry = meta_entries.partitions[0]
-        path = ctx.paths.resolve(entry.owner or cid, entry.path)
-        body = await _fetch_whole(self._ckpt, path, entry)
-        metadata = await asyncio.to_thread(load_metadata, path, body)
-        records = _check_records(path, metadata, entries)
-        return _Opened(cid, manifest, entries, metadata, records)
+    async def _open(self) -> Opened:
+        return await open_dcp(self._ckpt, self._requested, self._skip, self._store)
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
@@ -239,51 +231,175 @@ class CairnReader(StorageReader):
         return future
 
     def _read_artifact(
-        self, opened: _Opened, relative: str, items: list[ReadItem], planner: LoadPlanner
+        self, opened: Opened, relative: str, items: list[ReadItem], planner: LoadPlanner
     ) -> Callable[[], Awaitable[None]]:
-        entry = opened.entries[relative]
-        path = self._ckpt.paths.resolve(entry.owner or opened.checkpoint_id, relative)
-        records = [opened.records[item.storage_index] for item in items]
-
         async def job() -> None:
-            if entry.codec is not None:
-                start, data = 0, await _fetch_whole(self._ckpt, path, entry, verify=False)
-            else:
-                start = min(r.offset for r in records)
-                end = max(r.offset + r.length for r in records)
-                try:
-                    data = await self._ckpt.store.get_range(path, start, end)
-                except CheckpointNotFoundError:
-                    raise BrokenChainError(
-                        path, f"artifact of checkpoint {opened.checkpoint_id} is gone"
-                    ) from None
-            view = memoryview(data).cast("B")
-            verified: set[MetadataIndex] = set()
-            for item, record in zip(items, records, strict=True):
-                piece = view[record.offset - start : record.offset - start + record.length]
-                if piece.nbytes != record.length:
-                    raise IntegrityMismatchError(
-                        path,
-                        str(record.length),
-                        str(piece.nbytes),
-                        what=f"size of {item.storage_index.fqn!r}",
-                    )
-                if item.storage_index not in verified:
-                    await _off_loop(piece, _verify_item, path, item, record, piece)
-                    verified.add(item.storage_index)
-                await _deliver(planner, item, record, piece)
+            indices = [item.storage_index for item in items]
+            pieces = await verified_pieces(self._ckpt, opened, relative, indices)
+            for item, piece in zip(items, pieces, strict=True):
+                await _deliver(planner, item, opened.records[item.storage_index], piece)
 
         return job
 
-    def _require_opened(self) -> _Opened:
+    def _require_opened(self) -> Opened:
         if self._opened is None:
             raise InvalidInputError("CairnReader: read_metadata must come first")
         return self._opened
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """True when ``checkpoint_id`` is a cairn checkpoint id's text."""
-        return isinstance(checkpoint_id, str) and CheckpointId.is_valid(checkpoint_id)
+        """True when :meth:`reset` accepts ``checkpoint_id``'s form: a checkpoint id, a
+        name, or a well-formed URL or absolute path (which ``reset`` still refuses when
+        it lies outside the reader's store, a thing a class method cannot know)."""
+        return well_formed(checkpoint_id)
+
+
+async def open_dcp(
+    ckpt: ObjectStoreCheckpointer,
+    target: Target | None,
+    skip: frozenset[CheckpointId] = frozenset(),
+    store: object = None,
+) -> Opened:
+    """The DCP checkpoint ``target`` names in ``ckpt``, opened: its manifest checked, its
+    metadata verified and unpickled, its item records checked against the manifest.
+
+    ``target`` is a checkpoint id (that one, or :class:`CheckpointNotFoundError`), a
+    name (the newest committed checkpoint with it that opens) or None (the latest that
+    opens, passing over ``skip``). Choosing by name or as the latest passes over, with a
+    warning, a checkpoint that is not a DCP save or whose manifest or metadata is
+    damaged; when none is left, :class:`CheckpointNotFoundError` says what was searched
+    (``store`` names it) and what was found instead.
+    """
+    if isinstance(target, CheckpointId):
+        try:
+            return await _open_one(ckpt, target)
+        except _NotDcp as exc:
+            raise CheckpointNotFoundError(
+                str(exc), "DCP metadata", f"checkpoint {target} was not saved by DCP"
+            ) from None
+    ctx = ckpt.context
+    candidates = (
+        _catalog.latest_candidates(ctx)
+        if target is None
+        else _catalog.named_candidates(ctx, target)
+    )
+    search = _Search(target)
+    async for cid in candidates:
+        if cid in skip:
+            search.skipped.append(cid)
+            continue
+        try:
+            return await _open_one(ckpt, cid)
+        except _NotDcp:
+            log.info("checkpoint %s holds no DCP state: trying the next one", cid)
+            search.not_dcp.append(cid)
+        except _catalog.DAMAGE as exc:
+            log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
+            search.damaged.append((cid, str(exc)))
+    raise await search.not_found(ckpt, store)
+
+
+@dataclasses.dataclass
+class _Search:
+    """What a search for a DCP checkpoint passed over, to say so when it finds none."""
+
+    name: str | None
+    skipped: list[CheckpointId] = dataclasses.field(default_factory=list)
+    not_dcp: list[CheckpointId] = dataclasses.field(default_factory=list)
+    damaged: list[tuple[CheckpointId, str]] = dataclasses.field(default_factory=list)
+
+    async def not_found(self, ckpt: ObjectStoreCheckpointer, store: object) -> Exception:
+        base = ckpt.paths.base_prefix
+        location = store_location(store) if store is not None else None
+        where = f"prefix {base!r}" + (f" of {location.shown}" if location else "")
+        what = "committed DCP checkpoint" + ("" if self.name is None else f" named {self.name!r}")
+        tried = len(self.skipped) + len(self.not_dcp) + len(self.damaged)
+        found: list[str] = []
+        if self.not_dcp:
+            found.append(
+                f"{len(self.not_dcp)} not saved by DCP (no {METADATA_OPERATOR!r} operator)"
+            )
+        if self.damaged:
+            cid, reason = self.damaged[0]
+            found.append(f"{len(self.damaged)} that do not load ({cid}: {reason})")
+        if self.skipped:
+            found.append(f"{len(self.skipped)} passed over as asked (damaged shards)")
+        if tried:
+            detail = f"searched {where}: {tried} committed checkpoint(s)"
+            detail += " named so" if self.name is not None else ""
+            detail += ", " + "; ".join(found)
+        elif self.name is None:
+            detail = f"searched {where}: it holds no committed checkpoint"
+        else:
+            names = await _catalog.checkpoint_names(ckpt.context)
+            shown = ", ".join(repr(n) for n in names[:5]) + (
+                f" and {len(names) - 5} more" if len(names) > 5 else ""
+            )
+            count = len(await ckpt.list_checkpoints())
+            detail = f"searched {where}: no committed checkpoint has that name"
+            if names:
+                detail += f"; the names there are {shown}"
+            else:
+                detail += f"; none of its {count} committed checkpoint(s) has a name"
+        return CheckpointNotFoundError(base or "/", what, detail)
+
+
+async def _open_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Opened:
+    ctx = ckpt.context
+    manifest = await _catalog.load_manifest(ctx, cid)
+    entries = {entry.path: entry for _, entry in manifest.partition_entries()}
+    meta_entries = manifest.operators.get(METADATA_OPERATOR)
+    if meta_entries is None or len(meta_entries.partitions) != 1:
+        raise _NotDcp(ctx.paths.checkpoint_dir(cid) + "operators/" + METADATA_OPERATOR)
+    entry = meta_entries.partitions[0]
+    path = ctx.paths.resolve(entry.owner or cid, entry.path)
+    body = await _fetch_whole(ckpt, path, entry)
+    metadata = await asyncio.to_thread(load_metadata, path, body)
+    records = _check_records(path, metadata, entries)
+    return Opened(cid, manifest, entries, metadata, records)
+
+
+async def verified_pieces(
+    ckpt: ObjectStoreCheckpointer,
+    opened: Opened,
+    relative: str,
+    indices: Sequence[MetadataIndex],
+) -> list[memoryview]:
+    """The bytes of the items ``indices`` of artifact ``relative`` of ``opened``, in
+    order, each checked against its record's SHA-256.
+
+    One ranged read covers them (a compressed artifact is read whole and decoded).
+    Raises :class:`IntegrityMismatchError` naming the artifact and the item, or
+    :class:`BrokenChainError` when the artifact is gone.
+    """
+    entry = opened.entries[relative]
+    path = ckpt.paths.resolve(entry.owner or opened.checkpoint_id, relative)
+    records = [opened.records[index] for index in indices]
+    if entry.codec is not None:
+        start, data = 0, await _fetch_whole(ckpt, path, entry, verify=False)
+    else:
+        start = min((r.offset for r in records), default=0)
+        end = max((r.offset + r.length for r in records), default=0)
+        try:
+            data = await ckpt.store.get_range(path, start, end)
+        except CheckpointNotFoundError:
+            raise BrokenChainError(
+                path, f"artifact of checkpoint {opened.checkpoint_id} is gone"
+            ) from None
+    view = memoryview(data).cast("B")
+    pieces: list[memoryview] = []
+    verified: set[MetadataIndex] = set()
+    for index, record in zip(indices, records, strict=True):
+        piece = view[record.offset - start : record.offset - start + record.length]
+        if piece.nbytes != record.length:
+            raise IntegrityMismatchError(
+                path, str(record.length), str(piece.nbytes), what=f"size of {index.fqn!r}"
+            )
+        if index not in verified:
+            await _off_loop(piece, _verify_item, path, index, record, piece)
+            verified.add(index)
+        pieces.append(piece)
+    return pieces
 
 
 async def _fetch_whole(
@@ -299,14 +415,14 @@ async def _fetch_whole(
         ) from None
 
 
-def _verify_item(path: str, item: ReadItem, record: ItemRecord, piece: memoryview) -> None:
+def _verify_item(path: str, index: MetadataIndex, record: ItemRecord, piece: memoryview) -> None:
     actual = sha256_hex(piece)
     if actual != record.sha256:
         raise IntegrityMismatchError(
             path,
             record.sha256,
             actual,
-            what=f"sha256 of item {item.storage_index.fqn!r} (bytes {record.offset}.."
+            what=f"sha256 of item {index.fqn!r} (bytes {record.offset}.."
             f"{record.offset + record.length})",
         )
 

@@ -24,7 +24,6 @@ from cairn._lease import DEFAULT_LEASE
 from cairn._validate import positive_int
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import InvalidInputError, SyncInAsyncContextError
-from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.signing import SigningKey
 from cairn.stores import Store
@@ -33,7 +32,6 @@ from cairn.sync import _runner
 __all__ = [
     "StoreArg",
     "make_checkpointer",
-    "parse_checkpoint_id",
     "run",
     "travels",
 ]
@@ -97,12 +95,3 @@ def travels(store: StoreArg, what: str) -> None:
             "dcp.async_save in process mode does): its contents stay in this one; use a "
             "local directory or an object store URL"
         )
-
-
-def parse_checkpoint_id(value: object, what: str) -> CheckpointId:
-    """``value`` (a :class:`CheckpointId` or its text) as a CheckpointId."""
-    if isinstance(value, CheckpointId):
-        return value
-    if isinstance(value, str):
-        return CheckpointId.parse(value)
-    raise InvalidInputError(f"{what} must be a CheckpointId or its text, got {value!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import io
@@ -36,15 +37,17 @@ from cairn.torch._format import (
     dump_metadata,
     tensor_bytes,
 )
-from cairn.torch._runtime import (
-    StoreArg,
-    make_checkpointer,
-    parse_checkpoint_id,
-    run,
-    travels,
-)
+from cairn.torch._runtime import StoreArg, make_checkpointer, run, travels
+from cairn.torch._target import Target, interpret, well_formed
 
-__all__ = ["METADATA_OPERATOR", "CairnWriter", "rank_operator"]
+__all__ = [
+    "METADATA_OPERATOR",
+    "CairnWriter",
+    "check_can_save",
+    "commit_dcp",
+    "rank_operator",
+    "upload_batch",
+]
 
 log = logging.getLogger("cairn")
 
@@ -63,10 +66,12 @@ def rank_operator(rank: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _PlanData:
-    """What the coordinator tells every rank in the global plan: the checkpoint and its rank."""
+    """What the coordinator tells every rank in the global plan: the checkpoint (its id
+    and name) and the rank."""
 
     checkpoint_id: str
     rank: int
+    name: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +192,8 @@ class CairnWriter(StorageWriter):
         self._ckpt: ObjectStoreCheckpointer | None = make_checkpointer(
             store, prefix, **self._settings
         )
-        self._requested_id: CheckpointId | None = None
+        self._requested: Target | None = None
+        self._name: str | None = None
         self._reset_save()
 
     def _reset_save(self) -> None:
@@ -220,18 +226,31 @@ class CairnWriter(StorageWriter):
         """The id of the checkpoint being saved (or last saved); None before planning."""
         return self._checkpoint_id
 
+    @property
+    def name(self) -> str | None:
+        """The name of the checkpoint being saved (or last saved), if it was given one."""
+        return self._name
+
     # -- StorageWriter -------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        """Start a new save; a ``checkpoint_id`` (a cairn id's text) chooses its id.
+        """Start a new save; DCP passes the ``checkpoint_id`` given to ``dcp.save``.
 
-        DCP passes the ``checkpoint_id`` given to ``dcp.save``. Without one, the
-        coordinator makes a new id (a UUIDv7) for each save.
+        A checkpoint id (its text, or a :class:`~cairn.CheckpointId`) is the id the save
+        commits under. Anything else (``step-100``, ``runs/a/step-100``, a path or URL
+        inside this writer's store) is the checkpoint's *name*: the save commits a new
+        checkpoint (a fresh UUIDv7) whose manifest records it, and a
+        :class:`~cairn.torch.CairnReader` given the same ``checkpoint_id`` loads the
+        newest checkpoint with that name. A location outside the store raises
+        :class:`~cairn.CheckpointLocationError`. See :mod:`cairn.torch._target` for the
+        whole mapping. Without a ``checkpoint_id``, each save gets a new id and no name.
         """
-        self._requested_id = (
+        self._requested = (
             None
             if checkpoint_id is None
-            else parse_checkpoint_id(checkpoint_id, "dcp.save's checkpoint_id")
+            else interpret(
+                checkpoint_id, self._store, self.checkpointer.paths, "dcp.save's checkpoint_id"
+            )
         )
         self._reset_save()
 
@@ -268,21 +287,16 @@ class CairnWriter(StorageWriter):
                 "checkpoint id): a planner with plan caching (enable_plan_caching=True) "
                 "is not supported"
             )
-        cid = self._requested_id or CheckpointId.now()
+        requested = self._requested
+        cid = requested if isinstance(requested, CheckpointId) else CheckpointId.now()
         ckpt = self.checkpointer
-        run(self._check_can_save(ckpt, cid), "CairnWriter.prepare_global_plan")
+        run(check_can_save(ckpt, cid), "CairnWriter.prepare_global_plan")
         self._checkpoint_id = cid
+        self._name = requested if isinstance(requested, str) else None
         return [
-            dataclasses.replace(plan, storage_data=_PlanData(str(cid), rank))
+            dataclasses.replace(plan, storage_data=_PlanData(str(cid), rank, self._name))
             for rank, plan in enumerate(plans)
         ]
-
-    @staticmethod
-    async def _check_can_save(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> None:
-        await _pointer.check_not_fenced(
-            ckpt.store, ckpt.paths.writer_record(), ckpt.writer_generation
-        )
-        await _commit.refuse_if_committed(ckpt.context, cid)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Upload this rank's items as artifacts of the checkpoint; their records.
@@ -299,6 +313,7 @@ class CairnWriter(StorageWriter):
             )
         cid = CheckpointId.parse(data.checkpoint_id)
         self._checkpoint_id = cid
+        self._name = data.name
         operator = rank_operator(data.rank)
         results: list[WriteResult] = []
         batch = _Batch(0)
@@ -313,36 +328,7 @@ class CairnWriter(StorageWriter):
         return future
 
     def _upload(self, cid: CheckpointId, operator: str, batch: _Batch) -> list[WriteResult]:
-        if not batch.artifacts:
-            return []
-        uploads: list[tuple[str, int, bool, Any]] = []
-        item_digests: list[list[str]] = []
-        for artifact in batch.artifacts:
-            if len(artifact.parts) == 1:
-                # One item: its digest is the artifact's, which cairn computes as it uploads.
-                uploads.append((operator, artifact.partition, False, artifact.parts[0]))
-                item_digests.append([""])
-            else:
-                # A bundle: each item gets a digest of its own, since a read takes one
-                # item's range of the artifact.
-                source = ConcatReader(artifact.parts)
-                uploads.append((operator, artifact.partition, False, source))
-                item_digests.append([sha256_hex(part) for part in artifact.parts])
-        ckpt = self.checkpointer
-        entries = run(ckpt.save_partitions_concurrent(cid, uploads), "CairnWriter.write_data")
-        results: list[WriteResult] = []
-        for artifact, (_, entry), digests_of in zip(
-            batch.artifacts, entries, item_digests, strict=True
-        ):
-            for (item, offset, dtype, shape), part, digest in zip(
-                artifact.items, artifact.parts, digests_of, strict=True
-            ):
-                record = ItemRecord(
-                    entry.path, offset, part.nbytes, digest or entry.sha256, dtype, shape
-                )
-                written = _Written(record.stored(), operator, entry)
-                results.append(WriteResult(item.index, part.nbytes, written))
-        return results
+        return run(upload_batch(self.checkpointer, cid, operator, batch), "CairnWriter.write_data")
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: store DCP's metadata as an artifact, then commit the checkpoint.
@@ -355,37 +341,97 @@ class CairnWriter(StorageWriter):
         cid = self._checkpoint_id
         if cid is None:
             raise InvalidInputError("finish was called before CairnWriter planned the save")
-        records, entries = _collect(results)
-        metadata.storage_data = records
-        metadata.version = CURRENT_DCP_VERSION
-        metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=self._save_id)
-        body = dump_metadata(metadata)
-        ckpt = self.checkpointer
-        run(self._commit(ckpt, cid, body, entries), "CairnWriter.finish")
-        self._requested_id = None  # an id given to one save is not reused by the next
-
-    async def _commit(
-        self,
-        ckpt: ObjectStoreCheckpointer,
-        cid: CheckpointId,
-        body: bytes,
-        entries: list[tuple[str, PartitionSnapshotEntry]],
-    ) -> CheckpointManifest:
-        uploaded = await ckpt.save_partitions_concurrent(cid, [(METADATA_OPERATOR, 0, False, body)])
-        manifest = _commit.assemble_manifest(
-            cid,
-            self.epoch,
-            [*entries, *uploaded],
-            writer_generation=ckpt.writer_generation,
+        run(
+            commit_dcp(
+                self.checkpointer, cid, self.epoch, metadata, results, self._save_id, self._name
+            ),
+            "CairnWriter.finish",
         )
-        committed = await ckpt.commit(manifest)
-        log.info("DCP checkpoint %s committed (epoch %d)", cid, self.epoch)
-        return committed
+        self._requested = None  # an id or name given to one save is not reused by the next
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """True when ``checkpoint_id`` is a cairn checkpoint id's text."""
-        return isinstance(checkpoint_id, str) and CheckpointId.is_valid(checkpoint_id)
+        """True when :meth:`reset` accepts ``checkpoint_id``'s form: a checkpoint id, a
+        name, or a well-formed URL or absolute path (which ``reset`` still refuses when
+        it lies outside the writer's store, a thing a class method cannot know)."""
+        return well_formed(checkpoint_id)
+
+
+async def check_can_save(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> None:
+    """Refuse a save of ``cid`` before anything is uploaded: a newer writer generation
+    has taken over (:class:`~cairn.FencedError`), or ``cid`` is already committed."""
+    await _pointer.check_not_fenced(ckpt.store, ckpt.paths.writer_record(), ckpt.writer_generation)
+    await _commit.refuse_if_committed(ckpt.context, cid)
+
+
+async def upload_batch(
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, operator: str, batch: _Batch
+) -> list[WriteResult]:
+    """Upload ``batch``'s artifacts as partitions of ``operator`` in checkpoint ``cid``;
+    a ``WriteResult`` per item, carrying its record and its artifact's entry."""
+    if not batch.artifacts:
+        return []
+    uploads: list[tuple[str, int, bool, Any]] = []
+    item_digests: list[list[str]] = []
+    for artifact in batch.artifacts:
+        if len(artifact.parts) == 1:
+            # One item: its digest is the artifact's, which cairn computes as it uploads.
+            uploads.append((operator, artifact.partition, False, artifact.parts[0]))
+            item_digests.append([""])
+        else:
+            # A bundle: each item gets a digest of its own, since a read takes one item's
+            # range of the artifact.
+            source = ConcatReader(artifact.parts)
+            uploads.append((operator, artifact.partition, False, source))
+            item_digests.append(await asyncio.to_thread(_digests, artifact.parts))
+    entries = await ckpt.save_partitions_concurrent(cid, uploads)
+    results: list[WriteResult] = []
+    for artifact, (_, entry), digests_of in zip(
+        batch.artifacts, entries, item_digests, strict=True
+    ):
+        for (item, offset, dtype, shape), part, digest in zip(
+            artifact.items, artifact.parts, digests_of, strict=True
+        ):
+            record = ItemRecord(
+                entry.path, offset, part.nbytes, digest or entry.sha256, dtype, shape
+            )
+            written = _Written(record.stored(), operator, entry)
+            results.append(WriteResult(item.index, part.nbytes, written))
+    return results
+
+
+def _digests(parts: list[memoryview]) -> list[str]:
+    return [sha256_hex(part) for part in parts]
+
+
+async def commit_dcp(
+    ckpt: ObjectStoreCheckpointer,
+    cid: CheckpointId,
+    epoch: int,
+    metadata: Metadata,
+    results: list[list[WriteResult]],
+    save_id: str,
+    name: str | None,
+) -> CheckpointManifest:
+    """Store DCP's ``metadata`` (with every rank's item records) as an artifact, then
+    commit ``cid``'s manifest naming it and every rank's artifacts."""
+    records, entries = _collect(results)
+    metadata.storage_data = records
+    metadata.version = CURRENT_DCP_VERSION
+    metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
+    body = dump_metadata(metadata)
+    uploaded = await ckpt.save_partitions_concurrent(cid, [(METADATA_OPERATOR, 0, False, body)])
+    manifest = _commit.assemble_manifest(
+        cid,
+        epoch,
+        [*entries, *uploaded],
+        writer_generation=ckpt.writer_generation,
+        name=name,
+    )
+    committed = await ckpt.commit(manifest)
+    named = f" named {name!r}" if name is not None else ""
+    log.info("DCP checkpoint %s%s committed (epoch %d)", cid, named, epoch)
+    return committed
 
 
 def _collect(

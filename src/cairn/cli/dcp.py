@@ -1,0 +1,121 @@
+"""``cairn export-dcp`` and ``cairn import-dcp``: in and out of DCP's own directory format.
+
+Both are thin over :func:`cairn.torch.export_dcp` and :func:`cairn.torch.import_dcp`
+(their async cores, on the command's event loop; the format and what is checked are in
+:mod:`cairn.torch._dcpdir`). They need the ``torch`` extra; without it they fail with
+exit 2 saying how to install it, before touching the store, and every other command
+works without it.
+
+``export-dcp ID|latest|NAME --to DIR``: ``latest`` is the latest checkpoint that DCP
+saved (as :class:`~cairn.torch.CairnReader` without a ``checkpoint_id`` chooses it, so
+a newer checkpoint of another kind is passed over); a name is read as ``dcp.load`` reads
+a ``checkpoint_id`` (the newest committed checkpoint with that name). ``import-dcp DIR``
+commits the directory as a new checkpoint named, unless ``--name``, after the
+directory (``step-100``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from cairn.cli.errors import CliError, ExitCode
+from cairn.cli.output import human_size, make_table
+
+__all__ = [
+    "export_doc",
+    "export_table",
+    "import_doc",
+    "import_text",
+    "torch_module",
+]
+
+
+def torch_module() -> ModuleType:
+    """:mod:`cairn.torch._dcpdir`, or a usage error (exit 2) when torch is not installed."""
+    try:
+        return importlib.import_module("cairn.torch._dcpdir")
+    except ImportError as exc:
+        raise CliError(
+            f"this command needs PyTorch: pip install 'cairn[torch]' ({exc})", ExitCode.USAGE
+        ) from None
+
+
+def _name(name: str | None) -> str:
+    return "" if name is None else f" {name!r}"
+
+
+def export_doc(where: dict[str, str], exported: Any) -> dict[str, Any]:
+    """``cairn export-dcp --json``."""
+    return {
+        **where,
+        "id": str(exported.checkpoint_id),
+        "name": exported.name,
+        "epoch": exported.epoch,
+        "to": str(exported.target),
+        "verified": True,
+        "items": exported.items,
+        "size_bytes": exported.size_bytes,
+        "files": [{"path": path, "size_bytes": size} for path, size in exported.files],
+    }
+
+
+def export_table(exported: Any) -> RenderableType:
+    """``cairn export-dcp``: the files written, then a one-line summary."""
+    table = make_table(f"DCP directory {exported.target}", "File", ">Size")
+    for path, size in exported.files:
+        table.add_row(Text(path), Text(human_size(size)))
+    summary = Text(
+        f"exported checkpoint {exported.checkpoint_id}{_name(exported.name)} (epoch "
+        f"{exported.epoch}): {exported.items} items in {len(exported.files)} files, "
+        f"{human_size(exported.size_bytes)}, every item verified as written"
+    )
+    return Group(table, summary)
+
+
+def import_doc(where: dict[str, str], imported: Any) -> dict[str, Any]:
+    """``cairn import-dcp --json``."""
+    return {
+        **where,
+        "id": str(imported.checkpoint_id),
+        "name": imported.name,
+        "epoch": imported.epoch,
+        "from": str(imported.source),
+        "files": imported.files,
+        "tensor_items": imported.tensor_items,
+        "byte_items": imported.byte_items,
+        "unchecked_items": imported.unchecked_items,
+        "size_bytes": imported.size_bytes,
+        "uploaded_bytes": imported.uploaded_bytes,
+    }
+
+
+def import_text(imported: Any) -> RenderableType:
+    """``cairn import-dcp``: what was committed, and what was checked on the way in."""
+    return Text(
+        f"imported {imported.source} as checkpoint {imported.checkpoint_id}"
+        f"{_name(imported.name)} (epoch {imported.epoch}): {imported.files} files, "
+        f"{human_size(imported.size_bytes)} read, {human_size(imported.uploaded_bytes)} "
+        f"stored; {imported.tensor_items + imported.byte_items - imported.unchecked_items} "
+        "items checked against the CRC-32s torch.save recorded"
+        + (
+            f", {imported.unchecked_items} byte items stored raw checked for size only "
+            "(they carry no checksum)"
+            if imported.unchecked_items
+            else ""
+        )
+    )
+
+
+def source_dir(path: Path) -> Path:
+    """``path`` as an absolute directory; a usage error (exit 2) when it is not one."""
+    resolved = path.expanduser().absolute()
+    if not resolved.is_dir():
+        what = "does not exist" if not resolved.exists() else "is not a directory"
+        raise CliError(f"cannot import {resolved}: it {what}", ExitCode.USAGE)
+    return resolved
