@@ -256,8 +256,9 @@ def named_scenarios(spec: dict[str, Any], out: dict[str, Any], mesh: Any, store:
     store_spec = spec["store"]
     if store_spec["kind"] == "local":
         location = f"{store_spec['root']}/runs/step-8"
-    else:
-        location = f"s3://{store_spec['bucket']}/runs/step-8"
+    else:  # an object store: its own URL scheme (s3:// or gs://)
+        scheme = {"s3": "s3", "gcs": "gs"}[store_spec["kind"]]
+        location = f"{scheme}://{store_spec['bucket']}/runs/step-8"
     first = make_state(11, mesh)
     writer = CairnWriter(store, epoch=0, prefix=PREFIX)
     dcp_save(first, storage_writer=writer, checkpoint_id=location)
