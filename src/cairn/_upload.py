@@ -136,6 +136,20 @@ async def upload_write_once(
             existing = await ctx.store.get(path)
             if bytes(existing.data) != bytes(stored):
                 raise ArtifactExistsError(str(checkpoint_id), path) from None
+    return _entry(ctx, partition, is_delta, relative, size, digest, memoryview(stored).nbytes)
+
+
+def _entry(
+    ctx: Context,
+    partition: int,
+    is_delta: bool,
+    relative: str,
+    size: int,
+    digest: str,
+    stored_size: int | None,
+) -> PartitionSnapshotEntry:
+    """The manifest entry of one uploaded artifact (stored size only when compressed)."""
+    codec = ctx.codec
     return PartitionSnapshotEntry(
         partition_id=partition,
         is_delta=is_delta,
@@ -143,7 +157,7 @@ async def upload_write_once(
         size_bytes=size,
         sha256=digest,
         codec=codec.name if codec is not None else None,
-        stored_size_bytes=memoryview(stored).nbytes if codec is not None else None,
+        stored_size_bytes=stored_size if codec is not None else None,
     )
 
 
@@ -178,16 +192,7 @@ def upload_job(
             size = buffer.nbytes
         else:
             digest, size = await _upload_buffer(ctx, path, buffer, metadata_key), buffer.nbytes
-        entry = PartitionSnapshotEntry(
-            partition_id=partition,
-            is_delta=is_delta,
-            path=relative,
-            size_bytes=size,
-            sha256=digest,
-            codec=codec.name if codec is not None else None,
-            stored_size_bytes=stored_size if codec is not None else None,
-        )
-        return operator, entry
+        return operator, _entry(ctx, partition, is_delta, relative, size, digest, stored_size)
 
     return job
 
