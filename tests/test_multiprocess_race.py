@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_store
+from support.backends import make_store
 from support.crash_child import parse_lines, race_data
 from test_process_kill import child_store, start_child, wait_for_line
 

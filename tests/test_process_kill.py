@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import make_store
+from support.backends import make_store
 from support.crash_child import (
     OBJECTS_PER_CHECKPOINT,
     Line,

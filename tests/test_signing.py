@@ -18,8 +18,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import MemoryStore, ObjectStore
+from support.backends import make_checkpointer
+from support.policies import FAST_RETRY
 
 from cairn import (
     CheckpointData,
@@ -115,7 +116,7 @@ def keyed(store: ObjectStore, key: object = KEY) -> ObjectStoreCheckpointer:
 
 
 def unkeyed(store: ObjectStore) -> ObjectStoreCheckpointer:
-    return ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+    return make_checkpointer(store)
 
 
 def with_checksum(body: bytes) -> bytes:
