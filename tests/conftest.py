@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from obstore.store import ObjectStore
 from support.backends import BACKENDS, make_checkpointer, make_store
+from support.cli import local  # noqa: F401
 from support.fixtures import (  # noqa: F401
     azure_container,
     azurite_server,

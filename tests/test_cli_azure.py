@@ -8,8 +8,8 @@ from pathlib import Path
 
 import obstore
 from obstore.store import AzureStore
+from support.cli import PREFIX, cairn, cairn_many, fill
 from support.servers import AZURITE_ACCOUNT, AZURITE_KEY, AzuriteServer, azure_store_options
-from test_cli import PREFIX, cairn, cairn_many, fill
 
 from cairn import CheckpointPaths, ObjectStoreCheckpointer
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import obstore
 from obstore.store import GCSStore
+from support.cli import PREFIX, cairn, cairn_many, fill
 from support.servers import GcsServer, free_port, gcs_env, gcs_store_options
-from test_cli import PREFIX, cairn, cairn_many, fill
 
 from cairn import CheckpointPaths, ObjectStoreCheckpointer
 from cairn.cli.errors import ExitCode

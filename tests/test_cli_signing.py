@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from test_cli import PREFIX, cairn, cairn_many
-from test_cli_json import document, failure
+from support.cli import PREFIX, cairn, cairn_many, document, failure
 from test_signing import forge
 
 from cairn import CheckpointData, CheckpointPaths, HmacSigner, ObjectStoreCheckpointer

@@ -29,7 +29,7 @@ from support import bombs
 from support.artifacts import artifact_path
 from support.backends import make_checkpointer
 from support.bombs import RECORDED, STATE, Discard, make_bomb, plant_bomb
-from test_cli import PREFIX, Run, base_env
+from support.cli import PREFIX, Run, base_env
 
 from cairn import (
     CheckpointData,
