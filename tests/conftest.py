@@ -4,7 +4,9 @@
 loopback port, started by the test session), Azure Blob (Azurite, likewise) and GCS
 (fake-gcs-server behind the tests' XML-API proxy, likewise; skipped with the reason where
 its binary cannot run); every test that takes ``raw_store`` or ``ckpt`` runs once per
-backend.
+backend. The tools behind them are in ``support/`` (``backends``: stores and
+checkpointers; ``policies``: retry policies; ``cli``: the ``local`` store of the
+command-line tests), which tests import directly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The backend contract: every test here runs against memory, local, S3 and Azure.
+"""The checkpointer on every backend: each test here runs against every store of
+``support.backends.BACKENDS`` (memory, local, S3, Azure, GCS).
 
 It covers what the reference implementation's own tests cover (manifest round trip,
 snapshot digest, artifact load, latest pointer absent then present, concurrent upload
