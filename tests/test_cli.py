@@ -28,7 +28,7 @@ from support.cli import (
     Run,
     cairn,
     cairn_many,
-    fill,
+    fill_store,
     flip_byte,
     s3_env,
     s3_store,
@@ -36,7 +36,6 @@ from support.cli import (
 )
 from support.servers import S3Server
 
-from cairn import CheckpointPaths, ObjectStoreCheckpointer
 from cairn.cli.maintain import parse_duration
 from cairn.cli.output import human_age, human_size
 from cairn.cli.progress import Transfer
@@ -49,7 +48,7 @@ def s3(s3_server: S3Server, s3_bucket: str) -> tuple[Filled, dict[str, str], S3S
     """A moto bucket with the checkpoints of :class:`Filled`, and the env to reach it."""
     store = s3_store(s3_server, s3_bucket)
     url = f"s3://{s3_bucket}"
-    filled = asyncio.run(fill(ObjectStoreCheckpointer(store, CheckpointPaths(PREFIX)), url))
+    filled = fill_store(store, url)
     return filled, s3_env(s3_server), store
 
 

@@ -3,9 +3,9 @@
 :func:`cairn` runs one command as a real subprocess (``python -m cairn.cli``) in an
 environment without cairn's, the clouds' or rich's settings; :func:`cairn_many` runs
 independent commands a few at a time. :func:`fill` saves the three checkpoints of
-:class:`Filled` (the ``local`` fixture does it in a fresh directory store).
-:func:`document` and :func:`failure` check a ``--json`` document against its command's
-JSON Schema.
+:class:`Filled` (:func:`fill_store` with cairn's defaults; the ``local`` fixture in a
+fresh directory store). :func:`document` and :func:`failure` check a ``--json`` document
+against its command's JSON Schema.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from obstore.store import S3Store
+from obstore.store import ObjectStore, S3Store
 
 from cairn import (
     CheckpointData,
@@ -177,13 +177,19 @@ async def fill(ckpt: ObjectStoreCheckpointer, url: str) -> Filled:
     )
 
 
+def fill_store(store: ObjectStore | str, url: str) -> Filled:
+    """Fill ``store`` (which the command line reaches as ``url``) under :data:`PREFIX`
+    with the checkpoints of :class:`Filled`, through a checkpointer of cairn's defaults."""
+    return asyncio.run(fill(ObjectStoreCheckpointer(store, CheckpointPaths(PREFIX)), url))
+
+
 @pytest.fixture
 def local(tmp_path: Path) -> Filled:
     """A local directory store with the checkpoints of :class:`Filled`."""
     root = tmp_path / "store"
     root.mkdir()
     url = root.as_uri()
-    return asyncio.run(fill(ObjectStoreCheckpointer(url, CheckpointPaths(PREFIX)), url))
+    return fill_store(url, url)
 
 
 def s3_env(server: S3Server) -> dict[str, str]:
