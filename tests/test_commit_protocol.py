@@ -16,6 +16,7 @@ from support.artifacts import artifact_path
 from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
 from support.recording import RecordingStore
+from support.samples import expected_artifacts, sample
 
 from cairn import (
     CheckpointData,
@@ -36,27 +37,6 @@ from cairn import (
 from cairn._commit import assemble_manifest
 from cairn.manifest import encode_manifest
 from cairn.stores import ObstoreStore, Store
-
-
-def sample(epoch: int, parent: CheckpointId | None = None) -> CheckpointData:
-    """A checkpoint whose bytes are derived from its epoch, so any load can be checked."""
-    snapshots = {
-        (f"op{o}", p): f"state {epoch} {o} {p}".encode() * 50 for o in range(2) for p in range(3)
-    }
-    deltas = {("op-delta", 0): f"delta {epoch}".encode()} if parent else {}
-    return CheckpointData(
-        epoch=epoch,
-        snapshots=snapshots,
-        deltas=deltas,
-        parent_id=parent,
-        source_offsets={"events": SourceOffsetEntry("gen", {"0": str(epoch * 100)}, epoch)},
-    )
-
-
-def expected_artifacts(epoch: int) -> dict[tuple[str, int], bytes]:
-    return {
-        (f"op{o}", p): f"state {epoch} {o} {p}".encode() * 50 for o in range(2) for p in range(3)
-    }
 
 
 async def snapshot_of_store(store: Store) -> dict[str, bytes]:

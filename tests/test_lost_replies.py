@@ -45,7 +45,7 @@ from support.artifacts import artifact_path
 from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, PutFault, PutKind, PutStep
 from support.policies import NO_RETRY
-from test_commit_protocol import expected_artifacts, sample
+from support.samples import expected_artifacts, sample
 
 from cairn import (
     CheckpointData,
