@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 
 from support.cli import PREFIX, cairn, cairn_many, document, failure
-from test_signing import forge
+from support.forgery import forge
 
 from cairn import CheckpointData, CheckpointPaths, HmacSigner, ObjectStoreCheckpointer
 from cairn.signing import read_signature
