@@ -4,7 +4,9 @@
 loopback port, started by the test session), Azure Blob (Azurite, likewise) and GCS
 (fake-gcs-server behind the tests' XML-API proxy, likewise; skipped with the reason where
 its binary cannot run); every test that takes ``raw_store`` or ``ckpt`` runs once per
-backend.
+backend. The tools behind them are in ``support/`` (``backends``: stores and
+checkpointers; ``policies``: retry policies; ``cli``: the ``local`` store of the
+command-line tests), which tests import directly.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from obstore.store import LocalStore, MemoryStore, ObjectStore
+from obstore.store import ObjectStore
+from support.backends import BACKENDS, make_checkpointer, make_store
+from support.cli import local  # noqa: F401
 from support.fixtures import (  # noqa: F401
     azure_container,
     azurite_server,
@@ -22,13 +26,8 @@ from support.fixtures import (  # noqa: F401
     s3_proxy,
     s3_server,
 )
-from support.servers import azure_store_options, gcs_store_options, s3_store_options
 
-from cairn import ObjectStoreCheckpointer, RetryPolicy
-
-BACKENDS = ["memory", "local", "s3", "azure", "gcs"]
-
-FAST_RETRY = RetryPolicy(attempts=3, initial_delay=0.001, max_delay=0.01)
+from cairn import ObjectStoreCheckpointer
 
 
 @pytest.fixture(params=BACKENDS)
@@ -43,35 +42,10 @@ def raw_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> O
     return make_store(backend, tmp_path, request)
 
 
-def make_store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> ObjectStore:
-    """A fresh obstore store of ``backend`` (a new bucket or container for remote ones)."""
-    from obstore.store import AzureStore, GCSStore, S3Store
-
-    if backend == "memory":
-        return MemoryStore()
-    if backend == "local":
-        root = tmp_path / "store"
-        root.mkdir(exist_ok=True)
-        return LocalStore(root)
-    if backend == "s3":
-        server = request.getfixturevalue("s3_server")
-        bucket = request.getfixturevalue("s3_bucket")
-        return S3Store(bucket, **s3_store_options(server.endpoint))
-    if backend == "azure":
-        server = request.getfixturevalue("azurite_server")
-        container = request.getfixturevalue("azure_container")
-        return AzureStore(container, **azure_store_options(server))
-    if backend == "gcs":
-        server = request.getfixturevalue("gcs_server")
-        bucket = request.getfixturevalue("gcs_bucket")
-        return GCSStore(bucket, **gcs_store_options(server))
-    raise AssertionError(backend)
-
-
 @pytest.fixture
 def ckpt(raw_store: ObjectStore) -> ObjectStoreCheckpointer:
     """A checkpointer over the backend under test, with a fast retry policy."""
-    return ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    return make_checkpointer(raw_store)
 
 
 @pytest.fixture

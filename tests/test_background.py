@@ -14,13 +14,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import MemoryStore
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
+from support.policies import FAST_RETRY
 
 from cairn import (
     CheckpointData,
-    ObjectStoreCheckpointer,
     StoreError,
     SyncCheckpointer,
 )
@@ -51,7 +51,7 @@ def gated(inner: ObstoreStore, *gates: Gate) -> FaultyStore:
 async def test_save_async_returns_before_the_upload_and_commits_later() -> None:
     inner = ObstoreStore(MemoryStore())
     gate = Gate(b"slow")
-    ckpt = ObjectStoreCheckpointer(gated(inner, gate), retry=FAST_RETRY)
+    ckpt = make_checkpointer(gated(inner, gate))
     task = await ckpt.save_async(CheckpointData(epoch=1, snapshots={("slow", 0): b"state"}))
     await asyncio.sleep(0.05)
     assert not task.done() and await ckpt.list_checkpoints() == []
@@ -66,7 +66,7 @@ async def test_saves_commit_in_call_order_and_latest_never_moves_back() -> None:
     inner = ObstoreStore(MemoryStore())
     gate = Gate(b"first")
     store = gated(inner, gate)
-    ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY, max_saves_in_flight=2)
+    ckpt = make_checkpointer(store, max_saves_in_flight=2)
     first = await ckpt.save_async(CheckpointData(epoch=1, snapshots={("first", 0): b"1"}))
     second = await ckpt.save_async(CheckpointData(epoch=2, snapshots={("second", 0): b"2"}))
     await asyncio.sleep(0.05)
@@ -86,7 +86,7 @@ async def test_saves_commit_in_call_order_and_latest_never_moves_back() -> None:
 async def test_a_third_save_waits_for_a_slot() -> None:
     inner = ObstoreStore(MemoryStore())
     gate = Gate(b"held")
-    ckpt = ObjectStoreCheckpointer(gated(inner, gate), retry=FAST_RETRY, max_saves_in_flight=1)
+    ckpt = make_checkpointer(gated(inner, gate), max_saves_in_flight=1)
     held = await ckpt.save_async(CheckpointData(epoch=1, snapshots={("held", 0): b"h"}))
     submitting = asyncio.create_task(
         ckpt.save_async(CheckpointData(epoch=2, snapshots={("next", 0): b"n"}))
@@ -101,9 +101,7 @@ async def test_a_third_save_waits_for_a_slot() -> None:
 
 async def test_a_failure_nobody_looked_at_is_raised_by_the_next_call() -> None:
     inner = ObstoreStore(MemoryStore())
-    failing = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(fail_puts_matching="doomed")), retry=FAST_RETRY
-    )
+    failing = make_checkpointer(FaultyStore(inner, FaultPlan(fail_puts_matching="doomed")))
     doomed = await failing.save_async(CheckpointData(epoch=1, snapshots={("doomed", 0): b"x"}))
     await asyncio.wait([doomed])  # done, and nobody took its outcome
     with pytest.raises(StoreError, match="injected permanent fault"):
@@ -127,7 +125,7 @@ async def test_a_failure_nobody_looked_at_is_raised_by_the_next_call() -> None:
 async def test_copy_lets_the_caller_reuse_its_buffer() -> None:
     inner = ObstoreStore(MemoryStore())
     gate = Gate(b"buf")
-    ckpt = ObjectStoreCheckpointer(gated(inner, gate), retry=FAST_RETRY)
+    ckpt = make_checkpointer(gated(inner, gate))
     buffer = bytearray(b"before")
     task = await ckpt.save_async(CheckpointData(epoch=1, snapshots={("buf", 0): buffer}), copy=True)
     buffer[:] = b"AFTER!"  # the job goes on and overwrites its state
@@ -178,7 +176,7 @@ def test_exit_waits_for_saves_in_flight(tmp_path: Path) -> None:
 
 async def test_every_manifest_records_how_it_was_made() -> None:
     inner = ObstoreStore(MemoryStore())
-    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    plain = make_checkpointer(inner)
     base = await plain.save(
         CheckpointData(epoch=1, snapshots={("op", p): b"x" * (100 + p) for p in range(3)})
     )
@@ -186,9 +184,8 @@ async def test_every_manifest_records_how_it_was_made() -> None:
     assert (base.stats.uploaded_artifacts, base.stats.uploaded_bytes) == (3, 303)
     assert (base.stats.carried_artifacts, base.stats.carried_bytes, base.stats.retries) == (0, 0, 0)
     assert base.stats.duration_ms >= base.stats.upload_ms >= 0
-    flaky = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(transient_burst=2, transient_ops=frozenset({"put"}))),
-        retry=FAST_RETRY,
+    flaky = make_checkpointer(
+        FaultyStore(inner, FaultPlan(transient_burst=2, transient_ops=frozenset({"put"})))
     )
     delta = await flaky.save(
         CheckpointData(epoch=2, deltas={("op", 0): b"+1"}, parent_id=base.checkpoint_id)

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from test_cli import PREFIX, cairn, cairn_many
-from test_cli_json import document
+from support.cli import PREFIX, cairn, cairn_many, document
 
 from cairn import (
     CheckpointId,

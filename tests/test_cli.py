@@ -15,12 +15,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
-import json
-import os
-import sys
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,194 +22,25 @@ import obstore
 import pytest
 from obstore.store import S3Store
 from rich.console import Console
-from support.artifacts import artifact_path
-from support.servers import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server
-
-from cairn import (
-    CheckpointData,
-    CheckpointId,
-    CheckpointPaths,
-    ObjectStoreCheckpointer,
-    SourceOffsetEntry,
+from support.cli import (
+    PREFIX,
+    Filled,
+    Run,
+    cairn,
+    cairn_many,
+    fill_store,
+    flip_byte,
+    s3_env,
+    s3_store,
+    store_root,
 )
+from support.servers import S3Server
+
 from cairn.cli.maintain import parse_duration
 from cairn.cli.output import human_age, human_size
 from cairn.cli.progress import Transfer
 
-CLI = [sys.executable, "-m", "cairn.cli"]
-PARALLEL = 4
 CLEAN_EXIT_RUNS = 40
-PREFIX = "checkpoints/"
-
-
-# -- running the command line --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Run:
-    """One finished ``cairn`` process."""
-
-    args: tuple[str, ...]
-    code: int
-    stdout: str
-    stderr: str
-
-    def json(self) -> Any:
-        """The JSON document printed on stdout."""
-        return json.loads(self.stdout)
-
-    def explain(self) -> str:
-        """What to print when an assertion about this run fails."""
-        return f"cairn {' '.join(self.args)} -> {self.code}\n{self.stdout}\n{self.stderr}"
-
-    def error_line(self) -> str:
-        """The single ``error: ...`` line a failing command prints on stderr."""
-        lines = [line for line in self.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1, self.explain()
-        assert lines[0].startswith("error: "), self.explain()
-        assert "Traceback" not in self.stderr, self.explain()
-        return lines[0]
-
-
-def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a subprocess: ours, without cairn's and rich's settings."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("CAIRN_", "AWS_", "GOOGLE_", "GCE_")) and k not in ("COLUMNS", "LINES")
-    }
-    env.update(extra or {})
-    return env
-
-
-def cairn(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Run:
-    """Run ``cairn ARGS`` to completion."""
-    import subprocess
-
-    proc = subprocess.run(
-        [*CLI, *args],
-        env=base_env(env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return Run(tuple(args), proc.returncode, proc.stdout, proc.stderr)
-
-
-def cairn_many(
-    commands: Sequence[Sequence[str]],
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> list[Run]:
-    """Run independent commands, a few at a time; results in the order given."""
-    with ThreadPoolExecutor(PARALLEL) as pool:
-        return list(pool.map(lambda args: cairn(*args, env=env, cwd=cwd), commands))
-
-
-# -- stores --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Filled:
-    """A store holding three checkpoints: a full one, a delta on it, and another full one.
-
-    ``base`` is full (epoch 1); ``delta`` (epoch 2) has ``base`` as parent, a delta for
-    ``("agg", 0)`` and carries ``("agg", 1)`` and ``("join", 0)`` over by reference;
-    ``newest`` (epoch 3) is full and independent, and is the latest.
-    """
-
-    url: str
-    base: CheckpointId
-    delta: CheckpointId
-    newest: CheckpointId
-    artifacts: dict[str, bytes]
-    base_snapshot: str
-    """``base``'s snapshot of ``("agg", 0)``, relative to the base prefix."""
-    delta_artifact: str
-    """``delta``'s delta of ``("agg", 0)``, relative to the base prefix."""
-
-    @property
-    def ids(self) -> list[str]:
-        """The three ids, oldest first."""
-        return [str(self.base), str(self.delta), str(self.newest)]
-
-
-def offsets(position: int, epoch: int) -> dict[str, SourceOffsetEntry]:
-    """The source offsets of a test checkpoint."""
-    return {"events": SourceOffsetEntry("kafka", {"events-0": str(position)}, epoch)}
-
-
-async def fill(ckpt: ObjectStoreCheckpointer, url: str) -> Filled:
-    """Save the three checkpoints of :class:`Filled`."""
-    first = {("agg", 0): b"agg-0 base " * 50, ("agg", 1): b"agg-1 base", ("join", 0): b"j0"}
-    base = await ckpt.save(CheckpointData(epoch=1, snapshots=first, source_offsets=offsets(100, 1)))
-    delta = await ckpt.save(
-        CheckpointData(
-            epoch=2,
-            deltas={("agg", 0): b"agg-0 delta"},
-            parent_id=base.checkpoint_id,
-            source_offsets=offsets(200, 2),
-        )
-    )
-    newest = await ckpt.save(
-        CheckpointData(
-            epoch=3,
-            snapshots={("agg", 0): b"agg-0 v3", ("agg", 1): b"agg-1 v3", ("join", 0): b"j0 v3"},
-            source_offsets=offsets(300, 3),
-            watermark=1234,
-        )
-    )
-    prefix = ckpt.paths.base_prefix
-    base_snapshot = artifact_path(ckpt.paths, base, "agg", 0).removeprefix(prefix)
-    delta_artifact = artifact_path(ckpt.paths, delta, "agg", 0, is_delta=True).removeprefix(prefix)
-    return Filled(
-        url=url,
-        base=base.checkpoint_id,
-        delta=delta.checkpoint_id,
-        newest=newest.checkpoint_id,
-        artifacts={
-            base_snapshot: first[("agg", 0)],
-            delta_artifact: b"agg-0 delta",
-        },
-        base_snapshot=base_snapshot,
-        delta_artifact=delta_artifact,
-    )
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Filled:
-    """A local directory store with the checkpoints of :class:`Filled`."""
-    root = tmp_path / "store"
-    root.mkdir()
-    url = root.as_uri()
-    return asyncio.run(fill(ObjectStoreCheckpointer(url, CheckpointPaths(PREFIX)), url))
-
-
-def s3_env(server: S3Server) -> dict[str, str]:
-    """What a subprocess needs to reach the moto server through ``s3://bucket`` URLs."""
-    return {
-        "AWS_ENDPOINT_URL": server.endpoint,
-        "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY_ID,
-        "AWS_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY,
-        "AWS_REGION": S3_REGION,
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_CONDITIONAL_PUT": "etag",
-    }
-
-
-def s3_store(server: S3Server, bucket: str) -> S3Store:
-    """The bucket as an obstore store, for filling and damaging it in-process."""
-    return S3Store(
-        bucket,
-        endpoint=server.endpoint,
-        access_key_id=S3_ACCESS_KEY_ID,
-        secret_access_key=S3_SECRET_ACCESS_KEY,
-        region=S3_REGION,
-        virtual_hosted_style_request=False,
-        client_options={"allow_http": True},
-    )
 
 
 @pytest.fixture
@@ -223,20 +48,8 @@ def s3(s3_server: S3Server, s3_bucket: str) -> tuple[Filled, dict[str, str], S3S
     """A moto bucket with the checkpoints of :class:`Filled`, and the env to reach it."""
     store = s3_store(s3_server, s3_bucket)
     url = f"s3://{s3_bucket}"
-    filled = asyncio.run(fill(ObjectStoreCheckpointer(store, CheckpointPaths(PREFIX)), url))
+    filled = fill_store(store, url)
     return filled, s3_env(s3_server), store
-
-
-def flip_byte(path: Path, index: int = 3) -> None:
-    """Damage one byte of a local file."""
-    data = bytearray(path.read_bytes())
-    data[index] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def store_root(filled: Filled) -> Path:
-    """The directory of a local store."""
-    return Path(filled.url.removeprefix("file://"))
 
 
 # -- tests: usage --------------------------------------------------------------------------

@@ -3,15 +3,12 @@ and endpoint from the ``AZURE_*`` environment, as a user would configure them.""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import obstore
 from obstore.store import AzureStore
+from support.cli import PREFIX, cairn, cairn_many, fill_store
 from support.servers import AZURITE_ACCOUNT, AZURITE_KEY, AzuriteServer, azure_store_options
-from test_cli import PREFIX, cairn, cairn_many, fill
-
-from cairn import CheckpointPaths, ObjectStoreCheckpointer
 
 
 def azure_env(server: AzuriteServer) -> dict[str, str]:
@@ -29,7 +26,7 @@ def test_every_command_on_azure(
 ) -> None:
     raw = AzureStore(azure_container, **azure_store_options(azurite_server))
     url = f"az://{azure_container}"
-    filled = asyncio.run(fill(ObjectStoreCheckpointer(raw, CheckpointPaths(PREFIX)), url))
+    filled = fill_store(raw, url)
     env = azure_env(azurite_server)
     store = ["--store", url]
     target = tmp_path / "restored"

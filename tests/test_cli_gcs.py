@@ -5,22 +5,20 @@ credentials."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import obstore
 from obstore.store import GCSStore
+from support.cli import PREFIX, cairn, cairn_many, fill_store
 from support.servers import GcsServer, free_port, gcs_env, gcs_store_options
-from test_cli import PREFIX, cairn, cairn_many, fill
 
-from cairn import CheckpointPaths, ObjectStoreCheckpointer
 from cairn.cli.errors import ExitCode
 
 
 def test_every_command_on_gcs(gcs_server: GcsServer, gcs_bucket: str, tmp_path: Path) -> None:
     raw = GCSStore(gcs_bucket, **gcs_store_options(gcs_server))
     url = f"gs://{gcs_bucket}"
-    filled = asyncio.run(fill(ObjectStoreCheckpointer(raw, CheckpointPaths(PREFIX)), url))
+    filled = fill_store(raw, url)
     env = gcs_env(gcs_server)
     store = ["--store", url]
     target = tmp_path / "restored"

@@ -14,7 +14,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from test_cli import Run, cairn_many
+from support.cli import Run, cairn_many
 
 from cairn.cli.errors import ExitCode
 

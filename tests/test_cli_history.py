@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import jsonschema
-from test_cli import PREFIX, cairn_many
+from support.cli import PREFIX, cairn_many
 
 from cairn import CheckpointData, CheckpointId, CheckpointPaths, ObjectStoreCheckpointer
 from cairn.cli import views

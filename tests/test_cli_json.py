@@ -10,47 +10,23 @@ Everything runs as real subprocesses, as scripts run it.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
-from test_cli import PREFIX, Filled, Run, cairn, cairn_many, fill, flip_byte, store_root
+from support.cli import (
+    PREFIX,
+    SCHEMAS,
+    Filled,
+    cairn,
+    cairn_many,
+    document,
+    failure,
+    flip_byte,
+    store_root,
+)
 
-from cairn import CheckpointPaths, ObjectStoreCheckpointer
 from cairn.cli import views
-
-SCHEMAS = {command: views.json_schema(command) for command in views.COMMANDS_WITH_SCHEMAS}
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Filled:
-    """A local store with a full checkpoint, a delta on it, and another full one."""
-    root = tmp_path / "store"
-    root.mkdir()
-    url = root.as_uri()
-    return asyncio.run(fill(ObjectStoreCheckpointer(url, CheckpointPaths(PREFIX)), url))
-
-
-def document(command: str, run: Run) -> dict[str, Any]:
-    """The one JSON object ``run`` printed, validated against ``command``'s schema."""
-    doc = json.loads(run.stdout)  # exactly one document: trailing output fails to parse
-    assert isinstance(doc, dict), run.explain()
-    jsonschema.Draft202012Validator(SCHEMAS[command]).validate(doc)
-    assert doc["schema_version"] == 1
-    return doc
-
-
-def failure(command: str, run: Run, code: int, kind: str) -> dict[str, Any]:
-    """The error member of a failed run's document; checks it against stderr and the code."""
-    assert run.code == code, run.explain()
-    doc = document(command, run)
-    error = doc["error"]
-    assert error["exit_code"] == code and error["type"] == kind, run.explain()
-    assert f"error: {error['message']}" == run.error_line()
-    return doc
 
 
 def test_the_schemas_are_valid_json_schemas() -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from support.cli import PREFIX, Filled, cairn, cairn_many, fill, flip_byte, store_root
 from support.servers import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server
-from test_cli import PREFIX, Filled, cairn, cairn_many, fill, flip_byte, store_root
 
 from cairn import (
     CheckpointData,
@@ -35,15 +35,6 @@ from cairn.cli.progress import Transfer
 from cairn.cli.restore import STAGING_PREFIX, restore
 
 UNKNOWN = "01a20000-0000-7000-8000-000000000000"
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Filled:
-    """A local store with a full checkpoint, a delta on it, and another full one."""
-    root = tmp_path / "store"
-    root.mkdir()
-    url = root.as_uri()
-    return asyncio.run(fill(ObjectStoreCheckpointer(url, CheckpointPaths(PREFIX)), url))
 
 
 # -- python -m cairn, and store locations ----------------------------------------------------

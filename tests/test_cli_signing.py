@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from test_cli import PREFIX, cairn, cairn_many
-from test_cli_json import document, failure
-from test_signing import forge
+from support.cli import PREFIX, cairn, cairn_many, document, failure
+from support.forgery import forge
 
 from cairn import CheckpointData, CheckpointPaths, HmacSigner, ObjectStoreCheckpointer
 from cairn.signing import read_signature

@@ -9,12 +9,14 @@ import asyncio
 import random
 
 import pytest
-from conftest import FAST_RETRY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import MemoryStore, ObjectStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
+from support.recording import RecordingStore
+from support.samples import expected_artifacts, sample
 
 from cairn import (
     CheckpointData,
@@ -37,27 +39,6 @@ from cairn.manifest import encode_manifest
 from cairn.stores import ObstoreStore, Store
 
 
-def sample(epoch: int, parent: CheckpointId | None = None) -> CheckpointData:
-    """A checkpoint whose bytes are derived from its epoch, so any load can be checked."""
-    snapshots = {
-        (f"op{o}", p): f"state {epoch} {o} {p}".encode() * 50 for o in range(2) for p in range(3)
-    }
-    deltas = {("op-delta", 0): f"delta {epoch}".encode()} if parent else {}
-    return CheckpointData(
-        epoch=epoch,
-        snapshots=snapshots,
-        deltas=deltas,
-        parent_id=parent,
-        source_offsets={"events": SourceOffsetEntry("gen", {"0": str(epoch * 100)}, epoch)},
-    )
-
-
-def expected_artifacts(epoch: int) -> dict[tuple[str, int], bytes]:
-    return {
-        (f"op{o}", p): f"state {epoch} {o} {p}".encode() * 50 for o in range(2) for p in range(3)
-    }
-
-
 async def snapshot_of_store(store: Store) -> dict[str, bytes]:
     return {info.path: bytes((await store.get(info.path)).data) for info in await store.list("")}
 
@@ -75,13 +56,13 @@ async def assert_loads(ckpt: ObjectStoreCheckpointer, epoch: int) -> None:
 
 async def test_crash_at_every_store_call(raw_store: ObjectStore) -> None:
     inner = ObstoreStore(raw_store)
-    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    plain = make_checkpointer(inner)
     await plain.save(sample(0))
-    counter = FaultyStore(inner)
+    counter = RecordingStore(inner)
     probe = CheckpointData(
         epoch=1, snapshots=sample(1).snapshots, source_offsets=sample(1).source_offsets
     )
-    await ObjectStoreCheckpointer(counter, retry=FAST_RETRY).save(probe)
+    await make_checkpointer(counter).save(probe)
     calls = counter.calls
     commit_call = next(
         i
@@ -97,9 +78,7 @@ async def test_crash_at_every_store_call(raw_store: ObjectStore) -> None:
             snapshots=sample(epoch).snapshots,
             source_offsets=sample(epoch).source_offsets,
         )
-        crashing = ObjectStoreCheckpointer(
-            FaultyStore(inner, FaultPlan(crash_at=k)), retry=FAST_RETRY
-        )
+        crashing = make_checkpointer(FaultyStore(inner, FaultPlan(crash_at=k)))
         with pytest.raises(InjectedCrash):
             await crashing.save(data)
         listed = await plain.list_checkpoints()
@@ -121,12 +100,11 @@ async def test_a_failing_call_at_every_step_leaves_the_store_consistent(
     raw_store: ObjectStore,
 ) -> None:
     inner = ObstoreStore(raw_store)
-    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    plain = make_checkpointer(inner)
     await plain.save(sample(0))
     for k in range(1, 12):
-        failing = ObjectStoreCheckpointer(
-            FaultyStore(inner, FaultPlan(fail_calls={k: StoreError("put", "x", "boom")})),
-            retry=FAST_RETRY,
+        failing = make_checkpointer(
+            FaultyStore(inner, FaultPlan(fail_calls={k: StoreError("put", "x", "boom")}))
         )
         data = sample(k, parent=None)
         try:
@@ -151,7 +129,7 @@ async def test_lost_reply_of_our_commit_is_a_success(raw_store: ObjectStore) -> 
     faulty = FaultyStore(
         ObstoreStore(raw_store), FaultPlan(lose_put_responses_matching="manifest.json")
     )
-    ckpt = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    ckpt = make_checkpointer(faulty)
     manifest = await ckpt.save(sample(1))
     assert faulty.plan.lose_put_responses_matching is None, "the fault did fire"
     assert await ckpt.read_latest() == manifest.checkpoint_id
@@ -163,7 +141,7 @@ async def test_lost_reply_when_another_writer_committed_is_a_conflict(
 ) -> None:
     inner = ObstoreStore(raw_store)
     data = sample(1)
-    other = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    other = make_checkpointer(inner)
     theirs = CheckpointData(epoch=9, snapshots={("x", 0): b"theirs"}, checkpoint_id=data.id)
 
     fired: list[bool] = []
@@ -175,7 +153,7 @@ async def test_lost_reply_when_another_writer_committed_is_a_conflict(
             raise TransientStoreError(op, path, "injected: timed out, did not land")
 
     faulty = FaultyStore(inner, FaultPlan(before_call=times_out_while_another_writer_commits))
-    ckpt = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    ckpt = make_checkpointer(faulty)
     with pytest.raises(CheckpointExistsError):
         await ckpt.save(data)
     committed = await other.load_manifest(data.id)
@@ -192,7 +170,7 @@ async def run_writers(stores: list[Store], rounds: int) -> dict[CheckpointId, by
     written: dict[CheckpointId, bytes] = {}
 
     async def writer(w: int, store: Store) -> None:
-        ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+        ckpt = make_checkpointer(store)
         for r in range(rounds):
             epoch = r * len(stores) + w
             manifest = await ckpt.save(
@@ -208,7 +186,7 @@ async def run_writers(stores: list[Store], rounds: int) -> dict[CheckpointId, by
 async def test_concurrent_writers_race_to_latest(raw_store: ObjectStore) -> None:
     stores: list[Store] = [ObstoreStore(raw_store) for _ in range(8)]
     written = await run_writers(stores, rounds=4)
-    reader = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    reader = make_checkpointer(raw_store)
     committed = await reader.list_checkpoints()
     assert sorted(written) == committed
     for cid, body in written.items():
@@ -224,8 +202,8 @@ async def test_concurrent_writers_race_to_latest(raw_store: ObjectStore) -> None
 
 
 async def test_takeover_fences_the_old_writer(raw_store: ObjectStore) -> None:
-    old = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
-    new = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    old = make_checkpointer(raw_store)
+    new = make_checkpointer(raw_store)
     kept = await old.save(sample(1))
     assert await new.take_over() == 1
     assert await new.read_latest() == kept.checkpoint_id, "a takeover keeps the latest"
@@ -238,7 +216,7 @@ async def test_takeover_fences_the_old_writer(raw_store: ObjectStore) -> None:
     assert await new.read_latest() == mine.checkpoint_id
     with pytest.raises(FencedError):
         await old.update_latest(kept.checkpoint_id, force=True)
-    newer = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    newer = make_checkpointer(raw_store)
     assert await newer.take_over() == 2
     with pytest.raises(FencedError):
         await new.save(sample(3))
@@ -247,16 +225,14 @@ async def test_takeover_fences_the_old_writer(raw_store: ObjectStore) -> None:
 async def test_takeover_between_fence_check_and_commit(raw_store: ObjectStore) -> None:
     """The old writer passed its fence check; the takeover lands before its manifest."""
     inner = ObstoreStore(raw_store)
-    new = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    new = make_checkpointer(inner)
     fired: list[int] = []
 
     async def takeover_just_before_commit(op: str, path: str) -> None:
         if op == "put" and path.endswith("manifest.json") and not fired:
             fired.append(await new.take_over())
 
-    old = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(before_call=takeover_just_before_commit)), retry=FAST_RETRY
-    )
+    old = make_checkpointer(FaultyStore(inner, FaultPlan(before_call=takeover_just_before_commit)))
     base = await new.save(sample(0))
     data = sample(7)
     with pytest.raises(FencedError):
@@ -268,8 +244,8 @@ async def test_takeover_between_fence_check_and_commit(raw_store: ObjectStore) -
 
 
 async def test_takeover_racing_a_saving_writer(raw_store: ObjectStore) -> None:
-    old = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
-    new = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    old = make_checkpointer(raw_store)
+    new = make_checkpointer(raw_store)
     outcomes: list[tuple[CheckpointId, str]] = []
 
     async def keep_saving() -> None:
@@ -345,7 +321,7 @@ async def test_a_stale_pointer_after_a_crash_is_passed_by(ckpt: ObjectStoreCheck
 async def test_any_flipped_byte_is_detected_and_passed_by(
     target: int, position: int, xor: int
 ) -> None:
-    ckpt = ObjectStoreCheckpointer(MemoryStore(), retry=FAST_RETRY)
+    ckpt = make_checkpointer(MemoryStore())
     await ckpt.save(sample(1))
     victim = await ckpt.save(sample(2))
     objects = [

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from obstore.store import ObjectStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.gates import GatedStore, Match
 
 from cairn import (
@@ -31,14 +32,11 @@ from cairn import (
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     RetentionPolicy,
-    RetryPolicy,
     sha256_hex,
 )
 from cairn import retention as retention_module
 from cairn.layout import is_attempt_artifact
 from cairn.stores import ObstoreStore, PutMode, StoreMethod
-
-FAST = RetryPolicy(attempts=3, initial_delay=0.001, max_delay=0.01)
 
 
 def _manifest_create(operation: StoreMethod, path: str, mode: PutMode | None) -> bool:
@@ -62,8 +60,8 @@ async def test_a_late_writer_of_the_same_id_never_replaces_committed_bytes(
     """Writer B stalls mid-upload; writer A saves the same id and commits; B resumes."""
     inner = ObstoreStore(raw_store)
     gate = GatedStore(inner, _first_artifact_put)
-    a = ObjectStoreCheckpointer(inner, retry=FAST)
-    b = ObjectStoreCheckpointer(gate, retry=FAST)
+    a = make_checkpointer(inner)
+    b = make_checkpointer(gate)
     cid = CheckpointId.now()
     b_data = CheckpointData(epoch=1, snapshots={("op", 0): b"B" * 5000}, checkpoint_id=cid)
     a_data = CheckpointData(epoch=1, snapshots={("op", 0): b"A" * 5000}, checkpoint_id=cid)
@@ -90,7 +88,7 @@ async def test_gc_sweeps_what_a_losing_writer_left_in_a_committed_directory(
     raw_store: ObjectStore,
 ) -> None:
     """A loser that died before cleaning up leaves attempt-named objects: garbage."""
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST)
+    ckpt = make_checkpointer(raw_store)
     committed = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"winner"}))
     cid = committed.checkpoint_id
     loser = ckpt.paths.resolve(cid, ckpt.paths.relative_artifact("op", 0, False, "0123456789ab"))
@@ -108,7 +106,7 @@ async def test_a_failed_writer_of_a_committed_id_removes_nothing_of_the_commit(
 ) -> None:
     """B's upload fails after A committed the same id: B cleans up its own objects only."""
     inner = ObstoreStore(raw_store)
-    a = ObjectStoreCheckpointer(inner, retry=FAST)
+    a = make_checkpointer(inner)
     cid = CheckpointId.now()
     gate = GatedStore(inner, _first_artifact_put)
 
@@ -119,7 +117,7 @@ async def test_a_failed_writer_of_a_committed_id_removes_nothing_of_the_commit(
 
         return chunks()
 
-    b = ObjectStoreCheckpointer(gate, retry=FAST)
+    b = make_checkpointer(gate)
     b_data = CheckpointData(epoch=1, snapshots={("op", 0): broken_stream()}, checkpoint_id=cid)
     b_save = asyncio.create_task(b.save(b_data))
     await gate.reached.wait()
@@ -137,7 +135,7 @@ async def test_a_failed_writer_of_a_committed_id_removes_nothing_of_the_commit(
 async def test_the_reference_calls_write_their_fixed_names_once(
     raw_store: ObjectStore,
 ) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST)
+    ckpt = make_checkpointer(raw_store)
     cid = CheckpointId.now()
     digest = await ckpt.save_snapshot(cid, "op", 0, b"first")
     assert await ckpt.save_snapshot(cid, "op", 0, b"first") == digest  # the same bytes: done
@@ -156,7 +154,7 @@ async def test_the_reference_calls_write_their_fixed_names_once(
 async def test_deleting_a_base_that_an_incremental_carries_is_refused(
     raw_store: ObjectStore,
 ) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST)
+    ckpt = make_checkpointer(raw_store)
     base = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"b0", ("op", 1): b"b1"}))
     incremental = await ckpt.save(
         CheckpointData(epoch=2, deltas={("op", 0): b"+d"}, parent_id=base.checkpoint_id)
@@ -185,7 +183,7 @@ async def test_deleting_a_base_that_an_incremental_carries_is_refused(
 async def test_deleting_what_latest_names_moves_latest_to_the_newest_left(
     raw_store: ObjectStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST)
+    ckpt = make_checkpointer(raw_store)
     saved = [
         await ckpt.save(CheckpointData(epoch=e, snapshots={("op", 0): b"%d" % e}))
         for e in (1, 2, 3)
@@ -205,14 +203,14 @@ async def test_deleting_the_parent_of_a_save_in_progress_is_refused(
 ) -> None:
     inner = ObstoreStore(raw_store)
     gate = GatedStore(inner, _first_artifact_put)
-    ckpt = ObjectStoreCheckpointer(gate, retry=FAST)
+    ckpt = make_checkpointer(gate)
     base = await ObjectStoreCheckpointer(inner).save(
         CheckpointData(epoch=1, snapshots={("op", 0): b"b0", ("op", 1): b"b1"})
     )
     data = CheckpointData(epoch=2, deltas={("op", 0): b"+d"}, parent_id=base.checkpoint_id)
     running = asyncio.create_task(ckpt.save(data))
     await gate.reached.wait()  # its lease names the parent; it is uploading
-    other = ObjectStoreCheckpointer(inner, retry=FAST)
+    other = make_checkpointer(inner)
     with pytest.raises(CheckpointInUseError) as info:
         await other.delete_checkpoint(base.checkpoint_id)
     assert info.value.dependents == [str(data.id)]
@@ -252,14 +250,14 @@ async def test_a_gc_whose_clock_is_days_ahead_cannot_break_a_stalled_save(
     monkeypatch.setattr(retention_module, "dt", types.SimpleNamespace(**vars(ahead)))
     inner = ObstoreStore(raw_store)
     gate = GatedStore(inner, _manifest_create)
-    saver = ObjectStoreCheckpointer(gate, retry=FAST)
+    saver = make_checkpointer(gate)
     await ObjectStoreCheckpointer(inner).save(
         CheckpointData(epoch=1, snapshots={("op", 0): b"older"})
     )
     data = CheckpointData(epoch=2, snapshots={("op", 0): b"S" * 4096, ("op", 1): b"T"})
     running = asyncio.create_task(saver.save(data))
     await gate.reached.wait()
-    gc = ObjectStoreCheckpointer(inner, retry=FAST)
+    gc = make_checkpointer(inner)
     for _ in range(2):
         await gc.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(hours=1))
     gate.release()
@@ -278,8 +276,8 @@ async def test_a_save_whose_directory_was_swept_while_it_stalled_commits_nothing
     artifact check and its create: claim, sweep, and (a day later) drop the tombstone."""
     inner = ObstoreStore(raw_store)
     gate = GatedStore(inner, _manifest_create)
-    saver = ObjectStoreCheckpointer(gate, retry=FAST)
-    reader = ObjectStoreCheckpointer(inner, retry=FAST)
+    saver = make_checkpointer(gate)
+    reader = make_checkpointer(inner)
     first = await reader.save(CheckpointData(epoch=1, snapshots={("op", 0): b"older"}))
     data = CheckpointData(epoch=2, snapshots={("op", 0): b"new"})
     running = asyncio.create_task(saver.save(data))
@@ -323,13 +321,13 @@ async def test_a_save_whose_lease_gc_claimed_is_aborted(
     # renewal wait, so the lease lapses by the store's own time.
     renewals = GatedStore(inner, _lease_renewals(), every=True)
     frozen = GatedStore(renewals, lambda op, path, mode: op == "put" and "/partition-1." in path)
-    saver = ObjectStoreCheckpointer(
-        frozen, retry=FAST, lease=dt.timedelta(milliseconds=300), max_concurrent_uploads=1
+    saver = make_checkpointer(
+        frozen, lease=dt.timedelta(milliseconds=300), max_concurrent_uploads=1
     )
     data = CheckpointData(epoch=1, snapshots={("op", 0): b"a", ("op", 1): b"b"})
     running = asyncio.create_task(saver.save(data))
     await frozen.reached.wait()
-    gc = ObjectStoreCheckpointer(inner, retry=FAST)
+    gc = make_checkpointer(inner)
     claimed = False
     for _ in range(50):  # until the lease has lapsed by the store's clock (~1 s stamps)
         await gc.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
@@ -363,7 +361,7 @@ async def _tombstoned(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> bool:
 async def test_save_manifest_refuses_a_manifest_over_missing_artifacts(
     raw_store: ObjectStore,
 ) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST)
+    ckpt = make_checkpointer(raw_store)
     cid = CheckpointId.now()
     digest = await ckpt.save_snapshot(cid, "op", 0, b"here")
     present = ckpt.paths.relative_artifact("op", 0, False)

@@ -8,15 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import ObjectStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 
 from cairn import (
     CheckpointData,
     CodecError,
     IntegrityMismatchError,
-    ObjectStoreCheckpointer,
     SyncCheckpointer,
     UndecodableArtifactError,
 )
@@ -25,7 +24,7 @@ STATE = b"count=1;" * 200_000  # compressible, 1.6 MB
 
 
 async def test_compressed_round_trip(raw_store: ObjectStore, tmp_path: Path) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY, compression="zstd")
+    ckpt = make_checkpointer(raw_store, compression="zstd")
     file_path = tmp_path / "state.bin"
     file_path.write_bytes(STATE * 6)  # streamed: over one part
     manifest = await ckpt.save(
@@ -39,7 +38,7 @@ async def test_compressed_round_trip(raw_store: ObjectStore, tmp_path: Path) -> 
     assert big.stored_size_bytes is not None and big.stored_size_bytes < len(STATE) // 5
     stored = await ckpt.store.head(ckpt.paths.resolve(manifest.checkpoint_id, small.path))
     assert stored.size == small.stored_size_bytes
-    plain_reader = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)  # no codec configured
+    plain_reader = make_checkpointer(raw_store)  # no codec configured
     loaded = await plain_reader.load(manifest.checkpoint_id)
     assert bytes(loaded.artifacts[("op", 0)]) == STATE
     assert bytes(loaded.artifacts[("op", 1)]) == STATE * 6
@@ -50,7 +49,7 @@ async def test_compressed_round_trip(raw_store: ObjectStore, tmp_path: Path) -> 
 
 
 async def test_damaged_compressed_bytes_are_an_integrity_error(raw_store: ObjectStore) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY, compression="zstd")
+    ckpt = make_checkpointer(raw_store, compression="zstd")
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): STATE}))
     path = artifact_path(ckpt.paths, manifest, "op", 0)
     body = bytearray((await ckpt.store.get(path)).data)

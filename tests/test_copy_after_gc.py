@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from support.artifacts import artifact_path
+from support.cli import PREFIX, cairn, cairn_many, s3_env
 from support.servers import S3Server
-from test_cli import PREFIX, cairn, cairn_many, s3_env
 
 from cairn import (
     CheckpointData,

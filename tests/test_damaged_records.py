@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import LocalStore, MemoryStore, ObjectStore
 from rich.console import Console
+from support.backends import make_checkpointer
 
 from cairn import (
     CheckpointData,
@@ -72,7 +72,7 @@ def raw(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
 
 
 def checkpointer(store: ObjectStore | Store) -> ObjectStoreCheckpointer:
-    return ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+    return make_checkpointer(store)
 
 
 def data(epoch: int) -> CheckpointData:

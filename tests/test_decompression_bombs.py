@@ -24,12 +24,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import ObjectStore
 from support import bombs
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.bombs import RECORDED, STATE, Discard, make_bomb, plant_bomb
-from test_cli import PREFIX, Run, base_env
+from support.cli import PREFIX, Run, base_env
 
 from cairn import (
     CheckpointData,
@@ -59,7 +59,7 @@ needs_proc = pytest.mark.skipif(
 
 
 def compressed(raw_store: ObjectStore) -> ObjectStoreCheckpointer:
-    return ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY, compression="zstd")
+    return make_checkpointer(raw_store, compression="zstd")
 
 
 async def bombed(
@@ -162,7 +162,7 @@ async def test_an_uncompressed_artifact_is_read_no_further_than_recorded(
     raw_store: ObjectStore,
 ) -> None:
     """Also unverified, and also an artifact recorded as empty (no range reads it)."""
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(raw_store)
     saved = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): STATE, ("op", 1): b""}))
     longer = STATE + bytes(1024 * 1024)
     for partition, recorded in ((0, len(STATE)), (1, 0)):
@@ -209,7 +209,7 @@ def dcp_bombed(raw_store: ObjectStore, operator: str) -> tuple[list[CheckpointId
         dcp_save({"w": torch.ones(300) * epoch}, storage_writer=writer, no_dist=True)
         assert writer.checkpoint_id is not None
         ids.append(writer.checkpoint_id)
-    ckpt = ObjectStoreCheckpointer(raw_store, CheckpointPaths("dcp/"), retry=FAST_RETRY)
+    ckpt = make_checkpointer(raw_store, CheckpointPaths("dcp/"))
     path = asyncio.run(plant_bomb(ckpt, ids[1], operator, make_bomb(SMALL_BOMB)))
     [entry] = asyncio.run(ckpt.load_manifest(ids[1])).operators[operator].partitions
     return ids, path, entry.size_bytes

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import FAST_RETRY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import MemoryStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 
 from cairn import CheckpointData, CheckpointerError, CheckpointId, ObjectStoreCheckpointer
 
@@ -64,7 +64,7 @@ async def flip(ckpt: ObjectStoreCheckpointer, path: str, index: int) -> None:
 
 
 async def build(steps: list[tuple[int, int, str]]) -> ObjectStoreCheckpointer:
-    ckpt = ObjectStoreCheckpointer(MemoryStore(), retry=FAST_RETRY)
+    ckpt = make_checkpointer(MemoryStore())
     for i, (epoch, generation, damage) in enumerate(steps):
         ckpt.writer_generation = generation
         data = CheckpointData(epoch=epoch, snapshots={("op", 0): b"state %d" % i})

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import MemoryStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.faults import FaultyStore
+from support.recording import RecordingStore
 
 from cairn import (
     CheckpointData,
@@ -133,7 +134,7 @@ async def test_a_save_from_a_file_stores_what_it_hashed_on_every_backend_wrapper
     file = tmp_path / "state.bin"
     file.write_bytes(data)
     inner = ObstoreStore(MemoryStore())  # holds every part until the upload completes
-    ckpt = ObjectStoreCheckpointer(FaultyStore(inner), retry=FAST_RETRY)
+    ckpt = make_checkpointer(FaultyStore(inner))
     cid = CheckpointId.now()
     [(_, entry)] = await ckpt.save_partitions_concurrent(cid, [("op", 0, False, file)])
     assert (entry.sha256, entry.size_bytes) == (hashlib.sha256(data).hexdigest(), len(data))
@@ -198,7 +199,7 @@ class ShuffledRanges(ForwardingStore):
 async def test_a_restore_writes_in_order_whatever_order_ranges_arrive(tmp_path: Path) -> None:
     data = pattern(3 * 1024 * KiB + 99, seed=3)
     store = ShuffledRanges(ObstoreStore(MemoryStore()), seed=4)
-    ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(store)
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): data}))
     [entry] = manifest.operators["op"].partitions
     path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
@@ -216,7 +217,7 @@ async def test_a_restore_that_fails_midway_leaves_nothing_and_no_write_running(
 ) -> None:
     data = pattern(2 * 1024 * KiB, seed=5)
     store = ShuffledRanges(ObstoreStore(MemoryStore()), seed=6, fail_at=20 * 64 * KiB)
-    ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(store)
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): data}))
     [entry] = manifest.operators["op"].partitions
     path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
@@ -231,8 +232,8 @@ async def test_a_restore_that_fails_midway_leaves_nothing_and_no_write_running(
 
 
 async def test_many_small_artifacts_load_with_one_store_call_each() -> None:
-    store = FaultyStore(ObstoreStore(MemoryStore()))
-    ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+    store = RecordingStore(ObstoreStore(MemoryStore()))
+    ckpt = make_checkpointer(store)
     snapshots: Mapping[tuple[str, int], bytes] = {("op", p): bytes([p]) * 16 for p in range(50)}
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots=dict(snapshots)))
     store.ops.clear()
@@ -246,7 +247,7 @@ async def test_an_artifact_of_another_length_is_a_size_mismatch_naming_both(
     change: bytes | None,
 ) -> None:
     inner = ObstoreStore(MemoryStore())
-    ckpt = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    ckpt = make_checkpointer(inner)
     data = pattern(1000, seed=7)
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): data}))
     path = artifact_path(ckpt.paths, manifest, "op", 0)
@@ -273,8 +274,8 @@ async def committed_by_heads(ckpt: ObjectStoreCheckpointer) -> list[CheckpointId
 async def test_list_checkpoints_answers_as_heads_do_with_the_fewest_calls(
     artifacts: int,
 ) -> None:
-    store = FaultyStore(ObstoreStore(MemoryStore()))
-    ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+    store = RecordingStore(ObstoreStore(MemoryStore()))
+    ckpt = make_checkpointer(store)
     saved = []
     for epoch in range(12):
         data = CheckpointData(epoch=epoch, snapshots={("op", p): b"x" for p in range(artifacts)})
@@ -302,8 +303,8 @@ async def test_list_checkpoints_answers_as_heads_do_with_the_fewest_calls(
 
 
 async def test_gc_reads_each_manifest_with_one_ranged_read() -> None:
-    store = FaultyStore(ObstoreStore(MemoryStore()))
-    ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+    store = RecordingStore(ObstoreStore(MemoryStore()))
+    ckpt = make_checkpointer(store)
     for epoch in range(6):
         await ckpt.save(CheckpointData(epoch=epoch, snapshots={("op", 0): b"state"}))
     store.ops.clear()
@@ -395,7 +396,7 @@ async def test_the_fast_gc_plan_is_the_reference_plan(seed: int) -> None:
     straightforward algorithm makes."""
     rng = random.Random(seed)
     inner = ObstoreStore(MemoryStore())
-    ckpt = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    ckpt = make_checkpointer(inner)
     paths = ckpt.paths
     parent = None
     for epoch in range(rng.randint(3, 9)):
@@ -426,7 +427,7 @@ async def test_the_fast_gc_plan_is_the_reference_plan(seed: int) -> None:
 
 async def test_planning_ignores_owners_kept_for_other_paths() -> None:
     inner = ObstoreStore(MemoryStore())
-    ckpt = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    ckpt = make_checkpointer(inner)
     for epoch in range(3):
         await ckpt.save(CheckpointData(epoch=epoch, snapshots={("op", 0): b"s"}))
     state = await retention.read_state(inner, ckpt.paths)

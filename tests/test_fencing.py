@@ -9,9 +9,9 @@ upon; checkpoints of the old generation from before the takeover still are.
 from __future__ import annotations
 
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import ObjectStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
@@ -30,7 +30,7 @@ async def stale_commit_after_takeover(
     """Old writer commits epochs 4 and 5; a new writer takes over while the old one commits
     epoch 6, which lands and is never published. Returns (new writer, old ids, stale id)."""
     inner = ObstoreStore(raw_store)
-    new = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    new = make_checkpointer(inner)
     state = {"took_over": False, "committed": False}  # the hook's own progress
 
     async def takeover_then_die(op: str, path: str) -> None:
@@ -40,15 +40,13 @@ async def stale_commit_after_takeover(
         elif state["committed"] and path.endswith("_latest"):
             raise InjectedCrash("the stale writer dies before its pointer swap")
 
-    old_plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    old_plain = make_checkpointer(inner)
     await old_plain.take_over()
     older = [
         (await old_plain.save(CheckpointData(epoch=e, snapshots={("op", 0): b"%d" % e})))
         for e in (4, 5)
     ]
-    old = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(before_call=takeover_then_die)), retry=FAST_RETRY
-    )
+    old = make_checkpointer(FaultyStore(inner, FaultPlan(before_call=takeover_then_die)))
     old.writer_generation = old_plain.writer_generation
     stale = CheckpointData(epoch=6, snapshots={("op", 0): b"stale"})
     # The takeover lands just before the manifest put, after the save's own fence check.
@@ -90,7 +88,7 @@ async def test_a_stale_commit_is_not_built_upon(raw_store: ObjectStore) -> None:
 
 async def test_a_takeover_that_died_before_its_fence_is_completed(raw_store: ObjectStore) -> None:
     inner = ObstoreStore(raw_store)
-    first = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    first = make_checkpointer(inner)
     await first.take_over()
     kept = await first.save(CheckpointData(epoch=3, snapshots={("op", 0): b"kept"}))
     writes = {"writer": 0}
@@ -101,15 +99,13 @@ async def test_a_takeover_that_died_before_its_fence_is_completed(raw_store: Obj
             if writes["writer"] == 2:  # the fence, after the generation and the claim
                 raise InjectedCrash("the new writer dies before recording its fence")
 
-    dying = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(before_call=die_after_claim)), retry=FAST_RETRY
-    )
+    dying = make_checkpointer(FaultyStore(inner, FaultPlan(before_call=die_after_claim)))
     with pytest.raises(InjectedCrash):
         await dying.take_over()
     record, _, _ = await _pointer.read_writer(inner, first.paths.writer_record())
     assert record is not None and record.generation == 2
     assert [f.generation for f in record.fences] == [0]  # only the first takeover's
-    third = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    third = make_checkpointer(inner)
     assert await third.take_over() == 3
     record, _, _ = await _pointer.read_writer(inner, first.paths.writer_record())
     assert record is not None
@@ -124,7 +120,7 @@ async def test_a_takeover_that_died_before_its_fence_is_completed(raw_store: Obj
 
 async def test_fences_are_capped(raw_store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_pointer, "MAX_FENCES", 3)
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(raw_store)
     for _ in range(5):
         await ckpt.take_over()
     record, _, _ = await _pointer.read_writer(ckpt.store, ckpt.paths.writer_record())

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import MemoryStore, ObjectStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
@@ -60,11 +60,11 @@ async def objects_under(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> dic
 async def test_a_save_longer_than_its_lease_and_min_age_commits_and_loads(
     raw_store: ObjectStore, backend: str
 ) -> None:
-    collector = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    collector = make_checkpointer(raw_store)
     parent = await collector.save(CheckpointData(epoch=1, snapshots={("base", 0): b"parent"}))
     await collector.save(CheckpointData(epoch=2, snapshots={("other", 0): b"newest"}))
     lease = lease_for(backend)
-    saver = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY, lease=lease)
+    saver = make_checkpointer(raw_store, lease=lease)
     gc_runs: list[object] = []
     slow = slow_chunks(gc_runs, collector, lease)
     manifest = await saver.save(
@@ -103,10 +103,10 @@ class StalledRenewals(FaultyStore):
 
 async def test_a_save_whose_lease_lapsed_is_aborted_and_commits_nothing() -> None:
     inner = ObstoreStore(MemoryStore())
-    collector = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    collector = make_checkpointer(inner)
     before = await collector.save(CheckpointData(epoch=1, snapshots={("op", 0): b"good"}))
     stalled = StalledRenewals(inner)
-    saver = ObjectStoreCheckpointer(stalled, retry=FAST_RETRY, lease=LEASE)
+    saver = make_checkpointer(stalled, lease=LEASE)
     gc_runs: list[object] = []
     data = CheckpointData(epoch=2, snapshots={("op", 0): slow_chunks(gc_runs, collector)})
     with pytest.raises(CheckpointAbortedError, match="nothing was committed") as info:
@@ -127,7 +127,7 @@ async def test_a_save_whose_lease_lapsed_is_aborted_and_commits_nothing() -> Non
 
 
 async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: ObjectStore) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(raw_store)
     parent = await ckpt.save(
         CheckpointData(epoch=1, snapshots={("op", 0): b"base", ("op", 1): b"kept"})
     )
@@ -153,7 +153,7 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
 
 
 async def test_gc_removes_intents_left_in_committed_checkpoints(raw_store: ObjectStore) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(raw_store)
     first = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"a"}))
     second = await ckpt.save(
         CheckpointData(epoch=2, deltas={("op", 0): b"b"}, parent_id=first.checkpoint_id)
@@ -171,7 +171,7 @@ async def test_gc_removes_intents_left_in_committed_checkpoints(raw_store: Objec
 async def test_gc_keeps_a_checkpoint_committed_while_it_listed(raw_store: ObjectStore) -> None:
     """``_latest`` moves to epoch 11 during GC's listing; keep_every_n_epochs=10 must keep it."""
     inner = ObstoreStore(raw_store)
-    writer = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    writer = make_checkpointer(inner)
     for epoch in range(1, 11):
         await writer.save(CheckpointData(epoch=epoch, snapshots={("op", 0): b"%d" % epoch}))
     landed: list[CheckpointId] = []
@@ -181,9 +181,7 @@ async def test_gc_keeps_a_checkpoint_committed_while_it_listed(raw_store: Object
             m = await writer.save(CheckpointData(epoch=11, snapshots={("op", 0): b"11"}))
             landed.append(m.checkpoint_id)
 
-    collector = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(before_call=commit_during_listing)), retry=FAST_RETRY
-    )
+    collector = make_checkpointer(FaultyStore(inner, FaultPlan(before_call=commit_during_listing)))
     await collector.gc(RetentionPolicy(keep_every_n_epochs=10), min_age=NOW)
     assert len(landed) == 1
     assert await writer.read_latest() == landed[0]
@@ -193,7 +191,7 @@ async def test_gc_keeps_a_checkpoint_committed_while_it_listed(raw_store: Object
 
 
 async def test_gc_deletes_no_checkpoint_without_a_usable_pointer(raw_store: ObjectStore) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(raw_store)
     ids = [
         (await ckpt.save(CheckpointData(epoch=e, snapshots={("op", 0): b"s"}))).checkpoint_id
         for e in range(3)

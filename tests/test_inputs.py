@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import LocalStore, MemoryStore
+from support.backends import make_checkpointer
 
 from cairn import (
     CheckpointData,
@@ -52,10 +52,10 @@ def compression(request: pytest.FixtureRequest) -> str | None:
 def ckpt(store_kind: str, compression: str | None, tmp_path: Path) -> ObjectStoreCheckpointer:
     """An empty checkpointer over ``store_kind``, with ``compression``."""
     if store_kind == "memory":
-        return ObjectStoreCheckpointer(MemoryStore(), retry=FAST_RETRY, compression=compression)
+        return make_checkpointer(MemoryStore(), compression=compression)
     root = tmp_path / "store"
     root.mkdir()
-    return ObjectStoreCheckpointer(LocalStore(root), retry=FAST_RETRY, compression=compression)
+    return make_checkpointer(LocalStore(root), compression=compression)
 
 
 async def stored_paths(ckpt: ObjectStoreCheckpointer) -> list[str]:
@@ -174,10 +174,10 @@ async def test_the_distributed_worker_path_stores_raw_bytes(
 ) -> None:
     # Workers hash before sending (the digest travels as metadata where the store has it).
     if store_kind == "memory":
-        ckpt = ObjectStoreCheckpointer(MemoryStore(), retry=FAST_RETRY)
+        ckpt = make_checkpointer(MemoryStore())
     else:
         (tmp_path / "store").mkdir()
-        ckpt = ObjectStoreCheckpointer(LocalStore(tmp_path / "store"), retry=FAST_RETRY)
+        ckpt = make_checkpointer(LocalStore(tmp_path / "store"))
     grid = np.arange(20, dtype=np.int16).reshape(4, 5)
     ints = array.array("i", [9, 8, 7])
     cid = CheckpointId.now()
@@ -375,7 +375,7 @@ async def test_a_bad_chunk_found_while_reading_fails_the_save_and_commits_nothin
 
 
 async def test_a_bad_chunk_error_names_the_artifact() -> None:
-    ckpt = ObjectStoreCheckpointer(MemoryStore(), retry=FAST_RETRY)
+    ckpt = make_checkpointer(MemoryStore())
     with pytest.raises(InvalidInputError) as info:
         await ckpt.save(CheckpointData(epoch=1, snapshots={KEY: _agen(b"ok", 7)()}))
     assert re.search(r"operators/op/partition-0\.[0-9a-f]{12}\.snap", str(info.value))

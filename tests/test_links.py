@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from support.artifacts import artifact_path
-from test_cli import cairn as run_cli
-from test_cli import cairn_many
+from support.cli import cairn as run_cli
+from support.cli import cairn_many
 
 from cairn import (
     BrokenChainError,

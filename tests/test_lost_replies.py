@@ -40,11 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import LocalStore, MemoryStore, ObjectStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, PutFault, PutKind, PutStep
-from test_commit_protocol import expected_artifacts, sample
+from support.policies import NO_RETRY
+from support.samples import expected_artifacts, sample
 
 from cairn import (
     CheckpointData,
@@ -214,7 +215,7 @@ class Trial:
             record.pointer_after, _, _ = await read_pointer(self.inner, LATEST_PATH)
 
     async def check(self) -> Counts:
-        reader = ObjectStoreCheckpointer(self.inner, retry=FAST_RETRY)
+        reader = make_checkpointer(self.inner)
         counts = Counts(trials=1)
         counts.lost = sum(f.lost for s in self.saves for f in s.faults)
         if self.spare_retries:  # else a first transient failure may use the only attempt
@@ -511,8 +512,8 @@ async def test_lost_reply_of_the_manifest_create(
     fault = PutFault(MANIFEST, steps=steps, kinds=frozenset({"create"}))
     faulty = FaultyStore(inner, FaultPlan(put_faults=[fault]))
     data = sample(1)
-    manifest = await ObjectStoreCheckpointer(faulty, retry=FAST_RETRY).save(data)
-    reader = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    manifest = await make_checkpointer(faulty).save(data)
+    reader = make_checkpointer(inner)
     assert manifest.checkpoint_id == data.id and manifest.epoch == 1
     assert outcomes(fault) == [*fired, "refused: ObjectExistsError"]
     assert puts_to(faulty, reader.paths.manifest(data.id)) == len(fired) + 1
@@ -532,13 +533,13 @@ async def test_lost_reply_of_the_latest_swap(
     save succeeds without another write. ``create`` is the first save's pointer,
     ``if_match`` a later one's."""
     inner = ObstoreStore(raw_store)
-    reader = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    reader = make_checkpointer(inner)
     earlier = await reader.save(sample(1)) if swap == "if_match" else None
     kind: frozenset[PutKind] = frozenset({"create" if swap == "create" else "if_match"})
     fault = PutFault(LATEST, steps=steps, kinds=kind)
     faulty = FaultyStore(inner, FaultPlan(put_faults=[fault]))
     data = sample(2)
-    manifest = await ObjectStoreCheckpointer(faulty, retry=FAST_RETRY).save(data)
+    manifest = await make_checkpointer(faulty).save(data)
     refusal = "ObjectExistsError" if swap == "create" else "PreconditionFailedError"
     assert outcomes(fault) == [*fired, f"refused: {refusal}"]
     assert puts_to(faulty, LATEST_PATH) == len(fired) + 1, "no swap after the re-read"
@@ -575,7 +576,7 @@ async def test_exhausted_retries_after_the_commit_point(
     inner = ObstoreStore(MemoryStore())
     fault = PutFault(point, steps=steps)
     faulty = FaultyStore(inner, FaultPlan(put_faults=[fault]))
-    writer = ObjectStoreCheckpointer(faulty, retry=RetryPolicy(attempts=1))
+    writer = make_checkpointer(faulty, retry=NO_RETRY)
     data = sample(1)
     try:
         await writer.save(data)
@@ -584,7 +585,7 @@ async def test_exhausted_retries_after_the_commit_point(
     else:
         error = None
     assert outcomes(fault) == ["lost" if steps == ("lose",) else "failed"]
-    reader = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    reader = make_checkpointer(inner)
     committed = await reader.exists(data.id)
     pointer, _, _ = await read_pointer(inner, LATEST_PATH)
     if committed:
@@ -609,7 +610,7 @@ async def test_takeover_while_the_latest_swap_fails() -> None:
     writer would have learnt it was fenced and rolled its commit back; instead ``save``
     raises TransientStoreError and the fenced commit stays committed, newest of all."""
     inner = ObstoreStore(MemoryStore())
-    new = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    new = make_checkpointer(inner)
     base = await new.save(sample(0))
     fired: list[int] = []
 
@@ -619,7 +620,7 @@ async def test_takeover_while_the_latest_swap_fails() -> None:
 
     fault = PutFault(LATEST, steps=("fail",))
     plan = FaultPlan(before_call=takeover_before_the_swap, put_faults=[fault])
-    old = ObjectStoreCheckpointer(FaultyStore(inner, plan), retry=RetryPolicy(attempts=1))
+    old = make_checkpointer(FaultyStore(inner, plan), retry=NO_RETRY)
     data = sample(7)
     try:
         await old.save(data)

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_store
+from support.backends import make_store
+from support.children import child_store, start_child, wait_for_line
 from support.crash_child import parse_lines, race_data
-from test_process_kill import child_store, start_child, wait_for_line
 
 from cairn import CheckpointId, ObjectStoreCheckpointer
 from cairn.manifest import decode_manifest

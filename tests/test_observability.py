@@ -14,12 +14,12 @@ from typing import Any
 
 import prometheus_client
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import MemoryStore, S3Store
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
 from support.proxy import FaultProxy
 from support.servers import s3_store_options
@@ -56,19 +56,17 @@ async def test_prometheus_counts_saves_restores_fallbacks_and_gc() -> None:
     registry = prometheus_client.CollectorRegistry()
     metrics = PrometheusMetrics(registry)
     inner = ObstoreStore(MemoryStore())
-    ckpt = ObjectStoreCheckpointer(inner, retry=FAST_RETRY, observers=[metrics])
+    ckpt = make_checkpointer(inner, observers=[metrics])
     first = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"a" * 1000}))
     second = await ckpt.save(
         CheckpointData(epoch=2, deltas={("op", 0): b"+" * 10}, parent_id=first.checkpoint_id)
     )
-    failing = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(fail_puts_matching="doomed")),
-        retry=FAST_RETRY,
-        observers=[metrics],
+    failing = make_checkpointer(
+        FaultyStore(inner, FaultPlan(fail_puts_matching="doomed")), observers=[metrics]
     )
     with pytest.raises(StoreError):
         await failing.save(CheckpointData(epoch=3, snapshots={("doomed", 0): b"x"}))
-    stale = ObjectStoreCheckpointer(inner, retry=FAST_RETRY, observers=[metrics])
+    stale = make_checkpointer(inner, observers=[metrics])
     await ObjectStoreCheckpointer(inner).take_over()
     with pytest.raises(FencedError):
         await stale.save(CheckpointData(epoch=4, snapshots={("op", 0): b"late"}))
@@ -150,15 +148,13 @@ async def test_opentelemetry_spans_nest_and_carry_attributes() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = OpenTelemetryTracer(tracer_provider=provider)
     inner = ObstoreStore(MemoryStore())
-    ckpt = ObjectStoreCheckpointer(inner, retry=FAST_RETRY, observers=[tracer])
+    ckpt = make_checkpointer(inner, observers=[tracer])
     many = {("op", p): b"x" for p in range(MAX_EVENTS)}  # more store calls than events kept
     manifest = await ckpt.save(CheckpointData(epoch=9, snapshots=many))
     await ckpt.load_latest()
     await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
-    failing = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(fail_puts_matching="doomed")),
-        retry=FAST_RETRY,
-        observers=[tracer],
+    failing = make_checkpointer(
+        FaultyStore(inner, FaultPlan(fail_puts_matching="doomed")), observers=[tracer]
     )
     with pytest.raises(StoreError):
         await failing.save(CheckpointData(epoch=10, snapshots={("doomed", 0): b"x"}))

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_cli import cairn
+from support.cli import cairn
 
 from cairn import (
     CheckpointData,

@@ -35,17 +35,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import make_store
+from support.backends import make_store
+from support.children import child_store, start_child, wait_for_line
 from support.crash_child import (
     OBJECTS_PER_CHECKPOINT,
     Line,
-    child_command,
-    child_env,
     expected_artifacts,
     expected_offsets,
     parse_lines,
 )
-from support.servers import gcs_env, s3_store_options
 
 from cairn import CheckpointId, CheckpointManifest, ObjectStoreCheckpointer
 
@@ -53,7 +51,6 @@ T = TypeVar("T")
 
 KILLS_PER_BACKEND = int(os.environ.get("CAIRN_KILLS", "20"))  # more for a soak run
 MAX_SLEEP_BEFORE_KILL = 0.6
-CHILD_LINE_TIMEOUT = 30.0  # the child must print its first line(s) within this
 CHILD_EXIT_TIMEOUT = 10.0  # a SIGKILLed child must be reaped within this
 CHECK_TIMEOUT = 60.0  # the checks after one kill must end within this
 SETTLE_QUIET = 0.1  # a killed S3 save's objects must stay unchanged this long
@@ -64,64 +61,11 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, CHECK_TIMEOUT))
 
 
-def child_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Keyword arguments for :func:`start_child`: the same store ``make_store`` opens."""
-    if kind == "local":
-        return {"store": (tmp_path / "store").as_uri(), "env": child_env()}
-    if kind == "gcs":
-        server = request.getfixturevalue("gcs_server")
-        bucket = request.getfixturevalue("gcs_bucket")
-        return {"store": f"gs://{bucket}", "env": {**child_env(), **gcs_env(server)}}
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return {"store": f"s3://{bucket}", "env": child_env(s3_store_options(server.endpoint))}
-
-
-def start_child(
-    mode_args: list[str],
-    store: str,
-    env: dict[str, str],
-    out: Path,
-    err: Path,
-    *,
-    stdin: bool = False,
-) -> subprocess.Popen[bytes]:
-    """Start ``crash_child.py MODE ...`` on ``store``, its stdout and stderr going to files.
-
-    Files, not pipes: nothing the child prints can block it, and whatever it printed
-    before a SIGKILL is there to read afterwards. ``stdin`` gives it a pipe to read.
-    """
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        return subprocess.Popen(
-            child_command(mode_args[0], store, *mode_args[1:]),
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-        )
-
-
 def reap(proc: subprocess.Popen[bytes]) -> int:
     """Make sure ``proc`` is dead and reaped; its exit code."""
     if proc.poll() is None:
         proc.kill()
     return proc.wait(timeout=CHILD_EXIT_TIMEOUT)
-
-
-def wait_for_line(
-    proc: subprocess.Popen[bytes], out: Path, kind: str, context: str, err: Path
-) -> None:
-    """Block until the child printed a ``kind`` line; fail if it exits or takes too long."""
-    deadline = time.monotonic() + CHILD_LINE_TIMEOUT
-    while not any(line.kind == kind for line in parse_lines(out.read_bytes())):
-        if proc.poll() is not None:
-            pytest.fail(
-                f"{context}: the child exited with {proc.returncode} before printing "
-                f"{kind!r}; stdout:\n{out.read_text()}\nstderr:\n{err.read_text()}"
-            )
-        if time.monotonic() > deadline:
-            pytest.fail(f"{context}: no {kind!r} line within {CHILD_LINE_TIMEOUT}s")
-        time.sleep(0.005)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import cairn
+from support.cli import cairn
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

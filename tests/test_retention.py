@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import FAST_RETRY
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -22,6 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 from obstore.store import LocalStore, MemoryStore, ObjectStore
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
 
 from cairn import (
@@ -221,12 +221,10 @@ async def test_deleting_a_local_checkpoint_leaves_no_empty_folder(tmp_path: Path
 
 async def test_gc_is_resumable_after_a_crash(raw_store: ObjectStore) -> None:
     inner = ObstoreStore(raw_store)
-    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    plain = make_checkpointer(inner)
     ids = await save_series(plain, 6)
     for crash_at in (2, 5, 9, 14):
-        crashing = ObjectStoreCheckpointer(
-            FaultyStore(inner, FaultPlan(crash_at=crash_at)), retry=FAST_RETRY
-        )
+        crashing = make_checkpointer(FaultyStore(inner, FaultPlan(crash_at=crash_at)))
         with pytest.raises(InjectedCrash):
             await crashing.gc(RetentionPolicy(keep_last=1), min_age=NOW)
         for cid in await plain.list_checkpoints():
@@ -238,7 +236,7 @@ async def test_gc_is_resumable_after_a_crash(raw_store: ObjectStore) -> None:
 
 async def test_gc_during_an_incremental_save_does_not_break_it(raw_store: ObjectStore) -> None:
     inner = ObstoreStore(raw_store)
-    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    plain = make_checkpointer(inner)
     ids = await save_series(plain, 3)
     other = await plain.save(CheckpointData(epoch=10, snapshots={("x", 0): b"newer"}))
     ran: list[int] = []
@@ -248,9 +246,7 @@ async def test_gc_during_an_incremental_save_does_not_break_it(raw_store: Object
             ran.append(1)  # the save has read its parent: collect everything but the latest
             await plain.gc(RetentionPolicy(keep_last=1), min_age=NOW)
 
-    saving = ObjectStoreCheckpointer(
-        FaultyStore(inner, FaultPlan(before_call=gc_while_uploading)), retry=FAST_RETRY
-    )
+    saving = make_checkpointer(FaultyStore(inner, FaultPlan(before_call=gc_while_uploading)))
     manifest = await saving.save(
         CheckpointData(epoch=5, deltas={("op", 0): b"late"}, parent_id=ids[-1])
     )
@@ -262,10 +258,10 @@ async def test_gc_during_an_incremental_save_does_not_break_it(raw_store: Object
 
 async def test_failures_are_reported_not_raised() -> None:
     inner = ObstoreStore(MemoryStore())
-    plain = ObjectStoreCheckpointer(inner, retry=FAST_RETRY)
+    plain = make_checkpointer(inner)
     ids = await save_series(plain, 3)
     faulty = FaultyStore(inner)
-    failing = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    failing = make_checkpointer(faulty)
     original_delete = faulty.delete
 
     async def refuse_manifest_deletes(paths: list[str]) -> None:
@@ -287,7 +283,7 @@ class GcMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.inner = ObstoreStore(MemoryStore())
-        self.ckpt = ObjectStoreCheckpointer(self.inner, retry=FAST_RETRY)
+        self.ckpt = make_checkpointer(self.inner)
         self.epoch = 0
         self.runner = asyncio.new_event_loop()
 
@@ -333,7 +329,7 @@ class GcMachine(RuleBasedStateMachine):
     def gc(self, keep_last: int, every: int | None, crash_at: int | None) -> None:
         policy = RetentionPolicy(keep_last=keep_last, keep_every_n_epochs=every)
         store = FaultyStore(self.inner, FaultPlan(crash_at=crash_at))
-        collector = ObjectStoreCheckpointer(store, retry=FAST_RETRY)
+        collector = make_checkpointer(store)
         with contextlib.suppress(InjectedCrash):
             self.run(collector.gc(policy, min_age=NOW))
 
@@ -349,12 +345,10 @@ class GcMachine(RuleBasedStateMachine):
                 puts["n"] += 1
                 if puts["n"] == at_put and not ran:
                     ran.append(1)
-                    collector = ObjectStoreCheckpointer(self.inner, retry=FAST_RETRY)
+                    collector = make_checkpointer(self.inner)
                     await collector.gc(RetentionPolicy(keep_last=keep_last), min_age=NOW)
 
-        saver = ObjectStoreCheckpointer(
-            FaultyStore(self.inner, FaultPlan(before_call=gc_mid_save)), retry=FAST_RETRY
-        )
+        saver = make_checkpointer(FaultyStore(self.inner, FaultPlan(before_call=gc_mid_save)))
         saver.writer_generation = self.ckpt.writer_generation
         self.epoch += 1
         if incremental:
@@ -373,7 +367,7 @@ class GcMachine(RuleBasedStateMachine):
     def takeover(self) -> None:
         """A new writer takes over; the old one can no longer commit."""
         stale = self.ckpt
-        self.ckpt = ObjectStoreCheckpointer(self.inner, retry=FAST_RETRY)
+        self.ckpt = make_checkpointer(self.inner)
         self.run(self.ckpt.take_over())
         with pytest.raises(FencedError):
             self.run(stale.save(CheckpointData(epoch=self.epoch + 1, snapshots={("op", 0): b"x"})))
@@ -382,9 +376,7 @@ class GcMachine(RuleBasedStateMachine):
     def crashed_save(self, crash_at: int) -> None:
         store = FaultyStore(self.inner, FaultPlan(crash_at=crash_at))
         # A killed process stops renewing its lease: a short one lapses by the next GC.
-        writer = ObjectStoreCheckpointer(
-            store, retry=FAST_RETRY, lease=dt.timedelta(milliseconds=1)
-        )
+        writer = make_checkpointer(store, lease=dt.timedelta(milliseconds=1))
         writer.writer_generation = self.ckpt.writer_generation
         try:
             self.run(

@@ -9,17 +9,17 @@ real), then refused with :class:`SignatureError` by one with keys.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import pickle
-import re
 from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import MemoryStore, ObjectStore
+from support.backends import make_checkpointer
+from support.forgery import SIGNATURE, forge, with_checksum
+from support.policies import FAST_RETRY
 
 from cairn import (
     CheckpointData,
@@ -105,54 +105,12 @@ TODAY = b"""\
 """
 """A manifest as cairn wrote it before signatures existed (every optional field set)."""
 
-_CHECKSUM = re.compile(rb'"manifest_sha256": "[0-9a-f]{64}"')
-_ZEROED = b'"manifest_sha256": "' + b"0" * 64 + b'"'
-_SIGNATURE = re.compile(rb'\n  "signature": \{[^}]*\}')
-
-
 def keyed(store: ObjectStore, key: object = KEY) -> ObjectStoreCheckpointer:
     return ObjectStoreCheckpointer(store, retry=FAST_RETRY, signing_key=key)  # type: ignore[arg-type]
 
 
 def unkeyed(store: ObjectStore) -> ObjectStoreCheckpointer:
-    return ObjectStoreCheckpointer(store, retry=FAST_RETRY)
-
-
-def with_checksum(body: bytes) -> bytes:
-    """``body`` with its manifest_sha256 recomputed, as anyone can (no key needed)."""
-    zeroed = _CHECKSUM.sub(_ZEROED, body)
-    digest = hashlib.sha256(zeroed).hexdigest().encode()
-    return zeroed.replace(_ZEROED, b'"manifest_sha256": "' + digest + b'"')
-
-
-async def forge(
-    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, payload: bytes, *, keep_signature: bool
-) -> None:
-    """Rewrite ``("agg", 0)`` of ``cid`` and its manifest consistently, without the key.
-
-    The artifact gets ``payload``; the manifest, its new size and digest and a checksum
-    recomputed by ``encode_manifest``. With ``keep_signature`` the original signature
-    member is spliced back in (checksum recomputed again), so the manifest is signed,
-    by the right key id, over other bytes.
-    """
-    path = ckpt.paths.manifest(cid)
-    original = bytes((await ckpt.store.get(path)).data)
-    manifest = decode_manifest(path, original)
-    agg = manifest.operators["agg"]
-    [entry] = [p for p in agg.partitions if p.partition_id == 0]
-    forged_entry = msgspec.structs.replace(
-        entry, size_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest()
-    )
-    partitions = tuple(forged_entry if p is entry else p for p in agg.partitions)
-    operators = {**manifest.operators, "agg": msgspec.structs.replace(agg, partitions=partitions)}
-    body = encode_manifest(msgspec.structs.replace(manifest, operators=operators))
-    if keep_signature:
-        match = _SIGNATURE.search(original)
-        assert match is not None
-        at = body.index(b'\n  "manifest_sha256"')
-        body = with_checksum(body[:at] + match.group(0) + b"," + body[at:])
-    await ckpt.store.put(ckpt.paths.resolve(cid, entry.path), payload)
-    await ckpt.store.put(path, body)
+    return make_checkpointer(store)
 
 
 # -- round trips, every backend ---------------------------------------------------------
@@ -279,7 +237,7 @@ async def test_any_changed_byte_of_a_signed_manifest_is_refused_even_with_its_ch
             decode_manifest("m", changed, keys)
     # The signature member where cairn does not write it: after the checksum, or a second
     # copy in an object whose unknown members the decoder skips.
-    member = _SIGNATURE.search(body)
+    member = SIGNATURE.search(body)
     assert member is not None
     field = member.group(0)
     after = body.replace(field + b",", b"").replace(b'"\n}', b'",' + field + b"\n}")
@@ -382,7 +340,7 @@ def test_manifests_written_before_signatures_decode_and_encode_exactly_as_before
     signed = encode_manifest(manifest, signing_keys(KEY))
     assert decode_manifest("new/manifest.json", signed) == manifest
     # Signed, it is the same one object with one member more, before the checksum.
-    member = _SIGNATURE.search(signed)
+    member = SIGNATURE.search(signed)
     assert member is not None
     assert signed.index(member.group(0)) < signed.index(b'"manifest_sha256"')
     assert with_checksum(signed.replace(member.group(0) + b",", b"")) == TODAY

@@ -3,8 +3,8 @@
 One class per store: memory, a local directory (with and without obstore's automatic
 cleanup), S3 (moto's server), Azure Blob (Azurite), GCS (fake-gcs-server, its writes
 through the tests' XML-to-JSON proxy), and the wrappers over a store:
-:class:`RetryingStore`, the tests' :class:`FaultyStore`, and a retrying store over a
-faulty one that fails the first try of every operation.
+:class:`RetryingStore`, the tests' :class:`FaultyStore` and :class:`RecordingStore`,
+and a retrying store over a faulty one that fails the first try of every operation.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 from support.faults import FaultPlan, FaultyStore
+from support.recording import RecordingStore
 from support.servers import (
     AzuriteServer,
     GcsServer,
@@ -84,6 +85,12 @@ class TestFaultyStore(StoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
         return FaultyStore(local_store(tmp_path))
+
+
+class TestRecordingStore(StoreContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        return RecordingStore(local_store(tmp_path), keep_puts=True)
 
 
 class TestRetryingStoreThroughTransientFaults(StoreContract):

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FAST_RETRY
 from obstore.store import MemoryStore, ObjectStore
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
 
 from cairn import (
@@ -77,7 +77,7 @@ async def test_a_file_is_resent_after_a_transient_fault_a_stream_is_not(
     file_path.write_bytes(data)
     inner = ObstoreStore(MemoryStore())
     faulty = FaultyStore(inner, FaultPlan(transient_burst=1, transient_ops=frozenset({"put"})))
-    ckpt = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    ckpt = make_checkpointer(faulty)
     cid = CheckpointId.now()
     [(_, entry)] = await ckpt.save_partitions_concurrent(cid, [("op", 0, False, file_path)])
     assert entry.sha256 == hashlib.sha256(data).hexdigest()
@@ -101,7 +101,7 @@ def test_bad_sources_are_refused(tmp_path: Path) -> None:
 
 
 async def test_restore_streams_verified_into_place(raw_store: ObjectStore, tmp_path: Path) -> None:
-    ckpt = ObjectStoreCheckpointer(raw_store, retry=FAST_RETRY)
+    ckpt = make_checkpointer(raw_store)
     data = pattern(BIG)
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): data}))
     [entry] = manifest.operators["op"].partitions

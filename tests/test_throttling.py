@@ -17,7 +17,6 @@ connections is not retried, and a response body cannot pass itself off as a 503.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime as dt
 import io
@@ -25,13 +24,14 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from obstore.exceptions import GenericError
 from obstore.store import S3Store
 from rich.console import Console
 from support.proxy import S3_SLOW_DOWN_BODY, FaultProxy
+from support.recording import RecordingStore
 from support.servers import s3_store_options
 
 from cairn import (
@@ -51,15 +51,9 @@ from cairn.cli.copy import copy_checkpoints
 from cairn.cli.progress import Transfer
 from cairn.retry import RetryingStore
 from cairn.stores import (
-    ForwardingStore,
     ObstoreStore,
-    PutMode,
-    Store,
-    StoreMethod,
     translate_error,
 )
-
-T = TypeVar("T")
 
 CLIENT_RETRIES = 2
 POLICY = RetryPolicy(attempts=5, initial_delay=0.001, max_delay=0.01)
@@ -81,29 +75,11 @@ REQUESTS_PER_CALL: Mapping[str, int] = {
 of fewer than 1,000 keys; ``delete_prefix`` lists, then deletes in one batch request)."""
 
 
-class CountingStore(ForwardingStore):
-    """A :class:`Store` that forwards to ``inner`` and counts the calls of each method."""
-
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def requests(self, tries_per_request: int = 1) -> int:
-        """The requests the counted calls may send if each is tried that many times."""
-        return tries_per_request * sum(REQUESTS_PER_CALL[m] * n for m, n in self.calls.items())
-
-    async def _around(
-        self,
-        operation: StoreMethod,
-        path: str,
-        call: Callable[[], Awaitable[T]],
-        *,
-        mode: PutMode | None = None,
-    ) -> T:
-        if operation == "put_stream":
-            raise AssertionError(f"unexpected streamed upload of {path!r}: these tests save bytes")
-        self.calls[operation] += 1
-        return await call()
+def s3_requests(store: RecordingStore, tries_per_request: int = 1) -> int:
+    """The requests the calls ``store`` recorded may send if each is tried that many times."""
+    streamed = store.stream_puts
+    assert not streamed, f"unexpected streamed uploads {streamed}: these tests save bytes"
+    return tries_per_request * sum(REQUESTS_PER_CALL[m] * n for m, n in store.methods.items())
 
 
 def via(proxy: FaultProxy, bucket: str, retries: int = CLIENT_RETRIES, **client: str) -> S3Store:
@@ -128,10 +104,10 @@ class Counted:
     retry: ``calls`` counts operations, ``attempts`` each try of one."""
 
     def __init__(self, proxy: FaultProxy, bucket: str, prefix: str) -> None:
-        self.attempts = CountingStore(ObstoreStore(via(proxy, bucket)))
+        self.attempts = RecordingStore(ObstoreStore(via(proxy, bucket)))
         self.ckpt = ObjectStoreCheckpointer(self.attempts, CheckpointPaths(prefix), retry=POLICY)
         assert isinstance(self.ckpt.store, RetryingStore)
-        self.calls = CountingStore(self.ckpt.store)
+        self.calls = RecordingStore(self.ckpt.store)
         self.ckpt.store = self.calls
 
 
@@ -163,8 +139,8 @@ async def test_the_request_model_is_exact_without_faults(
     assert result.deleted == [base.checkpoint_id] and result.failures == []
     await job.ckpt.delete_checkpoint(child.checkpoint_id)
     assert await job.ckpt.list_checkpoints() == []
-    assert s3_proxy.requests == job.attempts.requests() == job.calls.requests()
-    assert job.calls.calls == job.attempts.calls
+    assert s3_proxy.requests == s3_requests(job.attempts) == s3_requests(job.calls)
+    assert job.calls.methods == job.attempts.methods
 
 
 async def test_a_job_succeeds_through_throttling_and_resets_within_the_bound(
@@ -225,11 +201,11 @@ async def test_a_job_succeeds_through_throttling_and_resets_within_the_bound(
     assert stats.failed > 0 and stats.resets > 0, stats  # the faults did happen
     # Some failures outlasted obstore's retries (resets of creates and deletes, which it
     # does not repeat, or three throttled tries in a row): cairn's retry took those.
-    assert job.attempts.calls.total() > job.calls.calls.total()
+    assert job.attempts.methods.total() > job.calls.methods.total()
     tries = CLIENT_RETRIES + 1
-    per_attempt = job.attempts.requests(tries) + copy.attempts.requests(tries)
-    per_policy = job.calls.requests(tries * POLICY.attempts) + copy.calls.requests(
-        tries * POLICY.attempts
+    per_attempt = s3_requests(job.attempts, tries) + s3_requests(copy.attempts, tries)
+    per_policy = s3_requests(job.calls, tries * POLICY.attempts) + s3_requests(
+        copy.calls, tries * POLICY.attempts
     )
     assert stats.requests <= per_attempt <= per_policy, (stats, per_attempt, per_policy)
 

@@ -14,9 +14,8 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -26,6 +25,7 @@ import msgspec
 import numpy as np
 import torch
 from obstore.store import LocalStore, MemoryStore
+from support.recording import RecordingStore
 from support.torch_worker import BLANK_SEED, digests, make_state
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
@@ -52,10 +52,9 @@ from cairn import (
     SyncCheckpointer,
     SyncInAsyncContextError,
 )
-from cairn._buffer import Buffer
 from cairn.integrity import sha256_hex
 from cairn.manifest import encode_manifest
-from cairn.stores import ForwardingStore, ObstoreStore, PutMode, StoreMethod
+from cairn.stores import ObstoreStore
 from cairn.torch import (
     METADATA_OPERATOR,
     CairnReader,
@@ -70,7 +69,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
 )
 
-T = TypeVar("T")
 PREFIX = "dcp/"
 
 
@@ -156,38 +154,6 @@ def failure_of(info: pytest.ExceptionInfo[CheckpointException]) -> BaseException
     return error
 
 
-class RecordingStore(ForwardingStore):
-    """Records the buffer of every put, to check what memory the bytes were sent from."""
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__(ObstoreStore(inner))
-        self.puts: dict[str, Buffer] = {}
-        self.stream_puts: list[str] = []
-
-    async def put(
-        self,
-        path: str,
-        data: Buffer,
-        *,
-        mode: PutMode = "overwrite",
-        metadata: Mapping[str, str] | None = None,
-    ) -> Any:
-        self.puts[path] = data
-        return await super().put(path, data, mode=mode, metadata=metadata)
-
-    async def _around(
-        self,
-        operation: StoreMethod,
-        path: str,
-        call: Callable[[], Awaitable[T]],
-        *,
-        mode: PutMode | None = None,
-    ) -> T:
-        if operation == "put_stream":
-            self.stream_puts.append(path)
-        return await call()
-
-
 # -- the format -----------------------------------------------------------------------
 
 
@@ -222,7 +188,7 @@ def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
     with pytest.raises(InvalidInputError, match="'sparse'.*dense"):
         tensor_bytes(torch.eye(3).to_sparse(), "'sparse'")
     # End to end: the put of an artifact holding one tensor carries the tensor's memory.
-    store = RecordingStore(MemoryStore())
+    store = RecordingStore(ObstoreStore(MemoryStore()), keep_puts=True)
     big = torch.randn(256, 1024)
     cid = save(store, {"big": big, "small": torch.ones(3)})
     manifest = sync(store).load_manifest(cid)
@@ -454,7 +420,7 @@ def test_ranks_that_opened_different_checkpoints_are_refused(tmp_path: Path) -> 
 
 
 def test_a_fenced_writer_uploads_nothing_and_commits_nothing(tmp_path: Path) -> None:
-    store = RecordingStore(LocalStore(tmp_path))
+    store = RecordingStore(ObstoreStore(LocalStore(tmp_path)), keep_puts=True)
     before = save(store, {"x": torch.ones(3), "y": torch.zeros(2)})
     generation = sync(store).take_over()
     store.puts.clear()

@@ -20,9 +20,8 @@ import pytest
 pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
 
 import torch
+from support.cli import cairn, document, failure
 from support.torch_worker import BLANK_SEED, digests, make_state
-from test_cli import cairn
-from test_cli_json import document, failure
 from torch import nn
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner

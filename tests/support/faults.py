@@ -1,24 +1,26 @@
-"""A fault-injecting, call-counting :class:`cairn.stores.Store` wrapper for tests.
+"""A fault-injecting, call-recording :class:`cairn.stores.Store` wrapper for tests.
 
 It wraps a real store and, per its plan, fails the k-th call, raises bursts of transient
 errors, corrupts or truncates the bytes it returns, adds latency, loses the replies of
-writes that did land (:class:`PutFault`), and counts calls and the peak number of calls
-in flight. Faults are raised as the store boundary would raise them
-(:class:`TransientStoreError` for a network fault), so the code under test sees exactly
-what it would see from a failing store.
+writes that did land (:class:`PutFault`), and records every call as
+:class:`support.recording.RecordingStore` does (counts, order, the peak in flight).
+Faults are raised as the store boundary would raise them (:class:`TransientStoreError`
+for a network fault), so the code under test sees exactly what it would see from a
+failing store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from cairn._buffer import Buffer
 from cairn.errors import StoreError, TransientStoreError
-from cairn.stores import Blob, ForwardingStore, IfMatch, PutMode, Store, StoreMethod
+from cairn.stores import Blob, IfMatch, PutMode, Store, StoreMethod
+
+from .recording import OP_NAMES, RecordingStore
 
 T = TypeVar("T")
 
@@ -30,10 +32,6 @@ PutStep = Literal["pass", "fail", "lose"]
 before the put reaches the store; or apply the put, then lose its reply."""
 
 CONDITIONAL_PUTS: frozenset[PutKind] = frozenset({"create", "if_match"})
-
-OP_NAMES: dict[StoreMethod, str] = {"stat": "head", "put_stream": "put", "delete_prefix": "delete"}
-"""The name a call is counted and matched under (``ops``, ``log``, ``transient_ops``) where
-it is not the method's own: by the request it makes, so ``stat`` is a ``head``."""
 
 
 def put_kind(mode: PutMode) -> PutKind:
@@ -95,31 +93,25 @@ class FaultPlan:
     before_call: Callable[[str, str], Awaitable[None]] | None = None
 
 
-class FaultyStore(ForwardingStore):
-    """A :class:`Store` that forwards to ``inner`` and injects the faults of ``plan``."""
+class FaultyStore(RecordingStore):
+    """A :class:`Store` that forwards to ``inner``, records every call as a
+    :class:`~support.recording.RecordingStore` does, and injects the faults of ``plan``."""
 
     def __init__(self, inner: Store, plan: FaultPlan | None = None) -> None:
         super().__init__(inner)
         self.plan = plan if plan is not None else FaultPlan()
-        self.calls = 0
-        self.ops: collections.Counter[str] = collections.Counter()
-        self.log: list[tuple[str, str]] = []
-        self.in_flight = 0
-        self.peak_in_flight = 0
-        self.in_flight_by_op: collections.Counter[str] = collections.Counter()
-        self.peak_by_op: collections.Counter[str] = collections.Counter()
 
-    async def _run(
+    async def _around(
         self,
-        op: str,
+        operation: StoreMethod,
         path: str,
         call: Callable[[], Awaitable[T]],
-        kind: PutKind | None = None,
+        *,
+        mode: PutMode | None = None,
     ) -> T:
-        self.calls += 1
-        number = self.calls
-        self.ops[op] += 1
-        self.log.append((op, path))
+        kind = put_kind(mode) if mode is not None else None
+        number = self.record(operation, path)
+        op = OP_NAMES.get(operation, operation)
         plan = self.plan
         if plan.crash_at is not None and number >= plan.crash_at:
             raise InjectedCrash(f"crash injected at call {number} ({op} {path})")
@@ -146,11 +138,7 @@ class FaultyStore(ForwardingStore):
         if "fail" in steps:
             record(lambda _: "failed")
             raise TransientStoreError(op, path, "injected: the write did not reach the store")
-        self.in_flight += 1
-        self.in_flight_by_op[op] += 1
-        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        self.peak_by_op[op] = max(self.peak_by_op[op], self.in_flight_by_op[op])
-        try:
+        with self.flying(op):
             if plan.latency:
                 await asyncio.sleep(plan.latency)
             try:
@@ -171,20 +159,6 @@ class FaultyStore(ForwardingStore):
                     op, path, "injected: the write landed, its reply was lost"
                 )
             return result
-        finally:
-            self.in_flight -= 1
-            self.in_flight_by_op[op] -= 1
-
-    async def _around(
-        self,
-        operation: StoreMethod,
-        path: str,
-        call: Callable[[], Awaitable[T]],
-        *,
-        mode: PutMode | None = None,
-    ) -> T:
-        kind = put_kind(mode) if mode is not None else None
-        return await self._run(OP_NAMES.get(operation, operation), path, call, kind)
 
     def _mangle(self, path: str, data: Buffer) -> Buffer:
         raw = bytes(data)

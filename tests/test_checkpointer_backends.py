@@ -1,4 +1,5 @@
-"""The backend contract: every test here runs against memory, local, S3 and Azure.
+"""The checkpointer on every backend: each test here runs against every store of
+``support.backends.BACKENDS`` (memory, local, S3, Azure, GCS).
 
 It covers what the reference implementation's own tests cover (manifest round trip,
 snapshot digest, artifact load, latest pointer absent then present, concurrent upload
@@ -13,12 +14,13 @@ import hashlib
 import re
 
 import pytest
-from conftest import FAST_RETRY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from obstore.store import ObjectStore
 from support.artifacts import artifact_path
+from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
+from support.policies import FAST_RETRY
 
 from cairn import (
     CheckpointData,
@@ -334,7 +336,7 @@ async def test_invalid_names_are_refused_and_write_nothing(
 
 async def test_concurrency_bound_is_observed(raw_store: ObjectStore) -> None:
     counting = FaultyStore(ObstoreStore(raw_store), FaultPlan(latency=0.01))
-    ckpt = ObjectStoreCheckpointer(counting, max_concurrent_uploads=3, retry=FAST_RETRY)
+    ckpt = make_checkpointer(counting, max_concurrent_uploads=3)
     uploads = [("op", p, False, bytes([p]) * 1000) for p in range(20)]
     await ckpt.save_partitions_concurrent(CheckpointId.now(), uploads)
     assert counting.ops["put"] == 20 + 1  # and the lease's intent, before the uploads
@@ -345,7 +347,7 @@ async def test_one_failing_upload_cancels_the_others(raw_store: ObjectStore) -> 
     faulty = FaultyStore(
         ObstoreStore(raw_store), FaultPlan(latency=0.05, fail_puts_matching="partition-2.")
     )
-    ckpt = ObjectStoreCheckpointer(faulty, max_concurrent_uploads=4, retry=FAST_RETRY)
+    ckpt = make_checkpointer(faulty, max_concurrent_uploads=4)
     uploads = [("op", p, False, b"x") for p in range(40)]
     with pytest.raises(StoreError, match="partition-2"):
         await ckpt.save_partitions_concurrent(CheckpointId.now(), uploads)
@@ -356,7 +358,7 @@ async def test_one_failing_upload_cancels_the_others(raw_store: ObjectStore) -> 
 
 async def test_failed_save_leaves_nothing_visible(raw_store: ObjectStore) -> None:
     faulty = FaultyStore(ObstoreStore(raw_store), FaultPlan(fail_puts_matching="partition-3."))
-    ckpt = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    ckpt = make_checkpointer(faulty)
     data = CheckpointData(epoch=1, snapshots={("op", p): b"x" for p in range(6)})
     with pytest.raises(StoreError):
         await ckpt.save(data)
@@ -375,7 +377,7 @@ async def test_retries_stop_at_the_policy_bound(raw_store: ObjectStore) -> None:
 
 async def test_transient_faults_within_the_bound_are_invisible(raw_store: ObjectStore) -> None:
     faulty = FaultyStore(ObstoreStore(raw_store), FaultPlan(transient_burst=2))
-    ckpt = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    ckpt = make_checkpointer(faulty)
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"x"}))
     assert (await ckpt.load(manifest.checkpoint_id)).manifest == manifest
 
