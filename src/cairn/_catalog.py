@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 
-from cairn import _lease, _pointer
+from cairn import _lease, _observe, _pointer
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
@@ -41,7 +42,9 @@ __all__ = [
     "DAMAGE",
     "checkpoint_names",
     "committed",
+    "first_that_loads",
     "latest_candidates",
+    "latest_id",
     "list_checkpoints",
     "listed_ids",
     "load_manifest",
@@ -49,6 +52,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("cairn")
+T = TypeVar("T")
 
 DAMAGE = (CheckpointNotFoundError, IntegrityError)
 """What makes one checkpoint unloadable without saying anything of the others.
@@ -78,7 +82,7 @@ async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> Checkpoint
         blob = await ctx.store.get(path)
     except CheckpointNotFoundError:
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id}") from None
-    if memoryview(blob.data).nbytes == 0:
+    if _lease.is_tombstone(blob.data):
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id} (aborted by GC)")
     manifest = decode_manifest(path, blob.data, ctx.keys)
     if manifest.checkpoint_id != checkpoint_id:
@@ -199,6 +203,35 @@ async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
         yield header.checkpoint_id
 
 
+async def latest_id(ctx: Context) -> CheckpointId | None:
+    """The latest checkpoint by manifest: the first of :func:`latest_candidates` whose
+    manifest loads (artifacts unread); None when nothing is committed."""
+    async for cid in latest_candidates(ctx):
+        try:
+            await load_manifest(ctx, cid)
+        except DAMAGE as exc:
+            log.warning("checkpoint %s has no readable manifest (%s)", cid, exc)
+            continue
+        return cid
+    return None
+
+
+async def first_that_loads(ctx: Context, load: Callable[[CheckpointId], Awaitable[T]]) -> T | None:
+    """``load`` of the first of :func:`latest_candidates` that loads; None when none does.
+
+    A checkpoint that does not load for :data:`DAMAGE` is logged, reported to the
+    observers (:func:`cairn._observe.fell_back`) and passed over; any other failure is
+    raised.
+    """
+    async for cid in latest_candidates(ctx):
+        try:
+            return await load(cid)
+        except DAMAGE as exc:
+            log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
+            _observe.fell_back(cid, exc)
+    return None
+
+
 async def named_candidates(ctx: Context, name: str) -> AsyncIterator[CheckpointId]:
     """The committed checkpoints named ``name`` that the writer record admits, newest
     first (see the module docstring). Reads every manifest's header once."""
@@ -296,7 +329,7 @@ async def _read_headers(ctx: Context, ids: list[CheckpointId]) -> list[_Manifest
 
 def _decode_header(path: str, cid: CheckpointId, data: Buffer) -> _ManifestHeader | None:
     """The ranking fields of the manifest at ``path``; None (with a warning) if unreadable."""
-    if memoryview(data).nbytes == 0:
+    if _lease.is_tombstone(data):
         return None  # a tombstone: GC claimed this id
     try:
         header = _header_decoder.decode(data)
