@@ -49,6 +49,7 @@ __all__ = [
     "listed_ids",
     "load_manifest",
     "named_candidates",
+    "read_latest",
 ]
 
 log = logging.getLogger("cairn")
@@ -95,6 +96,12 @@ async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> Checkpoint
 async def committed(ctx: Context, cid: CheckpointId) -> bool:
     """True when ``cid`` is committed: one HEAD of its manifest, which is not a tombstone."""
     return await _manifest_info(ctx, cid) is not None
+
+
+async def read_latest(ctx: Context) -> CheckpointId | None:
+    """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
+    pointer, _, _ = await _pointer.read_pointer(ctx.store, ctx.paths.latest_pointer())
+    return pointer.checkpoint_id if pointer is not None else None
 
 
 async def listed_ids(ctx: Context) -> list[CheckpointId]:

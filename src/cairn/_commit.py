@@ -128,6 +128,7 @@ __all__ = [
     "save",
     "save_manifest",
     "start",
+    "update_latest",
     "upload_all",
     "upload_partitions",
     "upload_write_once",
@@ -274,8 +275,8 @@ async def upload_write_once(
 ) -> PartitionSnapshotEntry:
     """One checked partition to the reference's attempt-less name, create-only
     (:func:`cairn._upload.put_write_once`), as a part of a save that only uploads."""
-    encoded = await _upload.encode_write_once(ctx, cid, upload)
     async with begin(ctx, cid, commits=False):
+        encoded = await _upload.encode_write_once(ctx, cid, upload)
         return await _upload.put_write_once(ctx, cid, encoded)
 
 
@@ -742,6 +743,20 @@ async def dependents(ctx: Context, checkpoint_id: CheckpointId) -> list[Checkpoi
     busy, _ = retention.uncommitted_dirs(state, ctx.paths, now=now, min_age=dt.timedelta(0))
     found.update(cid for cid, parent in busy.items() if parent == checkpoint_id)
     return sorted(found)
+
+
+async def update_latest(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> bool:
+    """Point ``_latest`` at committed ``checkpoint_id`` (forwards only unless ``force``);
+    whether it moved. :class:`CheckpointNotFoundError` for an uncommitted id."""
+    manifest = await _catalog.load_manifest(ctx, checkpoint_id)
+    return await _pointer.advance_latest(
+        ctx.store,
+        ctx.paths.latest_pointer(),
+        checkpoint_id,
+        manifest.epoch,
+        ctx.generation,
+        force=force,
+    )
 
 
 async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> None:

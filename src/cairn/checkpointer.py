@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
-import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -53,8 +52,6 @@ from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
-
-log = logging.getLogger("cairn")
 
 
 @contextlib.asynccontextmanager
@@ -396,20 +393,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         whether it moved. Raises :class:`CheckpointNotFoundError` for an uncommitted id
         and :class:`FencedError` when a newer writer owns the store.
         """
-        manifest = await self.load_manifest(checkpoint_id)
-        return await _pointer.advance_latest(
-            self.store,
-            self.paths.latest_pointer(),
-            checkpoint_id,
-            manifest.epoch,
-            self.writer_generation,
-            force=force,
-        )
+        return await _commit.update_latest(self.context, checkpoint_id, force)
 
     async def read_latest(self) -> CheckpointId | None:
         """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
-        pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
-        return pointer.checkpoint_id if pointer is not None else None
+        return await _catalog.read_latest(self.context)
 
     # -- what is committed (cairn._catalog) ----------------------------------------------
 
