@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import time
 from typing import Any
 
@@ -84,6 +85,20 @@ async def test_a_two_phase_save_ended_without_a_commit_lets_its_lease_lapse() ->
     swept = await collector.gc(KEEP, min_age=NOW)
     assert len(swept.orphans_deleted) == 2  # the artifact and the intent
     assert await objects_under(ckpt, cid) == {ckpt.paths.manifest(cid)}  # GC's tombstone
+
+
+async def test_a_two_phase_save_dropped_without_an_end_stops_renewing() -> None:
+    store = memory()
+    ckpt = ObjectStoreCheckpointer(store, retry=FAST_RETRY, lease=LEASE)
+    cid = CheckpointId.now()
+    save = await begin(ckpt, cid)
+    await asyncio.sleep(LEASE.total_seconds())  # renewed meanwhile
+    del save  # as a DCP save that failed before its commit, its writer dropped
+    gc.collect()
+    await asyncio.sleep(0.01)
+    last = (await ckpt.store.head(ckpt.paths.intent(cid))).last_modified
+    await asyncio.sleep(GAP)
+    assert (await ckpt.store.head(ckpt.paths.intent(cid))).last_modified == last
 
 
 async def test_a_two_phase_save_begins_with_the_commits_own_preconditions() -> None:
