@@ -24,6 +24,7 @@ import pytest
 from obstore.store import LocalStore, MemoryStore, ObjectStore
 from rich.console import Console
 from support.backends import make_checkpointer
+from support.records import read_generation
 
 from cairn import (
     CheckpointData,
@@ -41,7 +42,7 @@ from cairn import (
     SourceOffsetEntry,
 )
 from cairn import manifest as manifest_module
-from cairn._pointer import MAX_GENERATION, decode_pointer, decode_writer, read_generation
+from cairn._pointer import MAX_GENERATION, decode_pointer, decode_writer
 from cairn.cli import views
 from cairn.distributed import WorkerReport
 from cairn.layout import MAX_NAME_BYTES, MAX_SOURCE_NAME_BYTES

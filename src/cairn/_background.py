@@ -5,7 +5,8 @@ Invariants:
 * at most ``limit`` background saves are in flight; a further submission waits for a
   slot (back-pressure: a job that checkpoints faster than the store takes them slows
   down instead of piling copies of its state in memory);
-* saves commit in submission order: each waits, just before its commit point, for the
+* saves commit in submission order (a save the caller waits for too,
+  :meth:`BackgroundSaves.in_call_order`): each waits, just before its commit point, for the
   one submitted before it to finish (uploads still overlap), so ``_latest`` moves in
   call order and never backwards;
 * a failure is never lost: it is raised from the save's own future, and, if nobody
@@ -92,6 +93,22 @@ class BackgroundSaves:
         task.add_done_callback(self._finished)
         self._changed()
         return task
+
+    async def in_call_order(
+        self,
+        alone: Callable[[], Awaitable[CheckpointManifest]],
+        behind: Callable[[], Awaitable[asyncio.Task[CheckpointManifest]]],
+    ) -> CheckpointManifest:
+        """A save the caller waits for, in call order with the background ones.
+
+        First raises a failure nobody saw. While background saves are in flight, the
+        save is submitted as one more (``behind``) and awaited, so it commits after
+        them; otherwise it runs now (``alone``).
+        """
+        self.raise_unobserved()
+        if self.in_flight:
+            return await (await behind())
+        return await alone()
 
     def _finished(self, task: asyncio.Task[CheckpointManifest]) -> None:
         self._running.discard(task)

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 
-from cairn import _lease, _pointer
+from cairn import _lease, _observe, _pointer
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
@@ -41,14 +42,18 @@ __all__ = [
     "DAMAGE",
     "checkpoint_names",
     "committed",
+    "first_that_loads",
     "latest_candidates",
+    "latest_id",
     "list_checkpoints",
     "listed_ids",
     "load_manifest",
     "named_candidates",
+    "read_latest",
 ]
 
 log = logging.getLogger("cairn")
+T = TypeVar("T")
 
 DAMAGE = (CheckpointNotFoundError, IntegrityError)
 """What makes one checkpoint unloadable without saying anything of the others.
@@ -78,7 +83,7 @@ async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> Checkpoint
         blob = await ctx.store.get(path)
     except CheckpointNotFoundError:
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id}") from None
-    if memoryview(blob.data).nbytes == 0:
+    if _lease.is_tombstone(blob.data):
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id} (aborted by GC)")
     manifest = decode_manifest(path, blob.data, ctx.keys)
     if manifest.checkpoint_id != checkpoint_id:
@@ -91,6 +96,12 @@ async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> Checkpoint
 async def committed(ctx: Context, cid: CheckpointId) -> bool:
     """True when ``cid`` is committed: one HEAD of its manifest, which is not a tombstone."""
     return await _manifest_info(ctx, cid) is not None
+
+
+async def read_latest(ctx: Context) -> CheckpointId | None:
+    """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
+    pointer, _, _ = await _pointer.read_pointer(ctx.store, ctx.paths.latest_pointer())
+    return pointer.checkpoint_id if pointer is not None else None
 
 
 async def listed_ids(ctx: Context) -> list[CheckpointId]:
@@ -199,6 +210,35 @@ async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
         yield header.checkpoint_id
 
 
+async def latest_id(ctx: Context) -> CheckpointId | None:
+    """The latest checkpoint by manifest: the first of :func:`latest_candidates` whose
+    manifest loads (artifacts unread); None when nothing is committed."""
+    async for cid in latest_candidates(ctx):
+        try:
+            await load_manifest(ctx, cid)
+        except DAMAGE as exc:
+            log.warning("checkpoint %s has no readable manifest (%s)", cid, exc)
+            continue
+        return cid
+    return None
+
+
+async def first_that_loads(ctx: Context, load: Callable[[CheckpointId], Awaitable[T]]) -> T | None:
+    """``load`` of the first of :func:`latest_candidates` that loads; None when none does.
+
+    A checkpoint that does not load for :data:`DAMAGE` is logged, reported to the
+    observers (:func:`cairn._observe.fell_back`) and passed over; any other failure is
+    raised.
+    """
+    async for cid in latest_candidates(ctx):
+        try:
+            return await load(cid)
+        except DAMAGE as exc:
+            log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
+            _observe.fell_back(cid, exc)
+    return None
+
+
 async def named_candidates(ctx: Context, name: str) -> AsyncIterator[CheckpointId]:
     """The committed checkpoints named ``name`` that the writer record admits, newest
     first (see the module docstring). Reads every manifest's header once."""
@@ -296,7 +336,7 @@ async def _read_headers(ctx: Context, ids: list[CheckpointId]) -> list[_Manifest
 
 def _decode_header(path: str, cid: CheckpointId, data: Buffer) -> _ManifestHeader | None:
     """The ranking fields of the manifest at ``path``; None (with a warning) if unreadable."""
-    if memoryview(data).nbytes == 0:
+    if _lease.is_tombstone(data):
         return None  # a tombstone: GC claimed this id
     try:
         header = _header_decoder.decode(data)

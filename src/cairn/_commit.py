@@ -1,44 +1,65 @@
 """The commit protocol: how a checkpoint comes to exist, atomically, or not at all.
 
-A save (:func:`save`):
+This is the one place the protocol is written down; every way to commit goes through
+it: a save in one call (:func:`save`), a save in two phases whose uploads and commit
+are separate calls or processes (:func:`start` and :class:`PendingSave`, used by
+``save_partitions_concurrent``, :mod:`cairn.distributed` and :mod:`cairn.torch` through
+:mod:`cairn._integration`), and a commit of artifacts the caller uploaded
+(:func:`commit`, :func:`save_manifest`).
 
-1. checks that no newer writer generation has taken over (fencing, :mod:`cairn._pointer`);
-2. takes the lease on its directory (:mod:`cairn._lease`), which names the parent it
-   builds on, so a concurrent GC leaves both alone however long the save runs;
-3. uploads every snapshot, delta and source offset under ``{base}{id}/``, concurrently,
-   hashing each while it uploads (:mod:`cairn._upload`), and carries the parent's chains
-   over by reference (:mod:`cairn._chains`);
-4. checks that every artifact its manifest names is in the store, then writes
-   ``{base}{id}/manifest.json`` only if absent: **this single write is the commit**;
-   then checks the artifacts once more (below);
-5. ends the lease (deletes its intent) and advances ``_latest`` by compare-and-swap,
-   only forwards, only if not fenced.
+The steps, in order:
+
+1. **Preconditions** (:func:`preconditions`, the one check every path makes before it
+   writes anything): a writer that will commit is not fenced, i.e. no newer writer
+   generation holds ``_writer`` (:mod:`cairn._pointer`); the record read is what the
+   parent must be admitted by. And the id is not committed (committed ids are
+   immutable). A process that only uploads part of a save (a worker) checks the id
+   alone: the fence is the committer's to check.
+2. **Lease** (:mod:`cairn._lease`): the save writes ``{id}/intent.json``, naming the
+   parent its manifest will name (None when it carries nothing), and renews it every
+   third of the lease until its commit, whatever happens between its steps: GC sweeps
+   nothing of a live lease and keeps the parent's chain. One rule for every path: the
+   lease is held from the intent to the commit by whoever will commit (a worker that
+   only uploads holds it while it uploads). A lease nobody renews lapses; GC may then
+   claim the id (step 4's race).
+3. **Uploads** (:mod:`cairn._upload`): every snapshot and delta goes under ``{base}{id}/``
+   with a name carrying this attempt's token (:func:`cairn.layout.new_attempt`),
+   concurrently and bounded, hashed as it travels; the parent's chains are carried over
+   by reference (:mod:`cairn._chains`). Source offsets live in the manifest. Nothing is
+   visible to any reader yet. A failure removes this attempt's objects and its intent.
+4. **Commit point**: check that every artifact the manifest names is in the store, then
+   write ``{base}{id}/manifest.json`` only if absent: **this single write is the
+   commit**; then check the artifacts once more. GC claims an uncommitted id with a
+   tombstone, a create-only write on that very path, so a commit and a claim race for
+   one object and the store lets exactly one win.
+5. **Publish**: stop renewing the lease and delete the intent (the protection ends with
+   the save), then advance ``_latest`` by compare-and-swap, only forwards, and only if
+   not fenced; fenced there, the commit is rolled back.
 
 Invariants:
 
 * before step 4's write the checkpoint does not exist for any reader (listing and
   loading go through the manifest); after it, it is immutable: the manifest is never
   overwritten, and no write through cairn replaces an artifact it names, because every
-  object a save uploads carries that save attempt's own token
-  (:func:`cairn.layout.new_attempt`) and the reference's fixed names are written
-  create-only; a second writer of the same id writes objects of its own, fails at its
-  create with :class:`CheckpointExistsError`, and leaves garbage that GC sweeps;
+  object a save uploads carries that save attempt's own token and the reference's fixed
+  names are written create-only; a second writer of the same id writes objects of its
+  own, fails at its create with :class:`CheckpointExistsError`, and leaves garbage that
+  GC sweeps;
 * a failed save removes only objects of its own attempt, never the directory: another
   writer of the same id may have committed there;
 * no manifest reported as committed names an artifact that is gone, whatever the clocks
-  say and however long the save paused. Every public way to commit (:func:`save`,
-  :func:`commit`, :func:`save_manifest`) checks the artifacts before the create and again
-  after it. The check before makes the usual failure invisible. The check after closes
-  the window between the two: GC sweeps an uncommitted directory only after claiming its
-  id with a tombstone, a create-only write on the very path of the manifest, so while
-  the tombstone stands the create fails (:class:`CheckpointAbortedError`). GC removes a
-  tombstone only once its directory is empty and the tombstone is a day old by the
-  store's own time (:mod:`cairn.retention`), which a save paused in that window can
-  outlast. Once the create has succeeded no claim can succeed, so nothing GC decides
-  later sweeps the directory; a sweep decided earlier is over before the tombstone can
-  go. So if the artifacts are all there after the create, they stay; if they are not,
-  the manifest (ours: create-only) is deleted again before anything else sees it named
-  by ``_latest``, and the save fails;
+  say and however long the save paused. Every way to commit checks the artifacts before
+  the create and again after it. The check before makes the usual failure invisible.
+  The check after closes the window between the two: GC sweeps an uncommitted directory
+  only after claiming its id with a tombstone, so while the tombstone stands the create
+  fails (:class:`CheckpointAbortedError`). GC removes a tombstone only once its
+  directory is empty and the tombstone is a day old by the store's own time
+  (:mod:`cairn.retention`), which a save paused in that window can outlast. Once the
+  create has succeeded no claim can succeed, so nothing GC decides later sweeps the
+  directory; a sweep decided earlier is over before the tombstone can go. So if the
+  artifacts are all there after the create, they stay; if they are not, the manifest
+  (ours: create-only) is deleted again before anything else sees it named by
+  ``_latest``, and the save fails;
 * a create that meets "already exists" is resolved by reading the manifest back: our own
   bytes mean our commit happened (a retried write whose reply was lost), a tombstone
   means GC claimed the id first (:class:`CheckpointAbortedError`, nothing committed),
@@ -63,7 +84,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -97,27 +118,174 @@ from cairn.manifest import (
 )
 
 __all__ = [
+    "PendingSave",
     "assemble_manifest",
+    "begin",
     "commit",
     "delete_checkpoint",
     "dependents",
-    "refuse_if_committed",
+    "preconditions",
     "save",
     "save_manifest",
+    "start",
+    "update_latest",
+    "upload_all",
+    "upload_partitions",
+    "upload_write_once",
 ]
 
 log = logging.getLogger("cairn")
 
-Entry = _upload.Entry
+
+async def preconditions(
+    ctx: Context, cid: CheckpointId, *, commits: bool = True
+) -> _pointer.WriterRecord | None:
+    """Step 1: the one check before a save of ``cid`` writes anything.
+
+    A save that ``commits`` must not be fenced (:class:`FencedError`; a damaged
+    ``_writer`` is :class:`CorruptManifestError`): returns the writer record read, which
+    the parent must be admitted by. Any save: ``cid`` must not be committed
+    (:class:`CheckpointExistsError`). A part of a save that only uploads returns None.
+    """
+    record = None
+    if commits:
+        record = await _pointer.check_not_fenced(
+            ctx.store, ctx.paths.writer_record(), ctx.generation
+        )
+    if await _catalog.committed(ctx, cid):
+        raise CheckpointExistsError(str(cid), ctx.paths.manifest(cid))
+    return record
+
+
+class PendingSave:
+    """A save of one checkpoint that has begun (steps 1 and 2) and not ended.
+
+    It holds the lease (renewed) until :meth:`commit` or :meth:`end`; its uploads run
+    under it. ``record`` is the writer record its preconditions read (None for a part of
+    a save that only uploads).
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        checkpoint_id: CheckpointId,
+        record: _pointer.WriterRecord | None,
+        lease: _lease.Lease,
+    ) -> None:
+        self.ctx = ctx
+        self.checkpoint_id = checkpoint_id
+        self.record = record
+        self._lease = lease
+
+    async def upload(
+        self,
+        uploads: Sequence[_upload.PartitionUpload],
+        metadata_key: str | None = None,
+        attempt: str | None = None,
+    ) -> list[_upload.Entry]:
+        """Step 3 for checked ``uploads``, as ``attempt`` (by default a new one); their
+        entries. A failure ends the save: its objects and its intent are removed."""
+        attempt = attempt if attempt is not None else new_attempt()
+        try:
+            return await _upload.upload_partitions(
+                self.ctx, self.checkpoint_id, uploads, attempt, metadata_key
+            )
+        except BaseException:
+            await self.abandon(uploads, attempt)
+            raise
+
+    async def abandon(self, uploads: Sequence[_upload.PartitionUpload], attempt: str) -> None:
+        """End the save as failed: stop the lease, remove ``attempt``'s objects for
+        ``uploads`` and the intent (best effort)."""
+        await self._lease.stop()
+        await _upload.discard_attempt(self.ctx, self.checkpoint_id, uploads, attempt)
+
+    async def commit(
+        self,
+        manifest: CheckpointManifest,
+        finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
+        discard: Discard | None = None,
+    ) -> CheckpointManifest:
+        """Steps 4 and 5 for ``manifest`` (of this checkpoint); the committed manifest.
+
+        ``finish`` and ``discard`` are those of :func:`_write_manifest`. The lease is
+        renewed until the create has happened, and ends with the commit either way.
+        """
+        if manifest.checkpoint_id != self.checkpoint_id:
+            raise InvalidInputError(
+                f"manifest of {manifest.checkpoint_id} given to the save of {self.checkpoint_id}"
+            )
+        try:
+            return await _commit_and_publish(self.ctx, manifest, self._lease, finish, discard)
+        finally:
+            await self._lease.stop()
+
+    async def end(self) -> None:
+        """Stop renewing the lease (idempotent; after a commit, nothing to do): the
+        intent stays, and lapses a lease from its last renewal."""
+        await self._lease.stop()
+
+
+async def start(
+    ctx: Context,
+    cid: CheckpointId,
+    parent_id: CheckpointId | None = None,
+    *,
+    commits: bool = True,
+) -> PendingSave:
+    """Begin a save of ``cid`` building on ``parent_id``: :func:`preconditions`, then the
+    lease. The caller ends it (:meth:`PendingSave.commit` or :meth:`PendingSave.end`);
+    one it drops stops renewing when it is garbage-collected."""
+    check_id(cid)
+    record = await preconditions(ctx, cid, commits=commits)
+    lease = await _lease.Lease.start(ctx.store, ctx.paths.intent(cid), parent_id, ctx.lease)
+    return PendingSave(ctx, cid, record, lease)
+
+
+@contextlib.asynccontextmanager
+async def begin(
+    ctx: Context,
+    cid: CheckpointId,
+    parent_id: CheckpointId | None = None,
+    *,
+    commits: bool = True,
+) -> AsyncIterator[PendingSave]:
+    """:func:`start` for a block; the lease ends with the block at the latest."""
+    pending = await start(ctx, cid, parent_id, commits=commits)
+    try:
+        yield pending
+    finally:
+        await pending.end()
+
+
+async def upload_partitions(
+    ctx: Context,
+    cid: CheckpointId,
+    uploads: Sequence[_upload.PartitionUpload],
+    metadata_key: str | None,
+) -> list[_upload.Entry]:
+    """A part of a save that only uploads (its commit comes from elsewhere): steps 1 to
+    3 for checked ``uploads``; the lease lapses a lease after they end."""
+    async with begin(ctx, cid, commits=False) as pending:
+        return await pending.upload(uploads, metadata_key)
+
+
+async def upload_write_once(
+    ctx: Context, cid: CheckpointId, upload: _upload.PartitionUpload
+) -> PartitionSnapshotEntry:
+    """One checked partition to the reference's attempt-less name, create-only
+    (:func:`cairn._upload.put_write_once`), as a part of a save that only uploads."""
+    async with begin(ctx, cid, commits=False):
+        encoded = await _upload.encode_write_once(ctx, cid, upload)
+        return await _upload.put_write_once(ctx, cid, encoded)
 
 
 async def save(
     ctx: Context,
-    generation: int,
     data: CheckpointData,
     before_commit: Callable[[], Awaitable[None]] | None = None,
 ) -> CheckpointManifest:
-    """Steps 1 to 5 of the module docstring for ``data``; the committed manifest.
+    """Every step of the module docstring for ``data``; the committed manifest.
 
     ``before_commit`` is awaited after the uploads, just before the commit point (a
     background save waits there for the one before it). The manifest records
@@ -127,34 +295,30 @@ async def save(
         raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
     with _observe.counting_retries() as retries:
         async with _observe.observed(None, "save", checkpoint_id=data.id, epoch=data.epoch) as op:
-            op.manifest = await _save(ctx, generation, data, before_commit, retries)
+            op.manifest = await _save(ctx, data, before_commit, retries)
             return op.manifest
 
 
 async def _save(
     ctx: Context,
-    generation: int,
     data: CheckpointData,
     before_commit: Callable[[], Awaitable[None]] | None,
     retries: _observe.RetryCounter,
 ) -> CheckpointManifest:
     began = time.perf_counter()
     cid = data.id
-    record = await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
-    await refuse_if_committed(ctx, cid)
-    attempt = new_attempt()
-    uploads = _uploads_of(data)
-    async with _lease.hold_lease(
-        ctx.store, ctx.paths.intent(cid), data.parent_id, ctx.lease
-    ) as lease:
+    async with begin(ctx, cid, data.parent_id) as pending:
+        assert pending.record is not None
+        attempt = new_attempt()
+        uploads = _uploads_of(data)
         try:
             uploading = time.perf_counter()
-            entries = await upload_all(ctx, data, record, uploads, attempt)
+            entries = await upload_all(ctx, data, pending.record, uploads, attempt)
             uploaded = time.perf_counter()
             if before_commit is not None:
                 await before_commit()
         except BaseException:
-            await _upload.discard_attempt(ctx, cid, uploads, attempt)
+            await pending.abandon(uploads, attempt)
             raise
         manifest = assemble_manifest(
             data.id,
@@ -164,7 +328,7 @@ async def _save(
             source_offsets=data.source_offsets,
             watermark=data.watermark,
             timestamp_ms=data.timestamp_ms,
-            writer_generation=generation,
+            writer_generation=ctx.generation,
         )
 
         def with_stats(checked: CheckpointManifest) -> CheckpointManifest:
@@ -172,26 +336,10 @@ async def _save(
             stats = _save_stats(checked, began, uploading, uploaded, now, retries.count)
             return msgspec.structs.replace(checked, stats=stats)
 
-        async with _observe.observed(None, "commit", checkpoint_id=cid) as op:
+        async def discard(_: CheckpointManifest) -> None:
+            await _upload.discard_attempt(ctx, cid, uploads, attempt)
 
-            async def discard(_: CheckpointManifest) -> None:
-                await _upload.discard_attempt(ctx, cid, uploads, attempt)
-
-            try:
-                manifest = await _write_manifest(ctx, generation, manifest, with_stats, discard)
-            except BrokenChainError as exc:
-                if _own_upload(ctx, manifest, exc.link):
-                    # Only GC removes what a save uploaded: it claimed the id, the lease
-                    # having lapsed, and swept the directory (its tombstone may be gone).
-                    raise CheckpointAbortedError(
-                        str(cid),
-                        ctx.paths.manifest(cid),
-                        f"its own upload {exc.link!r} was swept (GC reclaimed the id)",
-                    ) from exc
-                raise
-            await lease.stop()  # before its intent goes: a renewal would write it again
-            op.manifest = await _publish(ctx, generation, manifest)
-            return op.manifest
+        return await pending.commit(manifest, with_stats, discard)
 
 
 def _save_stats(
@@ -239,17 +387,17 @@ async def upload_all(
     record: _pointer.WriterRecord,
     uploads: list[_upload.PartitionUpload] | None = None,
     attempt: str | None = None,
-) -> list[Entry]:
+) -> list[_upload.Entry]:
     """Upload what ``data`` holds (``uploads``, by default all of it) as ``attempt`` (by
     default a new one); the entries, with those carried from the parent. The source
     offsets live in the manifest itself."""
     cid = data.id
     uploads = uploads if uploads is not None else _uploads_of(data)
     attempt = attempt if attempt is not None else new_attempt()
-    inherited: dict[ArtifactKey, list[Entry]] = {}
+    inherited: dict[ArtifactKey, list[_upload.Entry]] = {}
     if data.parent_id is not None:
         inherited = await _chains.carried_chains(ctx, data, record)
-    jobs: list[Callable[[], Awaitable[Entry]]] = [
+    jobs: list[Callable[[], Awaitable[_upload.Entry]]] = [
         _upload.upload_job(ctx, cid, op, p, is_delta, buf, attempt)
         for op, p, is_delta, buf in uploads
     ]
@@ -262,7 +410,7 @@ async def upload_all(
 def assemble_manifest(
     checkpoint_id: CheckpointId,
     epoch: int,
-    entries: Iterable[Entry],
+    entries: Iterable[_upload.Entry],
     *,
     parent_id: CheckpointId | None = None,
     source_offsets: Mapping[str, SourceOffsetEntry] | None = None,
@@ -291,21 +439,50 @@ def assemble_manifest(
     )
 
 
-async def commit(ctx: Context, generation: int, manifest: CheckpointManifest) -> CheckpointManifest:
+async def commit(ctx: Context, manifest: CheckpointManifest) -> CheckpointManifest:
     """Steps 4 and 5 for artifacts the caller uploaded; the committed manifest."""
-    async with _observe.observed(None, "commit", checkpoint_id=manifest.checkpoint_id) as op:
-        await _write_manifest(ctx, generation, manifest)
-        op.manifest = await _publish(ctx, generation, manifest)
+    return await _commit_and_publish(ctx, manifest, None)
+
+
+async def _commit_and_publish(
+    ctx: Context,
+    manifest: CheckpointManifest,
+    lease: _lease.Lease | None,
+    finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
+    discard: Discard | None = None,
+) -> CheckpointManifest:
+    """Steps 4 and 5, as one observed ``commit``; ``lease`` (if any) stops once the
+    manifest is written.
+
+    A save whose uploads are its own (it passes ``discard``) and finds one of them gone
+    fails with :class:`CheckpointAbortedError`: only GC removes what a save uploaded,
+    having claimed the id once the lease lapsed.
+    """
+    cid = manifest.checkpoint_id
+    async with _observe.observed(None, "commit", checkpoint_id=cid) as op:
+        try:
+            manifest = await _write_manifest(ctx, manifest, finish, discard)
+        except BrokenChainError as exc:
+            if discard is not None and _own_upload(ctx, manifest, exc.link):
+                raise CheckpointAbortedError(
+                    str(cid),
+                    ctx.paths.manifest(cid),
+                    f"its own upload {exc.link!r} was swept (GC reclaimed the id)",
+                ) from exc
+            raise
+        if lease is not None:
+            await lease.stop()  # before its intent goes: a renewal would write it again
+        op.manifest = await _publish(ctx, manifest)
         return op.manifest
 
 
-async def save_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:
+async def save_manifest(ctx: Context, manifest: CheckpointManifest) -> None:
     """The commit point alone: check the artifacts, create ``manifest`` only if absent,
     check them again (see the module docstring). Raises :class:`BrokenChainError` naming
     the first artifact that is not in the store, and commits nothing then."""
     _check_manifest_input(manifest)
     await _check_before_create(ctx, manifest)
-    await _create_manifest(ctx, generation, manifest)
+    await _create_manifest(ctx, manifest)
     await _check_after_create(ctx, manifest)
 
 
@@ -318,10 +495,10 @@ def _check_manifest_input(manifest: CheckpointManifest) -> None:
         raise InvalidInputError(f"manifest {manifest.checkpoint_id}: {exc}") from None
 
 
-async def _create_manifest(ctx: Context, generation: int, manifest: CheckpointManifest) -> None:
+async def _create_manifest(ctx: Context, manifest: CheckpointManifest) -> None:
     """Write ``manifest`` only if no manifest exists for its id: the create itself."""
     _check_manifest_input(manifest)
-    await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
+    await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), ctx.generation)
     path = ctx.paths.manifest(manifest.checkpoint_id)
     body = encode_manifest(manifest, ctx.keys)
     try:
@@ -334,7 +511,7 @@ async def _create_manifest(ctx: Context, generation: int, manifest: CheckpointMa
         raise
     except ObjectExistsError:
         existing = await ctx.store.get(path)
-        if bytes(existing.data) == _lease.TOMBSTONE:
+        if _lease.is_tombstone(existing.data):
             raise CheckpointAbortedError(str(manifest.checkpoint_id), path) from None
         if bytes(existing.data) != body:
             raise CheckpointExistsError(str(manifest.checkpoint_id), path) from None
@@ -347,7 +524,6 @@ Discard = Callable[[CheckpointManifest], Awaitable[None]]
 
 async def _write_manifest(
     ctx: Context,
-    generation: int,
     manifest: CheckpointManifest,
     finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
     discard: Discard | None = None,
@@ -370,7 +546,7 @@ async def _write_manifest(
         await _check_before_create(ctx, manifest)
         if finish is not None:
             manifest = finish(manifest)
-        await _create_manifest(ctx, generation, manifest)
+        await _create_manifest(ctx, manifest)
     except (CheckpointExistsError, CheckpointAbortedError):
         if own_discard:  # objects only this attempt wrote: nobody else's commit names them
             await discard_all(manifest)
@@ -400,9 +576,7 @@ async def _write_manifest(
     return manifest
 
 
-async def _publish(
-    ctx: Context, generation: int, manifest: CheckpointManifest
-) -> CheckpointManifest:
+async def _publish(ctx: Context, manifest: CheckpointManifest) -> CheckpointManifest:
     """After the commit: end the lease, then advance ``_latest`` (or roll back if fenced)."""
     cid = manifest.checkpoint_id
     try:
@@ -412,13 +586,13 @@ async def _publish(
     try:
         try:
             await _pointer.advance_latest(
-                ctx.store, ctx.paths.latest_pointer(), cid, manifest.epoch, generation
+                ctx.store, ctx.paths.latest_pointer(), cid, manifest.epoch, ctx.generation
             )
         except StoreError as exc:
             # The checkpoint is committed; _latest is only a hint (readers fall back to
             # listing), so a swap that ran out of retries does not fail the save. But the
             # swap is where a takeover is noticed: check the fence instead.
-            await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), generation)
+            await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), ctx.generation)
             log.warning("checkpoint %s is committed, _latest not advanced: %s", cid, exc)
     except FencedError:
         log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
@@ -519,12 +693,6 @@ async def _check_artifacts_present(ctx: Context, manifest: CheckpointManifest) -
     await bounded_gather(ctx.max_concurrent_downloads, map(check, wanted))
 
 
-async def refuse_if_committed(ctx: Context, cid: CheckpointId) -> None:
-    """Raise :class:`CheckpointExistsError` if ``cid`` is committed (it is immutable)."""
-    if await _catalog.committed(ctx, cid):
-        raise CheckpointExistsError(str(cid), ctx.paths.manifest(cid))
-
-
 async def _discard_uncommitted(ctx: Context, manifest: CheckpointManifest) -> None:
     """Best effort: remove what ``manifest``'s writers uploaded for a commit that failed.
 
@@ -575,6 +743,20 @@ async def dependents(ctx: Context, checkpoint_id: CheckpointId) -> list[Checkpoi
     busy, _ = retention.uncommitted_dirs(state, ctx.paths, now=now, min_age=dt.timedelta(0))
     found.update(cid for cid, parent in busy.items() if parent == checkpoint_id)
     return sorted(found)
+
+
+async def update_latest(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> bool:
+    """Point ``_latest`` at committed ``checkpoint_id`` (forwards only unless ``force``);
+    whether it moved. :class:`CheckpointNotFoundError` for an uncommitted id."""
+    manifest = await _catalog.load_manifest(ctx, checkpoint_id)
+    return await _pointer.advance_latest(
+        ctx.store,
+        ctx.paths.latest_pointer(),
+        checkpoint_id,
+        manifest.epoch,
+        ctx.generation,
+        force=force,
+    )
 
 
 async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> None:

@@ -1,8 +1,9 @@
 """What every part of one checkpointer shares: its store, its layout and its limits. Pure.
 
 The checkpointer's parts (:mod:`cairn._catalog`, :mod:`cairn._upload`,
-:mod:`cairn._download`, :mod:`cairn._chains`, :mod:`cairn._commit`) are functions of a
-:class:`Context`; :class:`~cairn.ObjectStoreCheckpointer` builds one from its settings.
+:mod:`cairn._download`, :mod:`cairn._chains`, :mod:`cairn._commit`) are functions whose
+first argument is a :class:`Context`; :class:`~cairn.ObjectStoreCheckpointer` builds one
+from its settings (a save in the background keeps the one it was started with).
 Invariants: ``store`` is the retrying store, so every call any part makes is retried
 only on transient failures, with the checkpointer's policy; with ``keys``, every
 manifest written is signed by the first and every manifest read for use is verified
@@ -26,8 +27,9 @@ __all__ = ["Context", "check_id"]
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """A checkpointer's store (retrying), layout, concurrency limits, codec, lease and
-    signing keys (None: manifests are neither signed nor verified)."""
+    """A checkpointer's store (retrying), layout, concurrency limits, codec, lease,
+    signing keys (None: manifests are neither signed nor verified) and the writer
+    generation it holds (0 until it takes over: see :mod:`cairn._pointer`)."""
 
     store: Store
     paths: CheckpointPaths
@@ -36,6 +38,7 @@ class Context:
     codec: Codec | None
     lease: dt.timedelta
     keys: SigningKeys | None = None
+    generation: int = 0
 
 
 def check_id(checkpoint_id: object) -> CheckpointId:

@@ -34,10 +34,11 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator
+import weakref
 
 import msgspec
 
+from cairn._buffer import Buffer
 from cairn.errors import CheckpointerError, CheckpointNotFoundError, ObjectExistsError
 from cairn.ids import CheckpointId
 from cairn.manifest import dec_hook, enc_hook
@@ -52,7 +53,6 @@ __all__ = [
     "Lease",
     "claim",
     "decode_intent",
-    "hold_lease",
     "is_live",
     "is_tombstone",
     "stamp_margin",
@@ -117,50 +117,66 @@ def is_live(info: ObjectInfo, intent: Intent | None, now: dt.datetime) -> bool:
     return info.last_modified + lease + stamp_margin(info.last_modified, now) > now
 
 
-def is_tombstone(info: ObjectInfo) -> bool:
-    """True when ``info`` (a ``manifest.json``) is a claim, not a commit."""
-    return info.size == 0
+def is_tombstone(found: ObjectInfo | Buffer) -> bool:
+    """True when a ``manifest.json`` is a claim, not a commit: ``found`` is what a HEAD or
+    a listing reported of it, or the bytes a GET read (the one test of a tombstone)."""
+    size = found.size if isinstance(found, ObjectInfo) else memoryview(found).nbytes
+    return size == len(TOMBSTONE)
 
 
 class Lease:
-    """A held lease: renewed in the background until :meth:`stop` (or the block's end)."""
+    """A held lease: its intent renewed in the background until :meth:`stop`.
+
+    :meth:`start` writes the intent and starts renewing it every third of the lease. A
+    lease nobody stops is stopped when it is garbage-collected, so a save abandoned
+    between its steps (a two-phase save whose commit never comes) stops renewing, and
+    its intent lapses.
+    """
 
     def __init__(self, renewal: asyncio.Task[None]) -> None:
         self._renewal = renewal
+        loop = renewal.get_loop()
+        self._finalizer = weakref.finalize(self, _cancel_soon, loop, renewal)
+        self._finalizer.atexit = False  # at exit the loop's own shutdown ends the task
+
+    @classmethod
+    async def start(
+        cls, store: Store, path: str, parent_id: CheckpointId | None, duration: dt.timedelta
+    ) -> Lease:
+        """Write the intent at ``path`` (naming ``parent_id``) and renew it every third of
+        ``duration`` until :meth:`stop`.
+
+        A renewal that fails is logged and tried again at the next period: the lease may
+        then lapse, which costs the save its commit (GC may claim the id), never
+        correctness.
+        """
+        body = _encoder.encode(Intent(parent_id, int(duration.total_seconds() * 1000)))
+        await store.put(path, body)
+        period = duration.total_seconds() / 3
+
+        async def renew_forever() -> None:
+            while True:
+                await asyncio.sleep(period)
+                try:
+                    await store.put(path, body)
+                except CheckpointerError as exc:
+                    log.warning("could not renew the lease %s: %s", path, exc)
+
+        return cls(asyncio.create_task(renew_forever()))
 
     async def stop(self) -> None:
         """Stop renewing (idempotent). The intent stays until deleted: the lease lapses."""
+        self._finalizer.detach()
         self._renewal.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._renewal
 
 
-@contextlib.asynccontextmanager
-async def hold_lease(
-    store: Store, path: str, parent_id: CheckpointId | None, duration: dt.timedelta
-) -> AsyncIterator[Lease]:
-    """Write the intent at ``path`` and renew it every third of ``duration`` until exit.
-
-    A renewal that fails is logged and tried again at the next period: the lease may then
-    lapse, which costs the save its commit (GC may claim the id), never correctness.
-    """
-    body = _encoder.encode(Intent(parent_id, int(duration.total_seconds() * 1000)))
-    await store.put(path, body)
-    period = duration.total_seconds() / 3
-
-    async def renew_forever() -> None:
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await store.put(path, body)
-            except CheckpointerError as exc:
-                log.warning("could not renew the lease %s: %s", path, exc)
-
-    lease = Lease(asyncio.create_task(renew_forever()))
-    try:
-        yield lease
-    finally:
-        await lease.stop()
+def _cancel_soon(loop: asyncio.AbstractEventLoop, renewal: asyncio.Task[None]) -> None:
+    """Cancel ``renewal`` on its own loop (a finalizer may run on any thread)."""
+    if not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(renewal.cancel)
 
 
 async def claim(store: Store, manifest_path: str) -> bool:

@@ -75,6 +75,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 
@@ -91,8 +93,11 @@ from cairn.manifest import MAX_INT64, CheckpointManifest, dec_hook, decode_recor
 from cairn.stores import IfMatch, ObjectInfo, PutMode, Store
 
 log = logging.getLogger("cairn")
+T = TypeVar("T")
+R = TypeVar("R")
 
 MAX_CAS_ROUNDS = 100
+"""Compare-and-swap rounds lost to other writers before an update gives up."""
 
 MAX_RECORD_BYTES = 64 * 1024
 """The largest ``_latest`` or ``_writer`` record that is read (they are under 200 bytes)."""
@@ -235,17 +240,30 @@ async def read_writer(
         return None, blob.info, True
 
 
-async def read_generation(store: Store, path: str) -> tuple[int, str | None]:
-    """The current writer generation (0 when no writer ever took over) and its e-tag.
+Read = Callable[[], Awaitable[tuple[T, ObjectInfo | None]]]
+"""Reads a record: its value, and the :class:`ObjectInfo` of the version read (None when
+there is none: the write creates it)."""
 
-    Raises :class:`CorruptManifestError` if the record is damaged (see the module
-    docstring: :func:`take_over` repairs it).
+Change = Callable[[T], tuple[msgspec.Struct | None, R]]
+"""Decides from the value read what to write (None: nothing) and what to return; may raise
+to stop (a fenced writer)."""
+
+
+async def update_record(store: Store, path: str, read: Read[T], change: Change[T, R]) -> R:
+    """The one read-modify-write of a record, by compare-and-swap, retried on conflict.
+
+    Each round reads the record and the version it read, asks ``change`` for the new
+    value, and writes it conditioned on that version (:func:`_swap`); when another writer
+    got there first, it reads again. Returns what ``change`` returned with the value it
+    wrote, or with its decision to write nothing. Raises :class:`StoreError` after
+    :data:`MAX_CAS_ROUNDS` lost rounds.
     """
-    try:
-        blob = await store.get(path)
-    except CheckpointNotFoundError:
-        return 0, None
-    return decode_writer(path, bytes(blob.data)).generation, blob.info.e_tag
+    for _ in range(MAX_CAS_ROUNDS):
+        current, version = await read()
+        wanted, result = change(current)
+        if wanted is None or await _swap(store, path, _encoder.encode(wanted), version):
+            return result
+    raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")
 
 
 async def _swap(store: Store, path: str, data: bytes, current: ObjectInfo | None) -> bool:
@@ -263,6 +281,22 @@ async def _swap(store: Store, path: str, data: bytes, current: ObjectInfo | None
     return True
 
 
+def _reading_pointer(store: Store, path: str) -> Read[LatestPointer | None]:
+    async def read() -> tuple[LatestPointer | None, ObjectInfo | None]:
+        pointer, version, _ = await read_pointer(store, path)
+        return pointer, version
+
+    return read
+
+
+def _reading_writer(store: Store, path: str) -> Read[WriterRecord | None]:
+    async def read() -> tuple[WriterRecord | None, ObjectInfo | None]:
+        record, version, _ = await read_writer(store, path)
+        return record, version
+
+    return read
+
+
 async def advance_latest(
     store: Store,
     path: str,
@@ -278,18 +312,18 @@ async def advance_latest(
     newer writer generation than ``generation``.
     """
     wanted = LatestPointer(checkpoint_id, epoch, generation)
-    for _ in range(MAX_CAS_ROUNDS):
-        current, version, _ = await read_pointer(store, path)
+
+    def change(current: LatestPointer | None) -> tuple[LatestPointer | None, bool]:
         if current is not None:
             if current.writer_generation > generation:
                 raise FencedError(generation, current.writer_generation)
             if current.checkpoint_id == checkpoint_id and current.writer_generation == generation:
-                return False
+                return None, False
             if not force and current.order() >= wanted.order():
-                return False
-        if await _swap(store, path, _encoder.encode(wanted), version):
-            return True
-    raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")
+                return None, False
+        return wanted, True
+
+    return await update_record(store, path, _reading_pointer(store, path), change)
 
 
 async def retreat_latest(
@@ -301,17 +335,15 @@ async def retreat_latest(
     wins. The pointer keeps its writer generation (the fence it records); with no
     ``target`` it names nothing. Returns whether it moved.
     """
-    for _ in range(MAX_CAS_ROUNDS):
-        current, version, _ = await read_pointer(store, path)
+
+    def change(current: LatestPointer | None) -> tuple[LatestPointer | None, bool]:
         if current is None or current.checkpoint_id != deleted:
-            return False
+            return None, False
         if target is None:
-            wanted = LatestPointer(None, -1, current.writer_generation)
-        else:
-            wanted = LatestPointer(target.checkpoint_id, target.epoch, current.writer_generation)
-        if await _swap(store, path, _encoder.encode(wanted), version):
-            return True
-    raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")
+            return LatestPointer(None, -1, current.writer_generation), True
+        return LatestPointer(target.checkpoint_id, target.epoch, current.writer_generation), True
+
+    return await update_record(store, path, _reading_pointer(store, path), change)
 
 
 async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
@@ -323,9 +355,54 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
     repaired generation fences every earlier writer). Returns the new generation. Every
     writer of an older generation is fenced from then on.
     """
-    for _ in range(MAX_CAS_ROUNDS):
+    new_generation, repair = await update_record(
+        store, writer_path, _reading_both(store, writer_path, latest_path), _raised(writer_path)
+    )
+    if repair is not None:
+        log.warning(
+            "replaced the damaged writer record %s with generation %d (%s)",
+            writer_path,
+            new_generation,
+            repair,
+        )
+
+    def claim(current: LatestPointer | None) -> tuple[LatestPointer, LatestPointer]:
+        if current is not None and current.writer_generation >= new_generation:
+            raise FencedError(new_generation, current.writer_generation)
+        claimed = LatestPointer(
+            current.checkpoint_id if current else None,
+            current.epoch if current else -1,
+            new_generation,
+        )
+        return claimed, claimed
+
+    claimed = await update_record(store, latest_path, _reading_pointer(store, latest_path), claim)
+    fence = Fence(new_generation - 1, claimed.checkpoint_id, claimed.epoch)
+    await _record_fence(store, writer_path, new_generation, fence)
+    return new_generation
+
+
+_Seen = tuple[WriterRecord | None, LatestPointer | None, bool]
+"""What a takeover reads: ``_writer`` (None: damaged), ``_latest``, whether it exists."""
+
+
+def _reading_both(store: Store, writer_path: str, latest_path: str) -> Read[_Seen]:
+    """Read ``_writer`` (the record swapped) and, beside it, ``_latest``."""
+
+    async def read() -> tuple[_Seen, ObjectInfo | None]:
         record, version, _ = await read_writer(store, writer_path)
         pointer, _, pointer_exists = await read_pointer(store, latest_path)
+        return (record, pointer, pointer_exists), version
+
+    return read
+
+
+def _raised(writer_path: str) -> Change[_Seen, tuple[int, str | None]]:
+    """The takeover's change of ``_writer``: a generation above every one visible; returns
+    it, and why it was chosen when it replaces a damaged record."""
+
+    def change(seen: _Seen) -> tuple[WriterRecord, tuple[int, str | None]]:
+        record, pointer, pointer_exists = seen
         visible = [r.generation for r in (record,) if r is not None]
         visible += [p.writer_generation for p in (pointer,) if p is not None]
         if not visible:  # nothing readable bounds the live generations: the clock does
@@ -335,39 +412,16 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
             raise CorruptManifestError(
                 writer_path, f"writer generation {max(visible)} leaves no room for a takeover"
             )
+        repair = None
+        if record is None and pointer is not None:
+            repair = f"the latest pointer names generation {pointer.writer_generation}"
+        elif record is None:
+            repair = f"the latest pointer is {'damaged' if pointer_exists else 'missing'}"
         fences = _completed_fences(record, pointer)
         replaced = WriterRecord(new_generation, time.time_ns() // 10**6, fences)
-        if await _swap(store, writer_path, _encoder.encode(replaced), version):
-            if record is None:
-                if pointer is not None:
-                    why = f"the latest pointer names generation {pointer.writer_generation}"
-                else:
-                    why = f"the latest pointer is {'damaged' if pointer_exists else 'missing'}"
-                log.warning(
-                    "replaced the damaged writer record %s with generation %d (%s)",
-                    writer_path,
-                    new_generation,
-                    why,
-                )
-            break
-    else:
-        raise StoreError("put", writer_path, "gave up: the writer record is too contended")
-    for _ in range(MAX_CAS_ROUNDS):
-        current, version, _ = await read_pointer(store, latest_path)
-        if current is not None and current.writer_generation >= new_generation:
-            raise FencedError(new_generation, current.writer_generation)
-        claimed = LatestPointer(
-            current.checkpoint_id if current else None,
-            current.epoch if current else -1,
-            new_generation,
-        )
-        if await _swap(store, latest_path, _encoder.encode(claimed), version):
-            break
-    else:
-        raise StoreError("put", latest_path, "gave up: the latest pointer is too contended")
-    fence = Fence(new_generation - 1, claimed.checkpoint_id, claimed.epoch)
-    await _record_fence(store, writer_path, new_generation, fence)
-    return new_generation
+        return replaced, (new_generation, repair)
+
+    return change
 
 
 def _completed_fences(
@@ -394,16 +448,14 @@ def _completed_fences(
 
 async def _record_fence(store: Store, writer_path: str, generation: int, fence: Fence) -> None:
     """Add ``fence`` to ``_writer`` by compare-and-swap, while it still holds ``generation``."""
-    for _ in range(MAX_CAS_ROUNDS):
-        record, version, _ = await read_writer(store, writer_path)
+
+    def change(record: WriterRecord | None) -> tuple[WriterRecord, None]:
         if record is None or record.generation != generation:
             current = record.generation if record is not None else -1
             raise FencedError(generation, current)  # a newer takeover completes our fence
-        fences = (*record.fences, fence)[-MAX_FENCES:]
-        updated = msgspec.structs.replace(record, fences=fences)
-        if await _swap(store, writer_path, _encoder.encode(updated), version):
-            return
-    raise StoreError("put", writer_path, "gave up: the writer record is too contended")
+        return msgspec.structs.replace(record, fences=(*record.fences, fence)[-MAX_FENCES:]), None
+
+    await update_record(store, writer_path, _reading_writer(store, writer_path), change)
 
 
 async def check_not_fenced(store: Store, writer_path: str, generation: int) -> WriterRecord:

@@ -7,13 +7,13 @@ Invariants:
   buffers are hashed in a worker thread while they travel, streams chunk by chunk;
 * at most ``max_concurrent_uploads`` uploads are in flight; on the first failure no
   further upload starts, and the failure is raised once those in flight have ended;
-* nothing here writes a manifest: an upload is invisible to every reader until
-  :mod:`cairn._commit` commits it, and the uploads hold the checkpoint's lease while they
-  run (:mod:`cairn._lease`);
+* nothing here writes a manifest or an intent: an upload is invisible to every reader
+  until :mod:`cairn._commit` commits it, and it runs inside a save that
+  :mod:`cairn._commit` began, which holds the checkpoint's lease (:mod:`cairn._lease`);
 * no upload replaces an object another save attempt wrote: every name written here
   carries the attempt's own token (:func:`cairn.layout.new_attempt`), except the
   reference's ``save_snapshot``/``save_delta`` names, which are written create-only
-  (:func:`upload_write_once`).
+  (:func:`put_write_once`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
-from cairn import _lease
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
 from cairn.errors import (
@@ -33,18 +33,20 @@ from cairn.errors import (
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
-from cairn.layout import new_attempt, validate_name, validate_partition
+from cairn.layout import validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
 from cairn.sources import ArtifactData, StreamSource, as_buffer, check_artifact_data
 
 __all__ = [
     "Entry",
     "PartitionUpload",
+    "WriteOnce",
     "check_uploads",
     "discard_attempt",
+    "encode_write_once",
+    "put_write_once",
     "upload_job",
     "upload_partitions",
-    "upload_write_once",
 ]
 
 PartitionUpload = tuple[str, int, bool, ArtifactData]
@@ -60,24 +62,16 @@ async def upload_partitions(
     ctx: Context,
     checkpoint_id: CheckpointId,
     uploads: Sequence[PartitionUpload],
-    metadata_key: str | None,
+    attempt: str,
+    metadata_key: str | None = None,
 ) -> list[Entry]:
-    """Upload checked ``uploads`` of ``checkpoint_id`` under its lease; their entries.
-
-    One attempt token names every object of the call. A failure removes what the call
-    uploaded (best effort: GC sweeps what is left).
-    """
-    attempt = new_attempt()
+    """Upload checked ``uploads`` of ``checkpoint_id`` as ``attempt``, at most
+    ``max_concurrent_uploads`` at a time; their entries, in order."""
     jobs = [
         upload_job(ctx, checkpoint_id, op, part, is_delta, data, attempt, metadata_key)
         for op, part, is_delta, data in uploads
     ]
-    async with _lease.hold_lease(ctx.store, ctx.paths.intent(checkpoint_id), None, ctx.lease):
-        try:
-            return await bounded_gather(ctx.max_concurrent_uploads, jobs)
-        except BaseException:
-            await discard_attempt(ctx, checkpoint_id, uploads, attempt)
-            raise
+    return await bounded_gather(ctx.max_concurrent_uploads, jobs)
 
 
 async def discard_attempt(
@@ -105,17 +99,21 @@ async def discard_attempt(
         log.info("could not clean up after a failed upload to %s: %s", checkpoint_id, exc)
 
 
-async def upload_write_once(
-    ctx: Context, checkpoint_id: CheckpointId, upload: PartitionUpload
-) -> PartitionSnapshotEntry:
-    """Upload one partition to the reference's attempt-less name, create-only.
+@dataclass(frozen=True)
+class WriteOnce:
+    """One partition encoded for the reference's attempt-less name: where it goes, the
+    bytes stored there, and its manifest entry."""
 
-    The name is fixed (``paths.snapshot``/``paths.delta``), so it is written only if
-    absent: a second writer of the same id cannot replace bytes a committed manifest
-    names. The payload is built whole in memory first (a create-only write is one
-    request); a name that already holds exactly these bytes (a retried write whose reply
-    was lost) counts as written, other bytes raise :class:`ArtifactExistsError`.
-    """
+    path: str
+    stored: bytes | memoryview
+    entry: PartitionSnapshotEntry
+
+
+async def encode_write_once(
+    ctx: Context, checkpoint_id: CheckpointId, upload: PartitionUpload
+) -> WriteOnce:
+    """Hash (and compress) one partition for :func:`put_write_once`, whole in memory: a
+    create-only write is one request."""
     operator, partition, is_delta, data = upload
     relative = ctx.paths.relative_artifact(operator, partition, is_delta)
     path = ctx.paths.resolve(checkpoint_id, relative)
@@ -129,14 +127,27 @@ async def upload_write_once(
     else:
         digest, size = await sha256_hex_async(buffer), buffer.nbytes
         stored = await asyncio.to_thread(codec.compress, buffer) if codec is not None else buffer
-    async with _lease.hold_lease(ctx.store, ctx.paths.intent(checkpoint_id), None, ctx.lease):
-        try:
-            await ctx.store.put(path, stored, mode="create")
-        except ObjectExistsError:
-            existing = await ctx.store.get(path)
-            if bytes(existing.data) != bytes(stored):
-                raise ArtifactExistsError(str(checkpoint_id), path) from None
-    return _entry(ctx, partition, is_delta, relative, size, digest, memoryview(stored).nbytes)
+    entry = _entry(ctx, partition, is_delta, relative, size, digest, memoryview(stored).nbytes)
+    return WriteOnce(path, stored, entry)
+
+
+async def put_write_once(
+    ctx: Context, checkpoint_id: CheckpointId, encoded: WriteOnce
+) -> PartitionSnapshotEntry:
+    """Write one partition to the reference's attempt-less name, create-only.
+
+    The name is fixed (``paths.snapshot``/``paths.delta``), so it is written only if
+    absent: a second writer of the same id cannot replace bytes a committed manifest
+    names. A name that already holds exactly these bytes (a retried write whose reply
+    was lost) counts as written, other bytes raise :class:`ArtifactExistsError`.
+    """
+    try:
+        await ctx.store.put(encoded.path, encoded.stored, mode="create")
+    except ObjectExistsError:
+        existing = await ctx.store.get(encoded.path)
+        if bytes(existing.data) != bytes(encoded.stored):
+            raise ArtifactExistsError(str(checkpoint_id), encoded.path) from None
+    return encoded.entry
 
 
 def _entry(

@@ -24,7 +24,7 @@ import abc
 import asyncio
 import contextlib
 import datetime as dt
-import logging
+import functools
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -52,8 +52,6 @@ from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
-
-log = logging.getLogger("cairn")
 
 
 @contextlib.asynccontextmanager
@@ -199,6 +197,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             self.codec,
             self.lease,
             self.signing_keys,
+            self.writer_generation,
         )
 
     # -- writing: the commit protocol (cairn._commit, cairn._upload) ---------------------
@@ -222,11 +221,13 @@ class ObjectStoreCheckpointer(Checkpointer):
         back, or the fence checked after a failed swap), that :class:`StoreError`
         propagates and the checkpoint may be committed (:meth:`exists` tells).
         """
-        self.background.raise_unobserved()
-        if self.background.in_flight:  # commits stay in call order
-            return await (await self.save_async(data))
+        return await self.background.in_call_order(
+            functools.partial(self._save_now, data), functools.partial(self.save_async, data)
+        )
+
+    async def _save_now(self, data: CheckpointData) -> CheckpointManifest:
         with _observe.watching(self.observers):
-            return await _commit.save(self.context, self.writer_generation, data)
+            return await _commit.save(self.context, data)
 
     async def save_async(
         self, data: CheckpointData, *, copy: bool = False
@@ -257,10 +258,10 @@ class ObjectStoreCheckpointer(Checkpointer):
             raise InvalidInputError(f"save_async takes a CheckpointData, got {data!r}")
         if copy:
             data = data.copied()
-        context, generation = self.context, self.writer_generation
+        context = self.context
         with _observe.watching(self.observers):  # the task copies this context
             return await self.background.submit(
-                lambda in_order: _commit.save(context, generation, data, in_order), seen
+                lambda in_order: _commit.save(context, data, in_order), seen
             )
 
     async def wait_for_saves(self) -> None:
@@ -283,7 +284,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         rolled back and :class:`FencedError` raised.
         """
         with _observe.watching(self.observers):
-            return await _commit.commit(self.context, self.writer_generation, manifest)
+            return await _commit.commit(self.context, manifest)
 
     async def save_manifest(self, manifest: CheckpointManifest) -> None:
         """Commit ``manifest``: write it only if no manifest exists for its id.
@@ -292,7 +293,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         (an identical one means this commit already happened), :class:`CheckpointAbortedError`
         if GC claimed the id, and :class:`FencedError` if a newer writer has taken over.
         """
-        await _commit.save_manifest(self.context, self.writer_generation, manifest)
+        await _commit.save_manifest(self.context, manifest)
 
     async def save_snapshot(
         self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
@@ -320,8 +321,7 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def _save_write_once(self, checkpoint_id: CheckpointId, upload: PartitionUpload) -> str:
         check_id(checkpoint_id)
         [checked] = _upload.check_uploads([upload])
-        await _commit.refuse_if_committed(self.context, checkpoint_id)
-        entry = await _upload.upload_write_once(self.context, checkpoint_id, checked)
+        entry = await _commit.upload_write_once(self.context, checkpoint_id, checked)
         return entry.sha256
 
     async def save_partitions_concurrent(
@@ -347,8 +347,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         check_id(checkpoint_id)
         checked = _upload.check_uploads(uploads)
-        await _commit.refuse_if_committed(self.context, checkpoint_id)
-        return await _upload.upload_partitions(self.context, checkpoint_id, checked, metadata_key)
+        return await _commit.upload_partitions(self.context, checkpoint_id, checked, metadata_key)
 
     async def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
         """Delete every object of ``checkpoint_id``, the manifest first.
@@ -394,20 +393,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         whether it moved. Raises :class:`CheckpointNotFoundError` for an uncommitted id
         and :class:`FencedError` when a newer writer owns the store.
         """
-        manifest = await self.load_manifest(checkpoint_id)
-        return await _pointer.advance_latest(
-            self.store,
-            self.paths.latest_pointer(),
-            checkpoint_id,
-            manifest.epoch,
-            self.writer_generation,
-            force=force,
-        )
+        return await _commit.update_latest(self.context, checkpoint_id, force)
 
     async def read_latest(self) -> CheckpointId | None:
         """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
-        pointer, _, _ = await _pointer.read_pointer(self.store, self.paths.latest_pointer())
-        return pointer.checkpoint_id if pointer is not None else None
+        return await _catalog.read_latest(self.context)
 
     # -- what is committed (cairn._catalog) ----------------------------------------------
 
@@ -439,14 +429,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         still the latest here (so ``cairn verify latest`` reports it), while
         :meth:`load_latest` moves on to an older one. None when nothing is committed.
         """
-        async for cid in _catalog.latest_candidates(self.context):
-            try:
-                await self.load_manifest(cid)
-            except _catalog.DAMAGE as exc:
-                log.warning("checkpoint %s has no readable manifest (%s)", cid, exc)
-                continue
-            return cid
-        return None
+        return await _catalog.latest_id(self.context)
 
     # -- reading, verified (cairn._download) ---------------------------------------------
 
@@ -476,18 +459,12 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         with _observe.watching(self.observers):
             async with _observe.observed(None, "load_latest") as op:
-                async for cid in _catalog.latest_candidates(self.context):
-                    try:
-                        loaded = await _download.load(self.context, cid, True)
-                    except _catalog.DAMAGE as exc:
-                        log.warning(
-                            "checkpoint %s does not load (%s): trying the next one", cid, exc
-                        )
-                        _observe.fell_back(cid, exc)
-                        continue
-                    op.manifest = loaded.manifest
-                    return loaded
-                return None
+                context = self.context
+                loaded = await _catalog.first_that_loads(
+                    context, lambda cid: _download.load(context, cid, True)
+                )
+                op.manifest = loaded.manifest if loaded is not None else None
+                return loaded
 
     async def load_chain(
         self, checkpoint_id: CheckpointId, operator: str, partition: int

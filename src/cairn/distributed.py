@@ -15,7 +15,12 @@ once, as :meth:`ObjectStoreCheckpointer.save` does. Invariants:
   (:class:`IntegrityMismatchError` naming the artifact otherwise). Stores without user
   metadata (local directories) are hashed from the file instead;
 * a failed commit writes nothing: no manifest, no pointer. A worker that dies mid-upload
-  leaves objects in an uncommitted directory, which GC's orphan sweep removes.
+  leaves objects in an uncommitted directory, which GC's orphan sweep removes;
+* the save's lease and preconditions are the commit protocol's (:mod:`cairn._commit`):
+  each worker holds the lease while it uploads (and it lapses a lease after), and the
+  coordinator, from the start of :func:`commit_distributed`, checks that it is not
+  fenced and that the id is not committed, then holds the lease through its checks to
+  the commit.
 """
 
 from __future__ import annotations
@@ -25,10 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
-from cairn._buffer import Buffer
-from cairn._commit import assemble_manifest
-from cairn._concurrency import bounded_gather
-from cairn._validate import is_int
+from cairn._integration import Buffer, assemble_manifest, begin, bounded_gather, is_int
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ArtifactKey
 from cairn.errors import (
@@ -158,6 +160,8 @@ async def commit_distributed(
     Raises :class:`IncompleteCheckpointError` for a missing, duplicated or unexpected
     partition and :class:`IntegrityMismatchError` for an entry whose size or digest is
     not what the store holds; either way nothing is committed. Returns the manifest.
+    A fenced coordinator (:class:`FencedError`) and an id already committed
+    (:class:`CheckpointExistsError`) are refused before the store is read.
     """
     if not is_int(epoch) or epoch < 0:
         raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
@@ -166,19 +170,20 @@ async def commit_distributed(
         raise InvalidInputError("a distributed checkpoint holds full snapshots only")
     for source in source_offsets or {}:
         validate_name("source", source)
-    await bounded_gather(
-        ckpt.max_concurrent_downloads,
-        [_check_against_store(ckpt, checkpoint_id, entry) for _, entry in entries],
-    )
-    manifest = assemble_manifest(
-        checkpoint_id,
-        epoch,
-        entries,
-        source_offsets=source_offsets,
-        watermark=watermark,
-        writer_generation=ckpt.writer_generation,
-    )
-    return await ckpt.commit(manifest)
+    async with await begin(ckpt, checkpoint_id) as save:
+        await bounded_gather(
+            ckpt.max_concurrent_downloads,
+            [_check_against_store(ckpt, checkpoint_id, entry) for _, entry in entries],
+        )
+        manifest = assemble_manifest(
+            checkpoint_id,
+            epoch,
+            entries,
+            source_offsets=source_offsets,
+            watermark=watermark,
+            writer_generation=ckpt.writer_generation,
+        )
+        return await save.commit(manifest)
 
 
 def _check_against_store(

@@ -7,6 +7,7 @@ Calling a method from a thread that is running an event loop raises
 
 The methods are written out (so that editors and type checkers see real signatures);
 ``tests/test_sync.py`` compares each with its async twin, so they cannot drift apart.
+The constructor takes the async checkpointer's parameters, written once, there.
 """
 
 from __future__ import annotations
@@ -16,33 +17,28 @@ import atexit
 import concurrent.futures
 import concurrent.futures.thread
 import datetime as dt
+import functools
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Coroutine, Sequence
-from typing import Any, BinaryIO, TypeVar
-
-from obstore.store import ObjectStore
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, BinaryIO, Concatenate, ParamSpec, TypeVar, cast
 
 from cairn._buffer import Buffer
-from cairn._lease import DEFAULT_LEASE
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.errors import SyncInAsyncContextError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.observe import Observer
 from cairn.retention import GcResult, RetentionPolicy
-from cairn.retry import RetryPolicy
-from cairn.signing import SigningKey
 from cairn.sources import RESTORE_CHUNK, ArtifactData
-from cairn.stores import Store
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 log = logging.getLogger("cairn")
 
 
@@ -146,6 +142,21 @@ def _wait_at_exit() -> None:
 threading._register_atexit(_wait_at_exit)  # type: ignore[attr-defined]
 
 
+def _arguments_of(
+    init: Callable[Concatenate[Any, P], None],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, P], None]]:
+    """Give the decorated ``__init__`` the parameters of ``init``, for callers, type
+    checkers and :func:`inspect.signature` alike: the parameters are written once."""
+
+    def give(func: Callable[..., None]) -> Callable[Concatenate[Any, P], None]:
+        return cast(
+            "Callable[Concatenate[Any, P], None]",
+            functools.update_wrapper(func, init, assigned=(), updated=()),
+        )
+
+    return give
+
+
 class SyncCheckpointer:
     """The methods of :class:`ObjectStoreCheckpointer`, blocking.
 
@@ -153,32 +164,9 @@ class SyncCheckpointer:
     one with :meth:`wrap`. ``.async_checkpointer`` is the instance doing the work.
     """
 
-    def __init__(
-        self,
-        store: Store | ObjectStore | str,
-        paths: CheckpointPaths | None = None,
-        max_concurrent_uploads: int = 8,
-        *,
-        retry: RetryPolicy | None = None,
-        max_concurrent_downloads: int = 8,
-        compression: str | None = None,
-        lease: dt.timedelta = DEFAULT_LEASE,
-        max_saves_in_flight: int = 1,
-        observers: Sequence[Observer] = (),
-        signing_key: SigningKey | Sequence[SigningKey] | None = None,
-    ) -> None:
-        self.async_checkpointer = ObjectStoreCheckpointer(
-            store,
-            paths,
-            max_concurrent_uploads,
-            retry=retry,
-            max_concurrent_downloads=max_concurrent_downloads,
-            compression=compression,
-            lease=lease,
-            max_saves_in_flight=max_saves_in_flight,
-            observers=observers,
-            signing_key=signing_key,
-        )
+    @_arguments_of(ObjectStoreCheckpointer.__init__)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.async_checkpointer = ObjectStoreCheckpointer(*args, **kwargs)
 
     @classmethod
     def wrap(cls, checkpointer: ObjectStoreCheckpointer) -> SyncCheckpointer:

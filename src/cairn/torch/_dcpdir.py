@@ -77,7 +77,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from cairn._concurrency import bounded_gather
+from cairn._integration import TwoPhaseSave, begin, bounded_gather
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import (
     CorruptManifestError,
@@ -103,7 +103,6 @@ from cairn.torch._target import Target, interpret
 from cairn.torch._writer import (
     COPY_BUDGET,
     _Batch,
-    check_can_save,
     commit_dcp,
     rank_operator,
     upload_batch,
@@ -415,8 +414,21 @@ async def import_dcp_async(
     root = _absolute(source)
     chosen = _default_name(root) if name is None else validate_checkpoint_name(name)
     scanned = await asyncio.to_thread(read_dcp_dir, root)
-    cid = CheckpointId.now()
-    await check_can_save(ckpt, cid)
+    async with await begin(ckpt, CheckpointId.now()) as save:
+        return await _import_into(save, ckpt, root, scanned, epoch, chosen, progress)
+
+
+async def _import_into(
+    save: TwoPhaseSave,
+    ckpt: ObjectStoreCheckpointer,
+    root: Path,
+    scanned: _DcpDir,
+    epoch: int,
+    chosen: str,
+    progress: Progress,
+) -> ImportedDcp:
+    """Upload every item of ``scanned`` into ``save`` and commit it."""
+    cid = save.checkpoint_id
     results: list[WriteResult] = []
     next_partition: dict[str, int] = {}
     counts = {"tensor": 0, "bytes": 0, "raw": 0, "read": 0}
@@ -436,12 +448,12 @@ async def import_dcp_async(
             held += size
             progress(size)
             if held > COPY_BUDGET:  # what was read is uploaded before more is read
-                results += await upload_batch(ckpt, cid, operator, batch)
+                results += await upload_batch(save.upload, operator, batch)
                 batch, held = _Batch(batch.next_partition), 0
-        results += await upload_batch(ckpt, cid, operator, batch)
+        results += await upload_batch(save.upload, operator, batch)
         next_partition[operator] = batch.next_partition
     metadata = copy.copy(scanned.metadata)
-    committed = await commit_dcp(ckpt, cid, epoch, metadata, [results], str(uuid.uuid4()), chosen)
+    committed = await commit_dcp(ckpt, save, epoch, metadata, [results], str(uuid.uuid4()), chosen)
     uploaded = sum(e.size_bytes for _, e in committed.partition_entries())
     return ImportedDcp(
         cid,

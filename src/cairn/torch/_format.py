@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
-from cairn._buffer import Buffer
+from cairn._integration import Buffer
 from cairn.errors import CorruptManifestError, InvalidInputError
 from cairn.layout import validate_relative_path
 

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from cairn import _catalog
+from cairn._integration import DAMAGE
 from cairn.ids import CheckpointId
 from cairn.signing import SigningKey
 from cairn.torch._planner import SafeLoadPlanner
@@ -80,7 +80,7 @@ def load_latest(
                 reader.read_metadata()
                 raise
             errors = [error for error, _ in exc.failures.values()]
-            if not errors or not all(isinstance(e, _catalog.DAMAGE) for e in errors):
+            if not errors or not all(isinstance(e, DAMAGE) for e in errors):
                 raise
             log.warning("checkpoint %s does not load (%s): trying the next one", cid, errors[0])
             damaged.append(cid)

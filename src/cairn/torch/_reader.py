@@ -18,10 +18,16 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from cairn import _catalog
-from cairn._buffer import Buffer
-from cairn._concurrency import bounded_gather
-from cairn._download import read_entry
+from cairn._integration import (
+    DAMAGE,
+    Buffer,
+    bounded_gather,
+    checkpoint_names,
+    latest_candidates,
+    load_manifest,
+    named_candidates,
+    read_entry,
+)
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import (
     BrokenChainError,
@@ -278,11 +284,7 @@ async def open_dcp(
                 str(exc), "DCP metadata", f"checkpoint {target} was not saved by DCP"
             ) from None
     ctx = ckpt.context
-    candidates = (
-        _catalog.latest_candidates(ctx)
-        if target is None
-        else _catalog.named_candidates(ctx, target)
-    )
+    candidates = latest_candidates(ctx) if target is None else named_candidates(ctx, target)
     search = _Search(target)
     async for cid in candidates:
         if cid in skip:
@@ -293,7 +295,7 @@ async def open_dcp(
         except _NotDcp:
             log.info("checkpoint %s holds no DCP state: trying the next one", cid)
             search.not_dcp.append(cid)
-        except _catalog.DAMAGE as exc:
+        except DAMAGE as exc:
             log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
             search.damaged.append((cid, str(exc)))
     raise await search.not_found(ckpt, store)
@@ -331,7 +333,7 @@ class _Search:
         elif self.name is None:
             detail = f"searched {where}: it holds no committed checkpoint"
         else:
-            names = await _catalog.checkpoint_names(ckpt.context)
+            names = await checkpoint_names(ckpt.context)
             shown = ", ".join(repr(n) for n in names[:5]) + (
                 f" and {len(names) - 5} more" if len(names) > 5 else ""
             )
@@ -346,7 +348,7 @@ class _Search:
 
 async def _open_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Opened:
     ctx = ckpt.context
-    manifest = await _catalog.load_manifest(ctx, cid)
+    manifest = await load_manifest(ctx, cid)
     entries = {entry.path: entry for _, entry in manifest.partition_entries()}
     meta_entries = manifest.operators.get(METADATA_OPERATOR)
     if meta_entries is None or len(meta_entries.partitions) != 1:

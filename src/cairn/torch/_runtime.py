@@ -20,14 +20,12 @@ from typing import Any, TypeVar
 
 from obstore.store import MemoryStore, ObjectStore
 
-from cairn._lease import DEFAULT_LEASE
-from cairn._validate import positive_int
+from cairn._integration import DEFAULT_LEASE, positive_int, run_blocking
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import InvalidInputError, SyncInAsyncContextError
 from cairn.layout import CheckpointPaths
 from cairn.signing import SigningKey
 from cairn.stores import Store
-from cairn.sync import _runner
 
 __all__ = [
     "StoreArg",
@@ -47,7 +45,7 @@ def run(coro: Coroutine[Any, Any, T], what: str) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _runner.run(coro)
+        return run_blocking(coro)
     coro.close()
     raise SyncInAsyncContextError(
         f"{what} was called from inside a running event loop, which it would block: "

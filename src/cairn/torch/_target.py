@@ -45,7 +45,7 @@ from urllib.parse import unquote, urlsplit
 
 from obstore.store import AzureStore, GCSStore, LocalStore, S3Store
 
-from cairn._urls import _REMOTE_SCHEMES
+from cairn._integration import REMOTE_SCHEMES
 from cairn.errors import CheckpointLocationError, InvalidInputError, InvalidStoreUrlError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths, short_repr, validate_checkpoint_name
@@ -63,7 +63,7 @@ Target = CheckpointId | str
 """What a checkpoint_id names: a checkpoint id, or a checkpoint name (text)."""
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_STORE_SCHEMES = _REMOTE_SCHEMES | {"file", "memory"}
+_STORE_SCHEMES = REMOTE_SCHEMES | {"file", "memory"}
 _FAMILIES = {"s3a": "s3", "azure": "az"}
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import functools
 import io
 import logging
 import os
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -19,10 +20,15 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from cairn import _commit, _pointer
-from cairn._lease import DEFAULT_LEASE
-from cairn._validate import is_int
-from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn._integration import (
+    DEFAULT_LEASE,
+    Entry,
+    TwoPhaseSave,
+    assemble_manifest,
+    begin,
+    is_int,
+)
+from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.errors import IncompleteCheckpointError, InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
@@ -43,7 +49,7 @@ from cairn.torch._target import Target, interpret, well_formed
 __all__ = [
     "METADATA_OPERATOR",
     "CairnWriter",
-    "check_can_save",
+    "Upload",
     "commit_dcp",
     "rank_operator",
     "upload_batch",
@@ -194,9 +200,11 @@ class CairnWriter(StorageWriter):
         )
         self._requested: Target | None = None
         self._name: str | None = None
+        self._pending: TwoPhaseSave | None = None
         self._reset_save()
 
     def _reset_save(self) -> None:
+        self._reset_lease()
         self._is_coordinator = False
         self._rank = 0
         self._checkpoint_id: CheckpointId | None = None
@@ -208,6 +216,7 @@ class CairnWriter(StorageWriter):
         travels(self._store, "a CairnWriter")
         state = dict(self.__dict__)
         state["_ckpt"] = None
+        state["_pending"] = None  # a lease is held by the process that took it
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -279,7 +288,8 @@ class CairnWriter(StorageWriter):
 
         The id goes to every rank inside its plan (``storage_data``), so all ranks agree
         without another collective. A fenced writer, or an id that is already committed,
-        is refused here, before anything is uploaded.
+        is refused here, before anything is uploaded. From here to :meth:`finish` the
+        coordinator holds the checkpoint's lease (renewed however long the ranks take).
         """
         if not all(plan.usable for plan in plans):
             raise InvalidInputError(
@@ -290,7 +300,8 @@ class CairnWriter(StorageWriter):
         requested = self._requested
         cid = requested if isinstance(requested, CheckpointId) else CheckpointId.now()
         ckpt = self.checkpointer
-        run(check_can_save(ckpt, cid), "CairnWriter.prepare_global_plan")
+        self._reset_lease()
+        self._pending = run(begin(ckpt, cid), "CairnWriter.prepare_global_plan")
         self._checkpoint_id = cid
         self._name = requested if isinstance(requested, str) else None
         return [
@@ -328,7 +339,14 @@ class CairnWriter(StorageWriter):
         return future
 
     def _upload(self, cid: CheckpointId, operator: str, batch: _Batch) -> list[WriteResult]:
-        return run(upload_batch(self.checkpointer, cid, operator, batch), "CairnWriter.write_data")
+        upload = functools.partial(self.checkpointer.save_partitions_concurrent, cid)
+        return run(upload_batch(upload, operator, batch), "CairnWriter.write_data")
+
+    def _reset_lease(self) -> None:
+        """End the lease of a save that never reached its commit (DCP failed it)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            run(pending.end(), "CairnWriter")
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: store DCP's metadata as an artifact, then commit the checkpoint.
@@ -341,12 +359,16 @@ class CairnWriter(StorageWriter):
         cid = self._checkpoint_id
         if cid is None:
             raise InvalidInputError("finish was called before CairnWriter planned the save")
-        run(
-            commit_dcp(
-                self.checkpointer, cid, self.epoch, metadata, results, self._save_id, self._name
-            ),
-            "CairnWriter.finish",
-        )
+        pending, self._pending = self._pending, None
+        ckpt = self.checkpointer
+
+        async def commit() -> None:
+            save = pending if pending is not None else await begin(ckpt, cid)
+            async with save:
+                epoch, save_id, name = self.epoch, self._save_id, self._name
+                await commit_dcp(ckpt, save, epoch, metadata, results, save_id, name)
+
+        run(commit(), "CairnWriter.finish")
         self._requested = None  # an id or name given to one save is not reused by the next
 
     @classmethod
@@ -357,21 +379,16 @@ class CairnWriter(StorageWriter):
         return well_formed(checkpoint_id)
 
 
-async def check_can_save(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> None:
-    """Refuse a save of ``cid`` before anything is uploaded: a newer writer generation
-    has taken over (:class:`~cairn.FencedError`), or ``cid`` is already committed."""
-    await _pointer.check_not_fenced(ckpt.store, ckpt.paths.writer_record(), ckpt.writer_generation)
-    await _commit.refuse_if_committed(ckpt.context, cid)
+Upload = Callable[[list[PartitionUpload]], Awaitable[list[Entry]]]
+"""Uploads partitions of the checkpoint being saved; their entries, in order."""
 
 
-async def upload_batch(
-    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, operator: str, batch: _Batch
-) -> list[WriteResult]:
-    """Upload ``batch``'s artifacts as partitions of ``operator`` in checkpoint ``cid``;
-    a ``WriteResult`` per item, carrying its record and its artifact's entry."""
+async def upload_batch(upload: Upload, operator: str, batch: _Batch) -> list[WriteResult]:
+    """Upload ``batch``'s artifacts as partitions of ``operator`` through ``upload``; a
+    ``WriteResult`` per item, carrying its record and its artifact's entry."""
     if not batch.artifacts:
         return []
-    uploads: list[tuple[str, int, bool, Any]] = []
+    uploads: list[PartitionUpload] = []
     item_digests: list[list[str]] = []
     for artifact in batch.artifacts:
         if len(artifact.parts) == 1:
@@ -384,7 +401,7 @@ async def upload_batch(
             source = ConcatReader(artifact.parts)
             uploads.append((operator, artifact.partition, False, source))
             item_digests.append(await asyncio.to_thread(_digests, artifact.parts))
-    entries = await ckpt.save_partitions_concurrent(cid, uploads)
+    entries = await upload(uploads)
     results: list[WriteResult] = []
     for artifact, (_, entry), digests_of in zip(
         batch.artifacts, entries, item_digests, strict=True
@@ -406,29 +423,30 @@ def _digests(parts: list[memoryview]) -> list[str]:
 
 async def commit_dcp(
     ckpt: ObjectStoreCheckpointer,
-    cid: CheckpointId,
+    save: TwoPhaseSave,
     epoch: int,
     metadata: Metadata,
     results: list[list[WriteResult]],
     save_id: str,
     name: str | None,
 ) -> CheckpointManifest:
-    """Store DCP's ``metadata`` (with every rank's item records) as an artifact, then
-    commit ``cid``'s manifest naming it and every rank's artifacts."""
+    """Store DCP's ``metadata`` (with every rank's item records) as an artifact of
+    ``save``, then commit its manifest naming it and every rank's artifacts."""
+    cid = save.checkpoint_id
     records, entries = _collect(results)
     metadata.storage_data = records
     metadata.version = CURRENT_DCP_VERSION
     metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
     body = dump_metadata(metadata)
-    uploaded = await ckpt.save_partitions_concurrent(cid, [(METADATA_OPERATOR, 0, False, body)])
-    manifest = _commit.assemble_manifest(
+    uploaded = await save.upload([(METADATA_OPERATOR, 0, False, body)])
+    manifest = assemble_manifest(
         cid,
         epoch,
         [*entries, *uploaded],
         writer_generation=ckpt.writer_generation,
         name=name,
     )
-    committed = await ckpt.commit(manifest)
+    committed = await save.commit(manifest)
     named = f" named {name!r}" if name is not None else ""
     log.info("DCP checkpoint %s%s committed (epoch %d)", cid, named, epoch)
     return committed

@@ -1,0 +1,138 @@
+"""The internal interface of cairn's integrations: what they may use beyond the public API.
+
+The integrations, :mod:`cairn.distributed` and the package :mod:`cairn.torch`, are built
+on the public modules (``cairn``, ``cairn.errors``, ``cairn.ids``, ``cairn.layout``,
+``cairn.manifest``, ``cairn.data``, ``cairn.integrity``, ``cairn.signing``,
+``cairn.stores``, ``cairn.checkpointer``, ``cairn.sync``, ``cairn.codecs``) and on this
+module alone: they import no other private module. Everything private they need is
+named here, so this list is the whole of their coupling to cairn's internals:
+
+* a save in two phases, whose uploads and commit are separate calls (:func:`begin`,
+  :class:`TwoPhaseSave`): its preconditions, its lease and its commit are the commit
+  protocol's own (:mod:`cairn._commit`), the same as a one-call ``save``'s;
+* :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`);
+* reading as ``load_latest`` does: :data:`DAMAGE`, :func:`latest_candidates`,
+  :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`, and
+  :func:`read_entry` (an artifact's bytes, verified);
+* :func:`run_blocking`, which runs a coroutine on the event-loop thread the blocking
+  API (:mod:`cairn.sync`) keeps;
+* settings and checks: :data:`DEFAULT_LEASE`, :func:`is_int`, :func:`positive_int`,
+  :data:`REMOTE_SCHEMES`; and helpers: :data:`Buffer`, :func:`bounded_gather`.
+
+Invariant: nothing here has logic of its own beyond adapting a checkpointer to the
+parts (its context, its observers); the parts keep theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from cairn import _commit, _observe, _upload
+from cairn._buffer import Buffer
+from cairn._catalog import (
+    DAMAGE,
+    checkpoint_names,
+    latest_candidates,
+    load_manifest,
+    named_candidates,
+)
+from cairn._commit import assemble_manifest
+from cairn._concurrency import bounded_gather
+from cairn._download import read_entry
+from cairn._lease import DEFAULT_LEASE
+from cairn._upload import Entry, PartitionUpload
+from cairn._urls import _REMOTE_SCHEMES
+from cairn._validate import is_int, positive_int
+from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.ids import CheckpointId
+from cairn.manifest import CheckpointManifest
+from cairn.sync import _runner
+
+__all__ = [
+    "DAMAGE",
+    "DEFAULT_LEASE",
+    "REMOTE_SCHEMES",
+    "Buffer",
+    "Entry",
+    "TwoPhaseSave",
+    "assemble_manifest",
+    "begin",
+    "bounded_gather",
+    "checkpoint_names",
+    "is_int",
+    "latest_candidates",
+    "load_manifest",
+    "named_candidates",
+    "positive_int",
+    "read_entry",
+    "run_blocking",
+]
+
+T = TypeVar("T")
+
+REMOTE_SCHEMES = _REMOTE_SCHEMES
+"""The URL schemes of remote object stores :func:`cairn.open_store` opens."""
+
+
+class TwoPhaseSave:
+    """A save of one checkpoint whose uploads and commit are separate calls.
+
+    Made by :func:`begin`, which checked the preconditions and took the lease; the
+    lease is renewed until :meth:`commit` or :meth:`end` (or the ``async with`` block's
+    end), however long the caller takes between its steps.
+    """
+
+    def __init__(self, ckpt: ObjectStoreCheckpointer, pending: _commit.PendingSave) -> None:
+        self._ckpt = ckpt
+        self._pending = pending
+
+    @property
+    def checkpoint_id(self) -> CheckpointId:
+        """The checkpoint being saved."""
+        return self._pending.checkpoint_id
+
+    async def upload(self, uploads: Sequence[PartitionUpload]) -> list[Entry]:
+        """Upload partitions of the checkpoint (checked as ``save_partitions_concurrent``
+        checks them); their entries. A failure ends the save."""
+        return await self._pending.upload(_upload.check_uploads(uploads))
+
+    async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
+        """Commit ``manifest`` as ``ObjectStoreCheckpointer.commit`` does; the lease ends."""
+        with _observe.watching(self._ckpt.observers):
+            return await self._pending.commit(manifest)
+
+    async def end(self) -> None:
+        """Stop renewing the lease (idempotent): the intent lapses unless committed."""
+        await self._pending.end()
+
+    async def __aenter__(self) -> TwoPhaseSave:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.end()
+
+
+async def begin(ckpt: ObjectStoreCheckpointer, checkpoint_id: CheckpointId) -> TwoPhaseSave:
+    """Begin a two-phase save of ``checkpoint_id`` (building on no parent) through
+    ``ckpt``, as the writer that will commit it.
+
+    Raises :class:`~cairn.FencedError` if a newer writer generation has taken over and
+    :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is written then.
+    """
+    pending = await _commit.start(ckpt.context, checkpoint_id)
+    return TwoPhaseSave(ckpt, pending)
+
+
+def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the blocking API's event-loop thread and wait for its result.
+
+    Raises :class:`~cairn.SyncInAsyncContextError` when called from a running loop.
+    """
+    return _runner.run(coro)
