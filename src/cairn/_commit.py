@@ -67,7 +67,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import msgspec
 
-from cairn import _catalog, _chains, _lease, _observe, _pointer, _upload, retention
+from cairn import _catalog, _chains, _lease, _pointer, _upload, retention
+from cairn import _dispatch as _observe
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
 from cairn.data import ArtifactKey, CheckpointData

@@ -32,23 +32,26 @@ from typing import Any, BinaryIO
 
 from obstore.store import ObjectStore
 
-from cairn import _catalog, _commit, _download, _lease, _observe, _pointer, _upload
+from cairn import _catalog, _commit, _download, _lease, _pointer, _upload
+from cairn import _dispatch as _observe
 from cairn._background import BackgroundSaves
 from cairn._buffer import Buffer
 from cairn._context import Context, check_id
+from cairn._download import RESTORE_CHUNK
 from cairn._upload import PartitionUpload
 from cairn._validate import positive_int
 from cairn.codecs import get_codec
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.discover import ManifestOrDamage, checkpoint_dirs, load_manifests
 from cairn.errors import InvalidInputError
 from cairn.ids import CheckpointId
+from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.observe import Observer, Operation
 from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.signing import SigningKey, signing_keys
-from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
@@ -561,3 +564,24 @@ class ObjectStoreCheckpointer(Checkpointer):
         it. ``attributes`` (``checkpoint_id``, ``epoch``, ``bytes``) describe it.
         """
         return _observed_with(self.observers, name, attributes)
+
+    # -- finding checkpoints for tools (cairn.discover) ------------------------------
+
+    async def list_checkpoint_dirs(self) -> list[CheckpointId]:
+        """Every checkpoint directory under the base, oldest first, committed or not (a
+        save in progress or one that stopped before its commit has one too); see
+        :func:`cairn.discover.checkpoint_dirs`. :meth:`list_checkpoints` is the committed."""
+        return await checkpoint_dirs(self.store, self.paths)
+
+    async def load_manifests(self, ids: list[CheckpointId]) -> list[ManifestOrDamage]:
+        """:meth:`load_manifest` of each of ``ids``, read concurrently, in the order given;
+        a manifest that is damaged or gone is its error in its place (see
+        :func:`cairn.discover.load_manifests`). A store failure raises."""
+        return await load_manifests(self.load_manifest, ids)
+
+    async def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
+        """The bytes of ``entry`` at ``path`` as stored (compressed, if its codec says so),
+        no more than the size it records (:class:`IntegrityMismatchError` otherwise). Not
+        hashed: the digest covers the decoded bytes, which :meth:`load` verifies. For
+        copying a checkpoint byte for byte."""
+        return await _download.read_stored(self.context, path, entry)

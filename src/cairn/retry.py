@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cairn import _observe
+from cairn import _dispatch as _observe
 from cairn.errors import InvalidInputError, TransientStoreError
 from cairn.stores import ForwardingStore, PutMode, Store, StoreMethod
 

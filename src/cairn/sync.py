@@ -26,18 +26,20 @@ from typing import Any, BinaryIO, TypeVar
 from obstore.store import ObjectStore
 
 from cairn._buffer import Buffer
+from cairn._download import RESTORE_CHUNK
 from cairn._lease import DEFAULT_LEASE
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.discover import ManifestOrDamage
 from cairn.errors import SyncInAsyncContextError
 from cairn.ids import CheckpointId
+from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.observe import Observer
 from cairn.retention import GcResult, RetentionPolicy
 from cairn.retry import RetryPolicy
 from cairn.signing import SigningKey
-from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
@@ -344,3 +346,15 @@ class SyncCheckpointer:
     ) -> GcResult:
         """See :meth:`ObjectStoreCheckpointer.gc`."""
         return _runner.run(self.async_checkpointer.gc(policy, dry_run=dry_run, min_age=min_age))
+
+    def list_checkpoint_dirs(self) -> list[CheckpointId]:
+        """See :meth:`ObjectStoreCheckpointer.list_checkpoint_dirs`."""
+        return _runner.run(self.async_checkpointer.list_checkpoint_dirs())
+
+    def load_manifests(self, ids: list[CheckpointId]) -> list[ManifestOrDamage]:
+        """See :meth:`ObjectStoreCheckpointer.load_manifests`."""
+        return _runner.run(self.async_checkpointer.load_manifests(ids))
+
+    def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
+        """See :meth:`ObjectStoreCheckpointer.load_stored`."""
+        return _runner.run(self.async_checkpointer.load_stored(path, entry))

@@ -181,12 +181,7 @@ def history_command(
     async def body() -> None:
         ckpt = await session.open()
         committed = set(await ckpt.list_checkpoints())
-        listing = await ckpt.store.list_dir(ckpt.paths.base_prefix)
-        every = sorted(
-            cid
-            for entry in listing.prefixes
-            if (cid := ckpt.paths.parse_checkpoint_dir(entry)) is not None
-        )
+        every = await ckpt.list_checkpoint_dirs()
         listed = {
             item.checkpoint_id: item for item in await read_manifests(ckpt, sorted(committed))
         }
@@ -599,13 +594,12 @@ def export_dcp_command(
 
     async def body() -> None:
         module = dcp.torch_module()
-        from cairn.torch._target import interpret
 
         ckpt = await session.open()
         target = (
             None
             if ref.lower() == "latest"
-            else interpret(ref, session.url, ckpt.paths, "the checkpoint")
+            else module.interpret_checkpoint_id(ref, session.url, ckpt.paths, "the checkpoint")
         )
         try:
             async with Transfer(session.output.err, "exporting", None) as bar:

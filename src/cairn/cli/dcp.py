@@ -37,9 +37,9 @@ __all__ = [
 
 
 def torch_module() -> ModuleType:
-    """:mod:`cairn.torch._dcpdir`, or a usage error (exit 2) when torch is not installed."""
+    """:mod:`cairn.torch`, or a usage error (exit 2) when torch is not installed."""
     try:
-        return importlib.import_module("cairn.torch._dcpdir")
+        return importlib.import_module("cairn.torch")
     except ImportError as exc:
         raise CliError(
             f"this command needs PyTorch: pip install 'cairn[torch]' ({exc})", ExitCode.USAGE
