@@ -11,8 +11,11 @@ are documented in :mod:`cairn.cli.errors`; the JSON documents in
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -37,7 +40,7 @@ from cairn.cli.errors import EXIT_CODES_HELP, CliError, ExitCode
 from cairn.cli.files import check_target_dir
 from cairn.cli.help import CairnCommand, CairnGroup
 from cairn.cli.history import Point, history_chart, history_doc
-from cairn.cli.limits import integer
+from cairn.cli.limits import at_least
 from cairn.cli.maintain import delete, parse_duration
 from cairn.cli.progress import Transfer
 from cairn.cli.restore import restore
@@ -106,6 +109,40 @@ RefsArgument = Annotated[
 ]
 
 
+_SESSION_OPTIONS = [
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=a)
+    for name, a, default in (
+        ("store", StoreOption, None),
+        ("prefix", PrefixOption, None),
+        ("json_mode", JsonOption, False),
+        ("debug", DebugOption, False),
+    )
+]
+"""The options every command ends with: ``--store``, ``--prefix``, ``--json``, ``--debug``."""
+
+
+def command(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register ``func(session, ...)`` as the command ``name``: its own parameters, then
+    :data:`_SESSION_OPTIONS`, from which the :class:`Session` it is called with is made."""
+
+    def register(func: Callable[..., None]) -> Callable[..., None]:
+        own = list(inspect.signature(func, eval_str=True).parameters.values())[1:]
+
+        @functools.wraps(func)
+        def cli(**given: Any) -> None:
+            options = [given.pop(p.name) for p in _SESSION_OPTIONS]
+            func(Session.create(*options), **given)
+
+        params = [*own, *_SESSION_OPTIONS]
+        # typer reads a command's parameters from its signature and type hints.
+        cli.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+        cli.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        app.command(name, cls=CairnCommand)(cli)
+        return func
+
+    return register
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"cairn {__version__}")
@@ -133,18 +170,14 @@ async def _resolve(session: Session, ckpt: ObjectStoreCheckpointer, ref: str) ->
         raise CliError(exc.message + hint, exc.code, exc.kind) from None
 
 
-@app.command("list", cls=CairnCommand)
+@command("list")
 def list_command(
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
+    session: Session,
 ) -> None:
     """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size.
 
     When there are none under the prefix, names the prefixes of the store that hold some.
     """
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
         ckpt = await session.open()
@@ -167,16 +200,12 @@ def list_command(
     run(session, body)
 
 
-@app.command("history", cls=CairnCommand)
+@command("history")
 def history_command(
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
+    session: Session,
 ) -> None:
     """Draw the checkpoints over time: size uploaded and carried, duration, full or
     incremental, and the saves that did not commit and long gaps, at a glance."""
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
         ckpt = await session.open()
@@ -199,8 +228,9 @@ def history_command(
     run(session, body)
 
 
-@app.command("show", cls=CairnCommand)
+@command("show")
 def show_command(
+    session: Session,
     ref: RefArgument,
     partitions: Annotated[
         bool,
@@ -209,10 +239,6 @@ def show_command(
             help="List every artifact and source, however many (with --json too).",
         ),
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Show one checkpoint: sources, offsets, the artifacts of its restore chains, and
     whether it is signed (with CAIRN_SIGNING_KEY, one not signed by it is refused).
@@ -221,7 +247,6 @@ def show_command(
     lists every artifact and source. --json follows the same rule: a summary has
     "listed": false and no "entries".
     """
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
         parse_ref(ref)
@@ -241,14 +266,11 @@ def show_command(
     run(session, body)
 
 
-@app.command("verify", cls=CairnCommand)
+@command("verify")
 def verify_command(
+    session: Session,
     refs: RefsArgument = None,
     every: AllOption = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Load checkpoints and check the SHA-256 of every artifact of every restore chain.
 
@@ -256,7 +278,6 @@ def verify_command(
     Says whether each is signed; with CAIRN_SIGNING_KEY (hex keys, comma-separated),
     one not signed by one of the keys fails.
     """
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> ExitCode:
         wanted = check_refs(refs or [], every)
@@ -290,8 +311,9 @@ async def _resolve_many(
     return ids
 
 
-@app.command("restore", cls=CairnCommand)
+@command("restore")
 def restore_command(
+    session: Session,
     ref: RefArgument,
     to: Annotated[
         Path,
@@ -303,10 +325,6 @@ def restore_command(
             "--overwrite", help="Replace files in DIR that hold other bytes under the same names."
         ),
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Write a checkpoint's verified artifacts and manifest as files under DIR.
 
@@ -318,7 +336,6 @@ def restore_command(
     link inside DIR where a file or folder is to be written is refused (exit 2), never
     followed or replaced.
     """
-    session = Session.create(store, prefix, json_mode, debug)
     target = to.expanduser().resolve()
 
     async def body() -> None:
@@ -334,8 +351,9 @@ def restore_command(
     run(session, body)
 
 
-@app.command("delete", cls=CairnCommand)
+@command("delete")
 def delete_command(
+    session: Session,
     ref: RefArgument,
     force: Annotated[
         bool,
@@ -344,10 +362,6 @@ def delete_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only say what would be deleted.")
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Delete one checkpoint: its manifest first (never half-listed), then its files.
 
@@ -355,7 +369,6 @@ def delete_command(
     break), unless --force. If _latest names it, _latest moves to the newest checkpoint
     that remains.
     """
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
         parse_ref(ref)
@@ -403,17 +416,12 @@ def _policy(
     )
 
 
-@app.command("gc", cls=CairnCommand)
+@command("gc")
 def gc_command(
+    session: Session,
     keep_last: Annotated[
         int,
-        typer.Option(
-            "--keep-last",
-            metavar="N",
-            min=1,  # for --help: the parser checks it
-            parser=integer(1),
-            help="Keep the N newest checkpoints.",
-        ),
+        at_least("--keep-last", 1, "Keep the N newest checkpoints."),
     ],
     keep_within: Annotated[
         dt.timedelta | None,
@@ -426,13 +434,7 @@ def gc_command(
     ] = None,
     keep_every: Annotated[
         int | None,
-        typer.Option(
-            "--keep-every-n-epochs",
-            metavar="N",
-            min=1,  # for --help: the parser checks it
-            parser=integer(1),
-            help="Also keep every epoch divisible by N.",
-        ),
+        at_least("--keep-every-n-epochs", 1, "Also keep every epoch divisible by N."),
     ] = None,
     pin: Annotated[
         list[str] | None,
@@ -452,10 +454,6 @@ def gc_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only say what would be deleted.")
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Delete the checkpoints a retention policy does not keep, and sweep orphaned uploads.
 
@@ -463,7 +461,6 @@ def gc_command(
     checkpoint's restore chains need (a deleted checkpoint's artifacts that a kept one
     still uses stay, without their manifest; `cairn copy` copies them along).
     """
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> ExitCode:
         policy = _policy(keep_last, keep_within, keep_every, pin or [])
@@ -499,8 +496,9 @@ def gc_command(
     run(session, body)
 
 
-@app.command("copy", cls=CairnCommand)
+@command("copy")
 def copy_command(
+    session: Session,
     to: Annotated[
         str, typer.Option("--to", metavar="URL", help="Target store URL (or local path).")
     ],
@@ -515,10 +513,6 @@ def copy_command(
         ),
     ] = None,
     every: AllOption = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Copy checkpoints to another store or prefix; each copy is loaded and verified there.
 
@@ -526,7 +520,6 @@ def copy_command(
     (also the artifacts of an earlier checkpoint that gc deleted but a kept one still
     uses), under the same ids; chains are kept, not flattened.
     """
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> ExitCode:
         wanted = check_refs(refs or [], every)
@@ -561,8 +554,9 @@ def copy_command(
     run(session, body)
 
 
-@app.command("export-dcp", cls=CairnCommand)
+@command("export-dcp")
 def export_dcp_command(
+    session: Session,
     ref: Annotated[
         str,
         typer.Argument(
@@ -574,10 +568,6 @@ def export_dcp_command(
         Path,
         typer.Option("--to", metavar="DIR", help="Directory to write (missing, or empty)."),
     ],
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Write a DCP checkpoint as a directory DCP's FileSystemReader reads, verified.
 
@@ -589,7 +579,6 @@ def export_dcp_command(
     a save was given (dcp.save's checkpoint_id): the newest checkpoint with it. Needs
     the torch extra.
     """
-    session = Session.create(store, prefix, json_mode, debug)
     target_dir = to.expanduser().absolute()
 
     async def body() -> None:
@@ -617,8 +606,9 @@ def export_dcp_command(
     run(session, body)
 
 
-@app.command("import-dcp", cls=CairnCommand)
+@command("import-dcp")
 def import_dcp_command(
+    session: Session,
     source: Annotated[
         Path, typer.Argument(metavar="DIR", help="A DCP directory (.metadata, *.distcp).")
     ],
@@ -634,10 +624,6 @@ def import_dcp_command(
             show_default=False,
         ),
     ] = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Commit a directory DCP's FileSystemWriter wrote as one checkpoint, checked.
 
@@ -649,7 +635,6 @@ def import_dcp_command(
     for size only. The new checkpoint loads through CairnReader by its id or its name.
     Needs the torch extra.
     """
-    session = Session.create(store, prefix, json_mode, debug)
 
     async def body() -> None:
         module = dcp.torch_module()
