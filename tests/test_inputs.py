@@ -31,7 +31,7 @@ from cairn import (
     upload_partitions,
 )
 from cairn._buffer import raw_bytes
-from cairn.sources import as_buffer, check_artifact_data
+from cairn.inputs import as_buffer, check_artifact_data
 
 KEY = ("op", 0)
 

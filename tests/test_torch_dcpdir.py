@@ -441,7 +441,7 @@ def test_the_commands_fail_with_their_exit_codes(tmp_path: Path) -> None:
 def test_without_torch_the_commands_say_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "cairn.torch._dcpdir", None)
+    monkeypatch.setitem(sys.modules, "cairn.torch", None)
     with pytest.raises(CliError, match=r"pip install 'cairn\[torch\]'") as info:
         cli_dcp.torch_module()
     assert info.value.code == 2

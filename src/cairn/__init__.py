@@ -7,42 +7,11 @@ name a store by URL.
 
 from __future__ import annotations
 
-from cairn import _shutdown
+from cairn import _shutdown, errors
 from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.distributed import WorkerReport, commit_distributed, upload_partitions
-from cairn.errors import (
-    ArtifactExistsError,
-    BrokenChainError,
-    CheckpointAbortedError,
-    CheckpointerError,
-    CheckpointExistsError,
-    CheckpointInUseError,
-    CheckpointLocationError,
-    CheckpointNotFoundError,
-    CodecError,
-    CorruptManifestError,
-    FencedError,
-    IncompleteCheckpointError,
-    IntegrityError,
-    IntegrityMismatchError,
-    InvalidCheckpointDataError,
-    InvalidInputError,
-    InvalidNameError,
-    InvalidStoreUrlError,
-    MissingArtifactError,
-    NotDurableError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    OversizedArtifactError,
-    PreconditionFailedError,
-    SignatureError,
-    StoreError,
-    SyncInAsyncContextError,
-    TransientStoreError,
-    UndecodableArtifactError,
-    UnsupportedManifestVersionError,
-)
+from cairn.errors import *  # noqa: F403 - the whole error tree, as errors.__all__ lists it
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex, verify_integrity
 from cairn.layout import CheckpointPaths
@@ -64,57 +33,27 @@ _shutdown.install()  # a clean exit right after a store call: see cairn/_shutdow
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArtifactExistsError",
     "ArtifactKey",
-    "BrokenChainError",
     "ChainLink",
-    "CheckpointAbortedError",
     "CheckpointData",
-    "CheckpointExistsError",
     "CheckpointId",
-    "CheckpointInUseError",
-    "CheckpointLocationError",
     "CheckpointManifest",
     "CheckpointManifestV2",
-    "CheckpointNotFoundError",
     "CheckpointPaths",
     "Checkpointer",
-    "CheckpointerError",
-    "CodecError",
-    "CorruptManifestError",
-    "FencedError",
     "GcResult",
     "HmacSigner",
-    "IncompleteCheckpointError",
-    "IntegrityError",
-    "IntegrityMismatchError",
-    "InvalidCheckpointDataError",
-    "InvalidInputError",
-    "InvalidNameError",
-    "InvalidStoreUrlError",
     "LoadedCheckpoint",
     "ManifestSigner",
-    "MissingArtifactError",
-    "NotDurableError",
-    "ObjectExistsError",
-    "ObjectNotFoundError",
     "ObjectStoreCheckpointer",
     "OperatorSnapshotEntry",
-    "OversizedArtifactError",
     "PartitionSnapshotEntry",
     "PartitionUpload",
-    "PreconditionFailedError",
     "RetentionPolicy",
     "RetryPolicy",
-    "SignatureError",
     "SourceOffsetEntry",
     "Store",
-    "StoreError",
     "SyncCheckpointer",
-    "SyncInAsyncContextError",
-    "TransientStoreError",
-    "UndecodableArtifactError",
-    "UnsupportedManifestVersionError",
     "WorkerReport",
     "__version__",
     "commit_distributed",
@@ -123,3 +62,4 @@ __all__ = [
     "upload_partitions",
     "verify_integrity",
 ]
+__all__ += errors.__all__  # every error of the one tree

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import msgspec
 
-from cairn import _lease, _observe, _pointer
+from cairn import _dispatch, _lease, _pointer
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
@@ -227,7 +227,7 @@ async def first_that_loads(ctx: Context, load: Callable[[CheckpointId], Awaitabl
     """``load`` of the first of :func:`latest_candidates` that loads; None when none does.
 
     A checkpoint that does not load for :data:`DAMAGE` is logged, reported to the
-    observers (:func:`cairn._observe.fell_back`) and passed over; any other failure is
+    observers (:func:`cairn._dispatch.fell_back`) and passed over; any other failure is
     raised.
     """
     async for cid in latest_candidates(ctx):
@@ -235,7 +235,7 @@ async def first_that_loads(ctx: Context, load: Callable[[CheckpointId], Awaitabl
             return await load(cid)
         except DAMAGE as exc:
             log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
-            _observe.fell_back(cid, exc)
+            _dispatch.fell_back(cid, exc)
     return None
 
 

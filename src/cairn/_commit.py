@@ -88,7 +88,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 
 import msgspec
 
-from cairn import _catalog, _chains, _lease, _observe, _pointer, _upload, retention
+from cairn import _catalog, _chains, _dispatch, _lease, _pointer, _upload, retention
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
 from cairn.data import ArtifactKey, CheckpointData
@@ -293,8 +293,8 @@ async def save(
     """
     if not isinstance(data, CheckpointData):
         raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
-    with _observe.counting_retries() as retries:
-        async with _observe.observed(None, "save", checkpoint_id=data.id, epoch=data.epoch) as op:
+    with _dispatch.counting_retries() as retries:
+        async with _dispatch.observed(None, "save", checkpoint_id=data.id, epoch=data.epoch) as op:
             op.manifest = await _save(ctx, data, before_commit, retries)
             return op.manifest
 
@@ -303,7 +303,7 @@ async def _save(
     ctx: Context,
     data: CheckpointData,
     before_commit: Callable[[], Awaitable[None]] | None,
-    retries: _observe.RetryCounter,
+    retries: _dispatch.RetryCounter,
 ) -> CheckpointManifest:
     began = time.perf_counter()
     cid = data.id
@@ -459,7 +459,7 @@ async def _commit_and_publish(
     having claimed the id once the lease lapsed.
     """
     cid = manifest.checkpoint_id
-    async with _observe.observed(None, "commit", checkpoint_id=cid) as op:
+    async with _dispatch.observed(None, "commit", checkpoint_id=cid) as op:
         try:
             manifest = await _write_manifest(ctx, manifest, finish, discard)
         except BrokenChainError as exc:

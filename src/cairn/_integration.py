@@ -29,7 +29,7 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cairn import _commit, _observe, _upload
+from cairn import _commit, _dispatch, _upload
 from cairn._buffer import Buffer
 from cairn._catalog import (
     DAMAGE,
@@ -100,7 +100,7 @@ class TwoPhaseSave:
 
     async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
         """Commit ``manifest`` as ``ObjectStoreCheckpointer.commit`` does; the lease ends."""
-        with _observe.watching(self._ckpt.observers):
+        with _dispatch.watching(self._ckpt.observers):
             return await self._pending.commit(manifest)
 
     async def end(self) -> None:

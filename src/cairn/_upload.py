@@ -32,10 +32,10 @@ from cairn.errors import (
     ObjectExistsError,
 )
 from cairn.ids import CheckpointId
+from cairn.inputs import ArtifactData, StreamSource, as_buffer, check_artifact_data
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
-from cairn.sources import ArtifactData, StreamSource, as_buffer, check_artifact_data
 
 __all__ = [
     "Entry",

@@ -32,23 +32,25 @@ from typing import Any, BinaryIO
 
 from obstore.store import ObjectStore
 
-from cairn import _catalog, _commit, _download, _lease, _observe, _pointer, _upload
+from cairn import _catalog, _commit, _dispatch, _download, _lease, _pointer, _upload
 from cairn._background import BackgroundSaves
 from cairn._buffer import Buffer
 from cairn._context import Context, check_id
+from cairn._download import RESTORE_CHUNK
 from cairn._upload import PartitionUpload
 from cairn._validate import positive_int
 from cairn.codecs import get_codec
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.discover import ManifestOrDamage, checkpoint_dirs, load_manifests
 from cairn.errors import InvalidInputError
 from cairn.ids import CheckpointId
+from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.observe import Observer, Operation
 from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.signing import SigningKey, signing_keys
-from cairn.sources import RESTORE_CHUNK, ArtifactData
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
@@ -58,8 +60,8 @@ __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
 async def _observed_with(
     observers: Sequence[Observer], name: str, attributes: dict[str, Any]
 ) -> AsyncIterator[Operation]:
-    with _observe.watching(observers):
-        async with _observe.observed(None, name, **attributes) as op:
+    with _dispatch.watching(observers):
+        async with _dispatch.observed(None, name, **attributes) as op:
             yield op
 
 
@@ -175,12 +177,12 @@ class ObjectStoreCheckpointer(Checkpointer):
                 )
         inner = as_store(store)
         if self.observers:  # beneath the retries: each attempt is one request
-            inner = _observe.ObservedStore(inner, self.observers)
+            inner = _dispatch.ObservedStore(inner, self.observers)
         self.store: Store = RetryingStore(inner, self.retry)
         self.writer_generation = 0
         self.background = BackgroundSaves(
             positive_int("max_saves_in_flight", max_saves_in_flight),
-            lambda count: _observe.saves_in_flight(self.observers, count),
+            lambda count: _dispatch.saves_in_flight(self.observers, count),
         )
 
     def __repr__(self) -> str:
@@ -226,7 +228,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         )
 
     async def _save_now(self, data: CheckpointData) -> CheckpointManifest:
-        with _observe.watching(self.observers):
+        with _dispatch.watching(self.observers):
             return await _commit.save(self.context, data)
 
     async def save_async(
@@ -259,7 +261,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         if copy:
             data = data.copied()
         context = self.context
-        with _observe.watching(self.observers):  # the task copies this context
+        with _dispatch.watching(self.observers):  # the task copies this context
             return await self.background.submit(
                 lambda in_order: _commit.save(context, data, in_order), seen
             )
@@ -283,7 +285,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         generation has taken over by the time ``_latest`` is swapped, the manifest is
         rolled back and :class:`FencedError` raised.
         """
-        with _observe.watching(self.observers):
+        with _dispatch.watching(self.observers):
             return await _commit.commit(self.context, manifest)
 
     async def save_manifest(self, manifest: CheckpointManifest) -> None:
@@ -440,8 +442,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         and :class:`BrokenChainError` naming the link when an artifact or parent that a
         partition's chain needs is gone.
         """
-        with _observe.watching(self.observers):
-            async with _observe.observed(None, "load", checkpoint_id=checkpoint_id) as op:
+        with _dispatch.watching(self.observers):
+            async with _dispatch.observed(None, "load", checkpoint_id=checkpoint_id) as op:
                 loaded = await _download.load(self.context, checkpoint_id, verify)
                 op.manifest = loaded.manifest
                 return loaded
@@ -457,8 +459,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         :mod:`cairn._pointer`). Each one that does not load (a deleted or damaged manifest
         or artifact) is logged and skipped.
         """
-        with _observe.watching(self.observers):
-            async with _observe.observed(None, "load_latest") as op:
+        with _dispatch.watching(self.observers):
+            async with _dispatch.observed(None, "load_latest") as op:
                 context = self.context
                 loaded = await _catalog.first_that_loads(
                     context, lambda cid: _download.load(context, cid, True)
@@ -523,8 +525,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         deleted and the result says what would be. See :mod:`cairn.retention`. A pinned
         id that does not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
         """
-        with _observe.watching(self.observers):
-            async with _observe.observed(None, "gc") as op:
+        with _dispatch.watching(self.observers):
+            async with _dispatch.observed(None, "gc") as op:
                 op.gc = await run_gc(
                     self.store, self.paths, policy, dry_run=dry_run, min_age=min_age
                 )
@@ -538,3 +540,24 @@ class ObjectStoreCheckpointer(Checkpointer):
         it. ``attributes`` (``checkpoint_id``, ``epoch``, ``bytes``) describe it.
         """
         return _observed_with(self.observers, name, attributes)
+
+    # -- finding checkpoints for tools (cairn.discover) ------------------------------
+
+    async def list_checkpoint_dirs(self) -> list[CheckpointId]:
+        """Every checkpoint directory under the base, oldest first, committed or not (a
+        save in progress or one that stopped before its commit has one too); see
+        :func:`cairn.discover.checkpoint_dirs`. :meth:`list_checkpoints` is the committed."""
+        return await checkpoint_dirs(self.store, self.paths)
+
+    async def load_manifests(self, ids: list[CheckpointId]) -> list[ManifestOrDamage]:
+        """:meth:`load_manifest` of each of ``ids``, read concurrently, in the order given;
+        a manifest that is damaged or gone is its error in its place (see
+        :func:`cairn.discover.load_manifests`). A store failure raises."""
+        return await load_manifests(self.load_manifest, ids)
+
+    async def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
+        """The bytes of ``entry`` at ``path`` as stored (compressed, if its codec says so),
+        no more than the size it records (:class:`IntegrityMismatchError` otherwise). Not
+        hashed: the digest covers the decoded bytes, which :meth:`load` verifies. For
+        copying a checkpoint byte for byte."""
+        return await _download.read_stored(self.context, path, entry)

@@ -19,6 +19,7 @@ from cairn._buffer import Buffer, raw_bytes
 from cairn._validate import is_int
 from cairn.errors import InvalidCheckpointDataError, InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
+from cairn.inputs import ArtifactData, check_artifact_data
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import (
     MAX_INT64,
@@ -28,7 +29,6 @@ from cairn.manifest import (
     SourceOffsetEntry,
     check_source_offset,
 )
-from cairn.sources import ArtifactData, check_artifact_data
 
 __all__ = ["ArtifactKey", "ChainLink", "CheckpointData", "LoadedCheckpoint"]
 

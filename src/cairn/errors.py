@@ -144,16 +144,19 @@ class CheckpointInUseError(CheckpointerError):
     ``dependents`` are the committed checkpoints whose restore chains need its manifest
     or its bytes, and the saves in progress that build on it (newest last). Delete those
     first, or pass ``force=True`` to delete it anyway (they then no longer load).
+    ``override`` is how the caller says that (a command line has its own flag).
     """
 
-    def __init__(self, checkpoint_id: str, dependents: list[str]) -> None:
+    def __init__(
+        self, checkpoint_id: str, dependents: list[str], *, override: str = "pass force=True"
+    ) -> None:
         self.checkpoint_id = checkpoint_id
         self.dependents = list(dependents)
         more = f" and {len(dependents) - 1} more" if len(dependents) > 1 else ""
         super().__init__(
             f"checkpoint {checkpoint_id} holds state that other checkpoints or saves build "
             f"on ({dependents[0]}{more}); deleting it would break them. Delete those first, "
-            "or pass force=True"
+            f"or {override}"
         )
 
 

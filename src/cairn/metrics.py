@@ -47,67 +47,61 @@ class PrometheusMetrics(Observer):
 
     def __init__(self, registry: Any | None = None) -> None:
         target = registry if registry is not None else prometheus_client.REGISTRY
-        options: dict[str, Any] = {"registry": target}
-        self.checkpoints = prometheus_client.Counter(
-            "cairn_checkpoints", "Saves by outcome.", ["outcome"], **options
+
+        def counter(name: str, doc: str, *labels: str) -> Any:
+            return prometheus_client.Counter(name, doc, labels, registry=target)
+
+        def gauge(name: str, doc: str) -> Any:
+            return prometheus_client.Gauge(name, doc, registry=target)
+
+        def durations(name: str, doc: str) -> Any:
+            return prometheus_client.Histogram(
+                name, doc, buckets=_DURATION_BUCKETS, registry=target
+            )
+
+        self.checkpoints = counter("cairn_checkpoints", "Saves by outcome.", "outcome")
+        self.checkpoint_duration = durations(
+            "cairn_checkpoint_duration_seconds", "Duration of saves."
         )
-        self.checkpoint_duration = prometheus_client.Histogram(
-            "cairn_checkpoint_duration_seconds",
-            "Duration of saves.",
-            buckets=_DURATION_BUCKETS,
-            **options,
+        self.uploaded_bytes = counter(
+            "cairn_checkpoint_uploaded_bytes", "Bytes saves sent to the store."
         )
-        self.uploaded_bytes = prometheus_client.Counter(
-            "cairn_checkpoint_uploaded_bytes", "Bytes saves sent to the store.", **options
-        )
-        self.carried_bytes = prometheus_client.Counter(
+        self.carried_bytes = counter(
             "cairn_checkpoint_carried_bytes",
             "Bytes saves referenced from earlier checkpoints without sending them.",
-            **options,
         )
-        self.last_size = prometheus_client.Gauge(
-            "cairn_last_checkpoint_size_bytes", "Bytes the last committed save sent.", **options
+        self.last_size = gauge(
+            "cairn_last_checkpoint_size_bytes", "Bytes the last committed save sent."
         )
-        self.last_full_size = prometheus_client.Gauge(
+        self.last_full_size = gauge(
             "cairn_last_checkpoint_full_size_bytes",
             "Full state size of the last committed checkpoint.",
-            **options,
         )
-        self.last_completed = prometheus_client.Gauge(
+        self.last_completed = gauge(
             "cairn_last_completed_checkpoint_timestamp_seconds",
             "Commit time of the last committed checkpoint (Unix seconds).",
-            **options,
         )
-        self.restore_duration = prometheus_client.Histogram(
-            "cairn_restore_duration_seconds",
-            "Duration of load and load_latest.",
-            buckets=_DURATION_BUCKETS,
-            **options,
+        self.restore_duration = durations(
+            "cairn_restore_duration_seconds", "Duration of load and load_latest."
         )
-        self.fallbacks = prometheus_client.Counter(
-            "cairn_restore_fallbacks", "Checkpoints load_latest skipped as damaged.", **options
+        self.fallbacks = counter(
+            "cairn_restore_fallbacks", "Checkpoints load_latest skipped as damaged."
         )
-        self.requests = prometheus_client.Counter(
+        self.requests = counter(
             "cairn_store_requests",
             "Store requests by operation and outcome.",
-            ["operation", "outcome"],
-            **options,
+            "operation",
+            "outcome",
         )
-        self.retries = prometheus_client.Counter(
+        self.retries = counter(
             "cairn_store_retries",
             "Retried store calls by operation and reason.",
-            ["operation", "reason"],
-            **options,
+            "operation",
+            "reason",
         )
-        self.gc_deleted = prometheus_client.Counter(
-            "cairn_gc_deleted_objects", "Objects GC deleted.", **options
-        )
-        self.gc_reclaimed = prometheus_client.Counter(
-            "cairn_gc_reclaimed_bytes", "Bytes GC reclaimed.", **options
-        )
-        self.in_flight = prometheus_client.Gauge(
-            "cairn_saves_in_flight", "Background saves running now.", **options
-        )
+        self.gc_deleted = counter("cairn_gc_deleted_objects", "Objects GC deleted.")
+        self.gc_reclaimed = counter("cairn_gc_reclaimed_bytes", "Bytes GC reclaimed.")
+        self.in_flight = gauge("cairn_saves_in_flight", "Background saves running now.")
         self._request_children: dict[tuple[str, str], Any] = {}
 
     def ended(self, operation: Operation) -> None:

@@ -224,10 +224,6 @@ class StoreState:
     tombstones: dict[CheckpointId, ObjectInfo]
     damaged: dict[CheckpointId, str]
     latest: LatestPointer | None
-    # The owner of each object (see _owners), as read_state computed it for these paths.
-    owners: tuple[CheckpointPaths, list[CheckpointId | None]] | None = field(
-        default=None, compare=False, repr=False
-    )
 
 
 def uncommitted_dirs(
@@ -240,24 +236,18 @@ def uncommitted_dirs(
     chain is protected too); ``abandoned`` holds the unclaimed ones with neither, which GC
     claims before it sweeps them. Tombstoned directories are in neither: they are dead.
     """
-    return _uncommitted_dirs(state, _owners_of(state, paths), now=now, min_age=min_age)
+    return _uncommitted_dirs(state, _owners(paths, state.objects), now=now, min_age=min_age)
 
 
 def _owners(paths: CheckpointPaths, objects: list[ObjectInfo]) -> list[CheckpointId | None]:
     """The checkpoint whose directory holds each object, in order (None: no checkpoint's).
 
-    Computed once per listing: planning walks the objects several times, and a lookup per
-    walk per object is most of a plan's time over tens of thousands of objects.
+    Computed once per listing (:func:`run_gc` hands it from the reading to the plan):
+    planning walks the objects several times, and a lookup per walk per object is most of
+    a plan's time over tens of thousands of objects.
     """
     owner_of = paths.checkpoint_of
     return [owner_of(info.path) for info in objects]
-
-
-def _owners_of(state: StoreState, paths: CheckpointPaths) -> list[CheckpointId | None]:
-    """:func:`_owners` of ``state.objects``: the ones :func:`read_state` kept, if for ``paths``."""
-    if state.owners is not None and state.owners[0] == paths:
-        return state.owners[1]
-    return _owners(paths, state.objects)
 
 
 def _uncommitted_dirs(
@@ -332,6 +322,24 @@ def plan_gc(
     reference. Swept: the uncommitted directories in ``claimed`` (their ids can never
     commit) and tombstones left alone for :data:`TOMBSTONE_RETENTION`.
     """
+    owners = _owners(paths, state.objects)
+    busy, _ = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
+    return _plan(paths, state, policy, owners, busy, now=now, min_age=min_age, claimed=claimed)
+
+
+def _plan(
+    paths: CheckpointPaths,
+    state: StoreState,
+    policy: RetentionPolicy,
+    owners: list[CheckpointId | None],
+    busy: Mapping[CheckpointId, CheckpointId | None],
+    *,
+    now: dt.datetime,
+    min_age: dt.timedelta,
+    claimed: Iterable[CheckpointId],
+) -> GcPlan:
+    """:func:`plan_gc`, given :func:`_owners` of ``state.objects`` and the busy
+    directories of :func:`_uncommitted_dirs`."""
     manifests = state.manifests
     now_ms = int(now.timestamp() * 1000)
     keep = policy.retained(manifests, now_ms) & set(manifests) | set(policy.pinned)
@@ -340,8 +348,6 @@ def plan_gc(
         keep |= set(manifests)
     else:
         keep |= {cid for cid, m in manifests.items() if (m.epoch, cid.uuid.int) >= order}
-    owners = _owners_of(state, paths)
-    busy, _ = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
     keep.update(p for p in busy.values() if p is not None and p in manifests)
     whole, referenced = _reachable(paths, keep, manifests)
     doomed = sorted(set(manifests) - whole)
@@ -422,6 +428,14 @@ async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
     The pointer is read before the listing; :func:`plan_gc`'s rule for it holds whatever
     moves in between.
     """
+    state, _ = await _read_state(store, paths)
+    return state
+
+
+async def _read_state(
+    store: Store, paths: CheckpointPaths
+) -> tuple[StoreState, list[CheckpointId | None]]:
+    """:func:`read_state`, and :func:`_owners` of its objects, computed on the way."""
     latest, _, _ = await read_pointer(store, paths.latest_pointer())
     objects = await store.list(paths.base_prefix)
     manifests: dict[CheckpointId, CheckpointManifest] = {}
@@ -471,7 +485,7 @@ async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
     reads = [read_manifest(cid, info) for cid, info in committed.items()]
     reads += [read_intent(cid, info) for cid, info in intent_infos if cid not in committed]
     await bounded_gather(MANIFEST_READ_CONCURRENCY, reads)
-    return StoreState(manifests, objects, intents, tombstones, damaged, latest, (paths, owners))
+    return StoreState(manifests, objects, intents, tombstones, damaged, latest), owners
 
 
 async def _read_listed(store: Store, info: ObjectInfo) -> Buffer:
@@ -508,16 +522,16 @@ async def run_gc(
         raise InvalidInputError(f"min_age must be a timedelta >= 0, got {min_age!r}")
     if not isinstance(policy, RetentionPolicy):
         raise InvalidInputError(f"gc takes a RetentionPolicy, got {policy!r}")
-    state = await read_state(store, paths)
+    state, owners = await _read_state(store, paths)
     unknown_pins = [cid for cid in policy.pinned if cid not in state.manifests]
     if unknown_pins:
         raise InvalidInputError(f"pinned checkpoint {unknown_pins[0]} does not exist")
     # After the listing, so every stamp in it is older. A dry run writes nothing, not even
     # the probe: it deletes nothing either, so this machine's clock is safe for its report.
     now = dt.datetime.now(dt.UTC) if dry_run else await store_now(store, paths)
-    _, abandoned = uncommitted_dirs(state, paths, now=now, min_age=min_age)
+    busy, abandoned = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
     claimed = abandoned if dry_run else await _claim_all(store, paths, abandoned)
-    plan = plan_gc(paths, state, policy, now=now, min_age=min_age, claimed=claimed)
+    plan = _plan(paths, state, policy, owners, busy, now=now, min_age=min_age, claimed=claimed)
     result = GcResult(retained=plan.retained, deleted=plan.deleted, dry_run=dry_run)
     result.failures.extend((paths.manifest(cid), why) for cid, why in state.damaged.items())
     doomed_bytes = [*plan.objects_to_delete, *plan.orphans]
@@ -541,13 +555,14 @@ async def run_gc(
     )
     parents_now = {p for p in busy_now.values() if p is not None and p in known}
     spared_whole, spared = _reachable(paths, fresh | parents_now, known)
+    orphan_paths = {info.path for info in plan.orphans}
     for info in doomed_bytes:
         cid = paths.checkpoint_of(info.path)
         if info.path in spared or cid in spared_whole:
             continue
         if await _delete(store, info.path, result):
             result.bytes_reclaimed += info.size
-            if info in plan.orphans:
+            if info.path in orphan_paths:
                 result.orphans_deleted.append(info.path)
     return result
 

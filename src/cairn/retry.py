@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cairn import _observe
+from cairn import _dispatch
 from cairn.errors import InvalidInputError, TransientStoreError
 from cairn.stores import ForwardingStore, PutMode, Store, StoreMethod
 
@@ -90,7 +90,7 @@ class RetryPolicy:
                 if attempt == self.attempts:
                     raise
                 delay = self.delay(attempt)
-                _observe.note_retry(exc)
+                _dispatch.note_retry(exc)
                 log.info(
                     "retrying %s of %r in %.3fs after: %s",
                     exc.operation,

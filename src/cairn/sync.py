@@ -26,14 +26,16 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, BinaryIO, Concatenate, ParamSpec, TypeVar, cast
 
 from cairn._buffer import Buffer
+from cairn._download import RESTORE_CHUNK
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.discover import ManifestOrDamage
 from cairn.errors import SyncInAsyncContextError
 from cairn.ids import CheckpointId
+from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.retention import GcResult, RetentionPolicy
-from cairn.sources import RESTORE_CHUNK, ArtifactData
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 
@@ -332,3 +334,15 @@ class SyncCheckpointer:
     ) -> GcResult:
         """See :meth:`ObjectStoreCheckpointer.gc`."""
         return _runner.run(self.async_checkpointer.gc(policy, dry_run=dry_run, min_age=min_age))
+
+    def list_checkpoint_dirs(self) -> list[CheckpointId]:
+        """See :meth:`ObjectStoreCheckpointer.list_checkpoint_dirs`."""
+        return _runner.run(self.async_checkpointer.list_checkpoint_dirs())
+
+    def load_manifests(self, ids: list[CheckpointId]) -> list[ManifestOrDamage]:
+        """See :meth:`ObjectStoreCheckpointer.load_manifests`."""
+        return _runner.run(self.async_checkpointer.load_manifests(ids))
+
+    def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
+        """See :meth:`ObjectStoreCheckpointer.load_stored`."""
+        return _runner.run(self.async_checkpointer.load_stored(path, entry))

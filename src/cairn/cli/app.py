@@ -11,8 +11,11 @@ are documented in :mod:`cairn.cli.errors`; the JSON documents in
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -32,12 +35,12 @@ from cairn.cli.catalog import (
     resolve,
     resolve_many,
 )
-from cairn.cli.copy import copy_checkpoints
+from cairn.cli.copy import Copied, copy_checkpoints
 from cairn.cli.errors import EXIT_CODES_HELP, CliError, ExitCode
 from cairn.cli.files import check_target_dir
 from cairn.cli.help import CairnCommand, CairnGroup
 from cairn.cli.history import Point, history_chart, history_doc
-from cairn.cli.limits import integer
+from cairn.cli.limits import at_least
 from cairn.cli.maintain import delete, parse_duration
 from cairn.cli.progress import Transfer
 from cairn.cli.restore import restore
@@ -49,7 +52,7 @@ from cairn.cli.session import (
     other_prefixes_hint,
     run,
 )
-from cairn.cli.verify import signature_of, signature_state, verify
+from cairn.cli.verify import Verified, signature_of, signature_state, verify
 from cairn.demo.harness import demo_command
 
 __all__ = ["app"]
@@ -106,6 +109,44 @@ RefsArgument = Annotated[
 ]
 
 
+_SESSION_OPTIONS = [
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=a)
+    for name, a, default in (
+        ("store", StoreOption, None),
+        ("prefix", PrefixOption, None),
+        ("json_mode", JsonOption, False),
+        ("debug", DebugOption, False),
+    )
+]
+"""The options every command ends with: ``--store``, ``--prefix``, ``--json``, ``--debug``."""
+
+
+Command = Callable[..., Awaitable[ExitCode | None]]
+
+
+def command(name: str) -> Callable[[Command], Command]:
+    """Register ``async func(session, ...)`` as the command ``name``: its own parameters,
+    then :data:`_SESSION_OPTIONS`, from which the :class:`Session` it is called with is
+    made; :func:`run` runs it and turns its outcome into the exit code."""
+
+    def register(func: Command) -> Command:
+        own = list(inspect.signature(func, eval_str=True).parameters.values())[1:]
+
+        @functools.wraps(func)
+        def cli(**given: Any) -> None:
+            session = Session.create(*(given.pop(p.name) for p in _SESSION_OPTIONS))
+            run(session, lambda: func(session, **given))
+
+        params = [*own, *_SESSION_OPTIONS]
+        # typer reads a command's parameters from its signature and type hints.
+        cli.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+        cli.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        app.command(name, cls=CairnCommand)(cli)
+        return func
+
+    return register
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"cairn {__version__}")
@@ -133,79 +174,56 @@ async def _resolve(session: Session, ckpt: ObjectStoreCheckpointer, ref: str) ->
         raise CliError(exc.message + hint, exc.code, exc.kind) from None
 
 
-@app.command("list", cls=CairnCommand)
-def list_command(
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
+@command("list")
+async def list_command(
+    session: Session,
 ) -> None:
     """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size.
 
     When there are none under the prefix, names the prefixes of the store that hold some.
     """
-    session = Session.create(store, prefix, json_mode, debug)
-
-    async def body() -> None:
-        ckpt = await session.open()
-        ids = await ckpt.list_checkpoints()
-        listed = await read_manifests(ckpt, ids)
-        latest = await ckpt.latest_id() if ids else None
-        others = [] if ids else await checkpoint_prefixes(ckpt.store, session.prefix)
-        session.output.json(views.list_doc(session.doc(), listed, latest, others))
-        if ids:
-            session.output.show(views.list_table(listed, latest))
-        else:
-            session.output.line(
-                f"no checkpoints under prefix {session.prefix!r} of {session.url}"
-                + other_prefixes_hint(others)
-            )
-        for item in listed:
-            if item.error is not None:
-                session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
-
-    run(session, body)
+    ckpt = await session.open()
+    ids = await ckpt.list_checkpoints()
+    listed = await read_manifests(ckpt, ids)
+    latest = await ckpt.latest_id() if ids else None
+    others = [] if ids else await checkpoint_prefixes(ckpt.store, session.prefix)
+    session.output.json(views.list_doc(session.doc(), listed, latest, others))
+    if ids:
+        session.output.show(views.list_table(listed, latest))
+    else:
+        session.output.line(
+            f"no checkpoints under prefix {session.prefix!r} of {session.url}"
+            + other_prefixes_hint(others)
+        )
+    for item in listed:
+        if item.error is not None:
+            session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
 
 
-@app.command("history", cls=CairnCommand)
-def history_command(
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
+@command("history")
+async def history_command(
+    session: Session,
 ) -> None:
     """Draw the checkpoints over time: size uploaded and carried, duration, full or
     incremental, and the saves that did not commit and long gaps, at a glance."""
-    session = Session.create(store, prefix, json_mode, debug)
-
-    async def body() -> None:
-        ckpt = await session.open()
-        committed = set(await ckpt.list_checkpoints())
-        listing = await ckpt.store.list_dir(ckpt.paths.base_prefix)
-        every = sorted(
-            cid
-            for entry in listing.prefixes
-            if (cid := ckpt.paths.parse_checkpoint_dir(entry)) is not None
-        )
-        listed = {
-            item.checkpoint_id: item for item in await read_manifests(ckpt, sorted(committed))
-        }
-        points = [
-            Point(cid, "uncommitted")
-            if cid not in committed
-            else Point(cid, "committed", listed[cid].manifest)
-            if listed[cid].manifest is not None
-            else Point(cid, "unreadable")
-            for cid in every
-        ]
-        session.output.json(history_doc(session.doc(), points))
-        session.output.show(history_chart(points))
-
-    run(session, body)
+    ckpt = await session.open()
+    committed = set(await ckpt.list_checkpoints())
+    every = await ckpt.list_checkpoint_dirs()
+    listed = {item.checkpoint_id: item for item in await read_manifests(ckpt, sorted(committed))}
+    points = [
+        Point(cid, "uncommitted")
+        if cid not in committed
+        else Point(cid, "committed", listed[cid].manifest)
+        if listed[cid].manifest is not None
+        else Point(cid, "unreadable")
+        for cid in every
+    ]
+    session.output.report(history_doc(session.doc(), points), history_chart(points))
 
 
-@app.command("show", cls=CairnCommand)
-def show_command(
+@command("show")
+async def show_command(
+    session: Session,
     ref: RefArgument,
     partitions: Annotated[
         bool,
@@ -214,10 +232,6 @@ def show_command(
             help="List every artifact and source, however many (with --json too).",
         ),
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Show one checkpoint: sources, offsets, the artifacts of its restore chains, and
     whether it is signed (with CAIRN_SIGNING_KEY, one not signed by it is refused).
@@ -226,63 +240,54 @@ def show_command(
     lists every artifact and source. --json follows the same rule: a summary has
     "listed": false and no "entries".
     """
-    session = Session.create(store, prefix, json_mode, debug)
-
-    async def body() -> None:
-        parse_ref(ref)
-        ckpt = await session.open()
-        cid = await _resolve(session, ckpt, ref)
-        manifest = await ckpt.load_manifest(cid)  # with keys: refused unless signed by one
-        signature = await signature_of(ckpt, cid)
-        state = signature_state(ckpt, signature, verified=True)
-        key_id = signature.key_id if signature is not None else None
-        latest = cid == await ckpt.latest_id()
-        listed = views.show_lists_entries(manifest, partitions)
-        doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
-        session.output.json({**session.doc(), **doc})
-        table = views.show_table(manifest, latest, listed, signature=state, key_id=key_id)
-        session.output.show(table)
-
-    run(session, body)
+    parse_ref(ref)
+    ckpt = await session.open()
+    cid = await _resolve(session, ckpt, ref)
+    manifest = await ckpt.load_manifest(cid)  # with keys: refused unless signed by one
+    signature = await signature_of(ckpt, cid)
+    state = signature_state(ckpt, signature, verified=True)
+    key_id = signature.key_id if signature is not None else None
+    latest = cid == await ckpt.latest_id()
+    listed = views.show_lists_entries(manifest, partitions)
+    doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
+    table = views.show_table(manifest, latest, listed, signature=state, key_id=key_id)
+    session.output.report({**session.doc(), **doc}, table)
 
 
-@app.command("verify", cls=CairnCommand)
-def verify_command(
+@command("verify")
+async def verify_command(
+    session: Session,
     refs: RefsArgument = None,
     every: AllOption = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
-) -> None:
+) -> ExitCode:
     """Load checkpoints and check the SHA-256 of every artifact of every restore chain.
 
     Exits with 1 when any checkpoint fails, naming the damaged artifact or manifest.
     Says whether each is signed; with CAIRN_SIGNING_KEY (hex keys, comma-separated),
     one not signed by one of the keys fails.
     """
-    session = Session.create(store, prefix, json_mode, debug)
+    wanted = check_refs(refs or [], every)
+    ckpt = await session.open()
+    ids = await _resolve_many(session, ckpt, wanted, every)
+    async with Transfer(session.output.err, "verifying", len(ids), unit="items") as bar:
+        results = await verify(ckpt, ids, bar)
+    session.output.report(views.verify_doc(session.doc(), results), views.verify_table(results))
+    return _outcome(session, results, "failed verification")
 
-    async def body() -> ExitCode:
-        wanted = check_refs(refs or [], every)
-        ckpt = await session.open()
-        ids = await _resolve_many(session, ckpt, wanted, every)
-        async with Transfer(session.output.err, "verifying", len(ids), unit="items") as bar:
-            results = await verify(ckpt, ids, bar)
-        session.output.json(views.verify_doc(session.doc(), results))
-        session.output.show(views.verify_table(results))
-        failed = [r for r in results if not r.ok]
-        if not failed:
-            return ExitCode.OK
-        session.output.fail(
-            "IntegrityError",
-            f"{len(failed)} of {len(results)} checkpoint(s) failed verification; "
-            f"{failed[0].checkpoint_id}: {failed[0].error}",
-            ExitCode.INTEGRITY,
-        )
-        return ExitCode.INTEGRITY
 
-    run(session, body)
+def _outcome(session: Session, results: Sequence[Verified | Copied], failing: str) -> ExitCode:
+    """0 when every checkpoint of ``results`` is ``ok``; else 1, reporting the first that
+    is not (``failing``: what happened to it, "were not copied")."""
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return ExitCode.OK
+    session.output.fail(
+        "IntegrityError",
+        f"{len(failed)} of {len(results)} checkpoint(s) {failing}; "
+        f"{failed[0].checkpoint_id}: {failed[0].error}",
+        ExitCode.INTEGRITY,
+    )
+    return ExitCode.INTEGRITY
 
 
 async def _resolve_many(
@@ -295,8 +300,9 @@ async def _resolve_many(
     return ids
 
 
-@app.command("restore", cls=CairnCommand)
-def restore_command(
+@command("restore")
+async def restore_command(
+    session: Session,
     ref: RefArgument,
     to: Annotated[
         Path,
@@ -308,10 +314,6 @@ def restore_command(
             "--overwrite", help="Replace files in DIR that hold other bytes under the same names."
         ),
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Write a checkpoint's verified artifacts and manifest as files under DIR.
 
@@ -323,24 +325,19 @@ def restore_command(
     link inside DIR where a file or folder is to be written is refused (exit 2), never
     followed or replaced.
     """
-    session = Session.create(store, prefix, json_mode, debug)
     target = to.expanduser().resolve()
-
-    async def body() -> None:
-        parse_ref(ref)
-        check_target_dir(target)
-        ckpt = await session.open()
-        cid = await _resolve(session, ckpt, ref)
-        async with Transfer(session.output.err, "restoring", None) as bar:
-            restored = await restore(ckpt, cid, target, bar, overwrite=overwrite)
-        session.output.json(views.restore_doc(session.doc(), restored))
-        session.output.show(views.restore_table(restored))
-
-    run(session, body)
+    parse_ref(ref)
+    check_target_dir(target)
+    ckpt = await session.open()
+    cid = await _resolve(session, ckpt, ref)
+    async with Transfer(session.output.err, "restoring", None) as bar:
+        restored = await restore(ckpt, cid, target, bar, overwrite=overwrite)
+    session.output.report(views.restore_doc(session.doc(), restored), views.restore_table(restored))
 
 
-@app.command("delete", cls=CairnCommand)
-def delete_command(
+@command("delete")
+async def delete_command(
+    session: Session,
     ref: RefArgument,
     force: Annotated[
         bool,
@@ -349,10 +346,6 @@ def delete_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only say what would be deleted.")
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Delete one checkpoint: its manifest first (never half-listed), then its files.
 
@@ -360,17 +353,11 @@ def delete_command(
     break), unless --force. If _latest names it, _latest moves to the newest checkpoint
     that remains.
     """
-    session = Session.create(store, prefix, json_mode, debug)
-
-    async def body() -> None:
-        parse_ref(ref)
-        ckpt = await session.open()
-        cid = await resolve(ckpt, ref, session.where())
-        deleted = await delete(ckpt, cid, force, session.where(), dry_run)
-        session.output.json(views.delete_doc(session.doc(), deleted))
-        session.output.show(views.delete_text(deleted))
-
-    run(session, body)
+    parse_ref(ref)
+    ckpt = await session.open()
+    cid = await resolve(ckpt, ref, session.where())
+    deleted = await delete(ckpt, cid, force, session.where(), dry_run)
+    session.output.report(views.delete_doc(session.doc(), deleted), views.delete_text(deleted))
 
 
 def _duration(text: str) -> dt.timedelta:
@@ -408,17 +395,12 @@ def _policy(
     )
 
 
-@app.command("gc", cls=CairnCommand)
-def gc_command(
+@command("gc")
+async def gc_command(
+    session: Session,
     keep_last: Annotated[
         int,
-        typer.Option(
-            "--keep-last",
-            metavar="N",
-            min=1,  # for --help: the parser checks it
-            parser=integer(1),
-            help="Keep the N newest checkpoints.",
-        ),
+        at_least("--keep-last", 1, "Keep the N newest checkpoints."),
     ],
     keep_within: Annotated[
         dt.timedelta | None,
@@ -431,13 +413,7 @@ def gc_command(
     ] = None,
     keep_every: Annotated[
         int | None,
-        typer.Option(
-            "--keep-every-n-epochs",
-            metavar="N",
-            min=1,  # for --help: the parser checks it
-            parser=integer(1),
-            help="Also keep every epoch divisible by N.",
-        ),
+        at_least("--keep-every-n-epochs", 1, "Also keep every epoch divisible by N."),
     ] = None,
     pin: Annotated[
         list[str] | None,
@@ -457,55 +433,44 @@ def gc_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only say what would be deleted.")
     ] = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
-) -> None:
+) -> ExitCode:
     """Delete the checkpoints a retention policy does not keep, and sweep orphaned uploads.
 
     Never deletes the latest checkpoint, a kept or pinned one, or anything a kept
     checkpoint's restore chains need (a deleted checkpoint's artifacts that a kept one
     still uses stay, without their manifest; `cairn copy` copies them along).
     """
-    session = Session.create(store, prefix, json_mode, debug)
-
-    async def body() -> ExitCode:
-        policy = _policy(keep_last, keep_within, keep_every, pin or [])
-        ckpt = await session.open()
-        for pinned in policy.pinned:
-            if not await ckpt.exists(pinned):
-                raise CliError(
-                    f"--pin: no checkpoint {pinned} in {session.where()}", ExitCode.USAGE
-                )
-        label = "planning garbage collection" if dry_run else "collecting garbage"
-        async with Transfer(session.output.err, label, None, unit=""):
-            if min_age is None:
-                result = await ckpt.gc(policy, dry_run=dry_run)
-            else:
-                result = await ckpt.gc(policy, dry_run=dry_run, min_age=min_age)
-        if not result.deleted and not result.retained:
-            hint = await session.elsewhere(ckpt)
-            if hint:
-                session.output.warning(f"no checkpoints in {session.where()}{hint}")
-        session.output.json(views.gc_doc(session.doc(), result))
-        session.output.show(views.gc_table(result))
-        if result.failures:
-            path, reason = result.failures[0]
-            session.output.fail(
-                "StoreError",
-                f"store failure: {len(result.failures)} object(s) could not be deleted; "
-                f"{path}: {reason}",
-                ExitCode.STORE,
-            )
-            return ExitCode.STORE
-        return ExitCode.OK
-
-    run(session, body)
+    policy = _policy(keep_last, keep_within, keep_every, pin or [])
+    ckpt = await session.open()
+    for pinned in policy.pinned:
+        if not await ckpt.exists(pinned):
+            raise CliError(f"--pin: no checkpoint {pinned} in {session.where()}", ExitCode.USAGE)
+    label = "planning garbage collection" if dry_run else "collecting garbage"
+    async with Transfer(session.output.err, label, None, unit=""):
+        if min_age is None:
+            result = await ckpt.gc(policy, dry_run=dry_run)
+        else:
+            result = await ckpt.gc(policy, dry_run=dry_run, min_age=min_age)
+    if not result.deleted and not result.retained:
+        hint = await session.elsewhere(ckpt)
+        if hint:
+            session.output.warning(f"no checkpoints in {session.where()}{hint}")
+    session.output.report(views.gc_doc(session.doc(), result), views.gc_table(result))
+    if result.failures:
+        path, reason = result.failures[0]
+        session.output.fail(
+            "StoreError",
+            f"store failure: {len(result.failures)} object(s) could not be deleted; "
+            f"{path}: {reason}",
+            ExitCode.STORE,
+        )
+        return ExitCode.STORE
+    return ExitCode.OK
 
 
-@app.command("copy", cls=CairnCommand)
-def copy_command(
+@command("copy")
+async def copy_command(
+    session: Session,
     to: Annotated[
         str, typer.Option("--to", metavar="URL", help="Target store URL (or local path).")
     ],
@@ -520,54 +485,37 @@ def copy_command(
         ),
     ] = None,
     every: AllOption = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
-) -> None:
+) -> ExitCode:
     """Copy checkpoints to another store or prefix; each copy is loaded and verified there.
 
     A checkpoint is copied with every artifact its restore chains use, wherever it lives
     (also the artifacts of an earlier checkpoint that gc deleted but a kept one still
     uses), under the same ids; chains are kept, not flattened.
     """
-    session = Session.create(store, prefix, json_mode, debug)
-
-    async def body() -> ExitCode:
-        wanted = check_refs(refs or [], every)
-        target_url = cli_store_url(to)
-        session.other_store = True
-        source = await session.open()
-        target_prefix = session.prefix if to_prefix is None else to_prefix
-        target = open_checkpointer(
-            target_url, target_prefix, create=True, signing_key=session.signing_key
-        )
-        if target_url == session.url and target.paths == source.paths:
-            raise CliError(
-                "the target is the source: give another --to or --to-prefix", ExitCode.USAGE
-            )
-        ids = await _resolve_many(session, source, wanted, every)
-        async with Transfer(session.output.err, "copying", len(ids), unit="items") as bar:
-            results = await copy_checkpoints(source, target, ids, bar)
-        to_doc = {"store": target_url, "prefix": target_prefix}
-        session.output.json(views.copy_doc(session.doc(), to_doc, results))
-        session.output.show(views.copy_table(results, f"{target_url} (prefix {target_prefix!r})"))
-        failed = [r for r in results if not r.ok]
-        if not failed:
-            return ExitCode.OK
-        session.output.fail(
-            "IntegrityError",
-            f"{len(failed)} of {len(results)} checkpoint(s) were not copied; "
-            f"{failed[0].checkpoint_id}: {failed[0].error}",
-            ExitCode.INTEGRITY,
-        )
-        return ExitCode.INTEGRITY
-
-    run(session, body)
+    wanted = check_refs(refs or [], every)
+    target_url = cli_store_url(to)
+    session.other_store = True
+    source = await session.open()
+    target_prefix = session.prefix if to_prefix is None else to_prefix
+    target = open_checkpointer(
+        target_url, target_prefix, create=True, signing_key=session.signing_key
+    )
+    if target_url == session.url and target.paths == source.paths:
+        raise CliError("the target is the source: give another --to or --to-prefix", ExitCode.USAGE)
+    ids = await _resolve_many(session, source, wanted, every)
+    async with Transfer(session.output.err, "copying", len(ids), unit="items") as bar:
+        results = await copy_checkpoints(source, target, ids, bar)
+    to_doc = {"store": target_url, "prefix": target_prefix}
+    session.output.report(
+        views.copy_doc(session.doc(), to_doc, results),
+        views.copy_table(results, f"{target_url} (prefix {target_prefix!r})"),
+    )
+    return _outcome(session, results, "were not copied")
 
 
-@app.command("export-dcp", cls=CairnCommand)
-def export_dcp_command(
+@command("export-dcp")
+async def export_dcp_command(
+    session: Session,
     ref: Annotated[
         str,
         typer.Argument(
@@ -579,10 +527,6 @@ def export_dcp_command(
         Path,
         typer.Option("--to", metavar="DIR", help="Directory to write (missing, or empty)."),
     ],
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Write a DCP checkpoint as a directory DCP's FileSystemReader reads, verified.
 
@@ -594,37 +538,31 @@ def export_dcp_command(
     a save was given (dcp.save's checkpoint_id): the newest checkpoint with it. Needs
     the torch extra.
     """
-    session = Session.create(store, prefix, json_mode, debug)
     target_dir = to.expanduser().absolute()
+    module = dcp.torch_module()
 
-    async def body() -> None:
-        module = dcp.torch_module()
-        from cairn.torch._target import interpret
-
-        ckpt = await session.open()
-        target = (
-            None
-            if ref.lower() == "latest"
-            else interpret(ref, session.url, ckpt.paths, "the checkpoint")
-        )
-        try:
-            async with Transfer(session.output.err, "exporting", None) as bar:
-                exported = await module.export_dcp_async(
-                    ckpt, target, target_dir, store=session.url, progress=bar.advance
-                )
-        except CheckpointNotFoundError as exc:
-            hint = await session.elsewhere(ckpt)
-            if not hint:
-                raise
-            raise CliError(str(exc) + hint, ExitCode.USAGE, type(exc).__name__) from None
-        session.output.json(dcp.export_doc(session.doc(), exported))
-        session.output.show(dcp.export_table(exported))
-
-    run(session, body)
+    ckpt = await session.open()
+    target = (
+        None
+        if ref.lower() == "latest"
+        else module.interpret_checkpoint_id(ref, session.url, ckpt.paths, "the checkpoint")
+    )
+    try:
+        async with Transfer(session.output.err, "exporting", None) as bar:
+            exported = await module.export_dcp_async(
+                ckpt, target, target_dir, store=session.url, progress=bar.advance
+            )
+    except CheckpointNotFoundError as exc:
+        hint = await session.elsewhere(ckpt)
+        if not hint:
+            raise
+        raise CliError(str(exc) + hint, ExitCode.USAGE, type(exc).__name__) from None
+    session.output.report(dcp.export_doc(session.doc(), exported), dcp.export_table(exported))
 
 
-@app.command("import-dcp", cls=CairnCommand)
-def import_dcp_command(
+@command("import-dcp")
+async def import_dcp_command(
+    session: Session,
     source: Annotated[
         Path, typer.Argument(metavar="DIR", help="A DCP directory (.metadata, *.distcp).")
     ],
@@ -640,10 +578,6 @@ def import_dcp_command(
             show_default=False,
         ),
     ] = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Commit a directory DCP's FileSystemWriter wrote as one checkpoint, checked.
 
@@ -655,20 +589,14 @@ def import_dcp_command(
     for size only. The new checkpoint loads through CairnReader by its id or its name.
     Needs the torch extra.
     """
-    session = Session.create(store, prefix, json_mode, debug)
-
-    async def body() -> None:
-        module = dcp.torch_module()
-        directory = dcp.source_dir(source)
-        ckpt = await session.open(create=True)
-        async with Transfer(session.output.err, f"importing {directory}", None) as bar:
-            imported = await module.import_dcp_async(
-                ckpt, directory, epoch=epoch, name=name, progress=bar.advance
-            )
-        session.output.json(dcp.import_doc(session.doc(), imported))
-        session.output.show(dcp.import_text(imported))
-
-    run(session, body)
+    module = dcp.torch_module()
+    directory = dcp.source_dir(source)
+    ckpt = await session.open(create=True)
+    async with Transfer(session.output.err, f"importing {directory}", None) as bar:
+        imported = await module.import_dcp_async(
+            ckpt, directory, epoch=epoch, name=name, progress=bar.advance
+        )
+    session.output.report(dcp.import_doc(session.doc(), imported), dcp.import_text(imported))
 
 
 app.command("demo", cls=CairnCommand)(demo_command)

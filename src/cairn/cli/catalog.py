@@ -8,16 +8,9 @@ and its pointer swap); a fenced writer's late commit never is.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
-from cairn import (
-    CheckpointId,
-    CheckpointManifest,
-    CheckpointNotFoundError,
-    IntegrityError,
-    ObjectStoreCheckpointer,
-)
+from cairn import CheckpointId, CheckpointManifest, ObjectStoreCheckpointer
 from cairn.cli.errors import CliError, ExitCode
 
 __all__ = [
@@ -32,7 +25,6 @@ __all__ = [
 ]
 
 LATEST = "latest"
-MAX_CONCURRENT_READS = 16
 
 
 @dataclass(frozen=True)
@@ -110,18 +102,11 @@ async def resolve_many(
 
 
 async def read_manifests(ckpt: ObjectStoreCheckpointer, ids: list[CheckpointId]) -> list[Listed]:
-    """The manifest of each of ``ids`` (read concurrently), in the order given.
-
-    A manifest that is corrupt, or was deleted since it was listed, is reported in
-    :attr:`Listed.error` instead of failing the whole listing.
-    """
-    limit = asyncio.Semaphore(MAX_CONCURRENT_READS)
-
-    async def read(cid: CheckpointId) -> Listed:
-        async with limit:
-            try:
-                return Listed(cid, await ckpt.load_manifest(cid))
-            except (IntegrityError, CheckpointNotFoundError) as exc:
-                return Listed(cid, None, str(exc))
-
-    return list(await asyncio.gather(*(read(cid) for cid in ids)))
+    """The manifest of each of ``ids`` (:meth:`ObjectStoreCheckpointer.load_manifests`), in
+    the order given; one that is corrupt, or was deleted since it was listed, is reported in
+    :attr:`Listed.error` instead of failing the whole listing."""
+    read = await ckpt.load_manifests(ids)
+    return [
+        Listed(cid, None, str(got)) if isinstance(got, Exception) else Listed(cid, got)
+        for cid, got in zip(ids, read, strict=True)
+    ]

@@ -61,7 +61,6 @@ from cairn import (
     LoadedCheckpoint,
     ObjectStoreCheckpointer,
 )
-from cairn._download import read_stored
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer
 
@@ -138,7 +137,7 @@ async def stored_bytes(
                 found[relative] = memoryview(link.data)
             else:
                 path = ckpt.paths.resolve(link.owner, link.entry.path)
-                stored = await read_stored(ckpt.context, path, link.entry)
+                stored = await ckpt.load_stored(path, link.entry)
                 found[relative] = memoryview(stored)
     return found
 

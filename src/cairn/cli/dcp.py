@@ -37,9 +37,9 @@ __all__ = [
 
 
 def torch_module() -> ModuleType:
-    """:mod:`cairn.torch._dcpdir`, or a usage error (exit 2) when torch is not installed."""
+    """:mod:`cairn.torch`, or a usage error (exit 2) when torch is not installed."""
     try:
-        return importlib.import_module("cairn.torch._dcpdir")
+        return importlib.import_module("cairn.torch")
     except ImportError as exc:
         raise CliError(
             f"this command needs PyTorch: pip install 'cairn[torch]' ({exc})", ExitCode.USAGE
@@ -50,13 +50,15 @@ def _name(name: str | None) -> str:
     return "" if name is None else f" {name!r}"
 
 
+def _checkpoint(where: dict[str, str], done: Any) -> dict[str, Any]:
+    """The members an export's and an import's JSON share: the store, then the checkpoint."""
+    return {**where, "id": str(done.checkpoint_id), "name": done.name, "epoch": done.epoch}
+
+
 def export_doc(where: dict[str, str], exported: Any) -> dict[str, Any]:
     """``cairn export-dcp --json``."""
     return {
-        **where,
-        "id": str(exported.checkpoint_id),
-        "name": exported.name,
-        "epoch": exported.epoch,
+        **_checkpoint(where, exported),
         "to": str(exported.target),
         "verified": True,
         "items": exported.items,
@@ -81,10 +83,7 @@ def export_table(exported: Any) -> RenderableType:
 def import_doc(where: dict[str, str], imported: Any) -> dict[str, Any]:
     """``cairn import-dcp --json``."""
     return {
-        **where,
-        "id": str(imported.checkpoint_id),
-        "name": imported.name,
-        "epoch": imported.epoch,
+        **_checkpoint(where, imported),
         "from": str(imported.source),
         "files": imported.files,
         "tensor_items": imported.tensor_items,

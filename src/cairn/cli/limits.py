@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -21,6 +22,7 @@ __all__ = [
     "MAX_DURATION_SECONDS",
     "MAX_INT",
     "MIN_INT",
+    "at_least",
     "check_seconds",
     "duration_of",
     "integer",
@@ -75,6 +77,12 @@ def integer(low: int = MIN_INT, high: int = MAX_INT) -> Callable[[str | int], in
         return value
 
     return parse
+
+
+def at_least(flag: str, low: int, help: str) -> Any:
+    """The ``typer.Option`` of an integer option ``flag`` (metavar ``N``) of ``low`` or more:
+    checked by :func:`integer`, with ``min=`` for ``--help`` to show the range."""
+    return typer.Option(flag, metavar="N", min=low, parser=integer(low), help=help)
 
 
 def _past(bound: int, side: str = "at least") -> str:

@@ -14,8 +14,12 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
-from cairn import CheckpointId, ObjectStoreCheckpointer
-from cairn.cli.catalog import read_manifests
+from cairn import (
+    CheckpointId,
+    CheckpointInUseError,
+    CheckpointManifest,
+    ObjectStoreCheckpointer,
+)
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.limits import duration_of
 
@@ -62,32 +66,33 @@ class Deleted:
 async def delete(
     ckpt: ObjectStoreCheckpointer, cid: CheckpointId, force: bool, where: str, dry_run: bool
 ) -> Deleted:
-    """Delete ``cid`` as :meth:`ObjectStoreCheckpointer.delete_checkpoint` does.
+    """Delete ``cid`` with :meth:`ObjectStoreCheckpointer.delete_checkpoint`, whose rule
+    refuses while other checkpoints or saves build on it.
 
-    Raises :class:`CliError` with exit 2 if it is not committed, or if other checkpoints
-    or saves build on it and ``force`` is not set (on a dry run too: it says what the
-    deletion would do).
+    Raises :class:`CliError` with exit 2 if it is not committed, or if something builds on
+    it and ``force`` is not set (on a dry run too: it says what the deletion would do).
     """
     if not await ckpt.exists(cid):
         raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE)
-    dependents = await ckpt.dependents(cid)
-    if dependents and not force:
-        more = f" and {len(dependents) - 1} more" if len(dependents) > 1 else ""
-        raise CliError(
-            f"checkpoint {cid} holds state that other checkpoints or saves build on "
-            f"({dependents[0]}{more}); deleting it would break them. Delete those first, "
-            "or pass --force",
-            ExitCode.USAGE,
-        )
-    [listed] = await read_manifests(ckpt, [cid])
+    dependents: list[CheckpointId] = []
+    if dry_run or force:  # a real deletion without force asks the library, which refuses
+        dependents = await ckpt.dependents(cid)
+        if dependents and not force:
+            raise _in_use(cid, [str(d) for d in dependents])
     epoch, size = None, 0
-    if listed.manifest is not None:
-        epoch = listed.manifest.epoch
-        size = sum(
-            entry.size_bytes
-            for _, entry in listed.manifest.partition_entries()
-            if entry.owner is None
-        )
+    [manifest] = await ckpt.load_manifests([cid])
+    if isinstance(manifest, CheckpointManifest):
+        epoch = manifest.epoch
+        size = sum(e.size_bytes for _, e in manifest.partition_entries() if e.owner is None)
     if not dry_run:
-        await ckpt.delete_checkpoint(cid, force=True)  # the dependents were checked above
+        try:
+            await ckpt.delete_checkpoint(cid, force=force)
+        except CheckpointInUseError as exc:
+            raise _in_use(cid, exc.dependents) from None
     return Deleted(cid, epoch, size, dependents, dry_run)
+
+
+def _in_use(cid: CheckpointId, dependents: list[str]) -> CliError:
+    """The library's refusal, with the command line's way to override it."""
+    refusal = CheckpointInUseError(str(cid), dependents, override="pass --force")
+    return CliError(str(refusal), ExitCode.USAGE)

@@ -64,6 +64,11 @@ class Output:
         """Keep ``document`` (led by its ``schema_version``) to print in ``--json`` mode."""
         self.document = {"schema_version": SCHEMA_VERSION, **document}
 
+    def report(self, document: dict[str, Any], *renderables: RenderableType) -> None:
+        """A command's result: ``document`` for ``--json``, ``renderables`` for people."""
+        self.json(document)
+        self.show(*renderables)
+
     def fail(self, kind: str, message: str, code: int) -> None:
         """Report a failure: ``error: message`` on stderr, and the ``error`` of the JSON."""
         self.error(message)

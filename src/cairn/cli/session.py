@@ -40,7 +40,6 @@ from urllib.parse import unquote, urlsplit
 import typer
 
 from cairn import (
-    CheckpointId,
     CheckpointPaths,
     InvalidInputError,
     ObjectStoreCheckpointer,
@@ -48,6 +47,8 @@ from cairn import (
 )
 from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
 from cairn.cli.output import Output
+from cairn.discover import checkpoint_prefixes as find_prefixes
+from cairn.discover import newest_checkpoint_prefix
 from cairn.signing import parse_hex_keys
 from cairn.stores import Store, store_url
 
@@ -71,11 +72,6 @@ DEFAULT_STORE_DIR = "checkpoints"
 DEFAULT_PREFIX = "checkpoints/"
 DEMO_PREFIX = "demo/"
 """Where ``cairn demo`` puts its runs: ``demo/<time>-<random>/``."""
-
-MAX_PREFIX_LISTINGS = 40
-"""At most this many one-level listings when looking for other prefixes that hold
-checkpoints (:func:`checkpoint_prefixes`): a few, whatever the size of the bucket."""
-MAX_PREFIX_DEPTH = 3
 
 
 def cli_store_url(raw: str | None) -> str:
@@ -107,47 +103,16 @@ def local_dir(url: str) -> Path | None:
     return Path(unquote(parts.path))
 
 
-async def _checkpoint_dirs(store: Store, prefix: str) -> list[CheckpointId]:
-    paths = CheckpointPaths(prefix)
-    listing = await store.list_dir(prefix)
-    return [cid for p in listing.prefixes if (cid := paths.parse_checkpoint_dir(p)) is not None]
-
-
 async def newest_demo_run(store: Store) -> str | None:
     """The prefix of the newest ``cairn demo`` run in ``store``, or None."""
-    listing = await store.list_dir(DEMO_PREFIX)
-    newest: tuple[CheckpointId, str] | None = None
-    for run_prefix in sorted(listing.prefixes)[-MAX_PREFIX_LISTINGS:]:
-        ids = await _checkpoint_dirs(store, run_prefix)
-        if ids and (newest is None or max(ids) > newest[0]):
-            newest = (max(ids), run_prefix)
-    return newest[1] if newest else None
+    return await newest_checkpoint_prefix(store, DEMO_PREFIX)
 
 
 async def checkpoint_prefixes(store: Store, exclude: str) -> list[str]:
-    """Prefixes of ``store`` other than ``exclude`` that hold checkpoint directories.
-
-    A bounded walk of one-level listings from the root (at most
-    :data:`MAX_PREFIX_LISTINGS` listings, :data:`MAX_PREFIX_DEPTH` levels deep), so it
-    finds the usual layouts (``checkpoints/``, ``demo/<run>/``, ``jobs/<name>/``) cheaply
-    and gives up quietly on a bucket with many unrelated folders.
-    """
-    found: list[str] = []
-    queue: list[tuple[str, int]] = [("", 0)]
-    listings = 0
-    while queue and listings < MAX_PREFIX_LISTINGS:
-        prefix, depth = queue.pop(0)
-        listing = await store.list_dir(prefix)
-        listings += 1
-        paths = CheckpointPaths(prefix)
-        children = listing.prefixes
-        if any(paths.parse_checkpoint_dir(p) is not None for p in children):
-            if prefix != exclude:
-                found.append(prefix)
-            continue
-        if depth + 1 < MAX_PREFIX_DEPTH:
-            queue.extend((child, depth + 1) for child in sorted(children))
-    return found
+    """Prefixes of ``store`` other than ``exclude`` that hold checkpoint directories: the
+    library's bounded walk (:func:`cairn.discover.checkpoint_prefixes`), which finds the
+    usual layouts cheaply and gives up quietly on a bucket with many unrelated folders."""
+    return [prefix for prefix in await find_prefixes(store) if prefix != exclude]
 
 
 def other_prefixes_hint(prefixes: list[str]) -> str:
@@ -220,7 +185,7 @@ class Session:
             hint=hint if self.default_store else "",
             signing_key=self.signing_key,
         )
-        if self.prefix_option is None and not await _checkpoint_dirs(ckpt.store, self.prefix):
+        if self.prefix_option is None and not await ckpt.list_checkpoint_dirs():
             run_prefix = await newest_demo_run(ckpt.store)
             if run_prefix is not None:
                 self.output.note(

@@ -43,7 +43,7 @@ from rich.text import Text
 from cairn import ObjectStoreCheckpointer
 from cairn.cli.catalog import read_manifests
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.limits import check_seconds, integer
+from cairn.cli.limits import at_least, check_seconds, integer
 from cairn.cli.output import human_size, make_table
 from cairn.cli.progress import Transfer
 from cairn.cli.session import (
@@ -413,13 +413,7 @@ def _run_prefix() -> str:
 def demo_command(
     events: Annotated[
         int,
-        typer.Option(
-            "--events",
-            metavar="N",
-            min=3,  # for --help: the parser checks it
-            parser=integer(3),
-            help="Events in the generated stream.",
-        ),
+        at_least("--events", 3, "Events in the generated stream."),
     ] = 20_000,
     seed: Annotated[
         int,
@@ -427,23 +421,11 @@ def demo_command(
     ] = 42,
     checkpoint_every: Annotated[
         int | None,
-        typer.Option(
-            "--checkpoint-every",
-            metavar="N",
-            min=1,  # for --help: the parser checks it
-            parser=integer(1),
-            help="Events between checkpoints. \\[default: events/10]",
-        ),
+        at_least("--checkpoint-every", 1, "Events between checkpoints. \\[default: events/10]"),
     ] = None,
     full_every: Annotated[
         int,
-        typer.Option(
-            "--full-every",
-            metavar="N",
-            min=1,  # for --help: the parser checks it
-            parser=integer(1),
-            help="A full snapshot every N checkpoints.",
-        ),
+        at_least("--full-every", 1, "A full snapshot every N checkpoints."),
     ] = 4,
     stream_seconds: Annotated[
         float,

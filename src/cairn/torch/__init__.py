@@ -117,10 +117,18 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "(or pip install torch==2.13.0 numpy)"
     ) from exc
 
-from cairn.torch._dcpdir import ExportedDcp, ImportedDcp, export_dcp, import_dcp
+from cairn.torch._dcpdir import (
+    ExportedDcp,
+    ImportedDcp,
+    export_dcp,
+    export_dcp_async,
+    import_dcp,
+    import_dcp_async,
+)
 from cairn.torch._latest import load_latest
 from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
+from cairn.torch._target import interpret as interpret_checkpoint_id
 from cairn.torch._writer import METADATA_OPERATOR, CairnWriter, rank_operator
 
 __all__ = [
@@ -131,7 +139,10 @@ __all__ = [
     "ImportedDcp",
     "SafeLoadPlanner",
     "export_dcp",
+    "export_dcp_async",
     "import_dcp",
+    "import_dcp_async",
+    "interpret_checkpoint_id",
     "load_latest",
     "rank_operator",
 ]

@@ -53,7 +53,6 @@ from cairn.integrity import StreamHasher
 __all__ = [
     "READ_BUFFERS",
     "READ_CHUNK",
-    "RESTORE_CHUNK",
     "ArtifactData",
     "StreamSource",
     "as_buffer",
@@ -62,16 +61,6 @@ __all__ = [
 
 READ_CHUNK = 8 * 1024 * 1024
 """Bytes read from a file per chunk (and the multipart part size)."""
-
-RESTORE_CHUNK = 1024 * 1024
-"""Bytes per ranged read of a streamed restore (``load_artifact_to``'s ``chunk_size``).
-
-Smaller than READ_CHUNK on purpose: each range is a fresh buffer the store allocates on
-its own threads, and glibc keeps freed 8 MiB blocks in those threads' arenas, so 8 MiB
-ranges cost a 2 GiB restore 80-120 MiB of peak memory where 1 MiB ranges cost 28-39
-(bench/bench_stream.py). The price is a store call per MiB: about 15% more CPU per byte
-on a local store. The restore fetches several ranges ahead
-(``cairn._download.RANGE_BYTES_AHEAD``), so a remote store's latency stays hidden."""
 
 READ_BUFFERS = 5
 """Read buffers of READ_CHUNK bytes one streamed upload reuses, at most: enough for the
