@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from obstore.exceptions import (
     BaseError,
@@ -36,8 +36,8 @@ __all__ = [
     "_URL_SHAPES",
     "_check_plain_http",
     "_flag",
-    "_open_local",
     "explain_store_error",
+    "local_directory",
     "open_store",
     "store_url",
 ]
@@ -179,18 +179,23 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     :class:`InvalidStoreUrlError` naming the URL (see :func:`store_url`), as does an S3
     endpoint over plain HTTP while HTTP is not allowed (``AWS_ALLOW_HTTP``).
     """
-    url = store_url(url)
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise InvalidStoreUrlError(url, str(exc)) from None
+    url, parts = _split(url)
     scheme = parts.scheme.lower()
     if scheme == "memory":
         if parts.netloc or parts.path.strip("/") or options:
             raise InvalidStoreUrlError(url, "memory:// takes no path and no options")
         return MemoryStore()
     if scheme == "file":
-        return _open_local(url, parts.netloc, unquote(parts.path), options)
+        root = _local_root(url, parts)
+        unknown = set(options) - {"automatic_cleanup", "mkdir"}
+        if unknown:
+            raise InvalidStoreUrlError(url, f"unknown option(s) for file stores: {sorted(unknown)}")
+        try:
+            if options.get("mkdir", True):
+                root.mkdir(parents=True, exist_ok=True)
+            return LocalStore(root, **options)
+        except (BaseError, OSError) as exc:
+            raise InvalidStoreUrlError(url, _first_line(exc)) from None
     if not parts.netloc:
         raise InvalidStoreUrlError(url, "missing bucket or container name")
     if scheme in _S3_SCHEMES:
@@ -270,17 +275,33 @@ def _explain_gcs_token_failure(exc: StoreError, debug: str, of: str) -> str:
     )
 
 
-def _open_local(url: str, host: str, path: str, options: dict[str, Any]) -> LocalStore:
-    if host not in ("", "localhost"):
-        raise InvalidStoreUrlError(url, f"file URLs name a local path, not host {host!r}")
+def _split(url: str) -> tuple[str, SplitResult]:
+    url = store_url(url)
+    try:
+        return url, urlsplit(url)
+    except ValueError as exc:
+        raise InvalidStoreUrlError(url, str(exc)) from None
+
+
+def _local_root(url: str, parts: SplitResult) -> Path:
+    """The directory a ``file://`` URL names."""
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidStoreUrlError(url, f"file URLs name a local path, not host {parts.netloc!r}")
+    path = unquote(parts.path)
     if not path.startswith("/"):
         raise InvalidStoreUrlError(url, "file URLs need an absolute path (file:///abs/dir)")
-    unknown = set(options) - {"automatic_cleanup", "mkdir"}
-    if unknown:
-        raise InvalidStoreUrlError(url, f"unknown option(s) for file stores: {sorted(unknown)}")
+    return Path(path)
+
+
+def local_directory(url: str) -> Path | None:
+    """The local directory a URL or plain path names (made if missing), None if the URL
+    names another kind of store; :class:`InvalidStoreUrlError` as :func:`open_store`."""
+    url, parts = _split(url)
+    if parts.scheme.lower() != "file":
+        return None
+    root = _local_root(url, parts)
     try:
-        if options.get("mkdir", True):
-            Path(path).mkdir(parents=True, exist_ok=True)
-        return LocalStore(path, **options)
-    except (BaseError, OSError) as exc:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
         raise InvalidStoreUrlError(url, _first_line(exc)) from None
+    return root
