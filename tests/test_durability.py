@@ -237,3 +237,26 @@ def test_a_save_that_cannot_be_made_durable_commits_nothing(
     loaded = asyncio.run(ckpt.load_latest())
     assert loaded is not None
     assert loaded.manifest.checkpoint_id == first.checkpoint_id
+
+
+def test_a_local_put_fsyncs_the_bytes_before_its_name_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut between the rename and the file's fsync could leave a name holding
+    bytes never written: the old ``_latest`` (or ``_writer``) lost, not the new one kept.
+    So the staging file is fsynced first; the name changes only after that."""
+    store = _store(tmp_path / "store")
+    pointer = tmp_path / "store" / "_latest"
+    asyncio.run(store.put("_latest", b"old"))
+    at_name: list[bytes] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if _named(fd) == str(pointer.resolve()):
+            at_name.append(pointer.read_bytes())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    asyncio.run(store.put("_latest", b"new"))
+    assert at_name == [b"old"], "the name held the new bytes before they were fsynced"
+    assert pointer.read_bytes() == b"new"

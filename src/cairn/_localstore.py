@@ -68,7 +68,6 @@ from cairn._storetypes import (
     Blob,
     IfMatch,
     ListDirResult,
-    Metadata,
     ObjectInfo,
     OpenChunks,
     PutMode,
@@ -135,15 +134,16 @@ class LocalStore:
         return await self.head(path), {}
 
     async def put(
-        self, path: str, data: Buffer, *, mode: PutMode = "overwrite", metadata: Metadata = None
+        self, path: str, data: Buffer, *, mode: PutMode = "overwrite", metadata: object = None
     ) -> ObjectInfo:
+        # ``metadata`` is dropped: a directory keeps none (``user_metadata`` is False).
         if isinstance(mode, IfMatch):
             return await self._compare_and_swap(path, data, mode)
         status = await self._io("put", path, _put_bytes, self.root, path, data, mode == "create")
         return _info(path, status)
 
     async def put_stream(
-        self, path: str, open_chunks: OpenChunks, *, metadata: Metadata = None
+        self, path: str, open_chunks: OpenChunks, *, metadata: object = None
     ) -> None:
         with self._errors("put", path):
             stack, dirs, file = _stage(self.root, path)  # inline: nothing to leak if cancelled

@@ -22,7 +22,7 @@ from obstore.store import (
     from_url,
 )
 
-from cairn._translate import _DEBUG_SOURCE, _TOKEN_REQUEST, _first_line, _http_failure
+from cairn._translate import debug_form, first_line, http_failure, token_request_store
 from cairn.errors import (
     InvalidStoreUrlError,
     StoreError,
@@ -30,12 +30,6 @@ from cairn.errors import (
 
 __all__ = [
     "DEFAULT_CLIENT_RETRY",
-    "_MISSING_CONTAINER_CODES",
-    "_REMOTE_SCHEMES",
-    "_URL_SCHEME",
-    "_URL_SHAPES",
-    "_check_plain_http",
-    "_flag",
     "explain_store_error",
     "local_directory",
     "open_store",
@@ -195,7 +189,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
                 root.mkdir(parents=True, exist_ok=True)
             return LocalStore(root, **options)
         except (BaseError, OSError) as exc:
-            raise InvalidStoreUrlError(url, _first_line(exc)) from None
+            raise InvalidStoreUrlError(url, first_line(exc)) from None
     if not parts.netloc:
         raise InvalidStoreUrlError(url, "missing bucket or container name")
     if scheme in _S3_SCHEMES:
@@ -204,7 +198,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     try:
         return from_url(url, **options)
     except (BaseError, ValueError, TypeError) as exc:
-        raise InvalidStoreUrlError(url, _first_line(exc)) from None
+        raise InvalidStoreUrlError(url, first_line(exc)) from None
 
 
 _MISSING_CONTAINER_CODES = {
@@ -239,11 +233,11 @@ def explain_store_error(exc: BaseException, url: str | None = None) -> str | Non
     if not isinstance(exc, StoreError) or exc.__cause__ is None:
         return None
     of = f" of {url}" if url else ""
-    debug = str(exc.__cause__).rpartition(_DEBUG_SOURCE)[2]
-    token = _TOKEN_REQUEST.search(debug)
-    if token is not None and token.group(1) == "GCS":
-        return _explain_gcs_token_failure(exc, debug[token.end() :], of)
-    code = _http_failure(exc.__cause__).s3_code
+    debug = debug_form(exc.__cause__)
+    token = token_request_store(debug)
+    if token is not None and token[0] == "GCS":
+        return _explain_gcs_token_failure(exc, debug[token[1] :], of)
+    code = http_failure(exc.__cause__).s3_code
     what = _MISSING_CONTAINER_CODES.get(code or "")
     if what is None:
         return None
@@ -254,7 +248,7 @@ def explain_store_error(exc: BaseException, url: str | None = None) -> str | Non
 
 
 def _explain_gcs_token_failure(exc: StoreError, debug: str, of: str) -> str:
-    failure = _http_failure(exc.__cause__) if exc.__cause__ is not None else None
+    failure = http_failure(exc.__cause__) if exc.__cause__ is not None else None
     answer = "no answer"
     if failure is not None and failure.status is not None:
         answer = f"HTTP {failure.status}"
@@ -303,5 +297,5 @@ def local_directory(url: str) -> Path | None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InvalidStoreUrlError(url, _first_line(exc)) from None
+        raise InvalidStoreUrlError(url, first_line(exc)) from None
     return root

@@ -58,7 +58,9 @@ from cairn._storetypes import (
     capabilities_of,
     empty_range,
 )
-from cairn._translate import _call, _info, translate_error
+from cairn._translate import call as _call
+from cairn._translate import info_of as _info
+from cairn._translate import translate_error
 from cairn._urls import (
     DEFAULT_CLIENT_RETRY,
     explain_store_error,
