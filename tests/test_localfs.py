@@ -8,11 +8,12 @@ where a walk or a write would meet them.
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import pytest
 from obstore.store import LocalStore as ObstoreLocalStore
-from obstore.store import MemoryStore
+from obstore.store import MemoryStore, S3Store
 
 from cairn import ObjectStoreCheckpointer
 from cairn._localfs import AtomicFile, LinkRefused, atomic_file_at, open_dirs
@@ -128,3 +129,11 @@ def test_every_way_of_naming_a_local_directory_gives_cairns_local_store(tmp_path
     assert isinstance(open_store(tmp_path.as_uri()), ObstoreLocalStore)
     assert type(ObstoreStore(MemoryStore())) is ObstoreStore
     assert repr(LocalStore(tmp_path)) == f"LocalStore({str(tmp_path)!r})"
+
+
+def test_both_kinds_of_store_pickle(tmp_path: Path) -> None:
+    # dcp.async_save in process mode pickles the writer, and the store in it.
+    local = pickle.loads(pickle.dumps(ObstoreStore(ObstoreLocalStore(tmp_path))))
+    assert isinstance(local, LocalStore) and local.root == tmp_path
+    s3 = pickle.loads(pickle.dumps(ObstoreStore(S3Store("bucket", region="us-east-1"))))
+    assert type(s3) is ObstoreStore and isinstance(s3.obstore, S3Store)

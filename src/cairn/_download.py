@@ -299,7 +299,7 @@ async def write_atomically(
             if _is_dir_at(dirs.fds[-1], target.name):
                 raise InvalidInputError(f"{refused}: a directory")
             digest = await fill(handle)
-            await asyncio.to_thread(handle.flush)
+            await run_to_end(handle.flush)
             if expected_sha256 is not None and digest != expected_sha256.lower():
                 raise IntegrityMismatchError(source, expected_sha256, digest)
             await run_to_end(file.commit, dirs.fds[-1:])

@@ -264,7 +264,8 @@ class ObstoreStore:
     store follows symbolic links, fsyncs nothing and has no compare-and-swap).
     """
 
-    def __new__(cls, store: ObjectStore) -> Any:
+    def __new__(cls, store: ObjectStore | None = None) -> Any:
+        # ``store`` defaults so that unpickling, which calls ``__new__(cls)``, works.
         if isinstance(store, LocalStore):
             return LocalDirectoryStore(store.prefix if store.prefix is not None else "/")
         return super().__new__(cls)
