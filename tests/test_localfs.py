@@ -15,7 +15,7 @@ import pytest
 from obstore.store import LocalStore as ObstoreLocalStore
 from obstore.store import MemoryStore, S3Store
 
-from cairn import ObjectStoreCheckpointer
+from cairn import ObjectStoreCheckpointer, _localfs
 from cairn._localfs import AtomicFile, LinkRefused, atomic_file_at, open_dirs
 from cairn._localstore import LocalStore
 from cairn.stores import ObstoreStore, StoreCapabilities, as_store, capabilities_of, open_store
@@ -137,3 +137,24 @@ def test_both_kinds_of_store_pickle(tmp_path: Path) -> None:
     assert isinstance(local, LocalStore) and local.root == tmp_path
     s3 = pickle.loads(pickle.dumps(ObstoreStore(S3Store("bucket", region="us-east-1"))))
     assert type(s3) is ObstoreStore and isinstance(s3.obstore, S3Store)
+
+
+def test_a_walk_opens_a_directory_another_writer_made_after_it_looked(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two puts make the same new folders: one finds a name missing, the other makes it
+    # before the first gets to make it. That is a directory to open, not a file in the way.
+    real = _localfs.open_dir
+    made: list[str] = []
+
+    def racing(dir_fd: int, name: str) -> int | None:
+        if name not in made:
+            made.append(name)
+            os.mkdir(name, dir_fd=dir_fd)  # the other writer, just after this one looked
+            return None
+        return real(dir_fd, name)
+
+    monkeypatch.setattr(_localfs, "open_dir", racing)
+    with open_dirs(tree, ["new", "deeper"], create=True) as dirs:
+        assert dirs.complete
+    assert made == ["new", "deeper"] and (tree / "new" / "deeper").is_dir()

@@ -136,10 +136,12 @@ def _step(dirs: Dirs, name: str, create: bool) -> int | None:
             return None
         if not create:
             return None
-        if mode is not None:
+        if mode is None:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=dirs.fds[-1])
+        elif not stat.S_ISDIR(mode):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), name)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o777, dir_fd=dirs.fds[-1])
+        # else another writer made it since the open: open it on the next round
     raise FileNotFoundError(errno.ENOENT, "a directory kept vanishing as it was made", name)
 
 
