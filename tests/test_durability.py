@@ -1,12 +1,13 @@
 """A local store's writes are durable when they return, as a PUT to S3 is.
 
-obstore's local store writes a staging file and renames it into place without any
-fsync: a power cut after a "committed" save could leave the manifest naming artifacts
-whose bytes or names never reached the disk. A power cut cannot be staged in a test, so
-these record every ``os.fsync`` (which file or directory each descriptor is, from
-``/proc/self/fd``) and check that each put, each artifact of a save, and a restore
-fsync what a power cut would otherwise lose, in an order that keeps the commit
-protocol: artifacts before the manifest that names them.
+Without fsyncs (obstore's local store makes none), a power cut after a "committed" save
+could leave the manifest naming artifacts whose bytes or names never reached the disk.
+A power cut cannot be staged in a test, so these record every ``os.fsync`` (which file
+or directory each descriptor is, from ``/proc/self/fd``) and check that each put, each
+artifact of a save, and a restore fsync what a power cut would otherwise lose, in an
+order that keeps the commit protocol: artifacts before the manifest that names them. A
+file is fsynced under its staging name (``name#N``), before the rename that gives it its
+name: it is recorded under the name it gets.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import errno
 import fcntl
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +31,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _named(fd: int) -> str:
+    """The real path of ``fd``, a staging file's (``name#N``) as the name it gets."""
+    return re.sub(r"#\d+$", "", os.readlink(f"/proc/self/fd/{fd}"))
+
+
 @pytest.fixture
 def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The real paths of every descriptor fsynced while the test runs, in order."""
@@ -37,7 +44,7 @@ def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def recording_fsync(fd: int) -> None:
         real_fsync(fd)
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        synced.append(_named(fd))
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     return synced
@@ -191,7 +198,7 @@ def _failing_fsync_of(monkeypatch: pytest.MonkeyPatch, suffix: str) -> None:
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(suffix):
+        if _named(fd).endswith(suffix):
             raise OSError(errno.EIO, "Input/output error")
         real_fsync(fd)
 
@@ -230,3 +237,26 @@ def test_a_save_that_cannot_be_made_durable_commits_nothing(
     loaded = asyncio.run(ckpt.load_latest())
     assert loaded is not None
     assert loaded.manifest.checkpoint_id == first.checkpoint_id
+
+
+def test_a_local_put_fsyncs_the_bytes_before_its_name_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut between the rename and the file's fsync could leave a name holding
+    bytes never written: the old ``_latest`` (or ``_writer``) lost, not the new one kept.
+    So the staging file is fsynced first; the name changes only after that."""
+    store = _store(tmp_path / "store")
+    pointer = tmp_path / "store" / "_latest"
+    asyncio.run(store.put("_latest", b"old"))
+    at_name: list[bytes] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if _named(fd) == str(pointer.resolve()):
+            at_name.append(pointer.read_bytes())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    asyncio.run(store.put("_latest", b"new"))
+    assert at_name == [b"old"], "the name held the new bytes before they were fsynced"
+    assert pointer.read_bytes() == b"new"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from cairn import (
     CheckpointId,
     CheckpointNotFoundError,
     CheckpointPaths,
+    InvalidInputError,
     ObjectStoreCheckpointer,
     RetentionPolicy,
     StoreError,
@@ -384,6 +386,34 @@ async def test_local_listing_and_delete_keep_obstore_semantics(root: Path) -> No
     with pytest.raises(StoreError, match="store delete failed for 'a/b/kept.bin#3'"):
         await plain.delete(["a/b/kept.bin#3"])  # as obstore: a staging name is no object
     assert (root / "a" / "b" / "kept.bin#3").read_bytes() == b"a write in flight"
+
+
+async def test_a_restore_to_a_path_neither_follows_nor_replaces_a_link_there(
+    root: Path, outside: Outside, tmp_path: Path
+) -> None:
+    # load_artifact_to(path) used to rename its verified file over whatever held the
+    # name: a link there was silently replaced, unlike everywhere else in cairn.
+    ckpt = checkpointer(root)
+    cid = await save(ckpt, 1)
+    manifest = await ckpt.load_manifest(cid)
+    artifact = artifact_path(ckpt.paths, manifest, "agg", 0)
+    dest_dir = tmp_path / "dest"
+    dest_dir.mkdir()
+    links = {
+        "file-link": outside.root / "secret.txt",
+        "dangling": outside.root / "created.txt",
+        "dir-link": outside.root / "sub",
+    }
+    for name, target in links.items():
+        (dest_dir / name).symlink_to(target)
+        with pytest.raises(InvalidInputError, match="a symbolic link"):
+            await ckpt.load_artifact_to(artifact, dest_dir / name)
+        assert (dest_dir / name).is_symlink() and os.readlink(dest_dir / name) == str(target)
+    assert sorted(p.name for p in dest_dir.iterdir()) == sorted(links), "no temp file left"
+    outside.assert_untouched()
+    digest = await ckpt.load_artifact_to(artifact, dest_dir / "real.bin")
+    assert (dest_dir / "real.bin").read_bytes() == (root / artifact).read_bytes()
+    assert digest == hashlib.sha256((root / artifact).read_bytes()).hexdigest()
 
 
 # -- cairn restore into a directory holding links --------------------------------------------

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import fcntl
 import multiprocessing
 import os
@@ -35,14 +36,15 @@ from cairn import (
     PreconditionFailedError,
     StoreError,
     TransientStoreError,
+    _localstore,
+    localfs,
     open_store,
 )
-from cairn import stores as cairn_stores
 from cairn._buffer import Buffer
-from cairn._localfs import _local_parent_missing
+from cairn._localstore import LOCAL_PUT_ATTEMPTS
+from cairn._localstore import LocalStore as LocalDirectoryStore
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.stores import (
-    LOCAL_PUT_ATTEMPTS,
     Blob,
     ForwardingStore,
     IfMatch,
@@ -209,9 +211,9 @@ async def test_deleting_a_local_checkpoint_removes_staging_leftovers(tmp_path: P
 # -- a local directory keeps no lock files and no empty folders -----------------------------
 
 
-def _local(root: Path) -> ObstoreStore:
+def _local(root: Path) -> LocalDirectoryStore:
     root.mkdir(parents=True, exist_ok=True)
-    return ObstoreStore(LocalStore(root))
+    return LocalDirectoryStore(root)
 
 
 def _lock_directory(path: Path) -> int:
@@ -266,7 +268,7 @@ async def test_a_lock_file_left_by_earlier_versions_breaks_nothing(tmp_path: Pat
     from cairn import CheckpointData, ObjectStoreCheckpointer, RetentionPolicy
 
     root = tmp_path / "store"
-    ckpt = ObjectStoreCheckpointer(_local(root).obstore)
+    ckpt = ObjectStoreCheckpointer(_local(root))
     await ckpt.save(CheckpointData(epoch=0, snapshots={("op", 0): b"x"}))
     leftover = root / ckpt.paths.base_prefix / "._latest.lock"
     leftover.write_bytes(b"")
@@ -303,10 +305,24 @@ async def test_a_local_delete_prefix_removes_the_folders_it_empties(tmp_path: Pa
     assert (root / "x" / "y" / "w").is_dir()
 
 
+def _staging_tries(monkeypatch: pytest.MonkeyPatch, before: Callable[[int], None]) -> None:
+    """Call ``before(n)`` before the ``n``-th try (from 1) of a local put to stage its file."""
+    real = localfs.atomic_file_at
+    tries = 0
+
+    def staging(*args: Any, **kwargs: Any) -> Any:
+        nonlocal tries
+        tries += 1
+        before(tries)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_localstore, "atomic_file_at", staging)
+
+
 class _RemovingRacer:
     """A thread that keeps removing the (empty) folders of an object's path, deepest first,
-    as a concurrent delete that empties them does, until the put notices (the put's check
-    for a vanished folder stops it, so the put's next try meets no racer)."""
+    as a concurrent delete that empties them does, until the put notices (its next try
+    to stage its file stops the racer, so that try meets no racer)."""
 
     def __init__(self, root: Path, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
         parts = path.split("/")[:-1]
@@ -314,12 +330,12 @@ class _RemovingRacer:
         self.stop = threading.Event()
         self.noticed = 0
 
-        def noticing(root: Path, path: str) -> bool:
-            self.noticed += 1
-            self.halt()
-            return _local_parent_missing(root, path)
+        def noticing(tries: int) -> None:
+            if tries > 1:
+                self.noticed += 1
+                self.halt()
 
-        monkeypatch.setattr(cairn_stores, "_local_parent_missing", noticing)
+        _staging_tries(monkeypatch, noticing)
         self.thread = threading.Thread(target=self._remove, daemon=True)
         self.thread.start()
 
@@ -338,12 +354,12 @@ class _RemovingRacer:
 async def test_a_local_put_survives_a_delete_removing_its_new_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    # obstore makes an object's folders one level after another, then its staging file:
-    # a concurrent delete that removes a folder just made (it is still empty) fails
-    # obstore's put with "Unable to create dir ... No such file or directory". Whether a
-    # racing thread hits that window is up to the scheduler: put until some puts lost
-    # the race (most do, on an idle machine), within a bound. The retry itself is
-    # checked deterministically below (test_a_local_put_whose_folder_vanished_...).
+    # A put makes an object's folders one level after another, then its staging file: a
+    # concurrent delete that removes a folder just made (it is still empty) makes the
+    # next step fail with "No such file or directory". Whether a racing thread hits that
+    # window is up to the scheduler: put until some puts lost the race, within a bound.
+    # The retry itself is checked deterministically below
+    # (test_a_local_put_whose_folder_vanished_...).
     root = tmp_path / "store"
     store = _local(root)
     interval = sys.getswitchinterval()
@@ -375,37 +391,29 @@ async def _chunks(parts: Sequence[bytes]) -> AsyncIterator[bytes]:
         yield part
 
 
-def _failing_puts(
-    monkeypatch: pytest.MonkeyPatch, root: Path, failures: int, *, remove: bool = True
-) -> list[str]:
-    """Make obstore's next ``failures`` puts lose the race as a real one does: it made the
-    object's folders, a concurrent delete removed them (unless ``remove`` is False), and
-    it fails with obstore's error. The paths put are returned as they are called."""
-    real = obstore.put_async
-    calls: list[str] = []
+def _vanishing_folders(
+    monkeypatch: pytest.MonkeyPatch, root: Path, path: str, failures: int
+) -> list[int]:
+    """Make the next ``failures`` tries of a put of ``path`` lose the race as a real one
+    does: the put made the object's folders, a concurrent delete removed them before the
+    put's staging file was in the last one, and its next step found no folder. The tries
+    are returned as they happen."""
+    folder = root.joinpath(*path.split("/")[:-1])
+    tries: list[int] = []
 
-    def put_async(store: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-        calls.append(path)
-        if len(calls) > failures:
-            return real(store, path, *args, **kwargs)
-        folder = root.joinpath(*path.split("/")[:-1])
+    def race(n: int) -> None:
+        tries.append(n)
+        if n > failures:
+            return
         folder.mkdir(parents=True, exist_ok=True)
-        if remove:
-            for gone in (folder, *folder.parents):
-                if gone == root:
-                    break
-                gone.rmdir()
+        for gone in (folder, *folder.parents):
+            if gone == root:
+                break
+            gone.rmdir()
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(folder))
 
-        async def fail() -> None:
-            raise GenericError(
-                f"Generic LocalFileSystem error: Unable to create dir {folder}: "
-                "No such file or directory (os error 2)"
-            )
-
-        return fail()
-
-    monkeypatch.setattr(obstore, "put_async", put_async)
-    return calls
+    _staging_tries(monkeypatch, race)
+    return tries
 
 
 @pytest.mark.parametrize("mode", ["overwrite", "create"])
@@ -414,10 +422,11 @@ async def test_a_local_put_whose_folder_vanished_tries_again(
 ) -> None:
     root = tmp_path / "store"
     store = _local(root)
-    calls = _failing_puts(monkeypatch, root, failures=2)
+    tries = _vanishing_folders(monkeypatch, root, "a/b/object", failures=2)
     await store.put("a/b/object", b"written", mode=mode)
-    assert calls == ["a/b/object"] * 3
+    assert tries == [1, 2, 3]
     assert (root / "a" / "b" / "object").read_bytes() == b"written"
+    assert os.listdir(root / "a" / "b") == ["object"], "no staging file left"
 
 
 async def test_a_local_put_tries_again_only_while_its_folder_vanishes(
@@ -425,15 +434,18 @@ async def test_a_local_put_tries_again_only_while_its_folder_vanishes(
 ) -> None:
     root = tmp_path / "store"
     store = _local(root)
-    calls = _failing_puts(monkeypatch, root, failures=1, remove=False)
-    with pytest.raises(StoreError, match="Unable to create dir"):
-        await store.put("a/b/object", b"written")
-    assert len(calls) == 1, "a failure with the folders in place is not tried again"
-
-    calls = _failing_puts(monkeypatch, root, failures=10**6)
-    with pytest.raises(StoreError, match="Unable to create dir"):
+    tries = _vanishing_folders(monkeypatch, root, "c/object", failures=10**6)
+    with pytest.raises(StoreError, match="kept vanishing") as info:
         await store.put("c/object", b"written")
-    assert len(calls) == LOCAL_PUT_ATTEMPTS
+    assert type(info.value) is StoreError, "a put that cannot make its folder is no not-found"
+    assert tries == list(range(1, LOCAL_PUT_ATTEMPTS + 1))
+
+    monkeypatch.undo()
+    (root / "d").write_bytes(b"a file where a folder would go")
+    tries = _vanishing_folders(monkeypatch, root, "d/object", failures=0)
+    with pytest.raises(StoreError, match="Not a directory"):
+        await store.put("d/object", b"written")
+    assert tries == [1], "a failure with no folder vanishing is not tried again"
 
 
 # -- capabilities --------------------------------------------------------------------------

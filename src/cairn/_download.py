@@ -29,6 +29,7 @@ import collections
 import hashlib
 import itertools
 import os
+import stat
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,7 +39,6 @@ from cairn import _catalog, _chains
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
-from cairn._localfs import _fsync_directory
 from cairn._validate import positive_int
 from cairn.codecs import Codec, get_codec
 from cairn.data import ArtifactKey, ChainLink, LoadedCheckpoint
@@ -51,6 +51,7 @@ from cairn.errors import (
 from cairn.ids import CheckpointId
 from cairn.integrity import StreamHasher, verify_integrity_async
 from cairn.layout import validate_name, validate_partition
+from cairn.localfs import LinkRefused, atomic_file_at, run_to_end
 from cairn.manifest import PartitionSnapshotEntry
 
 __all__ = [
@@ -295,23 +296,35 @@ async def write_atomically(
     source: str,
     expected_sha256: str | None,
 ) -> str:
-    """Fill a temporary file beside ``target``; rename it into place only if it verifies."""
-    if await asyncio.to_thread(target.is_dir):
-        raise InvalidInputError(f"cannot restore {source!r} into {str(target)!r}: a directory")
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
-    file = await asyncio.to_thread(open, partial, "xb")
+    """Fill a temporary file beside ``target``; rename it into place only if it verifies.
+
+    Written as every local file is (:func:`cairn.localfs.atomic_file_at`): relative to
+    the descriptor of ``target``'s directory, fsynced before the rename, the directory
+    after it. A directory at ``target`` is refused, and so is a symbolic link, which is
+    neither followed nor replaced.
+    """
+    refused = f"cannot restore {source!r} into {str(target)!r}"
     try:
-        try:
-            digest = await fill(file)
-            await asyncio.to_thread(file.flush)
-            await asyncio.to_thread(os.fsync, file.fileno())
-        finally:
-            file.close()
-        if expected_sha256 is not None and digest != expected_sha256.lower():
-            raise IntegrityMismatchError(source, expected_sha256, digest)
-        await asyncio.to_thread(os.replace, partial, target)
-        await asyncio.to_thread(_fsync_directory, target.parent)  # the rename, durably
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+        staged = atomic_file_at(target.parent, [target.name], _partial_name)
+        with staged as (file, dirs), os.fdopen(file.fd, "wb", closefd=False) as handle:
+            if _is_dir_at(dirs.fds[-1], target.name):
+                raise InvalidInputError(f"{refused}: a directory")
+            digest = await fill(handle)
+            await run_to_end(handle.flush)
+            if expected_sha256 is not None and digest != expected_sha256.lower():
+                raise IntegrityMismatchError(source, expected_sha256, digest)
+            await run_to_end(file.commit, dirs.fds[-1:])
+    except LinkRefused:
+        raise InvalidInputError(f"{refused}: a symbolic link (never followed)") from None
     return digest
+
+
+def _partial_name(name: str) -> str:
+    return f".{name}.{uuid.uuid4().hex}.partial"
+
+
+def _is_dir_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False

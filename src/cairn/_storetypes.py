@@ -1,25 +1,33 @@
-"""The values the store boundary speaks in: object info, blobs, listings, put modes, and
-the capabilities a store declares. Pure: no I/O."""
+"""The values the store boundary speaks in: object info, blobs, listings, put modes, the
+capabilities a store declares, and the argument types its methods share. Pure: no I/O."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from cairn._buffer import Buffer
+from cairn.errors import InvalidInputError
 
 __all__ = [
     "Blob",
     "IfMatch",
     "ListDirResult",
+    "Metadata",
     "ObjectInfo",
+    "OpenChunks",
     "PutMode",
+    "StoreCall",
     "StoreCapabilities",
     "StoreMethod",
     "capabilities_of",
+    "empty_range",
 ]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +99,8 @@ class StoreCapabilities:
     * ``user_metadata``: ``put``'s ``metadata`` is stored and :meth:`Store.stat` returns
       it. Where False, it is dropped.
     * ``local_path``: for a store whose objects are the files below a local directory,
-      that directory. Symbolic links can appear there, and are never followed (see this
-      module's docstring). None for every other store.
+      that directory. Symbolic links can appear there, and are never followed (see
+      :mod:`cairn._localstore`). None for every other store.
     """
 
     native_compare_and_swap: bool = False
@@ -123,3 +131,23 @@ StoreMethod = Literal[
     "delete_prefix",
 ]
 """The name of one :class:`Store` method, as :meth:`ForwardingStore._around` receives it."""
+
+Metadata = Mapping[str, str] | None
+"""A put's user metadata (kept where ``user_metadata`` is declared)."""
+
+OpenChunks = Callable[[], AsyncIterator[Buffer]]
+"""What ``put_stream`` calls, once per attempt, for the chunks of the object."""
+
+StoreCall = Callable[[], Awaitable[T]]
+"""One call of a store method, as :meth:`ForwardingStore._around` receives it."""
+
+
+def empty_range(path: str, start: int, end: int) -> bool:
+    """Whether ``get_range(path, start, end)`` asks for no bytes; :class:`InvalidInputError`
+    unless ``0 <= start <= end`` (obstore raises a bare ValueError for those)."""
+    if not 0 <= start <= end:
+        raise InvalidInputError(
+            f"get_range of {path!r}: a byte range needs 0 <= start <= end, "
+            f"got start={start!r}, end={end!r}"
+        )
+    return start == end

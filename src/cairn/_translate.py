@@ -33,18 +33,13 @@ from cairn.errors import (
 )
 
 __all__ = [
-    "_DEBUG_SOURCE",
-    "_HTTP_ERROR",
-    "_REQUEST_ERROR",
-    "_TOKEN_REQUEST",
-    "_TRANSIENT_HTTP_KINDS",
-    "_TRANSIENT_STATUSES",
-    "_Failure",
-    "_call",
-    "_first_line",
-    "_http_failure",
-    "_info",
-    "_is_transient",
+    "Failure",
+    "call",
+    "debug_form",
+    "first_line",
+    "http_failure",
+    "info_of",
+    "token_request_store",
     "translate_error",
 ]
 
@@ -56,6 +51,28 @@ _TRANSIENT_S3_CODES = frozenset({"RequestTimeout"})
 """S3 error codes (the ``<Code>`` of its XML error document) that are transient although
 their status is not: ``400 RequestTimeout`` (the socket was idle too long mid-upload)."""
 
+
+# Retryability is decided by what a failure is, never by words in its message: a 400
+# whose body says "connection closed" is not retried, and a 503 is, whatever its body.
+#
+# obstore (0.12.1, and its newest stubs alike) raises exception classes without
+# attributes: the class tells not-found, already-exists, precondition, permission and
+# the like apart, and is used for those; but no HTTP status and no connection-failure
+# kind is exposed, so those are read here, and only here, from the text. What would let
+# this parser go: obstore exceptions that carry object_store's RetryError status and
+# HttpErrorKind as attributes; no obstore release does yet.
+#
+# Every message obstore builds is object_store's Display text, then "\n\nDebug
+# source:\n", then the pretty Debug form of the same Rust error. The Debug form is
+# structured: object_store's RetryError prints its outcome as ``inner: Status {`` /
+# ``Response {`` followed by a ``status: NNN,`` field line, or ``Http(HttpError {``
+# followed by a ``kind: K,`` field line (HttpErrorKind: Connect, Request, Timeout,
+# Interrupted, Decode, Unknown); a body stream that fails mid-response is an
+# ``HttpError`` too. Strings in a Debug form are quoted and escaped (a newline is printed
+# as ``\n``), so a response body or a path can never produce the line structure matched
+# below, and the Debug form is taken after the *last* marker, so a body that contains the
+# marker text cannot move it. tests/test_throttling.py pins these shapes against live
+# obstore errors.
 
 _DEBUG_SOURCE = "\n\nDebug source:\n"
 
@@ -87,7 +104,7 @@ and what fails is the configuration, so it is never transient. Group 1: the stor
 
 
 @dataclass(frozen=True, slots=True)
-class _Failure:
+class Failure:
     """What obstore's Debug form says about a failed HTTP exchange."""
 
     status: int | None = None  # the status the server answered, if it answered
@@ -96,21 +113,34 @@ class _Failure:
     s3_code: str | None = None  # the S3 error code in the response body, if any
 
 
-def _http_failure(exc: BaseException) -> _Failure:
-    debug = str(exc).rpartition(_DEBUG_SOURCE)[2]
+def debug_form(exc: BaseException) -> str:
+    """The Debug form obstore appends to the message of ``exc`` (all of it if none is)."""
+    return str(exc).rpartition(_DEBUG_SOURCE)[2]
+
+
+def http_failure(exc: BaseException) -> Failure:
+    """The status, S3 error code or connection-failure kind recorded in ``exc``."""
+    debug = debug_form(exc)
     request_error = _REQUEST_ERROR.search(debug)
     if request_error is not None:
         code = _S3_ERROR_CODE.search(debug, request_error.end())
-        return _Failure(
+        return Failure(
             status=int(request_error.group(2)),
             error_in_success=request_error.group(1) == "Response",
             s3_code=code.group(1) if code else None,
         )
     http_error = _HTTP_ERROR.search(debug)
-    return _Failure(kind=http_error.group(1) if http_error else None)
+    return Failure(kind=http_error.group(1) if http_error else None)
 
 
-def _is_transient(failure: _Failure) -> bool:
+def token_request_store(debug: str) -> tuple[str, int] | None:
+    """The store (``"GCS"``, ...) of a failed token request in a Debug form, and where
+    its source begins; None if the form records none."""
+    token = _TOKEN_REQUEST.search(debug)
+    return (token.group(1), token.end()) if token is not None else None
+
+
+def _is_transient(failure: Failure) -> bool:
     if failure.error_in_success:
         # object_store raises Response only for a 2xx whose body is an S3 InternalError
         # or SlowDown, which it retries like a 5xx.
@@ -122,8 +152,9 @@ def _is_transient(failure: _Failure) -> bool:
     return failure.kind in _TRANSIENT_HTTP_KINDS
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).split("\n\nDebug source:", 1)[0].strip()
+def first_line(exc: BaseException) -> str:
+    """The first line of the message of ``exc`` before obstore's Debug form."""
+    text = str(exc).split(_DEBUG_SOURCE.rstrip("\n"), 1)[0].strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
@@ -145,10 +176,10 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
     """
     if isinstance(exc, CheckpointerError):
         return exc
-    reason = _first_line(exc)
+    reason = first_line(exc)
     if isinstance(exc, FileNotFoundError):
         return ObjectNotFoundError(operation, path)
-    failure = _http_failure(exc) if isinstance(exc, BaseError | OSError) else _Failure()
+    failure = http_failure(exc) if isinstance(exc, BaseError | OSError) else Failure()
     status = failure.status
     if isinstance(exc, AlreadyExistsError):
         return ObjectExistsError(operation, path, reason, status=status)
@@ -158,14 +189,15 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
         exc, PermissionDeniedError | UnauthenticatedError | NotSupportedError | NotImplementedError
     ):
         return StoreError(operation, path, reason, status=status)
-    if isinstance(exc, BaseError) and _TOKEN_REQUEST.search(str(exc).rpartition(_DEBUG_SOURCE)[2]):
+    if isinstance(exc, BaseError) and token_request_store(debug_form(exc)) is not None:
         return StoreError(operation, path, reason, status=status)
     if isinstance(exc, TimeoutError | ConnectionError) or _is_transient(failure):
         return TransientStoreError(operation, path, reason, status=status)
     return StoreError(operation, path, reason, status=status)
 
 
-async def _call(operation: str, path: str, awaitable: Awaitable[T]) -> T:
+async def call(operation: str, path: str, awaitable: Awaitable[T]) -> T:
+    """Await an obstore call; what it raises, translated (:func:`translate_error`)."""
     try:
         return await awaitable
     except (BaseError, OSError, NotImplementedError) as exc:
@@ -174,7 +206,8 @@ async def _call(operation: str, path: str, awaitable: Awaitable[T]) -> T:
         _shutdown.note_store_call()
 
 
-def _info(meta: Any, *, quote_e_tag: bool = False) -> ObjectInfo:
+def info_of(meta: Any, *, quote_e_tag: bool = False) -> ObjectInfo:
+    """The :class:`ObjectInfo` of obstore's ``ObjectMeta`` (its e-tag quoted if asked)."""
     e_tag = meta.get("e_tag")
     if quote_e_tag and e_tag is not None and not e_tag.startswith(('"', "W/")):
         e_tag = f'"{e_tag}"'

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from obstore.exceptions import (
     BaseError,
@@ -22,7 +22,7 @@ from obstore.store import (
     from_url,
 )
 
-from cairn._translate import _DEBUG_SOURCE, _TOKEN_REQUEST, _first_line, _http_failure
+from cairn._translate import debug_form, first_line, http_failure, token_request_store
 from cairn.errors import (
     InvalidStoreUrlError,
     StoreError,
@@ -30,14 +30,8 @@ from cairn.errors import (
 
 __all__ = [
     "DEFAULT_CLIENT_RETRY",
-    "_MISSING_CONTAINER_CODES",
-    "_REMOTE_SCHEMES",
-    "_URL_SCHEME",
-    "_URL_SHAPES",
-    "_check_plain_http",
-    "_flag",
-    "_open_local",
     "explain_store_error",
+    "local_directory",
     "open_store",
     "store_url",
 ]
@@ -179,18 +173,23 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     :class:`InvalidStoreUrlError` naming the URL (see :func:`store_url`), as does an S3
     endpoint over plain HTTP while HTTP is not allowed (``AWS_ALLOW_HTTP``).
     """
-    url = store_url(url)
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise InvalidStoreUrlError(url, str(exc)) from None
+    url, parts = _split(url)
     scheme = parts.scheme.lower()
     if scheme == "memory":
         if parts.netloc or parts.path.strip("/") or options:
             raise InvalidStoreUrlError(url, "memory:// takes no path and no options")
         return MemoryStore()
     if scheme == "file":
-        return _open_local(url, parts.netloc, unquote(parts.path), options)
+        root = _local_root(url, parts)
+        unknown = set(options) - {"automatic_cleanup", "mkdir"}
+        if unknown:
+            raise InvalidStoreUrlError(url, f"unknown option(s) for file stores: {sorted(unknown)}")
+        try:
+            if options.get("mkdir", True):
+                root.mkdir(parents=True, exist_ok=True)
+            return LocalStore(root, **options)
+        except (BaseError, OSError) as exc:
+            raise InvalidStoreUrlError(url, first_line(exc)) from None
     if not parts.netloc:
         raise InvalidStoreUrlError(url, "missing bucket or container name")
     if scheme in _S3_SCHEMES:
@@ -199,7 +198,7 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     try:
         return from_url(url, **options)
     except (BaseError, ValueError, TypeError) as exc:
-        raise InvalidStoreUrlError(url, _first_line(exc)) from None
+        raise InvalidStoreUrlError(url, first_line(exc)) from None
 
 
 _MISSING_CONTAINER_CODES = {
@@ -234,11 +233,11 @@ def explain_store_error(exc: BaseException, url: str | None = None) -> str | Non
     if not isinstance(exc, StoreError) or exc.__cause__ is None:
         return None
     of = f" of {url}" if url else ""
-    debug = str(exc.__cause__).rpartition(_DEBUG_SOURCE)[2]
-    token = _TOKEN_REQUEST.search(debug)
-    if token is not None and token.group(1) == "GCS":
-        return _explain_gcs_token_failure(exc, debug[token.end() :], of)
-    code = _http_failure(exc.__cause__).s3_code
+    debug = debug_form(exc.__cause__)
+    token = token_request_store(debug)
+    if token is not None and token[0] == "GCS":
+        return _explain_gcs_token_failure(exc, debug[token[1] :], of)
+    code = http_failure(exc.__cause__).s3_code
     what = _MISSING_CONTAINER_CODES.get(code or "")
     if what is None:
         return None
@@ -249,7 +248,7 @@ def explain_store_error(exc: BaseException, url: str | None = None) -> str | Non
 
 
 def _explain_gcs_token_failure(exc: StoreError, debug: str, of: str) -> str:
-    failure = _http_failure(exc.__cause__) if exc.__cause__ is not None else None
+    failure = http_failure(exc.__cause__) if exc.__cause__ is not None else None
     answer = "no answer"
     if failure is not None and failure.status is not None:
         answer = f"HTTP {failure.status}"
@@ -270,17 +269,33 @@ def _explain_gcs_token_failure(exc: StoreError, debug: str, of: str) -> str:
     )
 
 
-def _open_local(url: str, host: str, path: str, options: dict[str, Any]) -> LocalStore:
-    if host not in ("", "localhost"):
-        raise InvalidStoreUrlError(url, f"file URLs name a local path, not host {host!r}")
+def _split(url: str) -> tuple[str, SplitResult]:
+    url = store_url(url)
+    try:
+        return url, urlsplit(url)
+    except ValueError as exc:
+        raise InvalidStoreUrlError(url, str(exc)) from None
+
+
+def _local_root(url: str, parts: SplitResult) -> Path:
+    """The directory a ``file://`` URL names."""
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidStoreUrlError(url, f"file URLs name a local path, not host {parts.netloc!r}")
+    path = unquote(parts.path)
     if not path.startswith("/"):
         raise InvalidStoreUrlError(url, "file URLs need an absolute path (file:///abs/dir)")
-    unknown = set(options) - {"automatic_cleanup", "mkdir"}
-    if unknown:
-        raise InvalidStoreUrlError(url, f"unknown option(s) for file stores: {sorted(unknown)}")
+    return Path(path)
+
+
+def local_directory(url: str) -> Path | None:
+    """The local directory a URL or plain path names (made if missing), None if the URL
+    names another kind of store; :class:`InvalidStoreUrlError` as :func:`open_store`."""
+    url, parts = _split(url)
+    if parts.scheme.lower() != "file":
+        return None
+    root = _local_root(url, parts)
     try:
-        if options.get("mkdir", True):
-            Path(path).mkdir(parents=True, exist_ok=True)
-        return LocalStore(path, **options)
-    except (BaseError, OSError) as exc:
-        raise InvalidStoreUrlError(url, _first_line(exc)) from None
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidStoreUrlError(url, first_line(exc)) from None
+    return root

@@ -13,10 +13,9 @@ What is transient is decided once, where obstore's exceptions become cairn's
 the wording of its message: Python's ``TimeoutError`` and ``ConnectionError``; HTTP 408,
 429, 500, 502, 503 (S3's ``SlowDown`` among them) and 504; and object_store's connect,
 send, timeout and interrupted (connection reset or closed mid-exchange) failures. obstore
-exposes no attribute for these, so they are read from the structured Debug form it
-appends to every message (a ``status: 503,`` field in a ``Status {`` block, a
-``kind: Interrupted,`` field in an ``HttpError {`` block), which no response body can
-imitate, and the status is kept on the error (:attr:`cairn.StoreError.status`).
+exposes no attribute for the last three kinds nor for the status, so they are read by
+the one parser of its structured Debug form (:mod:`cairn._translate`), which no response
+body can imitate, and the status is kept on the error (:attr:`cairn.StoreError.status`).
 Matching words instead retried a ``403`` or a ``400`` whose text mentioned a timeout or a
 closed connection, and would miss a throttling answer worded in a way it did not know.
 
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from cairn import _dispatch
+from cairn._storetypes import StoreCall
 from cairn.errors import InvalidInputError, TransientStoreError
 from cairn.stores import ForwardingStore, PutMode, Store, StoreMethod
 
@@ -117,11 +117,6 @@ class RetryingStore(ForwardingStore):
         return f"RetryingStore({self.inner!r}, {self.policy!r})"
 
     async def _around(
-        self,
-        operation: StoreMethod,
-        path: str,
-        call: Callable[[], Awaitable[T]],
-        *,
-        mode: PutMode | None = None,
+        self, operation: StoreMethod, path: str, call: StoreCall[T], *, mode: PutMode | None = None
     ) -> T:
         return await self.policy.run(call)

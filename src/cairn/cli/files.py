@@ -8,10 +8,12 @@ process may leave a ``.NAME.*.tmp`` file behind, never a torn ``NAME``).
 
 Symbolic links below the directory written into are never followed nor replaced: a
 link at the file's name, or at any directory on the way to it, is refused (exit 2)
-naming the link, before anything is written there. Each directory is opened relative to
-its parent with ``O_NOFOLLOW`` and the file is created and renamed relative to that
-descriptor, so a directory swapped for a link while the file is written is not
-followed either. :func:`find_link` lets a caller refuse before it writes any file.
+naming the link, before anything is written there. The directories are walked and the
+file written by the primitives every local file of cairn goes through
+(:mod:`cairn.localfs`): each directory opened relative to its parent with
+``O_NOFOLLOW``, the file created and renamed relative to that descriptor, so a
+directory swapped for a link while the file is written is not followed either.
+:func:`find_link` lets a caller refuse before it writes any file.
 
 :func:`move_into` moves a file written elsewhere under the same root (a staging
 directory) to its final name the same way: one atomic rename, relative to directory
@@ -25,10 +27,11 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from cairn.cli.errors import CliError, ExitCode
+from cairn.localfs import LinkRefused, atomic_file_at, is_link_at, open_dirs
 
 __all__ = [
     "check_target_dir",
@@ -38,8 +41,6 @@ __all__ = [
     "refuse_link",
     "write_atomic",
 ]
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def check_target_dir(target: Path) -> None:
@@ -58,23 +59,15 @@ def check_target_dir(target: Path) -> None:
 def find_link(root: Path, relatives: Iterable[str]) -> Path | None:
     """The first symbolic link at or on the way to ``root / relative``, for each relative.
 
-    ``root`` itself may be a link (the caller chose it); below it, one ``lstat`` per
-    existing component. None when no path meets a link.
+    ``root`` itself may be a link (the caller chose it). None when no path meets a link.
     """
-    seen: set[Path] = set()
     for relative in relatives:
-        current = root
-        for part in Path(relative).parts:
-            current = current / part
-            if current in seen:
-                continue
-            try:
-                mode = os.lstat(current).st_mode
-            except FileNotFoundError:
-                break
-            if stat.S_ISLNK(mode):
-                return current
-            seen.add(current)
+        names = Path(relative).parts
+        with open_dirs(root, names[:-1]) as dirs:
+            if dirs.link is not None:
+                return root.joinpath(*names[: dirs.link])
+            if dirs.complete and is_link_at(dirs.fds[-1], names[-1]):
+                return root / relative
     return None
 
 
@@ -91,44 +84,22 @@ def _fail(path: Path, exc: OSError) -> CliError:
     return CliError(f"cannot write {path}: {exc.strerror or exc}", ExitCode.USAGE)
 
 
-def _open_dirs(root: Path, path: Path) -> list[int]:
-    """Descriptors of ``root`` and of each directory from it to ``path``'s parent.
-
-    Creates missing directories; refuses a link among them. The caller closes them.
-    """
-    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
-    try:
-        current = root
-        for part in path.parent.relative_to(root).parts:
-            current = current / part
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o777, dir_fd=fds[-1])
-            try:
-                fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
-            except OSError:
-                # A link fails with ENOTDIR or ELOOP (EMLINK on FreeBSD): say which it is.
-                mode = os.stat(part, dir_fd=fds[-1], follow_symlinks=False).st_mode
-                if stat.S_ISLNK(mode):
-                    raise refuse_link(current) from None
-                raise
-    except BaseException:
-        for fd in reversed(fds):
-            os.close(fd)
-        raise
-    return fds
-
-
-def _create_temp(name: str, dir_fd: int) -> tuple[int, str]:
+def _temp_name(name: str) -> str:
     # The shape of tempfile.mkstemp's names (14 bytes more than ``name``, which
-    # cairn.layout allows for), created relative to the directory's descriptor.
-    for _ in range(100):
-        temp = f".{name}.{secrets.token_hex(4)}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            return os.open(temp, flags, 0o600, dir_fd=dir_fd), temp
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no free temporary name")
+    # cairn.layout allows for).
+    return f".{name}.{secrets.token_hex(4)}.tmp"
+
+
+@contextlib.contextmanager
+def _refusing_links(root: Path, names: Sequence[str], path: Path) -> Iterator[None]:
+    """CliError (exit 2) for what writing ``names`` under ``root`` met: a link, named, or
+    another OS error, naming ``path``."""
+    try:
+        yield
+    except LinkRefused as exc:
+        raise refuse_link(root.joinpath(*names[: exc.depth])) from None
+    except OSError as exc:
+        raise _fail(path, exc) from None
 
 
 def write_atomic(path: Path, data: bytes | memoryview, *, root: Path | None = None) -> None:
@@ -143,37 +114,13 @@ def write_atomic(path: Path, data: bytes | memoryview, *, root: Path | None = No
     the file cannot be written.
     """
     root = path.parent if root is None else root
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fds = _open_dirs(root, path)
-    except OSError as exc:
-        raise _fail(path, exc) from None
-    dir_fd, temp = fds[-1], None
-    try:
-        try:
-            mode = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            mode = None
-        if mode is not None and stat.S_ISLNK(mode):
-            raise refuse_link(path)
-        fd, temp = _create_temp(path.name, dir_fd)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        # rename() replaces whatever entry holds the name (a link swapped in since the
-        # check above included) and never writes through it.
-        os.replace(temp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        temp = None
-        os.fsync(dir_fd)
-    except OSError as exc:
-        raise _fail(path, exc) from None
-    finally:
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
-        for fd in reversed(fds):
-            os.close(fd)
+    names = path.relative_to(root).parts
+    with (
+        _refusing_links(root, names, path),
+        atomic_file_at(root, names, _temp_name, create=True) as (file, dirs),
+    ):
+        file.write(data)
+        file.commit(dirs.fds[-1:])
 
 
 def existing_kind(path: Path, data: bytes | memoryview) -> str:
@@ -206,28 +153,17 @@ def move_into(staged_root: Path, root: Path, relative: str) -> None:
     there, or at the name, is refused (exit 2) and nothing is moved. The rename replaces
     a regular file at the name atomically; the directory is fsynced after it.
     """
-    source, path = staged_root / relative, root / relative
-    try:
-        fds = _open_dirs(root, path)
-    except OSError as exc:
-        raise _fail(path, exc) from None
-    try:
-        source_fds = _open_dirs(staged_root, source)
-    except OSError as exc:
-        for fd in reversed(fds):
-            os.close(fd)
-        raise _fail(source, exc) from None
-    try:
-        try:
-            mode = os.stat(path.name, dir_fd=fds[-1], follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            mode = None
-        if mode is not None and stat.S_ISLNK(mode):
-            raise refuse_link(path)
-        os.replace(path.name, path.name, src_dir_fd=source_fds[-1], dst_dir_fd=fds[-1])
-        os.fsync(fds[-1])
-    except OSError as exc:
-        raise _fail(path, exc) from None
-    finally:
-        for fd in (*reversed(source_fds), *reversed(fds)):
-            os.close(fd)
+    names = Path(relative).parts
+    path = root / relative
+    with (
+        _refusing_links(root, names, path),
+        open_dirs(root, names[:-1], create=True) as dirs,
+        open_dirs(staged_root, names[:-1]) as staged,
+    ):
+        if is_link_at(dirs.fds[-1], names[-1]):
+            raise LinkRefused(len(names))
+        if not staged.complete:
+            raise FileNotFoundError(errno.ENOENT, "the staged file is gone", str(staged_root))
+        name = names[-1]
+        os.replace(name, name, src_dir_fd=staged.fds[-1], dst_dir_fd=dirs.fds[-1])
+        os.fsync(dirs.fds[-1])

@@ -93,9 +93,9 @@ class StoreContract:
     Each rule gets a new, empty store from the ``store`` fixture. Rules that check a
     method against the stored state read and write that state with :meth:`read_raw`
     and :meth:`write_raw`, which bypass the store under test; their defaults reach the
-    obstore store inside an :class:`~cairn.stores.ObstoreStore` (through any
-    :class:`~cairn.stores.ForwardingStore` wrappers). A store that wraps something else
-    overrides both.
+    files of a store that declares a ``local_path``, or else the obstore store inside an
+    :class:`~cairn.stores.ObstoreStore` (through any :class:`~cairn.stores.ForwardingStore`
+    wrappers). A store that wraps something else overrides both.
     """
 
     pytestmark: ClassVar = [pytest.mark.asyncio]
@@ -109,13 +109,22 @@ class StoreContract:
 
     async def write_raw(self, store: Store, path: str, data: bytes) -> None:
         """Store ``data`` at ``path`` without calling the methods under test."""
-        await obstore.put_async(self._obstore_of(store), path, data)
+        root = capabilities_of(store).local_path
+        if root is None:
+            await obstore.put_async(self._obstore_of(store), path, data)
+            return
+        file = root.joinpath(*path.strip("/").split("/"))
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_bytes(data)
 
     async def read_raw(self, store: Store, path: str) -> bytes | None:
         """The bytes stored at ``path`` (None if none), without the methods under test."""
+        root = capabilities_of(store).local_path
         try:
+            if root is not None:
+                return root.joinpath(*path.strip("/").split("/")).read_bytes()
             result = await obstore.get_async(self._obstore_of(store), path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         return bytes(await result.bytes_async())
 

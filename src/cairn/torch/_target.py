@@ -49,7 +49,7 @@ from cairn._integration import REMOTE_SCHEMES
 from cairn.errors import CheckpointLocationError, InvalidInputError, InvalidStoreUrlError
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths, short_repr, validate_checkpoint_name
-from cairn.stores import ForwardingStore, ObstoreStore, store_url
+from cairn.stores import ForwardingStore, ObstoreStore, capabilities_of, store_url
 
 __all__ = [
     "StoreLocation",
@@ -114,6 +114,8 @@ def store_location(store: Any) -> StoreLocation | None:
         return store_location(store.obstore)
     if isinstance(store, ForwardingStore):
         return store_location(store.inner)
+    if (root := capabilities_of(store).local_path) is not None:  # cairn's local store
+        return _local(root)
     prefix = str(getattr(store, "prefix", None) or "")
     if isinstance(store, LocalStore):
         return _local(prefix or "/")
