@@ -1,0 +1,40 @@
+"""MkDocs hook: a line ``<!-- cairn-help: COMMAND -->`` becomes that command's ``--help``.
+
+The command-line reference is what ``cairn COMMAND --help`` prints at build time, so it
+cannot fall behind the code. ``<!-- cairn-help: -->`` (no command) is ``cairn --help``.
+A command that fails fails the build.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_MARKER = re.compile(r"^<!-- cairn-help:\s*([a-z-]*)\s*-->$", re.MULTILINE)
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _help(command: str) -> str:
+    env = {
+        **os.environ,
+        "COLUMNS": "100",
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(_SRC), os.environ.get("PYTHONPATH")])),
+    }
+    env = {k: v for k, v in env.items() if not k.startswith("CAIRN_")}
+    args = [sys.executable, "-m", "cairn", *([command] if command else []), "--help"]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[2:])} exited {proc.returncode}: {proc.stderr}")
+    lines = [line.rstrip() for line in proc.stdout.strip("\n").splitlines()]
+    return "```text\n" + "\n".join(lines) + "\n```"
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    """Replace every help marker of a page with the help it names."""
+    return _MARKER.sub(lambda match: _help(match.group(1)), markdown)
