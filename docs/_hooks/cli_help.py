@@ -1,8 +1,13 @@
-"""MkDocs hook: a line ``<!-- cairn-help: COMMAND -->`` becomes that command's ``--help``.
+"""MkDocs hooks: the command line's ``--help`` in the pages, and docstrings' roles as code.
 
-The command-line reference is what ``cairn COMMAND --help`` prints at build time, so it
-cannot fall behind the code. ``<!-- cairn-help: -->`` (no command) is ``cairn --help``.
-A command that fails fails the build.
+A line ``<!-- cairn-help: COMMAND -->`` becomes what ``cairn COMMAND --help`` prints at
+build time, so the command-line reference cannot fall behind the code;
+``<!-- cairn-help: -->`` (no command) is ``cairn --help``. A command that fails fails
+the build.
+
+cairn's docstrings name other objects with reStructuredText roles
+(``:class:`~cairn.stores.Store```), which Markdown renders as the role's text followed
+by code: the role is dropped, and ``~`` keeps the last component only, as Sphinx would.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|exc|data|obj|const):<code>(~?)([\w.]+)</code>")
 _MARKER = re.compile(r"^<!-- cairn-help:\s*([a-z-]*)\s*-->$", re.MULTILINE)
 _SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -38,3 +44,11 @@ def _help(command: str) -> str:
 def on_page_markdown(markdown: str, **_: Any) -> str:
     """Replace every help marker of a page with the help it names."""
     return _MARKER.sub(lambda match: _help(match.group(1)), markdown)
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """Drop the reStructuredText role before each code span the docstrings made of one."""
+    return _ROLE.sub(
+        lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>",
+        html,
+    )
