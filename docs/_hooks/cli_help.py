@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,11 @@ def _help(command: str) -> str:
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    """Replace every help marker of a page with the help it names."""
-    return _MARKER.sub(lambda match: _help(match.group(1)), markdown)
+    """Replace every help marker of a page with the help it names (run side by side)."""
+    commands = sorted(set(_MARKER.findall(markdown)))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        helps = dict(zip(commands, pool.map(_help, commands), strict=True))
+    return _MARKER.sub(lambda match: helps[match.group(1)], markdown)
 
 
 def on_page_content(html: str, **_: Any) -> str:
