@@ -1,6 +1,6 @@
 """A job that checkpoints and exposes cairn's Prometheus metrics on /metrics.
 
-    pip install 'cairn[metrics]'
+    pip install 'cairn-checkpoint[metrics]'
     python examples/metrics_job.py ./checkpoints [PORT]
 
 It serves ``/metrics`` on 127.0.0.1 (PORT, or a free one, printed on the first line),

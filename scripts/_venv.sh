@@ -1,16 +1,19 @@
 # Sourced by the other scripts: makes .venv with what the caller needs, once per change of
 # pyproject.toml, showing what it does. CAIRN_VENV=runtime (scripts/demo.sh) installs cairn
 # and its runtime dependencies only; CAIRN_VENV=dev (the default: tests, lint) adds the
-# test and lint tools. CAIRN_NEED_NODE=1 also installs Azurite (npm), for the tests.
+# test and lint tools. CAIRN_NEED_NODE=1 also installs Azurite (npm), for the tests;
+# CAIRN_NEED_DOCS=1 the documentation tools (the docs extra), for scripts/docs.sh. Where
+# pyproject.toml allows a range (torch), scripts/constraints.txt names the version installed.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 python=${PYTHON:-python3}
 venv="$root/.venv"
 level=${CAIRN_VENV:-dev}
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/constraints.txt | sha256sum | cut -d' ' -f1)
 dev_stamp="$venv/.cairn-installed"        # the dev tools are installed (implies runtime)
 runtime_stamp="$venv/.cairn-runtime-installed"
+docs_stamp="$venv/.cairn-docs-installed"
 
 say() { echo "cairn: $*" >&2; }
 current() { [ -x "$venv/bin/python" ] && [ "$(cat "$1" 2>/dev/null)" = "$want" ]; }
@@ -29,17 +32,24 @@ if ! ready; then
   fi
   # pip reports its progress on stdout: sent to stderr, so `demo.sh --json` stays JSON.
   pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+  constraints=(-c scripts/constraints.txt)
   if [ "$level" = dev ]; then
     say "installing cairn with its test and lint tools into .venv ..."
     "${pip[@]}" install --quiet --upgrade pip >&2
-    "${pip[@]}" install --progress-bar on -e ".[dev]" >&2
+    "${pip[@]}" install --progress-bar on "${constraints[@]}" -e ".[dev]" >&2
     echo "$want" > "$dev_stamp"
   else
     say "installing cairn and its runtime dependencies into .venv (the tests' tools come with scripts/test.sh) ..."
-    "${pip[@]}" install --progress-bar on -e . >&2
+    "${pip[@]}" install --progress-bar on "${constraints[@]}" -e . >&2
   fi
   echo "$want" > "$runtime_stamp"
   say ".venv ready in $((SECONDS - started)) s"
+fi
+if [ "${CAIRN_NEED_DOCS:-0}" = 1 ] && ! current "$docs_stamp"; then
+  say "installing the documentation tools (mkdocs-material, mkdocstrings) into .venv ..."
+  "$venv/bin/python" -m pip --disable-pip-version-check --no-input install --quiet \
+    -c scripts/constraints.txt -e ".[docs]" >&2
+  echo "$want" > "$docs_stamp"
 fi
 if [ "${CAIRN_NEED_NODE:-0}" = 1 ]; then
   node_want=$(sha256sum package-lock.json | cut -d' ' -f1)

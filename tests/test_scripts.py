@@ -25,7 +25,7 @@ if [ "$1 $2" = "-m pip" ]; then echo "Collecting something (pip's progress, on s
 if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
   cp "$0" "$3/bin/python"
-  for tool in cairn ruff mypy; do
+  for tool in cairn ruff mypy mkdocs; do
     printf '#!/usr/bin/env bash\\necho "%s $*" >> "$STUB_LOG"\\n' "$tool" > "$3/bin/$tool"
     chmod +x "$3/bin/$tool"
   done
@@ -80,7 +80,7 @@ def test_the_demo_installs_only_what_it_needs_and_says_so(tmp_path: Path) -> Non
     repo = make_repo(tmp_path)
     said, calls = run(repo, "demo.sh", "--events", "5")
     [install] = installs(calls)
-    assert install.endswith("install --progress-bar on -e ."), install
+    assert install.endswith("install --progress-bar on -c scripts/constraints.txt -e ."), install
     assert not any("npm" in c for c in calls)
     assert calls[-1] == "cairn demo --events 5"
     assert "cairn: creating" in said and "runtime dependencies" in said and "ready in" in said
@@ -92,7 +92,7 @@ def test_the_demo_installs_only_what_it_needs_and_says_so(tmp_path: Path) -> Non
     assert installs(calls) == [] and said == "", "installed twice"
 
     said, calls = run(repo, "test.sh", "-q")
-    assert any(c.endswith("install --progress-bar on -e .[dev]") for c in installs(calls))
+    assert any(c.endswith("on -c scripts/constraints.txt -e .[dev]") for c in installs(calls))
     assert "npm ci --no-audit --no-fund --loglevel=error" in calls
     assert calls[-1] == "python -m pytest -q"
     said, calls = run(repo, "demo.sh")
@@ -101,7 +101,34 @@ def test_the_demo_installs_only_what_it_needs_and_says_so(tmp_path: Path) -> Non
     with (repo / "pyproject.toml").open("a") as pyproject:
         pyproject.write("\n# changed\n")
     said, calls = run(repo, "demo.sh")
-    assert [c.split("install ", 1)[1] for c in installs(calls)] == ["--progress-bar on -e ."]
+    [again] = [c.split("install ", 1)[1] for c in installs(calls)]
+    assert again == "--progress-bar on -c scripts/constraints.txt -e ."
     said, calls = run(repo, "lint.sh")
     assert any(c.endswith("-e .[dev]") for c in installs(calls)), "lint needs the dev tools"
     assert calls[-3:] == ["ruff check .", "ruff format --check src", "mypy "]
+
+
+def test_the_docs_build_installs_the_docs_extra_once_and_fails_on_warnings(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path)
+    said, calls = run(repo, "docs.sh")
+    assert [c.split("install ", 1)[1] for c in installs(calls)] == [
+        "--progress-bar on -c scripts/constraints.txt -e .",
+        "--quiet -c scripts/constraints.txt -e .[docs]",
+    ]
+    assert calls[-1] == "mkdocs build --strict"
+    assert "documentation tools" in said
+    said, calls = run(repo, "docs.sh", "--site-dir", "out")
+    assert installs(calls) == [], "installed twice"
+    assert calls[-1] == "mkdocs build --strict --site-dir out"
+
+
+def test_ci_builds_the_docs_after_the_static_checks() -> None:
+    lines = (ROOT / ".ci/run").read_text().splitlines()
+    steps = [line for line in lines if line.startswith("bash ")]
+    assert steps == [
+        "bash scripts/test.sh -p no:cacheprovider",
+        "bash scripts/lint.sh",
+        "bash scripts/docs.sh",
+    ]

@@ -442,7 +442,7 @@ def test_without_torch_the_commands_say_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "cairn.torch", None)
-    with pytest.raises(CliError, match=r"pip install 'cairn\[torch\]'") as info:
+    with pytest.raises(CliError, match=r"pip install 'cairn-checkpoint\[torch\]'") as info:
         cli_dcp.torch_module()
     assert info.value.code == 2
     # and the command line itself does not import torch to start

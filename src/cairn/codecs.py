@@ -4,7 +4,7 @@ A checkpointer made with ``compression="zstd"`` stores each artifact zstd-compre
 records ``codec="zstd"`` in its manifest entry, with ``stored_size_bytes``. The SHA-256
 always covers the bytes the caller handed in (decompressed), so integrity is checked on
 exactly what the engine restores. Reading an entry whose codec is unknown, or whose
-library is not installed (``pip install cairn[zstd]``), raises :class:`CodecError`
+library is not installed (``pip install 'cairn-checkpoint[zstd]'``), raises :class:`CodecError`
 naming the artifact and the codec.
 
 Decompression is bounded, whatever the stored bytes say of themselves. Every read
@@ -182,6 +182,8 @@ def get_codec(name: str, *, path: str = "") -> Codec:
         module = importlib.import_module("zstandard")
     except ImportError:
         raise CodecError(
-            path, name, "the 'zstandard' package is not installed: pip install 'cairn[zstd]'"
+            path,
+            name,
+            "the 'zstandard' package is not installed: pip install 'cairn-checkpoint[zstd]'",
         ) from None
     return Codec(name, module)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of a checkpointer (optional extra: ``pip install 'cairn[metrics]'``).
+"""Prometheus metrics of a checkpointer (extra: ``pip install 'cairn-checkpoint[metrics]'``).
 
 Attach with ``ObjectStoreCheckpointer(..., observers=[PrometheusMetrics(registry)])``.
 Names follow Flink's checkpoint metrics where Flink has one; labels are few and bounded
@@ -32,7 +32,7 @@ try:
     import prometheus_client
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "cairn.metrics needs prometheus_client: pip install 'cairn[metrics]'"
+        "cairn.metrics needs prometheus_client: pip install 'cairn-checkpoint[metrics]'"
     ) from exc
 
 __all__ = ["PrometheusMetrics"]

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of a checkpointer (optional extra: ``pip install 'cairn[metrics]'``).
+"""OpenTelemetry traces of a checkpointer (extra: ``pip install 'cairn-checkpoint[metrics]'``).
 
 Attach with ``ObjectStoreCheckpointer(..., observers=[OpenTelemetryTracer()])``. Built on
 ``opentelemetry-api`` only: without an SDK installed by the application, every span is a
@@ -22,7 +22,7 @@ try:
     from opentelemetry import trace
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "cairn.tracing needs opentelemetry-api: pip install 'cairn[metrics]'"
+        "cairn.tracing needs opentelemetry-api: pip install 'cairn-checkpoint[metrics]'"
     ) from exc
 
 __all__ = ["MAX_EVENTS", "OpenTelemetryTracer"]

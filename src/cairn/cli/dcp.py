@@ -42,7 +42,8 @@ def torch_module() -> ModuleType:
         return importlib.import_module("cairn.torch")
     except ImportError as exc:
         raise CliError(
-            f"this command needs PyTorch: pip install 'cairn[torch]' ({exc})", ExitCode.USAGE
+            f"this command needs PyTorch: pip install 'cairn-checkpoint[torch]' ({exc})",
+            ExitCode.USAGE,
         ) from None
 
 

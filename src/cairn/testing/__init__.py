@@ -2,7 +2,7 @@
 
 :class:`StoreContract` holds the rules every :class:`cairn.stores.Store` (a backend or a
 wrapper) must keep; subclass it in a test module to check a store. This package needs
-pytest and pytest-asyncio (``pip install 'cairn[test]'``); cairn itself never imports it.
+pytest and pytest-asyncio (``pip install 'cairn-checkpoint[test]'``); cairn itself never imports it.
 """
 
 from __future__ import annotations

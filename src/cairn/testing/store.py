@@ -17,7 +17,7 @@ with a ``store`` fixture that returns a new, empty store::
         async def read_raw(self, store, path): ...
 
 pytest collects the rules as tests of the subclass. They are coroutines marked for
-pytest-asyncio (``pip install 'cairn[test]'``). What a rule checks, it checks on the
+pytest-asyncio (``pip install 'cairn-checkpoint[test]'``). What a rule checks, it checks on the
 bytes and objects left in the store and on the type and message of the error raised.
 
 The rules, in the order below: reads return exactly what is stored and name a missing
@@ -47,7 +47,7 @@ try:
     import pytest
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "cairn.testing needs pytest and pytest-asyncio: pip install 'cairn[test]'"
+        "cairn.testing needs pytest and pytest-asyncio: pip install 'cairn-checkpoint[test]'"
     ) from exc
 
 import obstore

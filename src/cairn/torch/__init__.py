@@ -1,6 +1,6 @@
 """PyTorch Distributed Checkpoint (DCP) on cairn: atomic, verified, collectable saves.
 
-Install with ``pip install 'cairn[torch]'`` (torch and numpy). Then::
+Install with ``pip install 'cairn-checkpoint[torch]'`` (torch and numpy). Then::
 
     import torch.distributed.checkpoint as dcp
     from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner, load_latest
@@ -113,8 +113,8 @@ try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "cairn.torch needs PyTorch and numpy: pip install 'cairn[torch]' "
-        "(or pip install torch==2.13.0 numpy)"
+        "cairn.torch needs PyTorch and numpy: pip install 'cairn-checkpoint[torch]' "
+        "(or pip install 'torch>=2.9,<2.16' numpy)"
     ) from exc
 
 from cairn.torch._dcpdir import (
