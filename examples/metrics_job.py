@@ -1,34 +1,95 @@
 """A job that checkpoints and exposes cairn's Prometheus metrics on /metrics.
 
     pip install 'cairn-checkpoint[metrics]'
-    python examples/metrics_job.py ./checkpoints [PORT]
+    python examples/metrics_job.py [STORE] [PORT]
 
 It serves ``/metrics`` on 127.0.0.1 (PORT, or a free one, printed on the first line),
 saves a checkpoint every half second for a few rounds (full, then deltas), loads the
-latest, and keeps serving until interrupted, so that a Prometheus server (or ``curl``)
-can scrape ``cairn_checkpoints_total``, ``cairn_checkpoint_duration_seconds``,
-``cairn_store_requests_total`` and the rest.
+latest, and keeps serving until interrupted (or for ``--serve-seconds``), so that a
+Prometheus server (or ``curl``) can scrape ``cairn_checkpoints_total``,
+``cairn_checkpoint_duration_seconds``, ``cairn_store_requests_total`` and the rest.
+
+The checkpoints go to STORE (default ``./checkpoints``) under the prefix
+``checkpoints/`` (``--prefix`` to change it): the store and prefix ``cairn`` reads by
+default, so ``cairn list`` in the same directory lists them.
 """
 
 from __future__ import annotations
 
+import argparse
+import shlex
 import sys
 import time
 
-import prometheus_client
+from cairn import CheckpointData, CheckpointPaths, SyncCheckpointer
 
-from cairn import CheckpointData, SyncCheckpointer
-from cairn.metrics import PrometheusMetrics
+DEFAULT_STORE = "./checkpoints"
+"""The store ``cairn`` reads when given no ``--store``."""
+DEFAULT_PREFIX = "checkpoints/"
+"""The base prefix ``cairn`` reads when given no ``--prefix``."""
 
 
-def main() -> None:
-    store = sys.argv[1] if len(sys.argv) > 1 else "./checkpoints"
-    port = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+def port_number(text: str) -> int:
+    """A TCP port, or 0 for a free one (argparse type)."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (0 to 65535)")
+    return port
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--help`` and bad options exit here, before any store is made."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Needs the metrics extra: pip install 'cairn[metrics]'.",
+    )
+    parser.add_argument(
+        "store",
+        nargs="?",
+        default=DEFAULT_STORE,
+        metavar="STORE",
+        help="where the checkpoints go: a directory (made if missing) or a URL "
+        "(default: %(default)s, the store `cairn` reads by default)",
+    )
+    parser.add_argument(
+        "port",
+        nargs="?",
+        type=port_number,
+        default=0,
+        metavar="PORT",
+        help="port of /metrics on 127.0.0.1 (default: a free one, printed)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help="base prefix of the checkpoints in STORE (default: %(default)s, the one "
+        "`cairn` reads by default)",
+    )
+    parser.add_argument(
+        "--serve-seconds",
+        type=float,
+        metavar="S",
+        help="stop serving after S seconds (default: serve until interrupted)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve /metrics, checkpoint a few rounds, then keep serving."""
+    args = parse_args(argv)
+    try:
+        import prometheus_client
+
+        from cairn.metrics import PrometheusMetrics
+    except ImportError as exc:
+        sys.exit(f"metrics_job.py: {exc}; install the extra: pip install 'cairn[metrics]'")
+    paths = CheckpointPaths(args.prefix)
     registry = prometheus_client.CollectorRegistry()
-    server, _ = prometheus_client.start_http_server(port, addr="127.0.0.1", registry=registry)
+    server, _ = prometheus_client.start_http_server(args.port, addr="127.0.0.1", registry=registry)
     print(f"serving /metrics on port {server.server_port}", flush=True)
+    print(f"store {args.store}, prefix {paths.base_prefix!r}", flush=True)
 
-    ckpt = SyncCheckpointer(store, observers=[PrometheusMetrics(registry)])
+    ckpt = SyncCheckpointer(args.store, paths, observers=[PrometheusMetrics(registry)])
     parent = None
     for epoch in range(1, 4):
         if parent is None:
@@ -38,12 +99,18 @@ def main() -> None:
         parent = ckpt.save(data).checkpoint_id
         time.sleep(0.5)
     ckpt.load_latest()
+    inspect = f"cairn list --store {shlex.quote(args.store)} "
+    print(f"saved 3 checkpoints; inspect: {inspect}--prefix {shlex.quote(paths.base_prefix)}")
+    if args.serve_seconds is None:
+        print("serving until interrupted (Ctrl-C)", flush=True)
+    deadline = None if args.serve_seconds is None else time.monotonic() + args.serve_seconds
     try:
-        while True:
-            time.sleep(1)
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.1)
     except KeyboardInterrupt:
         pass
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

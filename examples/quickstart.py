@@ -5,18 +5,26 @@ scripts/demo.sh`` installs it into ``.venv``). It saves three checkpoints of a s
 keyed-count job, lists them, restores the newest with every digest verified, then
 damages one byte of a stored artifact and shows that the damage is caught and that
 ``load_latest`` falls back to the newest intact checkpoint.
+
+The checkpoints go under the prefix ``checkpoints/`` of DIR (``--prefix`` to change
+it), where ``cairn`` looks by default: after ``python examples/quickstart.py
+./checkpoints``, ``cairn list`` in the same directory lists them. Without DIR they go
+to a temporary directory, deleted at the end.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import shlex
 import sys
 import tempfile
 from pathlib import Path
 
 from cairn import (
     CheckpointData,
+    CheckpointPaths,
     IntegrityMismatchError,
     ObjectStoreCheckpointer,
     SourceOffsetEntry,
@@ -24,6 +32,8 @@ from cairn import (
 )
 
 PARTITIONS = 4
+DEFAULT_PREFIX = "checkpoints/"
+"""The base prefix ``cairn`` reads when given no ``--prefix``."""
 
 
 def count_words(lines: list[str]) -> list[collections.Counter[str]]:
@@ -39,9 +49,10 @@ def encode(counter: collections.Counter[str]) -> bytes:
     return "\n".join(f"{w} {n}" for w, n in sorted(counter.items())).encode()
 
 
-async def main(store_url: str) -> int:
+async def run(store_url: str, prefix: str) -> int:
+    """Save, list, load, damage and recover; 0 if every step did what it should."""
     store = open_store(store_url)
-    ckpt = ObjectStoreCheckpointer(store)
+    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
     text = ["the quick brown fox", "jumps over the lazy dog", "the dog sleeps"] * 50
 
     for epoch, upto in enumerate((50, 100, 150), start=1):
@@ -66,7 +77,9 @@ async def main(store_url: str) -> int:
     print(f"loaded  epoch {restored.epoch}, every SHA-256 verified, resume at line {resume}")
     print(f"state   equals a fresh recount: {same}")
 
-    victim = ckpt.paths.snapshot(restored.checkpoint_id, "word-count", 0)
+    # The manifest names each artifact's object (its name carries the save attempt).
+    entry = restored.manifest.operators["word-count"].partitions[0]
+    victim = ckpt.paths.resolve(restored.checkpoint_id, entry.path)
     damaged = bytearray((await ckpt.store.get(victim)).data)
     damaged[0] ^= 0xFF
     await ckpt.store.put(victim, bytes(damaged))
@@ -84,10 +97,43 @@ async def main(store_url: str) -> int:
     return 0 if ok else 1
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--help`` and bad options exit here, before any store is made."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="The last damaged checkpoint stays damaged: `cairn verify --all` reports it.",
+    )
+    parser.add_argument(
+        "dir",
+        nargs="?",
+        metavar="DIR",
+        help="local directory for the checkpoints (made if missing); default: a "
+        "temporary directory, deleted at the end",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help="base prefix of the checkpoints in DIR (default: %(default)s, the one "
+        "`cairn` reads by default)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, then run the story in DIR or a temporary directory."""
+    args = parse_args(argv)
+    prefix = CheckpointPaths(args.prefix).base_prefix
+    if args.dir is None:
+        with tempfile.TemporaryDirectory(prefix="cairn-demo-") as tmp:
+            print(f"store   {tmp} (temporary), prefix {prefix!r}")
+            return asyncio.run(run(Path(tmp).as_uri(), prefix))
+    print(f"store   {args.dir}, prefix {prefix!r}")
+    target = Path(args.dir)
+    target.mkdir(parents=True, exist_ok=True)
+    code = asyncio.run(run(target.resolve().as_uri(), prefix))
+    print(f"inspect cairn list --store {shlex.quote(args.dir)} --prefix {shlex.quote(prefix)}")
+    return code
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        target = Path(sys.argv[1])
-        target.mkdir(parents=True, exist_ok=True)
-        sys.exit(asyncio.run(main(target.resolve().as_uri())))
-    with tempfile.TemporaryDirectory(prefix="cairn-demo-") as tmp:
-        sys.exit(asyncio.run(main(Path(tmp).as_uri())))
+    sys.exit(main())

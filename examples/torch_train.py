@@ -6,14 +6,25 @@ takes over the store (fencing the dead job), loads the newest checkpoint with
 :class:`cairn.torch.CairnReader` (every byte verified) and goes on: the loss curve is
 the one an uninterrupted run draws, to the last bit.
 
-One run::
+One run (the script starts torchrun with two ranks itself)::
 
-    torchrun --standalone --nproc-per-node 2 examples/torch_train.py --store ./dcp-run
+    python examples/torch_train.py --store ./dcp-run
 
-Killed at step 25 (rank 1 gets SIGKILL), then resumed::
+Killed after step 25, on purpose, then resumed::
 
-    torchrun --standalone --nproc-per-node 2 examples/torch_train.py --store ./b --kill-at 25
-    torchrun --standalone --nproc-per-node 2 examples/torch_train.py --store ./b
+    python examples/torch_train.py --store ./b --kill-at 25
+    python examples/torch_train.py --store ./b
+
+With ``--kill-at`` rank 1 SIGKILLs itself after that step, like a crash; the other rank
+and torchrun then fail as they do after a real one. The script reports that expected
+failure in one line (the newest checkpoint, verified, and how to resume); any other
+failure is shown as torchrun printed it, tracebacks and all.
+
+The ranks also run under a torchrun of your own, which reports a killed rank its own
+way (``torchrun --standalone --nproc-per-node 2 examples/torch_train.py --store DIR``).
+
+The checkpoints go under the prefix ``checkpoints/`` of the store (``--prefix`` to
+change it), the one ``cairn`` reads by default: ``cairn list --store ./b`` lists them.
 
 ``python examples/torch_train.py --demo`` does all three (an uninterrupted run, a killed
 one, its resumption) in a temporary directory and compares the loss curves.
@@ -24,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -31,26 +43,24 @@ import tempfile
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.nn.parallel import DistributedDataParallel
+from typing import TYPE_CHECKING, Any
 
 from cairn import CheckpointPaths, SyncCheckpointer
-from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner
 
-PREFIX = "train/"
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_PREFIX = "checkpoints/"
+"""The base prefix ``cairn`` reads when given no ``--prefix``."""
 FEATURES = 32
+RANKS = 2
+"""How many ranks the script starts under torchrun."""
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's batch for ``step``: the same on every run, whatever was restarted."""
+    import torch
+
     truth = torch.Generator().manual_seed(12345)
     weights = torch.randn(FEATURES, 1, generator=truth)
     gen = torch.Generator().manual_seed(1000 * step + rank)
@@ -60,6 +70,18 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train(args: argparse.Namespace) -> None:
     """One rank of the training job (started by torchrun)."""
+    # Only the ranks import torch: the launcher, --help and a usage error start at once.
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, async_save
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+    from torch.nn.parallel import DistributedDataParallel
+
+    from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner
+
     warnings.filterwarnings("ignore", module="torch.distributed")  # experimental-API notes
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -71,9 +93,17 @@ def train(args: argparse.Namespace) -> None:
     ddp = DistributedDataParallel(model)
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = torch.full((args.steps,), float("nan"))
+    if rank == 0:
+        print(f"store {args.store}, prefix {args.prefix!r}; {inspect_command(args)}", flush=True)
+        if args.kill_at is not None:
+            print(
+                f"rank 1 will be SIGKILLed after step {args.kill_at} (--kill-at): "
+                "the crash that follows is on purpose",
+                flush=True,
+            )
 
     # Take over the store (a job that died can no longer commit) and find where to start.
-    ckpt = SyncCheckpointer(args.store, CheckpointPaths(PREFIX))
+    ckpt = SyncCheckpointer(args.store, CheckpointPaths(args.prefix))
     found: list[Any] = [None, 0]
     if rank == 0:
         found = [ckpt.latest_id(), ckpt.take_over()]
@@ -83,7 +113,7 @@ def train(args: argparse.Namespace) -> None:
     if latest is not None:
         model_sd, optim_sd = get_state_dict(model, optim)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "losses": losses, "step": 0}
-        reader = CairnReader(args.store, checkpoint_id=latest, prefix=PREFIX)
+        reader = CairnReader(args.store, checkpoint_id=latest, prefix=args.prefix)
         dcp_load(
             state,
             storage_reader=reader,
@@ -108,12 +138,14 @@ def train(args: argparse.Namespace) -> None:
         if rank == 0:
             print(f"step {step:3d}  loss {losses[step].item():.6f}", flush=True)
         if args.kill_at is not None and step + 1 == args.kill_at and rank == 1:
+            if args.kill_note:  # tells the launcher that this is the injected failure
+                Path(args.kill_note).write_text(str(step + 1))
             os.kill(os.getpid(), signal.SIGKILL)  # a crash: no clean-up, no goodbye
         if (step + 1) % args.every == 0 or step + 1 == args.steps:
             model_sd, optim_sd = get_state_dict(model, optim)
             state = {"model": model_sd, "optim": optim_sd, "losses": losses, "step": step + 1}
             writer = CairnWriter(
-                args.store, epoch=step + 1, prefix=PREFIX, writer_generation=generation
+                args.store, epoch=step + 1, prefix=args.prefix, writer_generation=generation
             )
             if pending is not None:
                 pending.result()  # one save in flight at a time
@@ -137,11 +169,62 @@ def train(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def torchrun(store: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Run this script under torchrun with two ranks."""
+def inspect_command(args: argparse.Namespace) -> str:
+    """The ``cairn list`` command that lists this run's checkpoints."""
+    return f"cairn list --store {shlex.quote(args.store)} --prefix {shlex.quote(args.prefix)}"
+
+
+def torchrun(rank_args: list[str], *, capture_stdout: bool) -> subprocess.CompletedProcess[str]:
+    """Run this script's ranks under torchrun; their stderr is captured, for :func:`outcome`."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", __file__, "--store", str(store), *extra]
-    return subprocess.run(command, capture_output=True, text=True, check=False)
+    command += ["--nproc-per-node", str(RANKS), __file__, *rank_args]
+    # torchrun sets 1 itself when unset, with a banner saying so.
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    stdout = subprocess.PIPE if capture_stdout else None
+    return subprocess.run(
+        command, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, check=False
+    )
+
+
+def outcome(
+    proc: subprocess.CompletedProcess[str], kill_note: Path, store: str, prefix: str
+) -> tuple[bool, str]:
+    """Whether the run failed only by the injected kill, and what to show about it.
+
+    Only a failed run whose rank 1 wrote ``kill_note`` (just before its SIGKILL) is the
+    expected one: it is summarised in one line naming the newest checkpoint, which is
+    loaded with every digest verified first (a failure there raises, traceback and all).
+    Any other run shows torchrun's stderr as it is.
+    """
+    if proc.returncode == 0 or not kill_note.exists():
+        return False, proc.stderr
+    step = int(kill_note.read_text())
+    said = f"rank 1 was killed on purpose after step {step} (--kill-at {step})"
+    ckpt = SyncCheckpointer(store, CheckpointPaths(prefix))
+    try:
+        latest = ckpt.latest_id()
+        if latest is None:
+            return True, f"{said}, before its first checkpoint; run again without --kill-at"
+        epoch = ckpt.load(latest).epoch
+    finally:
+        ckpt.close()
+    return True, (
+        f"{said}; the newest checkpoint, step {epoch}, is intact (every digest verified); "
+        "run again without --kill-at to resume from it"
+    )
+
+
+def launch(args: argparse.Namespace, rank_args: list[str]) -> int:
+    """Start the ranks under torchrun; the injected kill ends in one line, not tracebacks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        note = Path(tmp) / "killed"
+        if args.kill_at is not None:
+            rank_args = [*rank_args, "--kill-note", str(note)]
+        proc = torchrun(rank_args, capture_stdout=False)
+        _, report = outcome(proc, note, args.store, args.prefix)
+    if report:
+        print(report.rstrip("\n"), file=sys.stderr)
+    return proc.returncode
 
 
 def demo() -> int:
@@ -149,41 +232,87 @@ def demo() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         common = ["--steps", "40", "--every", "10"]
-        whole = torchrun(root / "whole", *common, "--losses", str(root / "whole.json"))
+        whole = torchrun(
+            ["--store", str(root / "whole"), *common, "--losses", str(root / "whole.json")],
+            capture_stdout=True,
+        )
         print(whole.stdout, end="")
         if whole.returncode != 0:
             print(whole.stderr, file=sys.stderr)
             return 1
-        killed = torchrun(root / "crashy", *common, "--kill-at", "25")
+        crashy = str(root / "crashy")
+        note = root / "killed"
+        killed = torchrun(
+            ["--store", crashy, *common, "--kill-at", "25", "--kill-note", str(note)],
+            capture_stdout=True,
+        )
         print(f"... the second run is killed at step 25 (exit code {killed.returncode})")
+        expected, report = outcome(killed, note, crashy, DEFAULT_PREFIX)
+        if not expected:
+            print(killed.stdout, end="")
+            print(report, file=sys.stderr)
+            return 1
+        print(report)
         resumed = torchrun(
-            root / "crashy", *common, "--async-save", "--losses", str(root / "resumed.json")
+            ["--store", crashy, *common, "--async-save", "--losses", str(root / "resumed.json")],
+            capture_stdout=True,
         )
         print(resumed.stdout, end="")
-        if killed.returncode == 0 or resumed.returncode != 0:
-            print(killed.stderr, resumed.stderr, file=sys.stderr)
+        if resumed.returncode != 0:
+            print(resumed.stderr, file=sys.stderr)
             return 1
         same = (root / "whole.json").read_text() == (root / "resumed.json").read_text()
         print("loss curves identical:", same)
         return 0 if same else 1
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", help="where checkpoints go: a directory or a URL")
-    parser.add_argument("--steps", type=int, default=40)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--help`` and bad options exit here, before any store is made."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Outside torchrun the script starts torchrun with two ranks itself.",
+    )
+    parser.add_argument(
+        "--store", help="where checkpoints go: a directory (made if missing) or a URL"
+    )
+    parser.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help="base prefix of the checkpoints in the store (default: %(default)s, the one "
+        "`cairn` reads by default: `cairn list --store STORE` lists them)",
+    )
+    parser.add_argument("--steps", type=int, default=40, help="train this many steps")
     parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
-    parser.add_argument("--kill-at", type=int, help="rank 1 is SIGKILLed after this step")
+    parser.add_argument(
+        "--kill-at",
+        type=int,
+        metavar="STEP",
+        help="rank 1 SIGKILLs itself after STEP, on purpose (a crash to resume from)",
+    )
     parser.add_argument("--async-save", action="store_true", help="use dcp.async_save")
     parser.add_argument("--losses", help="write the loss curve (JSON) here at the end")
-    parser.add_argument("--demo", action="store_true", help="run the crash-and-resume demo")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="run, crash and resume in a temporary directory; compare the loss curves",
+    )
+    parser.add_argument("--kill-note", help=argparse.SUPPRESS)  # see launch()
+    args = parser.parse_args(argv)
+    if not args.demo and not args.store:
+        parser.error("--store is required (or --demo)")
+    args.prefix = CheckpointPaths(args.prefix).base_prefix
+    return args
+
+
+def main() -> int:
+    """A rank under torchrun; otherwise the launcher of the ranks, or the demo."""
+    args = parse_args()
     if args.demo:
         return demo()
-    if not args.store:
-        parser.error("--store is required (or --demo)")
-    train(args)
-    return 0
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # set by torchrun
+        train(args)
+        return 0
+    return launch(args, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 ``examples/torch_train.py --demo`` trains under torchrun with two ranks three times: an
 uninterrupted run, a run whose rank 1 is SIGKILLed at step 25, and that run resumed
 from its newest cairn checkpoint (with ``dcp.async_save``). The loss curves must be
-identical, bit for bit.
+identical, bit for bit. The killed run ends in the one line that says the kill was the
+injected one and the checkpoint of step 20 is intact, not in tracebacks.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def test_a_killed_training_run_resumes_with_the_same_loss_curve() -> None:
     explain = f"{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, explain
     assert "killed at step 25 (exit code 1)" in proc.stdout, explain
+    summary = (
+        "rank 1 was killed on purpose after step 25 (--kill-at 25); the newest checkpoint, "
+        "step 20, is intact (every digest verified); run again without --kill-at to resume "
+        "from it\n"
+    )
+    assert f"(exit code 1)\n{summary}" in proc.stdout, explain
+    assert "Traceback" not in explain, "the expected kill is summarised, not dumped"
     assert "at step 20" in proc.stdout, "resumed from the checkpoint of step 20"
     assert proc.stdout.rstrip().endswith("loss curves identical: True"), explain
     assert proc.stdout.count("step  39  loss") == 2, "both runs trained to the end"
