@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--help`` and bad options exit here, before any store is made."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Needs the metrics extra: pip install 'cairn[metrics]'.",
+        epilog="Needs the metrics extra: pip install 'cairn-checkpoint[metrics]'.",
     )
     parser.add_argument(
         "store",
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from cairn.metrics import PrometheusMetrics
     except ImportError as exc:
-        sys.exit(f"metrics_job.py: {exc}; install the extra: pip install 'cairn[metrics]'")
+        sys.exit(f"metrics_job.py: {exc}; install the extra: pip install 'cairn-checkpoint[metrics]'")
     paths = CheckpointPaths(args.prefix)
     registry = prometheus_client.CollectorRegistry()
     server, _ = prometheus_client.start_http_server(args.port, addr="127.0.0.1", registry=registry)
