@@ -1,0 +1,212 @@
+"""Streaming state of many small partitions: one save, a load of all, a load of one.
+
+    python bench/bench_many_partitions.py [--quick] [--partitions 100000] [--size 1024]
+                                          [--stores memory,s3] [--reps 1] [--json out.json]
+
+One ``ObjectStoreCheckpointer.save`` of ``--partitions`` partitions of one operator, each
+``--size`` bytes (default 100,000 x 1 KiB: the keyed state of a stream processor spread
+over many key groups), then ``load`` of the whole checkpoint (every partition checked
+against what was saved) and ``load_chain`` of one partition (the middle one, checked).
+``--partitions`` scales it down (``--quick``: 10,000, memory only).
+
+Stores: a MemoryStore, and moto's S3 server on a loopback port
+(``tests/support/servers.py``); every store call is counted by wrapping the store in the
+tests' ``RecordingStore`` (``tests/support/recording.py``): one request per call.
+
+Reported per store: wall seconds of each step (median over ``--reps`` saves, each into a
+fresh prefix), the objects in the checkpoint's directory, the requests of each step by
+kind, and the manifest's bytes; against the target the layout must meet: <= 64 objects
+per checkpoint, whatever the number of partitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import obstore
+from obstore.store import MemoryStore, ObjectStore, S3Store
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as ``python bench/bench_many_partitions.py``
+    sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
+
+from bench.harness import MiB, emit_json, table  # noqa: E402
+from cairn import CheckpointData, ObjectStoreCheckpointer  # noqa: E402
+from cairn.layout import CheckpointPaths  # noqa: E402
+from cairn.stores import as_store  # noqa: E402
+
+recording: Any = importlib.import_module("support.recording")
+
+OPERATOR = "window-agg"
+TARGET_OBJECTS = 64
+
+
+def payload(partition: int, size: int) -> bytes:
+    """Partition ``partition``'s state: its number, then filler (distinct per partition)."""
+    head = partition.to_bytes(8, "little")
+    return (head * (size // 8 + 1))[:size]
+
+
+async def one_run(raw: ObjectStore, prefix: str, partitions: int, size: int) -> dict[str, Any]:
+    """Save, load all, load one; times, requests per step, objects and manifest bytes."""
+    snapshots = {(OPERATOR, p): payload(p, size) for p in range(partitions)}
+    out: dict[str, Any] = {}
+    store = recording.RecordingStore(as_store(raw))
+    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
+    start = time.perf_counter()
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots))
+    out["save_s"] = time.perf_counter() - start
+    out["save_requests"] = dict(store.ops)
+    cid = manifest.checkpoint_id
+
+    store = recording.RecordingStore(as_store(raw))
+    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
+    start = time.perf_counter()
+    loaded = await ckpt.load(cid)
+    out["load_all_s"] = time.perf_counter() - start
+    out["load_all_requests"] = dict(store.ops)
+    if len(loaded.artifacts) != partitions or any(
+        bytes(loaded.artifacts[key]) != data for key, data in snapshots.items()
+    ):
+        raise AssertionError("load returned other partitions than were saved")
+    del loaded
+
+    store = recording.RecordingStore(as_store(raw))
+    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
+    middle = partitions // 2
+    start = time.perf_counter()
+    chain = await ckpt.load_chain(cid, OPERATOR, middle)
+    out["load_one_s"] = time.perf_counter() - start
+    out["load_one_requests"] = dict(store.ops)
+    if bytes(chain[-1].data) != snapshots[(OPERATOR, middle)]:
+        raise AssertionError(f"partition {middle} loaded other bytes")
+
+    paths = CheckpointPaths(prefix)
+    directory, root = paths.checkpoint_dir(cid), paths.manifest(cid)
+    objects, manifest_bytes = 0, 0
+    for chunk in obstore.list(raw, directory, chunk_size=1000):
+        for meta in chunk:
+            objects += 1
+            if meta["path"] == root:
+                manifest_bytes = meta["size"]
+    out["objects"], out["manifest_bytes"] = objects, manifest_bytes
+    return out
+
+
+@contextlib.contextmanager
+def open_store(kind: str) -> Iterator[ObjectStore]:
+    """A MemoryStore, or a bucket on a fresh moto server."""
+    if kind == "memory":
+        yield MemoryStore()
+        return
+    servers: Any = importlib.import_module("support.servers")
+    with servers.S3Server() as server:
+        bucket = servers.unique_name("cairn-bench-partitions")
+        server.create_bucket(bucket)
+        yield S3Store(bucket, **servers.s3_store_options(server))
+
+
+def requests(ops: dict[str, int]) -> str:
+    """``{"put": 3, "get": 1}`` -> ``"put 3, get 1"`` (total first)."""
+    total = sum(ops.values())
+    return f"{total:,} (" + ", ".join(f"{k} {v:,}" for k, v in sorted(ops.items())) + ")"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=100_000,
+        help="partitions to save (default 100,000; scale down here)",
+    )
+    parser.add_argument("--size", type=int, default=1024, help="bytes per partition (1 KiB)")
+    parser.add_argument("--stores", default="memory,s3", help="memory and/or s3 (moto)")
+    parser.add_argument("--reps", type=int, default=1, help="saves per store (median times)")
+    parser.add_argument("--quick", action="store_true", help="10,000 partitions, memory")
+    parser.add_argument("--json", metavar="PATH", help="also write the JSON report here")
+    args = parser.parse_args()
+    partitions = 10_000 if args.quick else args.partitions
+    stores = ["memory"] if args.quick else [s.strip() for s in args.stores.split(",")]
+    if set(stores) - {"memory", "s3"}:
+        parser.error(f"unknown store(s) in {stores}: choose memory, s3")
+    if partitions < 1 or args.size < 8 or args.reps < 1:
+        parser.error("--partitions and --reps must be >= 1, --size >= 8")
+    rows: list[dict[str, Any]] = []
+    for kind in stores:
+        with open_store(kind) as raw:
+            runs = []
+            for rep in range(args.reps):
+                began = time.perf_counter()
+                runs.append(asyncio.run(one_run(raw, f"run-{rep}/", partitions, args.size)))
+                print(
+                    f"{kind}, save {rep + 1}/{args.reps}: {time.perf_counter() - began:.1f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        first = runs[0]
+        row = {"store": kind, "partitions": partitions, "size": args.size, "reps": args.reps}
+        row.update({k: v for k, v in first.items() if not k.endswith("_s")})
+        for key in ("save_s", "load_all_s", "load_one_s"):
+            row[f"median_{key}"] = statistics.median(r[key] for r in runs)
+            row[key] = [r[key] for r in runs]
+        row["ok"] = first["objects"] <= TARGET_OBJECTS
+        rows.append(row)
+    headers = [
+        "store",
+        "partitions",
+        "objects",
+        "manifest MiB",
+        "save s",
+        "load all s",
+        "load one s",
+        f"objects <= {TARGET_OBJECTS}",
+    ]
+    print(
+        table(
+            headers,
+            [
+                [
+                    r["store"],
+                    f"{r['partitions']:,}",
+                    f"{r['objects']:,}",
+                    f"{r['manifest_bytes'] / MiB:.2f}",
+                    f"{r['median_save_s']:.2f}",
+                    f"{r['median_load_all_s']:.2f}",
+                    f"{r['median_load_one_s']:.3f}",
+                    "yes" if r["ok"] else "MISSED",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    print()
+    print(
+        table(
+            ["store", "save requests", "load-all requests", "load-one requests"],
+            [
+                [
+                    r["store"],
+                    requests(r["save_requests"]),
+                    requests(r["load_all_requests"]),
+                    requests(r["load_one_requests"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    emit_json({"rows": rows}, args.json)
+
+
+if __name__ == "__main__":
+    main()
