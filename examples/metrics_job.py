@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from cairn.metrics import PrometheusMetrics
     except ImportError as exc:
-        sys.exit(f"metrics_job.py: {exc}; install the extra: pip install 'cairn-checkpoint[metrics]'")
+        hint = "install the extra: pip install 'cairn-checkpoint[metrics]'"
+        sys.exit(f"metrics_job.py: {exc}; {hint}")
     paths = CheckpointPaths(args.prefix)
     registry = prometheus_client.CollectorRegistry()
     server, _ = prometheus_client.start_http_server(args.port, addr="127.0.0.1", registry=registry)
