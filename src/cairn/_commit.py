@@ -25,8 +25,9 @@ The steps, in order:
 3. **Uploads** (:mod:`cairn._upload`): every snapshot and delta goes under ``{base}{id}/``
    with a name carrying this attempt's token (:func:`cairn.layout.new_attempt`),
    concurrently and bounded, hashed as it travels; the parent's chains are carried over
-   by reference (:mod:`cairn._chains`). Source offsets live in the manifest. Nothing is
-   visible to any reader yet. A failure removes this attempt's objects and its intent.
+   by reference (:mod:`cairn._chains`); a directory partition's files are uploaded or
+   carried one by one (:mod:`cairn._directories`). Source offsets live in the manifest.
+   Nothing is visible to any reader yet. A failure removes this attempt's objects and its intent.
 4. **Commit point**: check that every artifact the manifest names is in the store, then
    write ``{base}{id}/manifest.json`` only if absent: **this single write is the
    commit**; then check the artifacts once more. GC claims an uncommitted id with a
