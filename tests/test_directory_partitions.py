@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -29,11 +30,13 @@ from cairn import (
     InvalidInputError,
     ObjectStoreCheckpointer,
     RetentionPolicy,
+    RetryPolicy,
     SpecialFileError,
     SyncCheckpointer,
+    TransientStoreError,
 )
 from cairn.manifest import check_manifest, decode_manifest, encode_manifest
-from cairn.stores import as_store
+from cairn.stores import ForwardingStore, ObjectInfo, as_store
 
 KEY = ("db", 0)
 
@@ -334,3 +337,40 @@ def test_copy_and_cli_restore_of_an_incremental_directory_checkpoint(tmp_path: P
         dest = tmp_path / f"tree-{root.name}"
         target.restore_directory(second.checkpoint_id, *KEY, dest)
         assert read_tree(dest) == read_tree(src)
+
+
+async def test_a_save_from_a_restored_tree_carries_every_file(tmp_path: Path) -> None:
+    store = RecordingStore(as_store(make_store("memory", tmp_path, None)))  # type: ignore[arg-type]
+    ckpt = make_checkpointer(store)
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a" * 10, "d/b": b"b" * 20})
+    first = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    dest = tmp_path / "dest"
+    await ckpt.restore_directory(first.checkpoint_id, *KEY, dest)
+    store.log.clear()
+    second = await ckpt.save(
+        CheckpointData(epoch=2, directories={KEY: dest}, parent_id=first.checkpoint_id)
+    )
+    assert not [path for op, path in store.log if op.startswith("put") and ".file-" in path]
+    assert all(f.owner == first.checkpoint_id for f in second.directories[0].files)
+
+
+class FailingFilePut(ForwardingStore):
+    """Fails the upload of one directory file; every other call goes through."""
+
+    async def put(self, path: str, data: Any, **options: Any) -> ObjectInfo:
+        if path.endswith(".file-2"):
+            raise TransientStoreError("put", path, "injected")
+        return await super().put(path, data, **options)
+
+
+async def test_a_failed_upload_leaves_no_file_behind(tmp_path: Path) -> None:
+    inner = as_store(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    ckpt = make_checkpointer(FailingFilePut(inner), retry=RetryPolicy(attempts=1))
+    src = tmp_path / "src"
+    write_tree(src, {f"f{i}": bytes([i]) * 10 for i in range(6)})
+    with pytest.raises(TransientStoreError):
+        await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    left = [info.path for info in await inner.list(ckpt.paths.base_prefix)]
+    assert not [path for path in left if ".file-" in path or path.endswith("intent.json")]
+    assert await ckpt.list_checkpoints() == []

@@ -21,7 +21,9 @@ Invariants:
 * a restore writes into a fresh staging directory beside ``dest``, verifies every file
   against its size and SHA-256, fsyncs every file and directory, and only then renames
   the staging directory onto ``dest`` (which must not exist, or be an empty directory):
-  any failure removes the staging directory and leaves ``dest`` as it was.
+  any failure removes the staging directory and leaves ``dest`` as it was. Each file
+  gets the mtime its entry records, so a save from the restored tree with the restored
+  checkpoint as parent carries every file it did not change.
 """
 
 from __future__ import annotations
@@ -342,8 +344,7 @@ def _restore_job(
         handle = await asyncio.to_thread(_create_file, staging, file.relative_path)
         with handle:
             digest = await stream_into(ctx, path, size, handle, RESTORE_CHUNK)
-            await asyncio.to_thread(handle.flush)
-            await asyncio.to_thread(os.fsync, handle.fileno())
+            await asyncio.to_thread(_finish_file, handle, file.mtime_ns)
         if digest != file.sha256:
             raise IntegrityMismatchError(named, file.sha256, digest)
 
@@ -360,6 +361,14 @@ def _create_file(staging: Path, relative: str) -> BinaryIO:
             raise InvalidInputError(f"cannot restore {relative!r}: its directory is not one")
         fd = os.open(name, flags, 0o666, dir_fd=dirs.fds[-1])
     return os.fdopen(fd, "wb")
+
+
+def _finish_file(handle: BinaryIO, mtime_ns: int) -> None:
+    """Flush, give the file its recorded mtime (so the next incremental save carries it
+    without reading it), and fsync it."""
+    handle.flush()
+    os.utime(handle.fileno(), ns=(mtime_ns, mtime_ns))
+    os.fsync(handle.fileno())
 
 
 def _sync_tree(root: Path) -> None:
