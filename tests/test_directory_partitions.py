@@ -34,6 +34,7 @@ from cairn import (
     SpecialFileError,
     SyncCheckpointer,
     TransientStoreError,
+    _commit,
 )
 from cairn.manifest import check_manifest, decode_manifest, encode_manifest
 from cairn.stores import ForwardingStore, ObjectInfo, as_store
@@ -374,3 +375,16 @@ async def test_a_failed_upload_leaves_no_file_behind(tmp_path: Path) -> None:
     left = [info.path for info in await inner.list(ckpt.paths.base_prefix)]
     assert not [path for path in left if ".file-" in path or path.endswith("intent.json")]
     assert await ckpt.list_checkpoints() == []
+
+
+async def test_a_save_failing_after_its_uploads_leaves_no_file_behind(tmp_path: Path) -> None:
+    ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a", "b": b"b"})
+
+    async def fail() -> None:
+        raise RuntimeError("stopped before the commit")
+
+    with pytest.raises(RuntimeError):
+        await _commit.save(ckpt.context, CheckpointData(epoch=1, directories={KEY: src}), fail)
+    assert not [p for p in await stored_paths(ckpt) if ".file-" in p]

@@ -110,6 +110,7 @@ from cairn.ids import CheckpointId
 from cairn.layout import is_attempt_artifact, new_attempt
 from cairn.manifest import (
     CheckpointManifest,
+    DirectoryEntry,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     SaveStats,
@@ -312,6 +313,7 @@ async def _save(
         assert pending.record is not None
         attempt = new_attempt()
         uploads = _uploads_of(data)
+        directories: tuple[DirectoryEntry, ...] = ()
         try:
             uploading = time.perf_counter()
             entries = await upload_all(ctx, data, pending.record, uploads, attempt)
@@ -320,6 +322,7 @@ async def _save(
             if before_commit is not None:
                 await before_commit()
         except BaseException:
+            await _directories.discard_files(ctx, cid, directories)
             await pending.abandon(uploads, attempt)
             raise
         manifest = assemble_manifest(
@@ -346,12 +349,8 @@ async def _save(
             return msgspec.structs.replace(checked, stats=stats)
 
         async def discard(written: CheckpointManifest) -> None:
+            await _directories.discard_files(ctx, cid, written.directories)
             await _upload.discard_attempt(ctx, cid, uploads, attempt)
-            files = [
-                ctx.paths.resolve(cid, f.path) for _, f in written.file_entries() if not f.owner
-            ]
-            with contextlib.suppress(CheckpointerError, asyncio.CancelledError):
-                await ctx.store.delete(files)
 
         return await pending.commit(manifest, with_stats, discard)
 

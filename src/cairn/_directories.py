@@ -63,7 +63,14 @@ from cairn.layout import validate_name, validate_partition
 from cairn.localfs import DIR_FLAGS, open_dir, open_dirs
 from cairn.manifest import CheckpointManifest, DirectoryEntry, FileEntry, check_relative_file
 
-__all__ = ["ScannedFile", "restore_directory", "save_directories", "scan"]
+__all__ = [
+    "ScannedFile",
+    "discard_files",
+    "find_directory",
+    "restore_directory",
+    "save_directories",
+    "scan",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +243,22 @@ async def save_directories(
         saved.append(DirectoryEntry(operator, partition, files))
         offset += count
     return tuple(sorted(saved, key=lambda d: (d.operator, d.partition_id)))
+
+
+async def discard_files(
+    ctx: Context, checkpoint_id: CheckpointId, directories: tuple[DirectoryEntry, ...]
+) -> None:
+    """Best effort: delete the files ``directories`` names as ``checkpoint_id``'s own
+    upload (a save that will not commit them); carried files are left alone."""
+    own = [
+        ctx.paths.resolve(checkpoint_id, file.path)
+        for directory in directories
+        for file in directory.files
+        if file.owner is None
+    ]
+    if own:
+        with contextlib.suppress(CheckpointerError, asyncio.CancelledError):
+            await ctx.store.delete(own)
 
 
 def _file_job(
