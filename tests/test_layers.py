@@ -68,6 +68,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "_chains",
             "_upload",
             "_download",
+            "_directories",
             "_commit",
             "retention",
             "_background",

@@ -26,6 +26,7 @@ EXPECTED = {
     "HmacSigner",
     "ManifestSigner",
     "SignatureError",
+    "SpecialFileError",
     "RetentionPolicy",
     "IncompleteCheckpointError",
     "IntegrityError",

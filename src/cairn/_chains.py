@@ -10,6 +10,8 @@ Invariants:
 * a new incremental checkpoint carries over, by reference, the parent's chain of every
   partition it does not mention; a delta extends the parent's chain, a snapshot replaces
   it; a delta whose partition the parent has no state for is refused before any upload;
+  a partition the new checkpoint saves as a directory drops the parent's chain of it
+  (directory partitions carry their files themselves: :mod:`cairn._directories`);
 * a parent committed by a fenced writer after the takeover is never built upon.
 """
 
@@ -97,5 +99,5 @@ async def carried_chains(
     return {
         key: [(key[0], msgspec.structs.replace(entry, owner=owner)) for owner, entry in links]
         for key, links in parent_chains.items()
-        if key not in data.snapshots
+        if key not in data.snapshots and key not in data.directories
     }

@@ -25,8 +25,9 @@ The steps, in order:
 3. **Uploads** (:mod:`cairn._upload`): every snapshot and delta goes under ``{base}{id}/``
    with a name carrying this attempt's token (:func:`cairn.layout.new_attempt`),
    concurrently and bounded, hashed as it travels; the parent's chains are carried over
-   by reference (:mod:`cairn._chains`). Source offsets live in the manifest. Nothing is
-   visible to any reader yet. A failure removes this attempt's objects and its intent.
+   by reference (:mod:`cairn._chains`); a directory partition's files are uploaded or
+   carried one by one (:mod:`cairn._directories`). Source offsets live in the manifest.
+   Nothing is visible to any reader yet. A failure removes this attempt's objects and its intent.
 4. **Commit point**: check that every artifact the manifest names is in the store, then
    write ``{base}{id}/manifest.json`` only if absent: **this single write is the
    commit**; then check the artifacts once more. GC claims an uncommitted id with a
@@ -88,7 +89,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 
 import msgspec
 
-from cairn import _catalog, _chains, _dispatch, _lease, _pointer, _upload, retention
+from cairn import _catalog, _chains, _directories, _dispatch, _lease, _pointer, _upload, retention
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
 from cairn.data import ArtifactKey, CheckpointData
@@ -109,6 +110,7 @@ from cairn.ids import CheckpointId
 from cairn.layout import is_attempt_artifact, new_attempt
 from cairn.manifest import (
     CheckpointManifest,
+    DirectoryEntry,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     SaveStats,
@@ -311,13 +313,16 @@ async def _save(
         assert pending.record is not None
         attempt = new_attempt()
         uploads = _uploads_of(data)
+        directories: tuple[DirectoryEntry, ...] = ()
         try:
             uploading = time.perf_counter()
             entries = await upload_all(ctx, data, pending.record, uploads, attempt)
+            directories = await _directories.save_directories(ctx, data, attempt)
             uploaded = time.perf_counter()
             if before_commit is not None:
                 await before_commit()
         except BaseException:
+            await _directories.discard_files(ctx, cid, directories)
             await pending.abandon(uploads, attempt)
             raise
         manifest = assemble_manifest(
@@ -330,13 +335,21 @@ async def _save(
             timestamp_ms=data.timestamp_ms,
             writer_generation=ctx.generation,
         )
+        if directories:
+            manifest = msgspec.structs.replace(
+                manifest,
+                directories=directories,
+                total_size_bytes=manifest.total_size_bytes
+                + sum(d.total_bytes for d in directories),
+            )
 
         def with_stats(checked: CheckpointManifest) -> CheckpointManifest:
             now = time.perf_counter()
             stats = _save_stats(checked, began, uploading, uploaded, now, retries.count)
             return msgspec.structs.replace(checked, stats=stats)
 
-        async def discard(_: CheckpointManifest) -> None:
+        async def discard(written: CheckpointManifest) -> None:
+            await _directories.discard_files(ctx, cid, written.directories)
             await _upload.discard_attempt(ctx, cid, uploads, attempt)
 
         return await pending.commit(manifest, with_stats, discard)
@@ -351,12 +364,9 @@ def _save_stats(
     retries: int,
 ) -> SaveStats:
     """What :class:`SaveStats` says of a save, from its entries and its clock readings."""
-    own = [e for _, e in manifest.partition_entries() if e.owner is None]
-    carried = [e for _, e in manifest.partition_entries() if e.owner is not None]
-
-    def stored(entry: PartitionSnapshotEntry) -> int:
-        size = entry.stored_size_bytes if entry.codec is not None else None
-        return size if size is not None else entry.size_bytes
+    # A directory partition's files count as artifacts, each its own.
+    own = [size for owner, _, size in manifest.stored_objects() if owner is None]
+    carried = [size for owner, _, size in manifest.stored_objects() if owner is not None]
 
     def ms(seconds: float) -> int:
         return max(0, round(seconds * 1000))
@@ -365,9 +375,9 @@ def _save_stats(
         duration_ms=ms(checked - began),
         upload_ms=ms(uploaded - uploading),
         commit_ms=ms(checked - uploaded),
-        uploaded_bytes=sum(map(stored, own)),
+        uploaded_bytes=sum(own),
         uploaded_artifacts=len(own),
-        carried_bytes=sum(map(stored, carried)),
+        carried_bytes=sum(carried),
         carried_artifacts=len(carried),
         retries=retries,
     )
@@ -656,8 +666,8 @@ def _own_upload(ctx: Context, manifest: CheckpointManifest, path: str) -> bool:
     """True when store ``path`` is an artifact ``manifest`` names as its own upload."""
     cid = manifest.checkpoint_id
     return any(
-        entry.owner is None and ctx.paths.resolve(cid, entry.path) == path
-        for _, entry in manifest.partition_entries()
+        owner is None and ctx.paths.resolve(cid, relative) == path
+        for owner, relative, _ in manifest.stored_objects()
     )
 
 
@@ -669,12 +679,11 @@ async def _check_artifacts_present(ctx: Context, manifest: CheckpointManifest) -
     """
     cid = manifest.checkpoint_id
     wanted: dict[str, dict[str, int]] = {}
-    for _, entry in manifest.partition_entries():
-        owner = entry.owner or cid
-        stored = entry.stored_size_bytes if entry.codec is not None else None
+    for entry_owner, relative, size in manifest.stored_objects():
+        owner = entry_owner or cid
         wanted.setdefault(ctx.paths.checkpoint_dir(owner), {})[
-            ctx.paths.resolve(owner, entry.path)
-        ] = stored if stored is not None else entry.size_bytes
+            ctx.paths.resolve(owner, relative)
+        ] = size
 
     def check(directory: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
@@ -702,9 +711,9 @@ async def _discard_uncommitted(ctx: Context, manifest: CheckpointManifest) -> No
     """
     cid = manifest.checkpoint_id
     own = [
-        ctx.paths.resolve(cid, entry.path)
-        for _, entry in manifest.partition_entries()
-        if entry.owner is None and is_attempt_artifact(entry.path)
+        ctx.paths.resolve(cid, relative)
+        for owner, relative, _ in manifest.stored_objects()
+        if owner is None and is_attempt_artifact(relative)
     ]
     try:
         await ctx.store.delete(own)
@@ -715,6 +724,8 @@ async def _discard_uncommitted(ctx: Context, manifest: CheckpointManifest) -> No
 def _needs(manifest: CheckpointManifest, cid: CheckpointId) -> bool:
     """True when ``manifest``'s restore chains need checkpoint ``cid`` (its bytes, or its
     manifest for a delta listed without its base, the reference's way)."""
+    if any(file.owner == cid for _, file in manifest.file_entries()):
+        return True
     heads: dict[tuple[str, int], bool] = {}
     for operator, entry in manifest.partition_entries():
         if entry.owner == cid:

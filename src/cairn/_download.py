@@ -63,6 +63,7 @@ __all__ = [
     "read_entry",
     "read_sized",
     "read_stored",
+    "stream_into",
 ]
 
 RESTORE_CHUNK = 1024 * 1024
@@ -99,6 +100,7 @@ async def load(ctx: Context, checkpoint_id: CheckpointId, verify: bool) -> Loade
         artifacts={key: links[-1].data for key, links in chains.items()},
         source_offsets=dict(manifest.source_offsets),
         chains=chains,
+        directories={(d.operator, d.partition_id): list(d.files) for d in manifest.directories},
     )
 
 
@@ -288,6 +290,10 @@ async def _stream_into(
         if writing is not None and not writing.done():
             await asyncio.wait([writing])
         hasher.close()
+
+
+stream_into = _stream_into
+"""Copy an object into an open file by ranged reads; the digest of what was written."""
 
 
 async def write_atomically(

@@ -32,7 +32,16 @@ from typing import Any, BinaryIO
 
 from obstore.store import ObjectStore
 
-from cairn import _catalog, _commit, _dispatch, _download, _lease, _pointer, _upload
+from cairn import (
+    _catalog,
+    _commit,
+    _directories,
+    _dispatch,
+    _download,
+    _lease,
+    _pointer,
+    _upload,
+)
 from cairn._background import BackgroundSaves
 from cairn._buffer import Buffer
 from cairn._context import Context, check_id
@@ -46,7 +55,7 @@ from cairn.errors import InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
-from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
 from cairn.observe import Observer, Operation
 from cairn.retention import GcResult, RetentionPolicy, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
@@ -561,3 +570,30 @@ class ObjectStoreCheckpointer(Checkpointer):
         hashed: the digest covers the decoded bytes, which :meth:`load` verifies. For
         copying a checkpoint byte for byte."""
         return await _download.read_stored(self.context, path, entry)
+
+    # -- directory partitions (cairn._directories) ---------------------------------------
+
+    async def restore_directory(
+        self,
+        checkpoint_id: CheckpointId,
+        operator: str,
+        partition: int,
+        dest: os.PathLike[str] | str,
+    ) -> list[FileEntry]:
+        """Write the directory partition ``(operator, partition)`` into ``dest``; its files.
+
+        Every file (uploaded or carried) is verified against its size and SHA-256 while
+        it is written into a staging directory beside ``dest``; each is fsynced, and the
+        staging directory is renamed onto ``dest`` only once all of them verified.
+        ``dest`` must not exist or be an empty directory (else
+        :class:`InvalidInputError`); on any failure it is left as it was. Raises
+        :class:`IntegrityMismatchError` naming the file whose bytes differ,
+        :class:`BrokenChainError` naming one that is gone, and
+        :class:`CheckpointNotFoundError` if the checkpoint has no such directory partition.
+        """
+        check_id(checkpoint_id)
+        with _dispatch.watching(self.observers):
+            async with _dispatch.observed(None, "restore_directory", checkpoint_id=checkpoint_id):
+                return await _directories.restore_directory(
+                    self.context, checkpoint_id, operator, partition, dest
+                )

@@ -11,9 +11,11 @@ reject half-way, nor commits a manifest that readers would take for damage.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from pathlib import Path
+from typing import Literal, TypeAlias
 
 from cairn._buffer import Buffer, raw_bytes
 from cairn._validate import is_int
@@ -25,15 +27,20 @@ from cairn.manifest import (
     MAX_INT64,
     MAX_TIMESTAMP_MS,
     CheckpointManifest,
+    FileEntry,
     PartitionSnapshotEntry,
     SourceOffsetEntry,
     check_source_offset,
 )
 
-__all__ = ["ArtifactKey", "ChainLink", "CheckpointData", "LoadedCheckpoint"]
+__all__ = ["ArtifactKey", "ChainLink", "CheckpointData", "DirectoryCheck", "LoadedCheckpoint"]
 
 ArtifactKey: TypeAlias = tuple[str, int]
 """``(operator, partition)``."""
+
+DirectoryCheck: TypeAlias = Literal["mtime", "hash"]
+"""How an incremental save decides that a directory's file is unchanged (see
+:class:`CheckpointData`)."""
 
 
 def _is_int_in(value: object, low: int, high: int) -> bool:
@@ -60,6 +67,26 @@ def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, Artifact
     return checked
 
 
+def _check_directories(directories: object) -> dict[ArtifactKey, Path]:
+    if not isinstance(directories, Mapping):
+        raise InvalidCheckpointDataError("directories must map (operator, partition) to a path")
+    checked: dict[ArtifactKey, Path] = {}
+    for key, path in directories.items():
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise InvalidCheckpointDataError(
+                f"directories key must be (operator, partition), got {key!r}"
+            )
+        operator, partition = key
+        validate_name("operator", operator)
+        validate_partition(partition)
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidCheckpointDataError(
+                f"directories[{key!r}] must be a path, got {type(path).__name__}"
+            )
+        checked[(operator, partition)] = Path(path)
+    return checked
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointData:
     """One checkpoint to save.
@@ -70,6 +97,17 @@ class CheckpointData:
     generated when ``checkpoint_id`` is None; ``timestamp_ms`` (default: now) is for
     copies that keep their original's commit time. Raises :class:`InvalidCheckpointDataError`
     (or :class:`InvalidNameError`) naming the offending value.
+
+    ``directories`` maps ``(operator, partition)`` to a local directory saved file by
+    file: every regular file under it, recursively, with its relative path, size and
+    SHA-256 (a symbolic link or other special file inside is refused with
+    :class:`~cairn.errors.SpecialFileError`; empty subdirectories are not kept). With a
+    ``parent_id``, a file the parent's partition already holds is carried by reference
+    instead of uploaded. ``directory_check`` says how "already holds" is decided:
+    ``"mtime"`` (default) trusts an equal relative path, size and modification time
+    (ns) without reading the file, as rsync does, so a file rewritten in place with
+    its size and mtime unchanged is carried stale; ``"hash"`` reads and hashes every
+    file and carries only one whose SHA-256 and size are equal.
     """
 
     epoch: int
@@ -80,6 +118,8 @@ class CheckpointData:
     parent_id: CheckpointId | None = None
     checkpoint_id: CheckpointId | None = None
     timestamp_ms: int | None = None
+    directories: Mapping[ArtifactKey, str | os.PathLike[str]] = field(default_factory=dict)
+    directory_check: DirectoryCheck = "mtime"
 
     def __post_init__(self) -> None:
         if not _is_int_in(self.epoch, 0, MAX_INT64):
@@ -92,6 +132,17 @@ class CheckpointData:
         if both:
             raise InvalidCheckpointDataError(
                 f"(operator, partition) {both[0]!r} is given both as snapshot and as delta"
+            )
+        directories = _check_directories(self.directories)
+        overlap = sorted(set(directories) & (set(snapshots) | set(deltas)))
+        if overlap:
+            raise InvalidCheckpointDataError(
+                f"(operator, partition) {overlap[0]!r} is given both as a directory and as "
+                "an artifact"
+            )
+        if self.directory_check not in ("mtime", "hash"):
+            raise InvalidCheckpointDataError(
+                f"directory_check must be 'mtime' or 'hash', got {self.directory_check!r}"
             )
         if deltas and self.parent_id is None:
             raise InvalidCheckpointDataError(
@@ -130,6 +181,7 @@ class CheckpointData:
             raise InvalidCheckpointDataError(f"checkpoint {self.checkpoint_id} is its own parent")
         object.__setattr__(self, "snapshots", snapshots)
         object.__setattr__(self, "deltas", deltas)
+        object.__setattr__(self, "directories", directories)
         object.__setattr__(self, "source_offsets", dict(self.source_offsets))
 
     @property
@@ -173,12 +225,15 @@ class LoadedCheckpoint:
     ``artifacts`` maps ``(operator, partition)`` to the newest bytes stored for it (its
     snapshot, or its latest delta); ``chains`` gives, per partition, the base snapshot
     and then every delta in order, which is what an engine applies to restore.
+    ``directories`` lists, per partition saved as a directory, its files (none of their
+    bytes is read by ``load``: restore one with ``restore_directory``).
     """
 
     manifest: CheckpointManifest
     artifacts: dict[ArtifactKey, Buffer]
     source_offsets: dict[str, SourceOffsetEntry]
     chains: dict[ArtifactKey, list[ChainLink]]
+    directories: dict[ArtifactKey, list[FileEntry]] = field(default_factory=dict)
 
     @property
     def checkpoint_id(self) -> CheckpointId:

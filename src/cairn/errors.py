@@ -24,7 +24,8 @@ CheckpointerError
 │   ├── CheckpointLocationError    a DCP checkpoint_id names a place outside the store
 │   ├── IncompleteCheckpointError  a distributed commit misses or repeats a partition
 │   └── InvalidCheckpointDataError inconsistent CheckpointData (duplicates, deltas
-│                                  without parent, negative epoch, ...)
+│       │                          without parent, negative epoch, ...)
+│       └── SpecialFileError       a directory to save holds a link or special file
 ├── CodecError                     an artifact needs a codec this reader lacks
 ├── SyncInAsyncContextError        (also RuntimeError) a blocking call inside an event loop
 └── StoreError                     the object store failed (path and operation attached)
@@ -70,6 +71,7 @@ __all__ = [
     "OversizedArtifactError",
     "PreconditionFailedError",
     "SignatureError",
+    "SpecialFileError",
     "StoreError",
     "SyncInAsyncContextError",
     "TransientStoreError",
@@ -330,6 +332,16 @@ class CheckpointLocationError(InvalidInputError):
 
 class InvalidCheckpointDataError(InvalidInputError):
     """The checkpoint asked for is inconsistent (see the message for the offending value)."""
+
+
+class SpecialFileError(InvalidCheckpointDataError):
+    """A directory partition holds something other than regular files and directories:
+    a symbolic link (never followed), a socket, a FIFO, a device. ``path`` names it."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        self.path = path
+        self.kind = kind
+        super().__init__(f"{path!r} is a {kind}: a directory partition holds regular files only")
 
 
 class IncompleteCheckpointError(InvalidInputError):

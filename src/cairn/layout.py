@@ -96,9 +96,11 @@ INTENT_NAME = "intent.json"
 
 _ATTEMPT_HEX = 12
 _ATTEMPT = re.compile(rf"[0-9a-f]{{{_ATTEMPT_HEX}}}")
-# operators/{operator}/partition-{p}.{attempt}.{snap|delta}, as relative_artifact writes it.
+# operators/{operator}/partition-{p}.{attempt}.{snap|delta}, as relative_artifact writes
+# it, or .file-{n}, one file of a directory partition, as relative_file writes it.
 _ATTEMPT_ARTIFACT = re.compile(
-    rf"operators/[^/]+/partition-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.(?:snap|delta)"
+    rf"operators/[^/]+/partition-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}"
+    r"\.(?:snap|delta|file-(?:0|[1-9][0-9]*))"
 )
 
 
@@ -335,6 +337,19 @@ class CheckpointPaths:
                 f"not an attempt token ({_ATTEMPT_HEX} hex digits): {attempt!r}"
             )
         return f"operators/{operator}/partition-{partition}.{attempt}.{suffix}"
+
+    @staticmethod
+    def relative_file(operator: str, partition: int, attempt: str, index: int) -> str:
+        """The object of file ``index`` of a directory partition saved by ``attempt``,
+        relative to its checkpoint directory: ``partition-{p}.{attempt}.file-{index}``."""
+        stem = CheckpointPaths.relative_artifact(operator, partition, False, attempt)
+        return f"{stem.removesuffix('.snap')}.file-{index}"
+
+    @staticmethod
+    def is_file_of(path: str, operator: str, partition: int) -> bool:
+        """True when relative ``path`` names a file object of that directory partition."""
+        prefix = f"operators/{operator}/partition-{partition}."
+        return path.startswith(prefix) and is_attempt_artifact(path) and ".file-" in path
 
     @staticmethod
     def is_artifact_of(path: str, operator: str, partition: int, is_delta: bool) -> bool:

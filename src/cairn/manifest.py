@@ -81,6 +81,8 @@ __all__ = [
     "MAX_TIMESTAMP_MS",
     "CheckpointManifest",
     "CheckpointManifestV2",
+    "DirectoryEntry",
+    "FileEntry",
     "OperatorSnapshotEntry",
     "PartitionSnapshotEntry",
     "SaveStats",
@@ -188,6 +190,38 @@ class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
     retries: int = 0
 
 
+class FileEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One regular file of a directory partition (see :class:`DirectoryEntry`).
+
+    ``relative_path`` is the file's path inside the directory (``/``-separated);
+    ``size_bytes`` and ``sha256`` describe its bytes, stored as they are (no codec) at
+    ``path``, relative to the checkpoint directory of ``owner`` (None: this checkpoint;
+    another id: carried from an earlier checkpoint by reference). ``mtime_ns`` is the
+    file's modification time when it was saved: the hint by which a later incremental
+    save carries it without reading it.
+    """
+
+    relative_path: str
+    size_bytes: int
+    sha256: str
+    mtime_ns: int
+    path: str
+    owner: CheckpointId | None = None
+
+
+class DirectoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A partition saved as a directory: every regular file under it, by relative path."""
+
+    operator: str
+    partition_id: int
+    files: tuple[FileEntry, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """The sum of its files' sizes."""
+        return sum(f.size_bytes for f in self.files)
+
+
 class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The commit record of one checkpoint (schema version 2).
 
@@ -210,6 +244,7 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
     writer_generation: int | None = None
     stats: SaveStats | None = None
     name: str | None = None
+    directories: tuple[DirectoryEntry, ...] = ()
 
     @classmethod
     def new(cls, checkpoint_id: CheckpointId, epoch: int) -> CheckpointManifest:
@@ -224,6 +259,21 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
     def partition_entries(self) -> list[tuple[str, PartitionSnapshotEntry]]:
         """Every ``(operator, entry)`` pair of this manifest, in a stable order."""
         return [(op, p) for op, entry in sorted(self.operators.items()) for p in entry.partitions]
+
+    def file_entries(self) -> list[tuple[DirectoryEntry, FileEntry]]:
+        """Every file of every directory partition, with its directory."""
+        return [(d, f) for d in self.directories for f in d.files]
+
+    def stored_objects(self) -> list[tuple[CheckpointId | None, str, int]]:
+        """Every object this manifest names: ``(owner, path, stored size)``, partition
+        artifacts first, then directory files (``owner`` None: this checkpoint's own)."""
+        objects: list[tuple[CheckpointId | None, str, int]] = []
+        for _, entry in self.partition_entries():
+            stored = entry.stored_size_bytes if entry.codec is not None else None
+            size = stored if stored is not None else entry.size_bytes
+            objects.append((entry.owner, entry.path, size))
+        objects += [(f.owner, f.path, f.size_bytes) for _, f in self.file_entries()]
+        return objects
 
 
 CheckpointManifestV2 = CheckpointManifest
@@ -578,3 +628,67 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
             if (part.owner, part.path) in seen_paths:
                 raise InvalidInputError(f"two entries share the path {part.path!r}")
             seen_paths.add((part.owner, part.path))
+    _check_directories(manifest, seen_paths)
+
+
+def check_relative_file(path: object) -> str:
+    """``path`` if it is a file's path inside a directory partition: ``/``-separated,
+    relative, without empty, ``.`` or ``..`` parts; else :class:`InvalidInputError`."""
+    if not isinstance(path, str) or not path or path.startswith("/"):
+        raise InvalidInputError(f"not a relative file path: {short_repr(path)}")
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts) or _CONTROL.search(path):
+        raise InvalidInputError(f"not a relative file path: {short_repr(path)}")
+    return path
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def _check_directories(
+    manifest: CheckpointManifest, seen_paths: set[tuple[CheckpointId | None, str]]
+) -> None:
+    """The directory partitions of ``manifest``: well-formed, no partition twice (nor
+    also among ``operators``), each file's object at the layout's path."""
+    if not isinstance(manifest.directories, tuple | list):
+        raise InvalidInputError("directories must be a list")
+    keys: set[tuple[str, int]] = set()
+    artifact_keys = {(op, e.partition_id) for op, e in manifest.partition_entries()}
+    for directory in manifest.directories:
+        if not isinstance(directory, DirectoryEntry):
+            raise InvalidInputError("expected a DirectoryEntry in directories")
+        validate_name("operator", directory.operator)
+        validate_partition(directory.partition_id)
+        key = (directory.operator, directory.partition_id)
+        if key in keys or key in artifact_keys:
+            raise InvalidInputError(f"partition {key!r} is listed twice")
+        keys.add(key)
+        names: set[str] = set()
+        for file in directory.files:
+            _check_file(directory, file, manifest.checkpoint_id)
+            if file.relative_path in names:
+                raise InvalidInputError(f"directory {key!r} lists {file.relative_path!r} twice")
+            names.add(file.relative_path)
+            if (file.owner, file.path) in seen_paths:
+                raise InvalidInputError(f"two entries share the path {file.path!r}")
+            seen_paths.add((file.owner, file.path))
+
+
+def _check_file(directory: DirectoryEntry, file: object, cid: CheckpointId) -> None:
+    if not isinstance(file, FileEntry):
+        raise InvalidInputError(f"expected a FileEntry, got {short_repr(file)}")
+    check_relative_file(file.relative_path)
+    where = repr(file.relative_path)
+    if not isinstance(file.path, str) or not CheckpointPaths.is_file_of(
+        file.path, directory.operator, directory.partition_id
+    ):
+        raise InvalidInputError(
+            f"file {where} of partition ({directory.operator!r}, {directory.partition_id}) "
+            f"is not stored at a layout's path: {short_repr(file.path)}"
+        )
+    _check_int(f"size_bytes of {where}", file.size_bytes, 0, MAX_INT64)
+    _check_int(f"mtime_ns of {where}", file.mtime_ns, -MAX_INT64 - 1, MAX_INT64)
+    if not isinstance(file.sha256, str) or not _SHA256_HEX.fullmatch(file.sha256):
+        raise InvalidInputError(f"not a SHA-256 hex digest for {where}")
+    if file.owner is not None and (not isinstance(file.owner, CheckpointId) or file.owner == cid):
+        raise InvalidInputError(f"file {where} names an invalid owner")

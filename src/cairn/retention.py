@@ -204,6 +204,9 @@ def _reachable(
             heads.setdefault((operator, entry.partition_id), entry.is_delta)
             if entry.owner is not None:
                 referenced.add(paths.resolve(entry.owner, entry.path))
+        for _, file in manifest.file_entries():
+            if file.owner is not None:
+                referenced.add(paths.resolve(file.owner, file.path))
         if any(heads.values()) and manifest.parent_id is not None:
             pending.append(manifest.parent_id)
     return whole, referenced
@@ -407,7 +410,7 @@ def _lost_attempt(
         return False
     own = named.get(cid)
     if own is None:
-        own = named[cid] = {e.path for _, e in manifest.partition_entries() if e.owner is None}
+        own = named[cid] = {p for owner, p, _ in manifest.stored_objects() if owner is None}
     return relative not in own
 
 

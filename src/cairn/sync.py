@@ -34,7 +34,7 @@ from cairn.errors import SyncInAsyncContextError
 from cairn.ids import CheckpointId
 from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
-from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
 from cairn.retention import GcResult, RetentionPolicy
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
@@ -346,3 +346,15 @@ class SyncCheckpointer:
     def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
         """See :meth:`ObjectStoreCheckpointer.load_stored`."""
         return _runner.run(self.async_checkpointer.load_stored(path, entry))
+
+    def restore_directory(
+        self,
+        checkpoint_id: CheckpointId,
+        operator: str,
+        partition: int,
+        dest: os.PathLike[str] | str,
+    ) -> list[FileEntry]:
+        """See :meth:`ObjectStoreCheckpointer.restore_directory`."""
+        return _runner.run(
+            self.async_checkpointer.restore_directory(checkpoint_id, operator, partition, dest)
+        )

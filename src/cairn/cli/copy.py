@@ -7,7 +7,8 @@ its ``owner``, the checkpoint whose upload holds the bytes. Copying checkpoint `
 1. load ``C`` from the source with every digest verified (its manifest, and every link
    of every chain, wherever the link lives);
 2. put each link's stored bytes (compressed ones as stored) in the target at the same
-   place relative to the base prefix, ``{owner}/operators/...``, and ``C``'s source
+   place relative to the base prefix, ``{owner}/operators/...`` (a directory
+   partition's files too, each verified as it is read), and ``C``'s source
    offset files. Another owner's object that the target already holds at its size is
    kept, not rewritten (it may belong to a checkpoint committed there, and step 4 reads
    it back anyway); whatever ``C``'s own, still uncommitted, directory holds is replaced;
@@ -15,7 +16,8 @@ its ``owner``, the checkpoint whose upload holds the bytes. Copying checkpoint `
    which checks that every object an entry names is there, writes the manifest only if
    absent, and moves the target's ``_latest`` forwards;
 4. load ``C`` back from the target, verified, and compare its restore chains with the
-   source's (owner, kind and SHA-256 of every link); a copy that differs is deleted
+   source's (owner, kind and SHA-256 of every link and file; every file is read back
+   and verified); a copy that differs is deleted
    again and reported.
 
 So a copy needs only the bytes its chains use. That is what makes backups work after
@@ -64,7 +66,7 @@ from cairn import (
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer
 
-__all__ = ["Copied", "copy_checkpoints", "stored_bytes"]
+__all__ = ["Copied", "copy_checkpoints", "directory_bytes", "stored_bytes"]
 
 Signature = dict[tuple[str, int], list[tuple[str, bool, str]]]
 
@@ -103,11 +105,33 @@ class Copied:
 
 
 def signature(loaded: LoadedCheckpoint) -> Signature:
-    """Each partition's restore chain as ``(owner, is_delta, sha256)`` links."""
-    return {
+    """Each partition's restore chain as ``(owner, is_delta, sha256)`` links; a directory
+    partition's files as ``(owner/relative path, False, sha256)``."""
+    found: Signature = {
         key: [(str(link.owner), link.entry.is_delta, link.entry.sha256) for link in chain]
         for key, chain in loaded.chains.items()
     }
+    for key, files in loaded.directories.items():
+        owned = [
+            (f"{f.owner or loaded.checkpoint_id}/{f.relative_path}", False, f.sha256) for f in files
+        ]
+        found[key] = owned
+    return found
+
+
+async def directory_bytes(
+    ckpt: ObjectStoreCheckpointer, loaded: LoadedCheckpoint
+) -> dict[str, bytes | memoryview]:
+    """Every file of ``loaded``'s directory partitions as stored, verified, by path
+    relative to the base prefix (``load`` lists the files without reading them)."""
+    found: dict[str, bytes | memoryview] = {}
+    for files in loaded.directories.values():
+        for file in files:
+            owner = file.owner or loaded.checkpoint_id
+            path = ckpt.paths.resolve(owner, file.path)
+            data = await ckpt.load_artifact(path, expected_sha256=file.sha256)
+            found[f"{owner}/{file.path}"] = memoryview(data)
+    return found
 
 
 def needs_parent_manifest(manifest: CheckpointManifest) -> bool:
@@ -139,6 +163,7 @@ async def stored_bytes(
                 path = ckpt.paths.resolve(link.owner, link.entry.path)
                 stored = await ckpt.load_stored(path, link.entry)
                 found[relative] = memoryview(stored)
+    found.update(await directory_bytes(ckpt, loaded))
     return found
 
 
@@ -238,6 +263,7 @@ async def _copy_one(
         msgspec.structs.replace(manifest, writer_generation=target.writer_generation or None)
     )
     copied = await target.load(cid, verify=True)
+    await directory_bytes(target, copied)  # every file read back and verified
     if signature(copied) != wanted:
         await target.delete_checkpoint(cid)
         return Copied(

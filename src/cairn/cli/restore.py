@@ -7,6 +7,8 @@ itself a checkpoint store holding that one checkpoint::
     DIR/{id}/offsets/{source}.json                      source offsets (from the manifest)
     DIR/{owner}/operators/{operator}/partition-{p}.snap|.delta
                                                         every link of every restore chain
+    DIR/{owner}/operators/{operator}/partition-{p}.{attempt}.file-{n}
+                                                        every file of a directory partition
 
 ``{owner}`` is the checkpoint whose upload holds the bytes: ``{id}`` itself, or an
 earlier checkpoint of its chain. Artifacts are written as stored (an artifact stored
@@ -48,7 +50,7 @@ from pathlib import Path
 import msgspec
 
 from cairn import CheckpointId, IntegrityError, ObjectStoreCheckpointer
-from cairn.cli.copy import stored_bytes
+from cairn.cli.copy import directory_bytes, stored_bytes
 from cairn.cli.errors import CliError, ExitCode, describe
 from cairn.cli.files import (
     check_target_dir,
@@ -167,7 +169,7 @@ async def restore(
         progress.describe(f"re-verifying {cid} on disk")
         staged = open_checkpointer(staging.as_uri(), "", create=False)
         try:
-            await staged.load(cid, verify=True)
+            await directory_bytes(staged, await staged.load(cid, verify=True))
         except IntegrityError as exc:
             raise CliError(
                 f"the files restored into {target} do not verify: {describe(exc)}",

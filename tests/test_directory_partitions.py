@@ -1,0 +1,390 @@
+"""Directory partitions: saved file by file, carried file by file, restored whole.
+
+On memory, local, S3 and Azure: a restore is bit-exact; a damaged file (uploaded or
+carried) is caught naming it and leaves ``dest`` as it was; a link inside is refused with
+the store unchanged; increments upload only changed files, trusting size and mtime
+unless told to hash; GC and deletion keep every file a retained checkpoint names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from obstore.store import ObjectStore
+from support.backends import make_checkpointer, make_store
+from support.cli import PREFIX, cairn, cairn_many
+from support.recording import RecordingStore
+
+from cairn import (
+    BrokenChainError,
+    CheckpointData,
+    CheckpointInUseError,
+    CheckpointPaths,
+    IntegrityMismatchError,
+    InvalidCheckpointDataError,
+    InvalidInputError,
+    ObjectStoreCheckpointer,
+    RetentionPolicy,
+    RetryPolicy,
+    SpecialFileError,
+    SyncCheckpointer,
+    TransientStoreError,
+    _commit,
+)
+from cairn.manifest import check_manifest, decode_manifest, encode_manifest
+from cairn.stores import ForwardingStore, ObjectInfo, as_store
+
+KEY = ("db", 0)
+
+
+@pytest.fixture(params=["memory", "local", "s3", "azure"])
+def dir_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    """A fresh store of each backend directory partitions are tested on."""
+    return make_store(str(request.param), tmp_path, request)
+
+
+@pytest.fixture
+def dckpt(dir_store: ObjectStore) -> ObjectStoreCheckpointer:
+    """A checkpointer over that store."""
+    return make_checkpointer(dir_store)
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> None:
+    """Create ``files`` (relative path to bytes) under ``root``."""
+    for relative, data in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    """Every regular file under ``root`` by relative path."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+TREE = {
+    "CURRENT": b"MANIFEST-000007\n",
+    "000001.sst": bytes(range(256)) * 64,
+    "empty": b"",
+    "archive/nested/deep.log": b"deep" * 1000,
+    "big.sst": os.urandom(9 * 2**20 + 17),  # over one read chunk: streamed
+}
+
+
+async def stored_paths(ckpt: ObjectStoreCheckpointer) -> set[str]:
+    return {info.path for info in await ckpt.store.list(ckpt.paths.base_prefix)}
+
+
+async def test_restore_is_bit_exact(dckpt: ObjectStoreCheckpointer, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_tree(src, TREE)
+    manifest = await dckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    assert manifest.total_size_bytes == sum(map(len, TREE.values()))
+    assert manifest.stats is not None and manifest.stats.uploaded_artifacts == len(TREE)
+
+    loaded = await dckpt.load(manifest.checkpoint_id)
+    listed = {f.relative_path: f.size_bytes for f in loaded.directories[KEY]}
+    assert listed == {name: len(data) for name, data in TREE.items()}
+    assert loaded.artifacts == {}
+
+    dest = tmp_path / "out" / "restored"
+    files = await dckpt.restore_directory(manifest.checkpoint_id, *KEY, dest)
+    assert read_tree(dest) == TREE
+    assert len(files) == len(TREE)
+    assert sorted(os.listdir(dest.parent)) == ["restored"]  # no staging left
+
+    empty = tmp_path / "empty-dest"
+    empty.mkdir()
+    await dckpt.restore_directory(manifest.checkpoint_id, *KEY, empty)
+    assert read_tree(empty) == TREE
+
+
+async def test_a_flipped_byte_is_caught_naming_the_file(
+    dckpt: ObjectStoreCheckpointer, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    write_tree(src, {"kept.sst": b"k" * 500, "changed.sst": b"a" * 300})
+    first = await dckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "changed.sst").write_bytes(b"b" * 301)
+    second = await dckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    files = {f.relative_path: f for f in second.directories[0].files}
+    assert files["kept.sst"].owner == first.checkpoint_id
+    assert files["changed.sst"].owner is None
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    for name in ("kept.sst", "changed.sst"):
+        entry = files[name]
+        path = dckpt.paths.resolve(entry.owner or second.checkpoint_id, entry.path)
+        original = bytes((await dckpt.store.get(path)).data)
+        await dckpt.store.put(path, bytes([original[0] ^ 1]) + original[1:])
+        with pytest.raises(IntegrityMismatchError, match=name):
+            await dckpt.restore_directory(second.checkpoint_id, *KEY, dest)
+        assert os.listdir(dest) == []
+        assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]
+        await dckpt.store.put(path, original)
+    await dckpt.restore_directory(second.checkpoint_id, *KEY, dest)
+    assert read_tree(dest) == read_tree(src)
+
+
+async def test_a_link_inside_is_refused_and_the_store_is_unchanged(
+    dckpt: ObjectStoreCheckpointer, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    write_tree(src, {"a.sst": b"a", "sub/b.sst": b"b"})
+    await dckpt.save(CheckpointData(epoch=1, snapshots={("other", 0): b"x"}))
+    before = await stored_paths(dckpt)
+    (src / "sub" / "link").symlink_to(tmp_path)
+    with pytest.raises(SpecialFileError, match="sub/link") as caught:
+        await dckpt.save(CheckpointData(epoch=2, directories={KEY: src}))
+    assert caught.value.kind == "symbolic link"
+    assert await stored_paths(dckpt) == before
+    assert len(await dckpt.list_checkpoints()) == 1
+
+
+async def test_a_fifo_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a"})
+    os.mkfifo(src / "pipe")
+    ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    with pytest.raises(SpecialFileError, match="FIFO"):
+        await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+
+
+async def test_deleted_and_renamed_files_disappear(
+    dckpt: ObjectStoreCheckpointer, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"1" * 10, "b": b"2" * 20, "c": b"3" * 30})
+    first = await dckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "a").unlink()
+    (src / "b").rename(src / "renamed")
+    second = await dckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    dest = tmp_path / "dest"
+    await dckpt.restore_directory(second.checkpoint_id, *KEY, dest)
+    assert read_tree(dest) == {"c": b"3" * 30, "renamed": b"2" * 20}
+    old = tmp_path / "old"
+    await dckpt.restore_directory(first.checkpoint_id, *KEY, old)
+    assert set(read_tree(old)) == {"a", "b", "c"}
+
+
+async def test_an_increment_uploads_only_changed_files(tmp_path: Path) -> None:
+    store = RecordingStore(as_store(make_store("memory", tmp_path, None)))  # type: ignore[arg-type]
+    ckpt = make_checkpointer(store)
+    src = tmp_path / "src"
+    write_tree(src, {f"{i:06}.sst": bytes([i]) * (100 + i) for i in range(20)})
+    first = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "000003.sst").write_bytes(b"new" * 50)
+    (src / "000099.sst").write_bytes(b"added")
+    store.log.clear()
+    second = await ckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    sent = [path for op, path in store.log if op.startswith("put") and ".file-" in path]
+    assert len(sent) == 2
+    assert second.stats is not None
+    assert (second.stats.uploaded_artifacts, second.stats.carried_artifacts) == (2, 19)
+    assert second.stats.uploaded_bytes == 150 + 5
+    dest = tmp_path / "dest"
+    await ckpt.restore_directory(second.checkpoint_id, *KEY, dest)
+    assert read_tree(dest) == read_tree(src)
+
+
+async def test_same_size_and_mtime_is_carried_stale_unless_hashing(
+    dckpt: ObjectStoreCheckpointer, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    write_tree(src, {"data.sst": b"old-bytes", "other": b"o"})
+    first = await dckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    stat = (src / "data.sst").stat()
+    (src / "data.sst").write_bytes(b"new-bytes")
+    os.utime(src / "data.sst", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    trusted = await dckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    dest = tmp_path / "trusted"
+    await dckpt.restore_directory(trusted.checkpoint_id, *KEY, dest)
+    assert (dest / "data.sst").read_bytes() == b"old-bytes"  # carried stale, as documented
+
+    hashed = await dckpt.save(
+        CheckpointData(
+            epoch=3,
+            directories={KEY: src},
+            parent_id=trusted.checkpoint_id,
+            directory_check="hash",
+        )
+    )
+    owners = {f.relative_path: f.owner for f in hashed.directories[0].files}
+    assert owners == {"data.sst": None, "other": first.checkpoint_id}
+    dest = tmp_path / "hashed"
+    await dckpt.restore_directory(hashed.checkpoint_id, *KEY, dest)
+    assert (dest / "data.sst").read_bytes() == b"new-bytes"
+
+
+async def test_gc_and_delete_keep_the_files_a_retained_checkpoint_names(
+    dckpt: ObjectStoreCheckpointer, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a" * 100, "b": b"b" * 100})
+    first = await dckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "b").write_bytes(b"B" * 101)
+    second = await dckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    assert await dckpt.dependents(first.checkpoint_id) == [second.checkpoint_id]
+    with pytest.raises(CheckpointInUseError):
+        await dckpt.delete_checkpoint(first.checkpoint_id)
+    await dckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert await dckpt.list_checkpoints() == [second.checkpoint_id]
+    dest = tmp_path / "dest"
+    await dckpt.restore_directory(second.checkpoint_id, *KEY, dest)
+    assert read_tree(dest) == read_tree(src)
+
+
+async def test_a_directory_the_save_does_not_mention_is_carried(tmp_path: Path) -> None:
+    ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a"})
+    first = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    second = await ckpt.save(
+        CheckpointData(epoch=2, snapshots={("x", 0): b"x"}, parent_id=first.checkpoint_id)
+    )
+    loaded = await ckpt.load(second.checkpoint_id)
+    assert [f.owner for f in loaded.directories[KEY]] == [first.checkpoint_id]
+    await ckpt.restore_directory(second.checkpoint_id, *KEY, tmp_path / "dest")
+    assert read_tree(tmp_path / "dest") == {"a": b"a"}
+    with pytest.raises(InvalidCheckpointDataError):
+        CheckpointData(epoch=3, snapshots={KEY: b"x"}, directories={KEY: src})
+
+
+async def test_restore_refuses_a_dest_that_holds_something(tmp_path: Path) -> None:
+    ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a"})
+    saved = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    with pytest.raises(InvalidInputError, match="not an empty"):
+        await ckpt.restore_directory(saved.checkpoint_id, *KEY, src)
+    assert read_tree(src) == {"a": b"a"}
+    gone = saved.directories[0].files[0]
+    await ckpt.store.delete([ckpt.paths.resolve(saved.checkpoint_id, gone.path)])
+    with pytest.raises(BrokenChainError, match="'a'"):
+        await ckpt.restore_directory(saved.checkpoint_id, *KEY, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_the_sync_twin_restores(tmp_path: Path) -> None:
+    ckpt = SyncCheckpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    write_tree(src, {"x/y": b"xy"})
+    saved = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    ckpt.restore_directory(saved.checkpoint_id, *KEY, tmp_path / "dest")
+    assert read_tree(tmp_path / "dest") == {"x/y": b"xy"}
+
+
+def test_the_manifest_round_trips_and_refuses_bad_file_entries(tmp_path: Path) -> None:
+    ckpt = SyncCheckpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a"})
+    saved = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    body = encode_manifest(saved)
+    assert decode_manifest("m", body) == saved
+    directory = saved.directories[0]
+    for change in ({"relative_path": "../a"}, {"path": "operators/db/partition-0.snap"}):
+        file = msgspec.structs.replace(directory.files[0], **change)
+        bad = msgspec.structs.replace(
+            saved, directories=(msgspec.structs.replace(directory, files=(file,)),)
+        )
+        with pytest.raises(InvalidInputError):
+            check_manifest(bad)
+    twice = msgspec.structs.replace(saved, directories=(directory, directory))
+    with pytest.raises(InvalidInputError, match="twice"):
+        check_manifest(twice)
+
+
+def test_copy_and_cli_restore_of_an_incremental_directory_checkpoint(tmp_path: Path) -> None:
+    """``cairn copy`` brings every file (uploaded and carried) and verifies it in the
+    target; ``cairn restore`` writes the files as stored; both then restore bit-exact."""
+    source = tmp_path / "source"
+    src = tmp_path / "src"
+    write_tree(src, {"a.sst": b"a" * 1000, "b.sst": b"b" * 2000})
+    ckpt = SyncCheckpointer(str(source), CheckpointPaths(PREFIX))
+    first = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "b.sst").write_bytes(b"B" * 2001)
+    second = ckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    store = ["--store", str(source)]
+    gc = cairn("gc", "--keep-last", "1", "--min-age", "0s", *store)
+    assert gc.code == 0, gc.explain()
+    copied, restored = cairn_many(
+        [
+            ["copy", "latest", "--to", str(tmp_path / "copy"), *store],
+            ["restore", "latest", "--to", str(tmp_path / "restored"), *store],
+        ]
+    )
+    assert copied.code == 0 and restored.code == 0, copied.explain() + restored.explain()
+    for root, prefix in ((tmp_path / "copy", PREFIX), (tmp_path / "restored", "")):
+        target = SyncCheckpointer(str(root), CheckpointPaths(prefix))
+        dest = tmp_path / f"tree-{root.name}"
+        target.restore_directory(second.checkpoint_id, *KEY, dest)
+        assert read_tree(dest) == read_tree(src)
+
+
+async def test_a_save_from_a_restored_tree_carries_every_file(tmp_path: Path) -> None:
+    store = RecordingStore(as_store(make_store("memory", tmp_path, None)))  # type: ignore[arg-type]
+    ckpt = make_checkpointer(store)
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a" * 10, "d/b": b"b" * 20})
+    first = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    dest = tmp_path / "dest"
+    await ckpt.restore_directory(first.checkpoint_id, *KEY, dest)
+    store.log.clear()
+    second = await ckpt.save(
+        CheckpointData(epoch=2, directories={KEY: dest}, parent_id=first.checkpoint_id)
+    )
+    assert not [path for op, path in store.log if op.startswith("put") and ".file-" in path]
+    assert all(f.owner == first.checkpoint_id for f in second.directories[0].files)
+
+
+class FailingFilePut(ForwardingStore):
+    """Fails the upload of one directory file; every other call goes through."""
+
+    async def put(self, path: str, data: Any, **options: Any) -> ObjectInfo:
+        if path.endswith(".file-2"):
+            raise TransientStoreError("put", path, "injected")
+        return await super().put(path, data, **options)
+
+
+async def test_a_failed_upload_leaves_no_file_behind(tmp_path: Path) -> None:
+    inner = as_store(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    ckpt = make_checkpointer(FailingFilePut(inner), retry=RetryPolicy(attempts=1))
+    src = tmp_path / "src"
+    write_tree(src, {f"f{i}": bytes([i]) * 10 for i in range(6)})
+    with pytest.raises(TransientStoreError):
+        await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    left = [info.path for info in await inner.list(ckpt.paths.base_prefix)]
+    assert not [path for path in left if ".file-" in path or path.endswith("intent.json")]
+    assert await ckpt.list_checkpoints() == []
+
+
+async def test_a_save_failing_after_its_uploads_leaves_no_file_behind(tmp_path: Path) -> None:
+    ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a", "b": b"b"})
+
+    async def fail() -> None:
+        raise RuntimeError("stopped before the commit")
+
+    with pytest.raises(RuntimeError):
+        await _commit.save(ckpt.context, CheckpointData(epoch=1, directories={KEY: src}), fail)
+    assert not [p for p in await stored_paths(ckpt) if ".file-" in p]
