@@ -133,8 +133,9 @@ class Lease:
     its intent lapses.
     """
 
-    def __init__(self, renewal: asyncio.Task[None]) -> None:
+    def __init__(self, renewal: asyncio.Task[None], stopping: asyncio.Event) -> None:
         self._renewal = renewal
+        self._stopping = stopping
         loop = renewal.get_loop()
         self._finalizer = weakref.finalize(self, _cancel_soon, loop, renewal)
         self._finalizer.atexit = False  # at exit the loop's own shutdown ends the task
@@ -153,23 +154,35 @@ class Lease:
         body = _encoder.encode(Intent(parent_id, int(duration.total_seconds() * 1000)))
         await store.put(path, body)
         period = duration.total_seconds() / 3
+        stopping = asyncio.Event()
 
-        async def renew_forever() -> None:
+        async def renew_until_stopped() -> None:
             while True:
-                await asyncio.sleep(period)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), period)
+                    return
                 try:
                     await store.put(path, body)
                 except CheckpointerError as exc:
                     log.warning("could not renew the lease %s: %s", path, exc)
 
-        return cls(asyncio.create_task(renew_forever()))
+        return cls(asyncio.create_task(renew_until_stopped()), stopping)
 
     async def stop(self) -> None:
-        """Stop renewing (idempotent). The intent stays until deleted: the lease lapses."""
+        """Stop renewing (idempotent); returns once no renewal is in flight. The intent
+        stays until deleted: the lease lapses.
+
+        A renewal already sent is awaited to its reply, not cancelled: a cancelled request
+        may still reach the store, after the caller's delete of the intent, and write it
+        back (the save's directory would then look busy to GC for one more lease).
+        """
         self._finalizer.detach()
-        self._renewal.cancel()
+        self._stopping.set()
+        # shielded: a caller cancelled while it waits leaves the renewal to end by itself
         with contextlib.suppress(asyncio.CancelledError):
-            await self._renewal
+            await asyncio.shield(self._renewal)
+        if not self._renewal.done():  # the caller was cancelled: say so
+            raise asyncio.CancelledError
 
 
 def _cancel_soon(loop: asyncio.AbstractEventLoop, renewal: asyncio.Task[None]) -> None:
