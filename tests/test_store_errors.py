@@ -7,9 +7,11 @@ from __future__ import annotations
 import datetime as dt
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from obstore.store import AzureStore, ClientConfig, GCSStore, ObjectStore, RetryConfig, S3Store
+from obstore.exceptions import GenericError
+from obstore.store import AzureStore, GCSStore, ObjectStore, S3Store
 from support.servers import (
     AzuriteServer,
     GcsServer,
@@ -24,6 +26,7 @@ from support.servers import (
 from cairn import (
     CheckpointData,
     CheckpointNotFoundError,
+    ObjectNotFoundError,
     ObjectStoreCheckpointer,
     RetryPolicy,
     StoreCredentialsError,
@@ -32,7 +35,10 @@ from cairn import (
     TransientStoreError,
     open_store,
 )
-from cairn.stores import explain_store_error
+from cairn.stores import explain_store_error, translate_error
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig
 
 DATA = CheckpointData(epoch=1, snapshots={("op", 0): b"state"})
 
@@ -189,3 +195,39 @@ async def test_a_non_routable_metadata_server_fails_fast(
         await ObjectStoreCheckpointer(store, retry=FAST).load_latest()
     assert info.value.store == "GCS"
     assert "192.0.2.1:80" in str(info.value)
+
+
+def test_azure_without_credentials_names_the_metadata_service_and_what_to_set() -> None:
+    """An account but no key: object_store asks Azure's instance metadata service for a
+    managed identity's token, which answers only on Azure (the Debug form as seen)."""
+    debug = (
+        "Generic MicrosoftAzure error: Error performing token request: ...\n\nDebug source:\n"
+        'Generic {\n    store: "MicrosoftAzure",\n    source: TokenRequest {\n'
+        "        source: RetryError(\n            RetryErrorImpl {\n"
+        "                method: GET,\n                uri: Some(\n"
+        "                    http://169.254.169.254/metadata/identity/oauth2/token?api-"
+        "version=2019-08-01&resource=https%3A%2F%2Fstorage.azure.com,\n"
+        "                ),\n                inner: Status {\n"
+        "                    status: 403,\n                    body: None,\n"
+    )
+    error = translate_error("list", "checkpoints/", GenericError(debug))
+    assert type(error) is StoreCredentialsError and error.store == "Azure"
+    assert error.status == 403
+    assert str(error) == (
+        "no Azure credentials are configured, and the Azure instance metadata service "
+        "(169.254.169.254, only on Azure) gave no token: HTTP 403 to list 'checkpoints/'; "
+        "set AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY, or AZURE_CLIENT_ID, "
+        "AZURE_CLIENT_SECRET and AZURE_TENANT_ID), or pass account_key= to open_store"
+    )
+
+
+def test_a_404_without_a_bucket_code_is_an_absent_object() -> None:
+    debug = (
+        "Object at location p/x not found: ...\n\nDebug source:\nNotFound {\n"
+        '    path: "p/x",\n    source: RetryError(\n        RetryErrorImpl {\n'
+        "            uri: Some(\n                http://h/bucket/p/x,\n            ),\n"
+        "            inner: Status {\n                status: 404,\n"
+        '                body: Some(\n                    "<Error><Code>NoSuchKey</Code>",\n'
+    )
+    error = translate_error("get", "p/x", FileNotFoundError(debug))
+    assert type(error) is ObjectNotFoundError
