@@ -439,11 +439,15 @@ def test_every_command_on_s3(
     assert missing.code == 2 and f"no checkpoint {unknown}" in missing.error_line()
     assert no_bucket.code == 3, no_bucket.explain()
     line = no_bucket.error_line()
-    assert line.startswith("error: store failure: the bucket of s3://no-such-bucket-cairn does not")
+    assert line.startswith("error: store failure: the bucket 'no-such-bucket-cairn' does not")
     assert "NoSuchBucket" in line and "create it" in line and "<?xml" not in line
     assert no_bucket.json() == {
         "schema_version": 1,
-        "error": {"type": "StoreError", "message": line.removeprefix("error: "), "exit_code": 3},
+        "error": {
+            "type": "StoreNotFoundError",
+            "message": line.removeprefix("error: "),
+            "exit_code": 3,
+        },
     }
 
     # Back from the local copy into another prefix of the bucket; then damage, delete, gc.

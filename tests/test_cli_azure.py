@@ -48,6 +48,12 @@ def test_every_command_on_azure(
     assert (target / str(filled.newest) / "manifest.json").is_file()
     assert [c["status"] for c in copied.json()["checkpoints"]] == ["copied"] * 3
     assert no_container.code == 3, no_container.explain()
+    assert no_container.json()["error"]["type"] == "StoreNotFoundError"
+    assert no_container.error_line() == (
+        "error: store failure: the container 'no-such-container' does not exist (the store "
+        "answered 404 ContainerNotFound to list 'checkpoints/'): create it, or correct the "
+        "container name in the store URL"
+    ), no_container.explain()
     assert bad_url.code == 2 and "az://" in bad_url.error_line(), bad_url.explain()
 
     damaged = f"{PREFIX}{filled.base_snapshot}"
@@ -59,3 +65,14 @@ def test_every_command_on_azure(
     gc = cairn("gc", "--keep-last", "1", "--min-age", "0s", *store, "--json", env=env)
     assert gc.code == 0, gc.explain()
     assert cairn("list", *store, "--json", env=env).json()["count"] == 1
+
+
+def test_a_missing_account_says_what_to_set() -> None:
+    """No AZURE_* variable at all: object_store refuses to build the store."""
+    run = cairn("list", "--store", "az://container", "--json")
+    assert run.code == 3, run.explain()
+    assert run.json()["error"]["type"] == "StoreCredentialsError"
+    assert run.error_line().startswith(
+        "error: store failure: no Azure storage account is configured; set "
+        "AZURE_STORAGE_ACCOUNT_NAME"
+    ), run.explain()

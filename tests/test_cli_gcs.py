@@ -69,9 +69,9 @@ def test_a_missing_bucket_says_so(gcs_server: GcsServer) -> None:
     missing = cairn("list", "--store", "gs://no-such-bucket-cairn", env=gcs_env(gcs_server))
     assert missing.code == ExitCode.STORE, missing.explain()
     assert missing.error_line() == (
-        "error: store failure: the bucket of gs://no-such-bucket-cairn does not exist (the "
+        "error: store failure: the bucket 'no-such-bucket-cairn' does not exist (the "
         "store answered 404 NoSuchBucket to list 'checkpoints/'): create it, or correct the "
-        "bucket name in the URL"
+        "bucket name in the store URL"
     )
 
 
@@ -91,12 +91,12 @@ def test_missing_credentials_name_what_to_set(
     assert run.code == ExitCode.STORE, run.explain()
     line = run.error_line()
     assert line.startswith(
-        f"error: store failure: no GCS credentials are configured for the store of "
-        f"gs://{gcs_bucket}, and the GCE metadata server ({dead}, only on Google Cloud) gave "
+        f"error: store failure: no GCS credentials are configured, and the GCE metadata "
+        f"server ({dead}, only on Google Cloud) gave "
         "no token: no answer (connect failed) to list 'checkpoints/'; set "
         "GOOGLE_SERVICE_ACCOUNT to the path of a service-account key file"
     ), line
-    assert run.json()["error"]["type"] == "StoreError"
+    assert run.json()["error"]["type"] == "StoreCredentialsError"
     # With the key in the environment, the same command works.
     ok = cairn(
         "list", "--store", f"gs://{gcs_bucket}", "--json", env={**env, **gcs_env(gcs_server)}

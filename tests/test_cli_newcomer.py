@@ -231,9 +231,9 @@ def test_s3_plain_http_and_missing_bucket_each_say_what_to_set(
     missing = cairn("list", "--store", "s3://no-such-bucket", env={**env, "AWS_ALLOW_HTTP": "true"})
     assert missing.code == ExitCode.STORE, missing.explain()
     assert missing.error_line() == (
-        "error: store failure: the bucket of s3://no-such-bucket does not exist (the store "
+        "error: store failure: the bucket 'no-such-bucket' does not exist (the store "
         "answered 404 NoSuchBucket to list 'checkpoints/'): create it, or correct the bucket "
-        "name in the URL"
+        "name in the store URL"
     )
 
 

@@ -10,14 +10,13 @@ import pytest
 from cairn import (
     CheckpointId,
     CheckpointManifest,
-    CheckpointManifestV2,
     CorruptManifestError,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     SourceOffsetEntry,
     UnsupportedManifestVersionError,
 )
-from cairn.manifest import decode_manifest, encode_manifest
+from cairn.manifest import CheckpointManifestV2, decode_manifest, encode_manifest
 
 CID = CheckpointId.parse("01900000-0000-7000-8000-000000000001")
 PARENT = CheckpointId.parse("01900000-0000-7000-8000-000000000000")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import cairn
 from cairn import errors
 
@@ -14,7 +16,6 @@ EXPECTED = {
     "CheckpointExistsError",
     "CheckpointId",
     "CheckpointManifest",
-    "CheckpointManifestV2",
     "CheckpointNotFoundError",
     "CheckpointPaths",
     "Checkpointer",
@@ -49,7 +50,9 @@ EXPECTED = {
     "RetryPolicy",
     "SourceOffsetEntry",
     "Store",
+    "StoreCredentialsError",
     "StoreError",
+    "StoreNotFoundError",
     "SyncCheckpointer",
     "SyncInAsyncContextError",
     "TransientStoreError",
@@ -120,3 +123,12 @@ def test_every_error_pickles_as_itself() -> None:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error)
         assert vars(copy) == vars(error)
+
+
+def test_a_removed_name_still_imports_with_a_warning() -> None:
+    from cairn.manifest import CheckpointManifest, CheckpointManifestV2
+
+    with pytest.warns(DeprecationWarning, match="import it from cairn.manifest"):
+        assert cairn.CheckpointManifestV2 is CheckpointManifestV2 is CheckpointManifest
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        cairn.NoSuchName  # noqa: B018

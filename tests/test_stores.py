@@ -34,6 +34,7 @@ from cairn import (
     ObjectNotFoundError,
     ObjectStoreCheckpointer,
     PreconditionFailedError,
+    StoreCredentialsError,
     StoreError,
     TransientStoreError,
     _localstore,
@@ -794,10 +795,10 @@ async def test_missing_gcs_credentials_fail_at_once_and_say_what_to_set(
     store = ObstoreStore(open_store("gs://bucket", base_url="http://127.0.0.1:9"))
     with pytest.raises(StoreError) as info:
         await store.list("checkpoints/")
-    assert type(info.value) is StoreError, "a token that cannot be had is not transient"
+    assert type(info.value) is StoreCredentialsError, "a token that cannot be had is not transient"
     hint = explain_store_error(info.value, "gs://bucket")
-    assert hint is not None and hint.startswith(
-        "no GCS credentials are configured for the store of gs://bucket, and the GCE metadata "
+    assert hint == str(info.value) and hint.startswith(
+        "no GCS credentials are configured, and the GCE metadata "
         f"server ({dead}, only on Google Cloud) gave no token: no answer (connect failed) to "
         "list 'checkpoints/'; set GOOGLE_SERVICE_ACCOUNT to the path of a service-account key"
     ), hint
@@ -814,10 +815,10 @@ def test_refused_gcs_credentials_say_so() -> None:
         '                    body: Some(\n                        "invalid_grant",\n'
     )
     error = translate_error("list", "checkpoints/", GenericError(debug))
-    assert type(error) is StoreError and error.status == 400
+    assert type(error) is StoreCredentialsError and error.status == 400
     error.__cause__ = GenericError(debug)
     assert explain_store_error(error, "gs://b") == (
-        "the GCS credentials of the store of gs://b were refused: the token request to "
+        "the GCS credentials were refused: the token request to "
         "oauth2.googleapis.com got HTTP 400 (list 'checkpoints/'); check the service-account "
         "key (GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY or "
         "GOOGLE_APPLICATION_CREDENTIALS)"
@@ -826,4 +827,4 @@ def test_refused_gcs_credentials_say_so() -> None:
     other = debug.replace('store: "GCS"', 'store: "S3"').replace("TokenRequest", "ListRequest")
     plain = translate_error("list", "checkpoints/", GenericError(other))
     plain.__cause__ = GenericError(other)
-    assert explain_store_error(plain, "gs://b") is None
+    assert type(plain) is StoreError and explain_store_error(plain, "gs://b") is None

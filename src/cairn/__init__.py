@@ -3,9 +3,16 @@
 Start with :class:`ObjectStoreCheckpointer` (async) or :class:`SyncCheckpointer`
 (blocking), :class:`CheckpointData` to describe what to save, and :func:`open_store` to
 name a store by URL.
+
+Names that left the top level still import from here for a while, with a
+:class:`DeprecationWarning` saying where they live now (see ``_MOVED``).
 """
 
 from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
 
 from cairn import _shutdown, errors
 from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionUpload
@@ -17,7 +24,6 @@ from cairn.integrity import sha256_hex, verify_integrity
 from cairn.layout import CheckpointPaths
 from cairn.manifest import (
     CheckpointManifest,
-    CheckpointManifestV2,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
     SourceOffsetEntry,
@@ -38,7 +44,6 @@ __all__ = [
     "CheckpointData",
     "CheckpointId",
     "CheckpointManifest",
-    "CheckpointManifestV2",
     "CheckpointPaths",
     "Checkpointer",
     "GcResult",
@@ -63,3 +68,21 @@ __all__ = [
     "verify_integrity",
 ]
 __all__ += errors.__all__  # every error of the one tree
+
+_MOVED = {
+    "CheckpointManifestV2": "cairn.manifest",  # the reference's alias of CheckpointManifest
+}
+"""Names removed from the top level, and the module that still has each."""
+
+
+def __getattr__(name: str) -> Any:
+    """A removed name, from where it lives now, with a :class:`DeprecationWarning`."""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cairn' has no attribute {name!r}")
+    warnings.warn(
+        f"cairn.{name} is no longer part of the top-level API; import it from {module}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)

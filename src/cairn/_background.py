@@ -13,6 +13,11 @@ Invariants:
   looked at that future, from the next submission, ``wait()`` or ``close()`` of the
   checkpointer (once).
 
+After each commit, a checkpointer given a retention policy collects garbage in the
+background (:class:`BackgroundGc`): at most one GC runs at a time, requests made while
+one runs coalesce into one more run after it, a GC never delays the save that asked
+for it, and its failure is logged and kept (``last_error``), never raised into a save.
+
 Whether a failure was looked at is what asyncio itself tracks to warn that "exception
 was never retrieved" (a task's ``_log_traceback`` flag, cleared by ``await``,
 ``result()`` and ``exception()``); a blocking caller's future reports its own.
@@ -21,12 +26,15 @@ was never retrieved" (a task's ``_log_traceback`` flag, cleared by ``await``,
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from cairn.manifest import CheckpointManifest
 
-__all__ = ["BackgroundSaves"]
+__all__ = ["BackgroundGc", "BackgroundSaves"]
+
+log = logging.getLogger("cairn")
 
 BeforeCommit = Callable[[], Awaitable[None]]
 """Awaited by a save just before its commit point."""
@@ -144,3 +152,53 @@ def _mark_retrieved(task: asyncio.Task[CheckpointManifest]) -> None:
     """Retrieve ``task``'s exception: reported by the checkpointer, asyncio need not warn."""
     if task.done() and not task.cancelled():
         task.exception()
+
+
+class BackgroundGc:
+    """GC after commits, in the background, one at a time (see the module docstring).
+
+    ``run`` is one GC. :meth:`request` starts it unless one is running, in which case
+    one more run follows that one however many requests came meanwhile (a GC that began
+    before the newest commit might not see it). :meth:`wait` waits until none runs.
+    """
+
+    def __init__(self, run: Callable[[], Awaitable[object]]) -> None:
+        self._run = run
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+        self.runs = 0
+        """GC runs finished (failed ones included)."""
+        self.last_error: Exception | None = None
+        """The failure of the latest GC run, None if it succeeded (or none ran)."""
+
+    @property
+    def running(self) -> bool:
+        """Whether a GC is running or about to."""
+        return self._task is not None and not self._task.done()
+
+    def request(self) -> None:
+        """Ask for a GC (on the event loop's thread); returns at once."""
+        if self.running:
+            self._again = True
+            return
+        self._task = asyncio.create_task(self._runs(), name="cairn-retention-gc")
+
+    async def _runs(self) -> None:
+        while True:
+            self._again = False
+            try:
+                await self._run()
+                self.last_error = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failed GC must not fail the saves
+                self.last_error = exc
+                log.warning("retention GC after a commit failed: %s", exc)
+            self.runs += 1
+            if not self._again:
+                return
+
+    async def wait(self) -> None:
+        """Wait until no GC runs (a failure is in ``last_error``, not raised)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.wait([self._task])

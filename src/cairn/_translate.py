@@ -3,6 +3,9 @@
 
 Invariant: retryability is decided by the error's kind and HTTP status (see
 :func:`translate_error`), never by words in its message; nothing but cairn errors leaves.
+A bucket or container that does not exist is :class:`StoreNotFoundError` (never an
+absent object), and credentials that are missing or refused are
+:class:`StoreCredentialsError` naming what to set, for every operation alike.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import re
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from obstore.exceptions import (
     AlreadyExistsError,
@@ -28,13 +32,16 @@ from cairn.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    StoreCredentialsError,
     StoreError,
+    StoreNotFoundError,
     TransientStoreError,
 )
 
 __all__ = [
     "Failure",
     "call",
+    "credentials_error",
     "debug_form",
     "first_line",
     "http_failure",
@@ -170,17 +177,23 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
     200 carrying an error) and connect, send, timeout and interrupted failures are
     :class:`TransientStoreError`; everything else is a plain :class:`StoreError`. A
     failed request for an access token (object_store's ``TokenRequest``: credentials
-    missing or refused, after obstore's own retries of it) is a plain
-    :class:`StoreError` whatever its status. The HTTP status, when there was one, is
-    kept as ``status`` on the error.
+    missing or refused, after obstore's own retries of it) is a
+    :class:`StoreCredentialsError` whatever its status (:func:`credentials_error`). A
+    404 whose body carries the code of a missing bucket or container (``NoSuchBucket``,
+    ``ContainerNotFound``) is a :class:`StoreNotFoundError` naming it, whatever obstore's
+    class (its not-found class included). The HTTP status, when there was one, is kept
+    as ``status`` on the error.
     """
     if isinstance(exc, CheckpointerError):
         return exc
     reason = first_line(exc)
-    if isinstance(exc, FileNotFoundError):
-        return ObjectNotFoundError(operation, path)
     failure = http_failure(exc) if isinstance(exc, BaseError | OSError) else Failure()
     status = failure.status
+    missing = _store_not_found(operation, path, failure, exc)
+    if missing is not None:
+        return missing
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError(operation, path)
     if isinstance(exc, AlreadyExistsError):
         return ObjectExistsError(operation, path, reason, status=status)
     if isinstance(exc, PreconditionError):
@@ -189,11 +202,157 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
         exc, PermissionDeniedError | UnauthenticatedError | NotSupportedError | NotImplementedError
     ):
         return StoreError(operation, path, reason, status=status)
-    if isinstance(exc, BaseError) and token_request_store(debug_form(exc)) is not None:
-        return StoreError(operation, path, reason, status=status)
+    credentials = credentials_error(operation, path, exc)
+    if credentials is not None:
+        return credentials
     if isinstance(exc, TimeoutError | ConnectionError) or _is_transient(failure):
         return TransientStoreError(operation, path, reason, status=status)
     return StoreError(operation, path, reason, status=status)
+
+
+_MISSING_CONTAINER_CODES = {
+    "NoSuchBucket": "bucket",
+    "ContainerNotFound": "container",
+}
+"""The error codes (S3's and GCS's XML API, Azure Blob's) of a 404 for a bucket or
+container that does not exist, and what each calls it."""
+
+_BUCKET_NAME = re.compile(r"<BucketName>([^<]+)</BucketName>")
+
+_URI = re.compile(r"\buri: Some\(\n[ \t]*(\S+?),?\n")
+
+_NOT_FOUND_PATH = re.compile(r'^NotFound \{\n[ \t]*path: "((?:[^"\\]|\\.)*)",\n', re.MULTILINE)
+
+_MISSING_ACCOUNT = re.compile(r'\bstore: "(\w+)",\n[ \t]*source: MissingAccount\b')
+
+_STORE_NAMES = {"MicrosoftAzure": "Azure", "GCS": "GCS", "S3": "S3"}
+"""object_store's names of its stores (its Debug form's ``store:``), as users say them."""
+
+_METADATA_TOKEN_PATHS = {
+    "GCS": "/computeMetadata/v1/instance/service-accounts/",
+    "Azure": "/metadata/identity/oauth2/token",
+}
+"""Where object_store asks the cloud's metadata server for a token when no credentials
+are configured: it answers only on that cloud's own machines."""
+
+_METADATA_SERVERS = {
+    "GCS": "the GCE metadata server",
+    "Azure": "the Azure instance metadata service",
+}
+
+_CLOUDS = {"GCS": "Google Cloud", "Azure": "Azure", "S3": "AWS"}
+
+_CREDENTIALS_TO_SET = {
+    "GCS": (
+        "set GOOGLE_SERVICE_ACCOUNT to the path of a service-account key file (or "
+        "GOOGLE_SERVICE_ACCOUNT_KEY to its JSON, or GOOGLE_APPLICATION_CREDENTIALS), or pass "
+        "service_account_key= to open_store"
+    ),
+    "Azure": (
+        "set AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY, or AZURE_CLIENT_ID, "
+        "AZURE_CLIENT_SECRET and AZURE_TENANT_ID), or pass account_key= to open_store"
+    ),
+    "S3": (
+        "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+        "access_key_id= and secret_access_key= to open_store"
+    ),
+}
+
+_CREDENTIALS_TO_CHECK = {
+    "GCS": (
+        "check the service-account key (GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY "
+        "or GOOGLE_APPLICATION_CREDENTIALS)"
+    ),
+    "Azure": "check AZURE_CLIENT_ID, AZURE_CLIENT_SECRET and AZURE_TENANT_ID",
+    "S3": "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_PROFILE",
+}
+
+
+def _store_not_found(
+    operation: str, path: str, failure: Failure, exc: BaseException
+) -> StoreNotFoundError | None:
+    """The :class:`StoreNotFoundError` ``exc`` records, if its 404 is a missing bucket."""
+    kind = _MISSING_CONTAINER_CODES.get(failure.s3_code or "")
+    if kind is None or failure.status != 404:
+        return None
+    assert failure.s3_code is not None
+    name = _container_name(debug_form(exc))
+    return StoreNotFoundError(operation, path, kind, name, failure.s3_code, status=404)
+
+
+def _container_name(debug: str) -> str | None:
+    """The bucket or container a failed request named: S3 says it in its answer
+    (``<BucketName>``); otherwise it is the last segment of the request's URL path
+    before the object's own path (path-style URLs, Azure's and GCS's XML API), or the
+    first label of the host (S3's virtual-hosted style)."""
+    named = _BUCKET_NAME.search(debug)
+    if named is not None:
+        return named.group(1)
+    uri = _URI.search(debug)
+    if uri is None:
+        return None
+    parts = urlsplit(uri.group(1))
+    request_path = unquote(parts.path)
+    object_path = _NOT_FOUND_PATH.search(debug)
+    if object_path is not None:
+        suffix = "/" + re.sub(r"\\(.)", r"\1", object_path.group(1))
+        if request_path.endswith(suffix):
+            request_path = request_path[: -len(suffix)]
+    segments = [segment for segment in request_path.split("/") if segment]
+    if segments:
+        return segments[-1]
+    host = parts.hostname or ""
+    return host.split(".", 1)[0] or None
+
+
+def credentials_error(
+    operation: str, path: str, exc: BaseException
+) -> StoreCredentialsError | None:
+    """The :class:`StoreCredentialsError` for ``exc``, if it says the credentials are
+    missing or refused: a failed token request (object_store asks a cloud's metadata
+    server for one when none is configured: off that cloud nobody answers), or an Azure
+    store built without an account (``MissingAccount``). None for anything else."""
+    if not isinstance(exc, BaseError):
+        return None
+    debug = debug_form(exc)
+    account = _MISSING_ACCOUNT.search(debug)
+    if account is not None:
+        store = _STORE_NAMES.get(account.group(1), account.group(1))
+        return StoreCredentialsError(
+            operation,
+            path,
+            store,
+            f"no {store} storage account is configured",
+            "set AZURE_STORAGE_ACCOUNT_NAME (and a credential such as "
+            "AZURE_STORAGE_ACCOUNT_KEY), or pass account_name= to open_store",
+        )
+    token = token_request_store(debug)
+    if token is None:
+        return None
+    store = _STORE_NAMES.get(token[0], token[0])
+    failure = http_failure(exc)
+    answer = "no answer"
+    if failure.status is not None:
+        answer = f"HTTP {failure.status}"
+    elif failure.kind is not None:
+        answer = f"no answer ({failure.kind.lower()} failed)"
+    uri = _URI.search(debug, token[1])
+    where = urlsplit(uri.group(1)).netloc if uri else "the token service"
+    metadata = _METADATA_TOKEN_PATHS.get(store)
+    if uri is not None and metadata is not None and metadata in uri.group(1):
+        server = _METADATA_SERVERS[store]
+        problem = (
+            f"no {store} credentials are configured, and {server} ({where}, only on "
+            f"{_CLOUDS[store]}) gave no token: {answer} to {operation} {path!r}"
+        )
+        remedy = _CREDENTIALS_TO_SET.get(store, "configure the store's credentials")
+    else:
+        problem = (
+            f"the {store} credentials were refused: the token request to {where} got "
+            f"{answer} ({operation} {path!r})"
+        )
+        remedy = _CREDENTIALS_TO_CHECK.get(store, "check the store's credentials")
+    return StoreCredentialsError(operation, path, store, problem, remedy, status=failure.status)
 
 
 async def call(operation: str, path: str, awaitable: Awaitable[T]) -> T:

@@ -1,6 +1,5 @@
 """Opening stores by URL: one parser for every way a store is named, in the library and
-on the command line (a plain path is a local directory), and one-line explanations of
-the store errors a newcomer meets."""
+on the command line (a plain path is a local directory)."""
 
 from __future__ import annotations
 
@@ -22,10 +21,11 @@ from obstore.store import (
     from_url,
 )
 
-from cairn._translate import debug_form, first_line, http_failure, token_request_store
+from cairn._translate import credentials_error, first_line
 from cairn.errors import (
     InvalidStoreUrlError,
-    StoreError,
+    StoreCredentialsError,
+    StoreNotFoundError,
 )
 
 __all__ = [
@@ -171,7 +171,9 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     ``gs://bucket/prefix``, ``az://container/prefix`` (and the other URL forms obstore
     knows for those services). An unknown scheme or a malformed URL raises
     :class:`InvalidStoreUrlError` naming the URL (see :func:`store_url`), as does an S3
-    endpoint over plain HTTP while HTTP is not allowed (``AWS_ALLOW_HTTP``).
+    endpoint over plain HTTP while HTTP is not allowed (``AWS_ALLOW_HTTP``). A store
+    that cannot be built for want of credentials (an Azure URL without an account)
+    raises :class:`~cairn.StoreCredentialsError` naming what to set.
     """
     url, parts = _split(url)
     scheme = parts.scheme.lower()
@@ -198,75 +200,25 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     try:
         return from_url(url, **options)
     except (BaseError, ValueError, TypeError) as exc:
+        credentials = credentials_error("open", url, exc)
+        if credentials is not None:
+            raise credentials from exc
         raise InvalidStoreUrlError(url, first_line(exc)) from None
 
 
-_MISSING_CONTAINER_CODES = {
-    "NoSuchBucket": "bucket",
-    "ContainerNotFound": "container",
-}
-
-
-_TOKEN_URI = re.compile(r"\buri: Some\(\n[ \t]*(\S+?),?\n")
-
-_GCE_METADATA_TOKEN = "/computeMetadata/v1/instance/service-accounts/"
-"""The path of the GCE metadata server's token endpoint: where object_store asks for a
-token when no GCS credentials are configured."""
-
-_GCS_CREDENTIALS = (
-    "set GOOGLE_SERVICE_ACCOUNT to the path of a service-account key file (or "
-    "GOOGLE_SERVICE_ACCOUNT_KEY to its JSON, or GOOGLE_APPLICATION_CREDENTIALS), or pass "
-    "service_account_key= to open_store"
-)
-
-
 def explain_store_error(exc: BaseException, url: str | None = None) -> str | None:
-    """One line saying what is wrong and what to do, for store failures a newcomer meets.
+    """What is wrong and what to do, for the store failures a newcomer meets; None when
+    there is nothing better to say than ``str(exc)``.
 
-    Today: a bucket (S3's and GCS's ``NoSuchBucket``) or container (Azure's
-    ``ContainerNotFound``) that does not exist, read from the error code in the response
-    that obstore kept in the cause of ``exc``; and GCS credentials that are missing
-    (object_store then asks the GCE metadata server, which answers only on GCP) or
-    refused by the token service. ``url`` is the store's, to name it. None when there is
-    nothing better to say than ``str(exc)``.
+    The library raises those failures as their own errors, whose messages say it all:
+    :class:`~cairn.StoreNotFoundError` (a bucket or container that does not exist) and
+    :class:`~cairn.StoreCredentialsError` (credentials missing or refused). This returns
+    that message (``url`` is accepted for callers of earlier versions, and unused).
     """
-    if not isinstance(exc, StoreError) or exc.__cause__ is None:
-        return None
-    of = f" of {url}" if url else ""
-    debug = debug_form(exc.__cause__)
-    token = token_request_store(debug)
-    if token is not None and token[0] == "GCS":
-        return _explain_gcs_token_failure(exc, debug[token[1] :], of)
-    code = http_failure(exc.__cause__).s3_code
-    what = _MISSING_CONTAINER_CODES.get(code or "")
-    if what is None:
-        return None
-    return (
-        f"the {what}{of} does not exist (the store answered {exc.status or 404} {code} to "
-        f"{exc.operation} {exc.path!r}): create it, or correct the {what} name in the URL"
-    )
-
-
-def _explain_gcs_token_failure(exc: StoreError, debug: str, of: str) -> str:
-    failure = http_failure(exc.__cause__) if exc.__cause__ is not None else None
-    answer = "no answer"
-    if failure is not None and failure.status is not None:
-        answer = f"HTTP {failure.status}"
-    elif failure is not None and failure.kind is not None:
-        answer = f"no answer ({failure.kind.lower()} failed)"
-    uri = _TOKEN_URI.search(debug)
-    where = urlsplit(uri.group(1)).netloc if uri else "the token service"
-    if uri is not None and _GCE_METADATA_TOKEN in uri.group(1):
-        return (
-            f"no GCS credentials are configured for the store{of}, and the GCE metadata "
-            f"server ({where}, only on Google Cloud) gave no token: {answer} to "
-            f"{exc.operation} {exc.path!r}; {_GCS_CREDENTIALS}"
-        )
-    return (
-        f"the GCS credentials of the store{of} were refused: the token request to {where} "
-        f"got {answer} ({exc.operation} {exc.path!r}); check the service-account key "
-        "(GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY or GOOGLE_APPLICATION_CREDENTIALS)"
-    )
+    del url
+    if isinstance(exc, StoreNotFoundError | StoreCredentialsError):
+        return str(exc)
+    return None
 
 
 def _split(url: str) -> tuple[str, SplitResult]:

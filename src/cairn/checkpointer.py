@@ -25,10 +25,12 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, BinaryIO
+from types import TracebackType
+from typing import Any, BinaryIO, Self
 
 from obstore.store import ObjectStore
 
@@ -42,7 +44,7 @@ from cairn import (
     _pointer,
     _upload,
 )
-from cairn._background import BackgroundSaves
+from cairn._background import BackgroundGc, BackgroundSaves, BeforeCommit
 from cairn._buffer import Buffer
 from cairn._context import Context, check_id
 from cairn._download import RESTORE_CHUNK
@@ -63,6 +65,8 @@ from cairn.signing import SigningKey, signing_keys
 from cairn.stores import Store, as_store
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
+
+log = logging.getLogger("cairn")
 
 
 @contextlib.asynccontextmanager
@@ -149,6 +153,14 @@ class ObjectStoreCheckpointer(Checkpointer):
     a sequence of them: the first signs, all verify), every manifest committed is
     signed, and every manifest used is refused with :class:`SignatureError` unless one
     of the keys signed it; without, signatures are ignored (see :mod:`cairn.signing`).
+    With ``retention`` (a :class:`~cairn.RetentionPolicy`, orbax's ``max_to_keep`` is
+    ``RetentionPolicy(keep_last=n)``), every commit is followed by :meth:`gc` with that
+    policy, in the background: it never delays the save, at most one runs at a time
+    (commits meanwhile make one more run after it), a failure is logged and kept in
+    ``background_gc.last_error`` instead of raised, and :meth:`close` waits for it.
+
+    Use it as ``async with ObjectStoreCheckpointer(...) as ckpt:``: leaving the block
+    closes it (see :meth:`__aexit__`).
     """
 
     def __init__(
@@ -164,6 +176,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         max_saves_in_flight: int = 1,
         observers: Sequence[Observer] = (),
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> None:
         self.paths = paths if paths is not None else CheckpointPaths()
         self.signing_keys = signing_keys(signing_key)
@@ -193,6 +206,10 @@ class ObjectStoreCheckpointer(Checkpointer):
             positive_int("max_saves_in_flight", max_saves_in_flight),
             lambda count: _dispatch.saves_in_flight(self.observers, count),
         )
+        if retention is not None and not isinstance(retention, RetentionPolicy):
+            raise InvalidInputError(f"retention must be a RetentionPolicy, got {retention!r}")
+        self.retention = retention
+        self.background_gc = BackgroundGc(self._retention_gc)
 
     def __repr__(self) -> str:
         return f"ObjectStoreCheckpointer({self.store!r}, {self.paths!r})"
@@ -238,7 +255,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     async def _save_now(self, data: CheckpointData) -> CheckpointManifest:
         with _dispatch.watching(self.observers):
-            return await _commit.save(self.context, data)
+            return self._committed(await _commit.save(self.context, data))
 
     async def save_async(
         self, data: CheckpointData, *, copy: bool = False
@@ -271,17 +288,61 @@ class ObjectStoreCheckpointer(Checkpointer):
             data = data.copied()
         context = self.context
         with _dispatch.watching(self.observers):  # the task copies this context
-            return await self.background.submit(
-                lambda in_order: _commit.save(context, data, in_order), seen
-            )
+
+            async def run(in_order: BeforeCommit) -> CheckpointManifest:
+                return self._committed(await _commit.save(context, data, in_order))
+
+            return await self.background.submit(run, seen)
 
     async def wait_for_saves(self) -> None:
         """Wait until every background save has ended; raise a failure nobody looked at."""
         await self.background.wait()
 
     async def close(self) -> None:
-        """Wait for the background saves (see :meth:`wait_for_saves`); nothing else to free."""
-        await self.background.wait()
+        """Wait for the background saves (see :meth:`wait_for_saves`), then for the
+        retention GC they started (whose failure is logged, not raised); nothing else to
+        free. A failure of a save nobody looked at is raised after both have ended."""
+        try:
+            await self.background.wait()
+        finally:
+            await self.background_gc.wait()
+
+    async def __aenter__(self) -> Self:
+        """The checkpointer itself: ``async with ObjectStoreCheckpointer(...) as ckpt``."""
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """:meth:`close`: wait for the saves in flight and the retention GC.
+
+        Saves in flight are waited for, never cancelled, also when the block raised: a
+        save that was handed over commits or fails, it is not dropped. A save failure
+        nobody looked at is raised from here after a block that ended normally; after a
+        block that raised, the block's exception goes on, and the save failure is logged
+        and added to it as a note, so that neither is lost.
+        """
+        if exc is None:
+            await self.close()
+            return
+        try:
+            await self.close()
+        except Exception as failure:
+            log.error("a background save failed while the checkpointer closed: %s", failure)
+            exc.add_note(f"while closing the checkpointer, a background save failed: {failure!r}")
+
+    def _committed(self, manifest: CheckpointManifest) -> CheckpointManifest:
+        """``manifest`` was committed: ask for the retention GC, if there is a policy."""
+        if self.retention is not None:
+            self.background_gc.request()
+        return manifest
+
+    async def _retention_gc(self) -> None:
+        assert self.retention is not None
+        await self.gc(self.retention)
 
     async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
         """Commit an uploaded checkpoint: write its manifest, then advance ``_latest``.
@@ -295,7 +356,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         rolled back and :class:`FencedError` raised.
         """
         with _dispatch.watching(self.observers):
-            return await _commit.commit(self.context, manifest)
+            return self._committed(await _commit.commit(self.context, manifest))
 
     async def save_manifest(self, manifest: CheckpointManifest) -> None:
         """Commit ``manifest``: write it only if no manifest exists for its id.

@@ -33,6 +33,8 @@ CheckpointerError
     ├── ObjectNotFoundError        (also CheckpointNotFoundError) no object at that path
     ├── ObjectExistsError          a create-only write met an existing object
     ├── NotDurableError            a write landed but could not be made durable (fsync)
+    ├── StoreNotFoundError         the bucket or container itself does not exist
+    ├── StoreCredentialsError      the store's credentials are missing or refused
     └── PreconditionFailedError    a compare-and-swap write met another version
 ```
 
@@ -72,7 +74,9 @@ __all__ = [
     "PreconditionFailedError",
     "SignatureError",
     "SpecialFileError",
+    "StoreCredentialsError",
     "StoreError",
+    "StoreNotFoundError",
     "SyncInAsyncContextError",
     "TransientStoreError",
     "UndecodableArtifactError",
@@ -406,3 +410,61 @@ class NotDurableError(StoreError):
 
 class PreconditionFailedError(StoreError):
     """A compare-and-swap write found another version of the object at ``path``."""
+
+
+class StoreNotFoundError(StoreError):
+    """The bucket or container of the store does not exist (not an object in it).
+
+    ``kind`` is ``"bucket"`` (S3, GCS) or ``"container"`` (Azure), ``name`` its name
+    (None when the store's answer does not say), ``code`` the store's error code
+    (``NoSuchBucket``, ``ContainerNotFound``). Not a :class:`CheckpointNotFoundError`:
+    nothing can be saved to or loaded from the store until the bucket is created or the
+    URL corrected, so it is never taken to mean "no checkpoint yet".
+    """
+
+    def __init__(
+        self,
+        operation: str,
+        path: str,
+        kind: str,
+        name: str | None,
+        code: str,
+        *,
+        status: int | None = None,
+    ) -> None:
+        self.kind = kind
+        self.name = name
+        self.code = code
+        named = f" {name!r}" if name else ""
+        reason = (
+            f"the {kind}{named} does not exist (the store answered {status or 404} {code} to "
+            f"{operation} {path!r}): create it, or correct the {kind} name in the store URL"
+        )
+        StoreError.__init__(self, operation, path, reason, status=status)
+        CheckpointerError.__init__(self, reason)
+
+
+class StoreCredentialsError(StoreError):
+    """The store's credentials are missing or were refused; nothing was read or written.
+
+    ``store`` names the kind of store (``"GCS"``, ``"Azure"``, ``"S3"``), ``remedy``
+    says what to set (environment variables, or :func:`~cairn.open_store` options).
+    Not transient: the request for a token was already retried, and what fails is the
+    configuration.
+    """
+
+    def __init__(
+        self,
+        operation: str,
+        path: str,
+        store: str,
+        problem: str,
+        remedy: str,
+        *,
+        status: int | None = None,
+    ) -> None:
+        self.store = store
+        self.remedy = remedy
+        reason = f"{problem}; {remedy}"
+        StoreError.__init__(self, operation, path, reason, status=status)
+        CheckpointerError.__init__(self, reason)

@@ -7,7 +7,9 @@ Calling a method from a thread that is running an event loop raises
 
 The methods are written out (so that editors and type checkers see real signatures);
 ``tests/test_sync.py`` compares each with its async twin, so they cannot drift apart.
-The constructor takes the async checkpointer's parameters, written once, there.
+The constructor takes the async checkpointer's parameters, written once, there, and each
+method's documentation is its async twin's, copied when the class is made
+(:func:`_blocking_docs`), so ``help(SyncCheckpointer.save)`` says what ``save`` does.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import concurrent.futures
 import concurrent.futures.thread
 import datetime as dt
 import functools
+import inspect
 import logging
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, BinaryIO, Concatenate, ParamSpec, TypeVar, cast
+from types import TracebackType
+from typing import Any, BinaryIO, Concatenate, ParamSpec, Self, TypeVar, cast
 
 from cairn._buffer import Buffer
 from cairn._download import RESTORE_CHUNK
@@ -129,10 +134,11 @@ _in_flight_at_exit: weakref.WeakSet[SyncCheckpointer] = weakref.WeakSet()
 
 
 def _wait_at_exit() -> None:
-    """Let background saves finish before the interpreter stops them (failures are logged)."""
+    """Let background saves and retention GC finish before the interpreter stops them
+    (failures are logged)."""
     for checkpointer in list(_in_flight_at_exit):
         try:
-            checkpointer.wait_for_saves()
+            checkpointer.close()
         except BaseException as exc:
             log.error("a background save failed before exit: %s", exc)
 
@@ -159,11 +165,50 @@ def _arguments_of(
     return give
 
 
+_POINTER = re.compile(r"See :meth:`ObjectStoreCheckpointer\.(\w+)`[;.]?\s*")
+
+_BLOCKING = (
+    "Blocks until it is done (the work runs on cairn's private event loop; called inside "
+    "a running event loop it raises :class:`SyncInAsyncContextError`: await the async "
+    "method there)."
+)
+
+
+def _blocking_doc(method: str, async_doc: str, own: str) -> str:
+    """The documentation of blocking ``method``: its async twin's, said of a blocking
+    call, then what the method's own docstring adds after its pointer to the twin."""
+    summary, _, body = inspect.cleandoc(async_doc).partition("\n")
+    body = body.strip()
+    body = re.sub(r"\bawait (:meth:`)", r"call \1", body)
+    body = re.sub(r"\bAwait (:meth:`)", r"Call \1", body)
+    extra = _POINTER.sub("", inspect.cleandoc(own), count=1).strip()
+    parts = [summary.strip(), _BLOCKING, body, extra]
+    twin = f"(The blocking form of :meth:`ObjectStoreCheckpointer.{method}`.)"
+    return "\n\n".join(part for part in [*parts, twin] if part) + "\n"
+
+
+def _blocking_docs(cls: type[T]) -> type[T]:
+    """Give each method of ``cls`` whose docstring points at its async twin
+    (``See :meth:`ObjectStoreCheckpointer.name```) the twin's documentation."""
+    for name, member in vars(cls).items():
+        own = inspect.getdoc(member) or ""
+        pointer = _POINTER.match(own)
+        if name.startswith("_") or pointer is None or not callable(member):
+            continue
+        twin = getattr(ObjectStoreCheckpointer, pointer.group(1), None)
+        if twin is not None and twin.__doc__:
+            member.__doc__ = _blocking_doc(pointer.group(1), twin.__doc__, own)
+    return cls
+
+
+@_blocking_docs
 class SyncCheckpointer:
     """The methods of :class:`ObjectStoreCheckpointer`, blocking.
 
     Takes the same arguments as :class:`ObjectStoreCheckpointer`, or wraps an existing
-    one with :meth:`wrap`. ``.async_checkpointer`` is the instance doing the work.
+    one with :meth:`wrap`. ``.async_checkpointer`` is the instance doing the work. Use
+    it as ``with SyncCheckpointer(...) as ckpt:``; leaving the block closes it, waiting
+    for saves in flight and the retention GC (see :meth:`__exit__`).
     """
 
     @_arguments_of(ObjectStoreCheckpointer.__init__)
@@ -276,18 +321,28 @@ class SyncCheckpointer:
 
     def save(self, data: CheckpointData) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.save`."""
-        return _runner.run(self.async_checkpointer.save(data))
+        manifest = _runner.run(self.async_checkpointer.save(data))
+        if self.async_checkpointer.retention is not None:
+            _in_flight_at_exit.add(self)  # its retention GC runs on: let it end at exit
+        return manifest
 
     def save_async(
         self, data: CheckpointData, *, copy: bool = False
     ) -> concurrent.futures.Future[CheckpointManifest]:
-        """See :meth:`ObjectStoreCheckpointer.save_async`; returns a blocking future.
+        """Start :meth:`save` in the background; returns a blocking future once ``data``
+        is handed over.
 
         Blocks only while ``max_saves_in_flight`` saves are already running. The future's
         ``result()`` is the committed manifest, or raises the save's failure; a failure
         nobody took from the future is raised by the next :meth:`save_async`,
         :meth:`save`, :meth:`wait_for_saves` or :meth:`close`. At interpreter exit, saves
-        still in flight are waited for (their failures are logged).
+        still in flight are waited for (their failures are logged). Saves commit in call
+        order, so ``_latest`` never moves backwards.
+
+        The artifacts are read while the save runs, after this returns: do not change a
+        buffer handed in until its future is done, or pass ``copy=True`` to have cairn
+        copy every buffer before returning (files and streams are read in the background
+        either way). (The blocking form of :meth:`ObjectStoreCheckpointer.save_async`.)
         """
         future = _WatchedFuture()
 
@@ -306,6 +361,25 @@ class SyncCheckpointer:
     def close(self) -> None:
         """See :meth:`ObjectStoreCheckpointer.close`."""
         _runner.run(self.async_checkpointer.close())
+
+    def __enter__(self) -> Self:
+        """The checkpointer itself: ``with SyncCheckpointer(...) as ckpt``."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """:meth:`close`: wait for the saves in flight and the retention GC.
+
+        Saves in flight are waited for, never cancelled, also when the block raised (a
+        second Ctrl-C stops the wait). A save failure nobody looked at is raised from
+        here after a block that ended normally; after a block that raised, the block's
+        exception goes on, and the save failure is logged and added to it as a note.
+        """
+        _runner.run(self.async_checkpointer.__aexit__(exc_type, exc, traceback))
 
     def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
         """See :meth:`ObjectStoreCheckpointer.load`."""

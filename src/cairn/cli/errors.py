@@ -41,7 +41,6 @@ from cairn import (
     StoreError,
     TransientStoreError,
 )
-from cairn.stores import explain_store_error
 
 SCHEMA_VERSION = 1
 """The version of every JSON document ``cairn --json`` prints (``schema_version``)."""
@@ -141,7 +140,9 @@ def one_line(text: str) -> str:
 
 def describe(exc: BaseException, store_url: str | None = None) -> str:
     """One line naming what went wrong, for ``error: ...`` on stderr (``store_url``: the
-    store the command talks to, named in what is said about it)."""
+    store the command talks to; the library's store errors name their bucket or
+    container and what to set themselves, so it is not repeated)."""
+    del store_url
     if isinstance(exc, CliError):
         return one_line(exc.message)
     if isinstance(exc, IntegrityMismatchError):
@@ -157,8 +158,6 @@ def describe(exc: BaseException, store_url: str | None = None) -> str:
         text = str(exc)
     elif isinstance(exc, InvalidInputError):
         text = f"invalid input: {exc}"
-    elif isinstance(exc, StoreError) and (hint := explain_store_error(exc, store_url)) is not None:
-        text = f"store failure: {hint}"
     elif isinstance(exc, TransientStoreError):
         text = f"store unreachable: {exc}"
     elif isinstance(exc, StoreError):
