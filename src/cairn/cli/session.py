@@ -29,6 +29,7 @@ one JSON document on stdout.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
 import traceback
@@ -43,6 +44,7 @@ from cairn import (
     CheckpointPaths,
     InvalidInputError,
     ObjectStoreCheckpointer,
+    __version__,
     open_store,
 )
 from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
@@ -60,6 +62,7 @@ __all__ = [
     "Session",
     "checkpoint_prefixes",
     "cli_store_url",
+    "distribution_version",
     "open_checkpointer",
     "run",
     "signing_key_from_env",
@@ -72,6 +75,19 @@ DEFAULT_STORE_DIR = "checkpoints"
 DEFAULT_PREFIX = "checkpoints/"
 DEMO_PREFIX = "demo/"
 """Where ``cairn demo`` puts its runs: ``demo/<time>-<random>/``."""
+
+
+DISTRIBUTION = "cairn-checkpoint"
+"""The name cairn is installed under (``pip install cairn-checkpoint``)."""
+
+
+def distribution_version() -> str:
+    """The installed distribution's version; :data:`cairn.__version__` when cairn runs
+    from a source tree that is not installed."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
 
 
 def cli_store_url(raw: str | None) -> str:
