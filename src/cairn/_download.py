@@ -82,14 +82,20 @@ the way with small ranges, without holding more than needed with large ones."""
 MAX_RANGES_AHEAD = 8
 
 
-async def load(ctx: Context, checkpoint_id: CheckpointId, verify: bool) -> LoadedCheckpoint:
-    """A committed checkpoint with every artifact of every chain, verified."""
+async def load(
+    ctx: Context,
+    checkpoint_id: CheckpointId,
+    verify: bool,
+    progress: Callable[[int], None] | None = None,
+) -> LoadedCheckpoint:
+    """A committed checkpoint with every artifact of every chain, verified; ``progress``
+    is called with each artifact's size (decoded) once it is read and verified."""
     manifest = await _catalog.load_manifest(ctx, checkpoint_id)
     resolved = await _chains.resolve_chains(ctx, manifest)
     flat = [(key, owner, entry) for key, links in resolved.items() for owner, entry in links]
     blobs = await bounded_gather(
         ctx.max_concurrent_downloads,
-        [_fetch_link(ctx, owner, entry, verify) for _, owner, entry in flat],
+        [_fetch_link(ctx, owner, entry, verify, progress) for _, owner, entry in flat],
     )
     chains: dict[ArtifactKey, list[ChainLink]] = {}
     for (key, owner, entry), blob in zip(flat, blobs, strict=True):
@@ -185,15 +191,22 @@ async def read_entry(
 
 
 def _fetch_link(
-    ctx: Context, owner: CheckpointId, entry: PartitionSnapshotEntry, verify: bool
+    ctx: Context,
+    owner: CheckpointId,
+    entry: PartitionSnapshotEntry,
+    verify: bool,
+    progress: Callable[[int], None] | None = None,
 ) -> Callable[[], Awaitable[Buffer]]:
     path = ctx.paths.resolve(owner, entry.path)
 
     async def job() -> Buffer:
         try:
-            return await read_entry(ctx, path, entry, verify)
+            data = await read_entry(ctx, path, entry, verify)
         except CheckpointNotFoundError:
             raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
+        if progress is not None:
+            progress(memoryview(data).nbytes)
+        return data
 
     return job
 

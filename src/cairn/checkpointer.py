@@ -435,16 +435,24 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     # -- reading, verified (cairn._download) ---------------------------------------------
 
-    async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
+    async def load(
+        self,
+        checkpoint_id: CheckpointId,
+        *,
+        verify: bool = True,
+        progress: Callable[[int], None] | None = None,
+    ) -> LoadedCheckpoint:
         """Load a committed checkpoint: manifest, every artifact (verified), source offsets.
 
         Raises :class:`IntegrityMismatchError` naming the artifact whose digest differs,
         and :class:`BrokenChainError` naming the link when an artifact or parent that a
-        partition's chain needs is gone.
+        partition's chain needs is gone. ``progress``, if given, is called on the event
+        loop with the size in bytes (decoded) of each artifact once it is read and
+        verified: a progress bar's ``advance``.
         """
         with _dispatch.watching(self.observers):
             async with _dispatch.observed(None, "load", checkpoint_id=checkpoint_id) as op:
-                loaded = await _download.load(self.context, checkpoint_id, verify)
+                loaded = await _download.load(self.context, checkpoint_id, verify, progress)
                 op.manifest = loaded.manifest
                 return loaded
 

@@ -42,7 +42,6 @@ from cairn.cli.help import CairnCommand, CairnGroup
 from cairn.cli.history import Point, history_chart, history_doc
 from cairn.cli.limits import at_least
 from cairn.cli.maintain import delete, parse_duration, parse_since, window
-from cairn.cli.progress import Transfer
 from cairn.cli.restore import restore
 from cairn.cli.session import (
     Session,
@@ -367,7 +366,7 @@ async def verify_command(
     wanted = check_refs(refs or [], every)
     ckpt = await session.open()
     ids = await _resolve_many(session, ckpt, wanted, every)
-    async with Transfer(session.output.err, "verifying", len(ids), unit="items") as bar:
+    async with session.transfer("verifying", None) as bar:
         results = await verify(ckpt, ids, bar)
     session.output.report(views.verify_doc(session.doc(), results), views.verify_table(results))
     return _outcome(session, results, "failed verification")
@@ -428,7 +427,7 @@ async def restore_command(
     check_target_dir(target)
     ckpt = await session.open()
     cid = await _resolve(session, ckpt, ref)
-    async with Transfer(session.output.err, "restoring", None) as bar:
+    async with session.transfer("restoring", None) as bar:
         restored = await restore(ckpt, cid, target, bar, overwrite=overwrite)
     session.output.report(views.restore_doc(session.doc(), restored), views.restore_table(restored))
 
@@ -550,7 +549,7 @@ async def gc_command(
         if not await ckpt.exists(pinned):
             raise CliError(f"--pin: no checkpoint {pinned} in {session.where()}", ExitCode.USAGE)
     label = "planning garbage collection" if dry_run else "collecting garbage"
-    async with Transfer(session.output.err, label, None, unit=""):
+    async with session.transfer(label, None, unit=""):
         if min_age is None:
             result = await ckpt.gc(policy, dry_run=dry_run)
         else:
@@ -607,7 +606,7 @@ async def copy_command(
     if target_url == session.url and target.paths == source.paths:
         raise CliError("the target is the source: give another --to or --to-prefix", ExitCode.USAGE)
     ids = await _resolve_many(session, source, wanted, every)
-    async with Transfer(session.output.err, "copying", len(ids), unit="items") as bar:
+    async with session.transfer("copying", None) as bar:
         results = await copy_checkpoints(source, target, ids, bar)
     to_doc = {"store": target_url, "prefix": target_prefix}
     session.output.report(
@@ -652,7 +651,7 @@ async def export_dcp_command(
         else module.interpret_checkpoint_id(ref, session.url, ckpt.paths, "the checkpoint")
     )
     try:
-        async with Transfer(session.output.err, "exporting", None) as bar:
+        async with session.transfer("exporting", None) as bar:
             exported = await module.export_dcp_async(
                 ckpt, target, target_dir, store=session.url, progress=bar.advance
             )
@@ -696,7 +695,7 @@ async def import_dcp_command(
     module = dcp.torch_module()
     directory = dcp.source_dir(source)
     ckpt = await session.open(create=True)
-    async with Transfer(session.output.err, f"importing {directory}", None) as bar:
+    async with session.transfer(f"importing {directory}", None) as bar:
         imported = await module.import_dcp_async(
             ckpt, directory, epoch=epoch, name=name, progress=bar.advance
         )

@@ -49,6 +49,7 @@ from cairn import (
 )
 from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
 from cairn.cli.output import Output
+from cairn.cli.progress import Transfer
 from cairn.discover import checkpoint_prefixes as find_prefixes
 from cairn.discover import newest_checkpoint_prefix
 from cairn.signing import parse_hex_keys
@@ -213,6 +214,13 @@ class Session:
                     ckpt.store, CheckpointPaths(run_prefix), signing_key=self.signing_key
                 )
         return ckpt
+
+    def transfer(self, description: str, total: float | None, unit: str = "bytes") -> Transfer:
+        """A progress bar on stderr, drawn only when both streams are terminals and the
+        output is not ``--json`` (a pipe or a file never receives one)."""
+        output = self.output
+        live = not output.json_mode and output.out.is_terminal and output.err.is_terminal
+        return Transfer(output.err, description, total, unit=unit, enabled=live)
 
     async def elsewhere(self, ckpt: ObjectStoreCheckpointer) -> str:
         """A hint naming the other prefixes that hold checkpoints, or ``""``."""
