@@ -24,6 +24,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
@@ -104,9 +105,9 @@ class Transfer:
         self._progress.reset(self._task, total=total, description=description)
 
     @property
-    def completed(self) -> float:
-        """How much is done so far (bytes, or items)."""
-        return self._progress.tasks[0].completed
+    def task(self) -> Task:
+        """The bar's task: its description, ``completed`` and ``total`` so far."""
+        return self._progress.tasks[0]
 
     def describe(self, description: str) -> None:
         """Change the text shown before the bar."""
