@@ -55,7 +55,8 @@ def intermediate(steps: list[tuple[str, float, float | None]], phase: str) -> li
 def test_restore_reports_bytes_as_each_artifact_is_read(tmp_path: Path) -> None:
     async def scenario() -> Recording:
         ckpt, [cid] = await saved()
-        async with Recording() as bar:
+        bar = Recording()
+        async with bar:
             await restore(ckpt, cid, tmp_path / "out", bar)
         return bar
 
@@ -70,13 +71,14 @@ def test_restore_reports_bytes_as_each_artifact_is_read(tmp_path: Path) -> None:
 def test_verify_and_copy_report_bytes_not_checkpoints() -> None:
     async def scenario() -> tuple[Recording, Recording]:
         ckpt, ids = await saved(3)
-        async with Recording() as checked:
-            results = await verify(ckpt, ids, checked)
-        assert all(r.ok for r in results)
+        checked, copied = Recording(), Recording()
+        async with checked:
+            verified = await verify(ckpt, ids, checked)
+        assert all(r.ok for r in verified)
         target = ObjectStoreCheckpointer(MemoryStore(), CheckpointPaths("ck/"))
-        async with Recording() as copied:
-            results = await copy_checkpoints(ckpt, target, ids, copied)
-        assert all(r.ok for r in results)
+        async with copied:
+            copies = await copy_checkpoints(ckpt, target, ids, copied)
+        assert all(r.ok for r in copies)
         return checked, copied
 
     for bar in asyncio.run(scenario()):
