@@ -125,3 +125,21 @@ def test_a_disabled_bar_writes_nothing(tmp_path: Path) -> None:
     screen = io.StringIO()
     asyncio.run(scenario(screen))
     assert screen.getvalue() == ""
+
+
+def test_a_streamed_restore_reports_each_range(tmp_path: Path) -> None:
+    async def scenario() -> list[int]:
+        ckpt, [cid] = await saved()
+        manifest = await ckpt.load_manifest(cid)
+        [(_, entry), *_] = manifest.partition_entries()
+        seen: list[int] = []
+        await ckpt.load_artifact_to(
+            ckpt.paths.resolve(cid, entry.path),
+            tmp_path / "artifact",
+            expected_sha256=entry.sha256,
+            chunk_size=PART // 4,
+            progress=seen.append,
+        )
+        return seen
+
+    assert asyncio.run(scenario()) == [PART // 4] * 4

@@ -218,6 +218,7 @@ async def load_artifact_to(
     expected_sha256: str | None,
     chunk_size: int,
     codec: str | None,
+    progress: Callable[[int], None] | None = None,
 ) -> str:
     """Stream the object at ``path`` into ``dest``; its SHA-256 (see the façade's docs)."""
     positive_int("chunk_size", chunk_size)
@@ -226,11 +227,11 @@ async def load_artifact_to(
     if isinstance(dest, os.PathLike):
         return await write_atomically(
             Path(dest),
-            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoding),
+            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoding, progress),
             path,
             expected_sha256,
         )
-    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoding)
+    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoding, progress)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise IntegrityMismatchError(path, expected_sha256, digest)
     return digest
@@ -243,8 +244,10 @@ async def _stream_into(
     file: BinaryIO,
     chunk_size: int,
     codec: Codec | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> str:
     """Copy ``path`` into ``file`` by ranged reads; the digest of what was written.
+    ``progress`` is called with the stored bytes of each range once it is handed on.
 
     Three stages overlap: the next ranges are fetched (RANGE_BYTES_AHEAD of them) while
     the current one is hashed (on the hasher's thread) and written (on another), so a
@@ -281,6 +284,8 @@ async def _stream_into(
         while upcoming:
             chunk = await upcoming.popleft()
             fetch()
+            if progress is not None:
+                progress(memoryview(chunk).nbytes)
             if decoder is not None:
                 await asyncio.to_thread(decoder.feed, chunk)
                 del chunk

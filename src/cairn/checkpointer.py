@@ -500,6 +500,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         expected_sha256: str | None = None,
         chunk_size: int = RESTORE_CHUNK,
         codec: str | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> str:
         """Stream the object at ``path`` into ``dest`` in bounded memory; returns its SHA-256.
 
@@ -511,9 +512,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         bytes as they arrive; then a mismatch is raised after the last write, and the
         caller must discard what it received. ``codec`` (an entry's ``codec``) decodes
         the stored bytes on the way; the digest is that of the decoded bytes.
+        ``progress``, if given, is called on the event loop with the stored bytes of each
+        range as it is read.
         """
         return await _download.load_artifact_to(
-            self.context, path, dest, expected_sha256, chunk_size, codec
+            self.context, path, dest, expected_sha256, chunk_size, codec, progress
         )
 
     # -- retention (cairn.retention) -----------------------------------------------------
