@@ -40,6 +40,12 @@ def test_session_options_before_the_command(local: Filled) -> None:
     assert flags.code == 0 and flags.json()["count"] == 3, flags.explain()
 
 
+def test_an_empty_prefix_before_the_command_is_the_store_root(local: Filled) -> None:
+    run = cairn("--prefix", "", "--store", local.url, "list")
+    assert run.code == 0, run.explain()
+    assert "no checkpoints under prefix ''" in run.stdout
+
+
 def test_help_says_the_options_go_before_the_command_too() -> None:
     run = cairn("--help", env={"COLUMNS": "200"})
     assert run.code == 0

@@ -143,7 +143,7 @@ def _session_values(given: dict[str, Any]) -> list[Any]:
         value = given.pop(param.name)
         source = ctx.get_parameter_source(param.name)
         early = before.get(param.name)
-        if (source is None or source.name != "COMMANDLINE") and early:
+        if (source is None or source.name != "COMMANDLINE") and early not in (None, False):
             value = early
         values.append(value)
     return values
