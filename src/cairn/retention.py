@@ -63,12 +63,14 @@ from cairn.manifest import CheckpointManifest, decode_manifest
 from cairn.stores import ObjectInfo, Store
 
 __all__ = [
+    "KEPT_REASONS",
     "GcPlan",
     "GcResult",
     "RetentionPolicy",
     "StoreState",
     "plan_gc",
     "read_state",
+    "span_text",
     "store_now",
     "uncommitted_dirs",
 ]
@@ -192,7 +194,8 @@ class GcPlan:
     manifests_to_delete: list[str]
     objects_to_delete: list[ObjectInfo]
     orphans: list[ObjectInfo]
-    reasons: dict[CheckpointId, list[str]] = field(default_factory=dict)
+    # An explanation of the decisions, not one: plans that decide alike are equal.
+    reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in order."""
 
 
@@ -225,7 +228,7 @@ class GcResult:
     orphans_deleted: list[str] = field(default_factory=list)
     objects_deleted: int = 0
     """Objects deleted (manifests, artifacts, intents, orphans); 0 on a dry run."""
-    reasons: dict[CheckpointId, list[str]] = field(default_factory=dict)
+    reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each of ``retained`` is kept (:attr:`GcPlan.reasons`)."""
 
 
