@@ -83,14 +83,20 @@ the way with small ranges, without holding more than needed with large ones."""
 MAX_RANGES_AHEAD = 8
 
 
-async def load(ctx: Context, checkpoint_id: CheckpointId, verify: bool) -> LoadedCheckpoint:
-    """A committed checkpoint with every artifact of every chain, verified."""
+async def load(
+    ctx: Context,
+    checkpoint_id: CheckpointId,
+    verify: bool,
+    progress: Callable[[int], None] | None = None,
+) -> LoadedCheckpoint:
+    """A committed checkpoint with every artifact of every chain, verified; ``progress``
+    is called with each artifact's size (decoded) once it is read and verified."""
     manifest = await _catalog.load_manifest(ctx, checkpoint_id)
     resolved = await _chains.resolve_chains(ctx, manifest)
     flat = [(key, owner, entry) for key, links in resolved.items() for owner, entry in links]
     blobs = await bounded_gather(
         ctx.max_concurrent_downloads,
-        [_fetch_link(ctx, owner, entry, verify) for _, owner, entry in flat],
+        [_fetch_link(ctx, owner, entry, verify, progress) for _, owner, entry in flat],
     )
     chains: dict[ArtifactKey, list[ChainLink]] = {}
     for (key, owner, entry), blob in zip(flat, blobs, strict=True):
@@ -187,15 +193,22 @@ async def read_entry(
 
 
 def _fetch_link(
-    ctx: Context, owner: CheckpointId, entry: PartitionSnapshotEntry, verify: bool
+    ctx: Context,
+    owner: CheckpointId,
+    entry: PartitionSnapshotEntry,
+    verify: bool,
+    progress: Callable[[int], None] | None = None,
 ) -> Callable[[], Awaitable[Buffer]]:
     path = ctx.paths.resolve(owner, entry.path)
 
     async def job() -> Buffer:
         try:
-            return await read_entry(ctx, path, entry, verify)
+            data = await read_entry(ctx, path, entry, verify)
         except CheckpointNotFoundError:
             raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
+        if progress is not None:
+            progress(memoryview(data).nbytes)
+        return data
 
     return job
 
@@ -207,6 +220,7 @@ async def load_artifact_to(
     expected_sha256: str | None,
     chunk_size: int,
     codec: str | None,
+    progress: Callable[[int], None] | None = None,
 ) -> str:
     """Stream the object at ``path`` into ``dest``; its SHA-256 (see the façade's docs)."""
     positive_int("chunk_size", chunk_size)
@@ -215,11 +229,11 @@ async def load_artifact_to(
     if isinstance(dest, os.PathLike):
         return await write_atomically(
             Path(dest),
-            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoding),
+            lambda file: _stream_into(ctx, path, size, file, chunk_size, decoding, progress),
             path,
             expected_sha256,
         )
-    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoding)
+    digest = await _stream_into(ctx, path, size, dest, chunk_size, decoding, progress)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise IntegrityMismatchError(path, expected_sha256, digest)
     return digest
@@ -232,8 +246,10 @@ async def _stream_into(
     file: BinaryIO,
     chunk_size: int,
     codec: Codec | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> str:
     """Copy ``path`` into ``file`` by ranged reads; the digest of what was written.
+    ``progress`` is called with the stored bytes of each range once it is handed on.
 
     Three stages overlap: the next ranges are fetched (RANGE_BYTES_AHEAD of them) while
     the current one is hashed (on the hasher's thread) and written (on another), so a
@@ -270,6 +286,8 @@ async def _stream_into(
         while upcoming:
             chunk = await upcoming.popleft()
             fetch()
+            if progress is not None:
+                progress(memoryview(chunk).nbytes)
             if decoder is not None:
                 await asyncio.to_thread(decoder.feed, chunk)
                 del chunk

@@ -505,16 +505,24 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     # -- reading, verified (cairn._download) ---------------------------------------------
 
-    async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
+    async def load(
+        self,
+        checkpoint_id: CheckpointId,
+        *,
+        verify: bool = True,
+        progress: Callable[[int], None] | None = None,
+    ) -> LoadedCheckpoint:
         """Load a committed checkpoint: manifest, every artifact (verified), source offsets.
 
         Raises :class:`IntegrityMismatchError` naming the artifact whose digest differs,
         and :class:`BrokenChainError` naming the link when an artifact or parent that a
-        partition's chain needs is gone.
+        partition's chain needs is gone. ``progress``, if given, is called on the event
+        loop with the size in bytes (decoded) of each artifact once it is read and
+        verified: a progress bar's ``advance``.
         """
         with _dispatch.watching(self.observers):
             async with _dispatch.observed(None, "load", checkpoint_id=checkpoint_id) as op:
-                loaded = await _download.load(self.context, checkpoint_id, verify)
+                loaded = await _download.load(self.context, checkpoint_id, verify, progress)
                 op.manifest = loaded.manifest
                 return loaded
 
@@ -562,6 +570,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         expected_sha256: str | None = None,
         chunk_size: int = RESTORE_CHUNK,
         codec: str | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> str:
         """Stream the object at ``path`` into ``dest`` in bounded memory; returns its SHA-256.
 
@@ -573,9 +582,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         bytes as they arrive; then a mismatch is raised after the last write, and the
         caller must discard what it received. ``codec`` (an entry's ``codec``) decodes
         the stored bytes on the way; the digest is that of the decoded bytes.
+        ``progress``, if given, is called on the event loop with the stored bytes of each
+        range as it is read.
         """
         return await _download.load_artifact_to(
-            self.context, path, dest, expected_sha256, chunk_size, codec
+            self.context, path, dest, expected_sha256, chunk_size, codec, progress
         )
 
     # -- retention (cairn.retention) -----------------------------------------------------

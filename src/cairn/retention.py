@@ -63,12 +63,14 @@ from cairn.manifest import CheckpointManifest, decode_manifest
 from cairn.stores import ObjectInfo, Store
 
 __all__ = [
+    "KEPT_REASONS",
     "GcPlan",
     "GcResult",
     "RetentionPolicy",
     "StoreState",
     "plan_gc",
     "read_state",
+    "span_text",
     "store_now",
     "uncommitted_dirs",
 ]
@@ -138,19 +140,49 @@ class RetentionPolicy:
         self, manifests: Mapping[CheckpointId, CheckpointManifest], now_ms: int
     ) -> set[CheckpointId]:
         """The ids these rules keep (pins included; the latest pointer is the caller's)."""
-        if self.keeps_everything:
-            return set(manifests) | set(self.pinned)
-        kept = set(self.pinned)
+        return set(self.reasons(manifests, now_ms))
+
+    def reasons(
+        self, manifests: Mapping[CheckpointId, CheckpointManifest], now_ms: int
+    ) -> dict[CheckpointId, list[str]]:
+        """The ids these rules keep, each with the rules that keep it, in the order
+        ``keep-last N``, ``keep-within AGE``, ``keep-every-n-epochs N``, ``pinned``
+        (``no retention rule`` when the policy has none)."""
+        why: dict[CheckpointId, list[str]] = {}
+
+        def keep(ids: Iterable[CheckpointId], reason: str) -> None:
+            for cid in ids:
+                why.setdefault(cid, []).append(reason)
+
         newest = sorted(manifests.values(), key=lambda m: (m.epoch, m.checkpoint_id))
+        if self.keeps_everything:
+            keep(manifests, "no retention rule")
         if self.keep_last is not None:
-            kept.update(m.checkpoint_id for m in newest[-self.keep_last :])
+            keep(
+                (m.checkpoint_id for m in newest[-self.keep_last :]), f"keep-last {self.keep_last}"
+            )
         if self.keep_within is not None:
             horizon = now_ms - int(self.keep_within.total_seconds() * 1000)
-            kept.update(m.checkpoint_id for m in newest if m.timestamp_ms >= horizon)
+            keep(
+                (m.checkpoint_id for m in newest if m.timestamp_ms >= horizon),
+                f"keep-within {span_text(self.keep_within)}",
+            )
         if self.keep_every_n_epochs is not None:
             n = self.keep_every_n_epochs
-            kept.update(m.checkpoint_id for m in newest if m.epoch % n == 0)
-        return kept
+            keep((m.checkpoint_id for m in newest if m.epoch % n == 0), f"keep-every-n-epochs {n}")
+        keep(self.pinned, "pinned")
+        return why
+
+
+def span_text(span: dt.timedelta) -> str:
+    """``span`` as ``7d``, ``1h30m``, ``45s`` (whole seconds; ``0s`` for less)."""
+    seconds = int(span.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts) or "0s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +194,26 @@ class GcPlan:
     manifests_to_delete: list[str]
     objects_to_delete: list[ObjectInfo]
     orphans: list[ObjectInfo]
+    # An explanation of the decisions, not one: plans that decide alike are equal.
+    reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
+    """Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in order."""
+
+
+KEPT_REASONS = (
+    "keep-last N",
+    "keep-within AGE",
+    "keep-every-n-epochs N",
+    "pinned",
+    "no retention rule",
+    "latest",
+    "newer than latest",
+    "no latest pointer",
+    "base of a save in progress",
+    "base of a kept incremental",
+)
+"""The reasons :attr:`GcPlan.reasons` gives (``N`` and ``AGE`` filled in): the policy's
+rules, then the safety rules of :func:`plan_gc`; "base of a kept incremental" is a
+checkpoint kept whole only because a kept one's chains need its manifest."""
 
 
 @dataclass(slots=True)
@@ -176,6 +228,8 @@ class GcResult:
     orphans_deleted: list[str] = field(default_factory=list)
     objects_deleted: int = 0
     """Objects deleted (manifests, artifacts, intents, orphans); 0 on a dry run."""
+    reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
+    """Why each of ``retained`` is kept (:attr:`GcPlan.reasons`)."""
 
 
 def _reachable(
@@ -345,14 +399,36 @@ def _plan(
     directories of :func:`_uncommitted_dirs`."""
     manifests = state.manifests
     now_ms = int(now.timestamp() * 1000)
-    keep = policy.retained(manifests, now_ms) & set(manifests) | set(policy.pinned)
+    why = {
+        cid: reasons
+        for cid, reasons in policy.reasons(manifests, now_ms).items()
+        if cid in manifests or cid in policy.pinned
+    }
+
+    def also(ids: Iterable[CheckpointId], reason: str) -> None:
+        for cid in ids:
+            why.setdefault(cid, []).append(reason)
+
     order = _latest_order(state.latest, manifests)
     if order is None:
-        keep |= set(manifests)
+        also(manifests, "no latest pointer")
     else:
-        keep |= {cid for cid, m in manifests.items() if (m.epoch, cid.uuid.int) >= order}
-    keep.update(p for p in busy.values() if p is not None and p in manifests)
+        latest = state.latest.checkpoint_id if state.latest is not None else None
+        also((cid for cid in manifests if cid == latest), "latest")
+        also(
+            (
+                cid
+                for cid, m in manifests.items()
+                if cid != latest and (m.epoch, cid.uuid.int) >= order
+            ),
+            "newer than latest",
+        )
+    also(
+        {p for p in busy.values() if p is not None and p in manifests}, "base of a save in progress"
+    )
+    keep = set(why)
     whole, referenced = _reachable(paths, keep, manifests)
+    also(sorted(whole - keep), "base of a kept incremental")
     doomed = sorted(set(manifests) - whole)
     dead = set(claimed) | set(state.tombstones)
     in_dir: dict[CheckpointId, int] = {}
@@ -392,6 +468,7 @@ def _plan(
         manifests_to_delete=[paths.manifest(cid) for cid in doomed],
         objects_to_delete=to_delete,
         orphans=orphans,
+        reasons={cid: why[cid] for cid in sorted(whole & set(manifests))},
     )
 
 
@@ -535,7 +612,9 @@ async def run_gc(
     busy, abandoned = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
     claimed = abandoned if dry_run else await _claim_all(store, paths, abandoned)
     plan = _plan(paths, state, policy, owners, busy, now=now, min_age=min_age, claimed=claimed)
-    result = GcResult(retained=plan.retained, deleted=plan.deleted, dry_run=dry_run)
+    result = GcResult(
+        retained=plan.retained, deleted=plan.deleted, dry_run=dry_run, reasons=plan.reasons
+    )
     result.failures.extend((paths.manifest(cid), why) for cid, why in state.damaged.items())
     doomed_bytes = [*plan.objects_to_delete, *plan.orphans]
     sizes = {info.path: info.size for info in state.objects}

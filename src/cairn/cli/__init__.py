@@ -38,8 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from cairn.cli.app import app
     from cairn.cli.errors import ExitCode, click_exceptions, one_line
-    from cairn.cli.output import Output
+    from cairn.cli.output import Output, no_color
 
+    if no_color():  # --help too: typer's console writes no style escape without colours
+        vars(importlib.import_module("typer.rich_utils"))["COLOR_SYSTEM"] = None
     args = list(argv) if argv is not None else sys.argv[1:]
     output = Output(json_mode="--json" in args)
     errors = click_exceptions()

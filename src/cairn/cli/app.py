@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,7 +25,6 @@ from cairn import (
     CheckpointNotFoundError,
     ObjectStoreCheckpointer,
     RetentionPolicy,
-    __version__,
 )
 from cairn.cli import dcp, views
 from cairn.cli.catalog import (
@@ -41,13 +41,13 @@ from cairn.cli.files import check_target_dir
 from cairn.cli.help import CairnCommand, CairnGroup
 from cairn.cli.history import Point, history_chart, history_doc
 from cairn.cli.limits import at_least
-from cairn.cli.maintain import delete, parse_duration
-from cairn.cli.progress import Transfer
+from cairn.cli.maintain import delete, parse_duration, parse_since, window
 from cairn.cli.restore import restore
 from cairn.cli.session import (
     Session,
     checkpoint_prefixes,
     cli_store_url,
+    distribution_version,
     open_checkpointer,
     other_prefixes_hint,
     run,
@@ -63,7 +63,7 @@ app = typer.Typer(
     name="cairn",
     cls=CairnGroup,
     help=f"{SUMMARY}\n\n{EXIT_CODES_HELP}",
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
@@ -120,24 +120,50 @@ _SESSION_OPTIONS = [
 ]
 """The options every command ends with: ``--store``, ``--prefix``, ``--json``, ``--debug``."""
 
+_BEFORE = "cairn.session_options"
+"""Where the root keeps the session options given before the command (``ctx.meta``)."""
 
 Command = Callable[..., Awaitable[ExitCode | None]]
+
+
+_CONTEXT = inspect.Parameter(
+    "cairn_context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context
+)
+"""The click context typer hands every command, to read the options given before it."""
+
+
+def _session_values(given: dict[str, Any]) -> list[Any]:
+    """The session options of a command, popped from ``given``: each one given after the
+    command, else the one given before it (``cairn --store X list``), else its
+    environment variable or default."""
+    ctx: typer.Context = given.pop(_CONTEXT.name)
+    before: dict[str, Any] = ctx.find_root().meta.get(_BEFORE, {})
+    values = []
+    for param in _SESSION_OPTIONS:
+        value = given.pop(param.name)
+        source = ctx.get_parameter_source(param.name)
+        early = before.get(param.name)
+        if (source is None or source.name != "COMMANDLINE") and early not in (None, False):
+            value = early
+        values.append(value)
+    return values
 
 
 def command(name: str) -> Callable[[Command], Command]:
     """Register ``async func(session, ...)`` as the command ``name``: its own parameters,
     then :data:`_SESSION_OPTIONS`, from which the :class:`Session` it is called with is
-    made; :func:`run` runs it and turns its outcome into the exit code."""
+    made (given after the command or before it); :func:`run` runs it and turns its
+    outcome into the exit code."""
 
     def register(func: Command) -> Command:
         own = list(inspect.signature(func, eval_str=True).parameters.values())[1:]
 
         @functools.wraps(func)
         def cli(**given: Any) -> None:
-            session = Session.create(*(given.pop(p.name) for p in _SESSION_OPTIONS))
+            session = Session.create(*_session_values(given))
             run(session, lambda: func(session, **given))
 
-        params = [*own, *_SESSION_OPTIONS]
+        params = [_CONTEXT, *own, *_SESSION_OPTIONS]
         # typer reads a command's parameters from its signature and type hints.
         cli.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
         cli.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
@@ -149,18 +175,38 @@ def command(name: str) -> Callable[[Command], Command]:
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"cairn {__version__}")
+        typer.echo(f"cairn {distribution_version()}")
         raise typer.Exit()
+
+
+_EARLY = " Before the command too; one given after it wins."
 
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", metavar="URL", help="The store URL of the command." + _EARLY),
+    ] = None,
+    prefix: Annotated[
+        str | None,
+        typer.Option("--prefix", metavar="PREFIX", help="The base prefix of the command." + _EARLY),
+    ] = None,
+    json_mode: Annotated[
+        bool, typer.Option("--json", help="The command prints one JSON document." + _EARLY)
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="The command shows its log and tracebacks." + _EARLY)
+    ] = False,
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+        typer.Option("-V", "--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
 ) -> None:
-    """The ``cairn`` group (its help is the app's)."""
+    """The ``cairn`` group (its help is the app's); keeps the session options given
+    before the command for the command to use."""
+    ctx.meta[_BEFORE] = {"store": store, "prefix": prefix, "json_mode": json_mode, "debug": debug}
 
 
 async def _resolve(session: Session, ckpt: ObjectStoreCheckpointer, ref: str) -> CheckpointId:
@@ -174,16 +220,51 @@ async def _resolve(session: Session, ckpt: ObjectStoreCheckpointer, ref: str) ->
         raise CliError(exc.message + hint, exc.code, exc.kind) from None
 
 
+def _since(text: str | None) -> int | None:
+    """``--since`` in milliseconds after 1970 (None: not given), or a usage error."""
+    if text is None:
+        return None
+    try:
+        return parse_since(text, time.time_ns() // 1_000_000)
+    except ValueError as exc:
+        raise CliError(f"--since: {exc}", ExitCode.USAGE) from None
+
+
+LimitOption = Annotated[int | None, at_least("--limit", 1, "Only the N newest (after --since).")]
+SinceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--since",
+        metavar="AGE|DATE",
+        help="Only those created since: an age (7d, 12h) or a date (2026-01-31, "
+        "2026-01-31T12:00Z; UTC unless an offset is given).",
+        show_default=False,
+    ),
+]
+
+
 @command("list")
 async def list_command(
     session: Session,
+    limit: LimitOption = None,
+    since: SinceOption = None,
 ) -> None:
     """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size.
 
     When there are none under the prefix, names the prefixes of the store that hold some.
+    --since and --limit list only the newest (by the time an id carries).
     """
+    since_ms = _since(since)
     ckpt = await session.open()
-    ids = await ckpt.list_checkpoints()
+    every = await ckpt.list_checkpoints()
+    ids = window(every, limit, since_ms)
+    if every and not ids:
+        session.output.json(views.list_doc(session.doc(), [], None, []))
+        session.output.line(
+            f"no checkpoints since {since} under prefix {session.prefix!r} of {session.url} "
+            f"({len(every)} older)"
+        )
+        return
     listed = await read_manifests(ckpt, ids)
     latest = await ckpt.latest_id() if ids else None
     others = [] if ids else await checkpoint_prefixes(ckpt.store, session.prefix)
@@ -203,12 +284,28 @@ async def list_command(
 @command("history")
 async def history_command(
     session: Session,
+    limit: LimitOption = None,
+    since: SinceOption = None,
 ) -> None:
     """Draw the checkpoints over time: size uploaded and carried, duration, full or
-    incremental, and the saves that did not commit and long gaps, at a glance."""
+    incremental, and the saves that did not commit and long gaps, at a glance.
+
+    --since and --limit draw only the newest saves, committed or not. When there are
+    none under the prefix, names the prefixes of the store that hold some.
+    """
+    since_ms = _since(since)
     ckpt = await session.open()
     committed = set(await ckpt.list_checkpoints())
-    every = await ckpt.list_checkpoint_dirs()
+    dirs = await ckpt.list_checkpoint_dirs()
+    every = window(dirs, limit, since_ms)
+    if not dirs:
+        others = await checkpoint_prefixes(ckpt.store, session.prefix)
+        session.output.json({**history_doc(session.doc(), []), "other_prefixes": others})
+        session.output.line(
+            f"no checkpoints under prefix {session.prefix!r} of {session.url}"
+            + other_prefixes_hint(others)
+        )
+        return
     listed = {item.checkpoint_id: item for item in await read_manifests(ckpt, sorted(committed))}
     points = [
         Point(cid, "uncommitted")
@@ -269,7 +366,7 @@ async def verify_command(
     wanted = check_refs(refs or [], every)
     ckpt = await session.open()
     ids = await _resolve_many(session, ckpt, wanted, every)
-    async with Transfer(session.output.err, "verifying", len(ids), unit="items") as bar:
+    async with session.transfer("verifying", None) as bar:
         results = await verify(ckpt, ids, bar)
     session.output.report(views.verify_doc(session.doc(), results), views.verify_table(results))
     return _outcome(session, results, "failed verification")
@@ -330,7 +427,7 @@ async def restore_command(
     check_target_dir(target)
     ckpt = await session.open()
     cid = await _resolve(session, ckpt, ref)
-    async with Transfer(session.output.err, "restoring", None) as bar:
+    async with session.transfer("restoring", None) as bar:
         restored = await restore(ckpt, cid, target, bar, overwrite=overwrite)
     session.output.report(views.restore_doc(session.doc(), restored), views.restore_table(restored))
 
@@ -369,13 +466,24 @@ def _duration(text: str) -> dt.timedelta:
         raise typer.BadParameter(str(exc)) from None
 
 
+def _age_option(flag: str, help: str) -> Any:
+    """The ``typer.Option`` of a duration option ``flag`` (metavar ``AGE``)."""
+    return typer.Option(flag, metavar="AGE", parser=_duration, help=help, show_default=False)
+
+
 def _policy(
-    keep_last: int,
+    keep_last: int | None,
     keep_within: dt.timedelta | None,
     keep_every: int | None,
     pins: list[str],
 ) -> RetentionPolicy:
-    """The retention policy of ``gc``'s flags, each checked and named (no I/O)."""
+    """The retention policy of ``gc``'s flags, each checked and named (no I/O): at least
+    one of --keep-last, --keep-within and --keep-every-n-epochs."""
+    if keep_last is None and keep_within is None and keep_every is None:
+        raise CliError(
+            "give at least one of --keep-last, --keep-within and --keep-every-n-epochs",
+            ExitCode.USAGE,
+        )
     if keep_within is not None and keep_within <= dt.timedelta(0):
         raise CliError(
             f"--keep-within must be longer than 0s, got {keep_within.total_seconds():g}s",
@@ -399,21 +507,16 @@ def _policy(
 async def gc_command(
     session: Session,
     keep_last: Annotated[
-        int,
+        int | None,
         at_least("--keep-last", 1, "Keep the N newest checkpoints."),
-    ],
+    ] = None,
     keep_within: Annotated[
         dt.timedelta | None,
-        typer.Option(
-            "--keep-within",
-            metavar="AGE",
-            parser=_duration,
-            help="Also keep every checkpoint younger than AGE (7d, 12h, 30m, 1h30m).",
-        ),
+        _age_option("--keep-within", "Keep every checkpoint younger than AGE (7d, 12h, 1h30m)."),
     ] = None,
     keep_every: Annotated[
         int | None,
-        at_least("--keep-every-n-epochs", 1, "Also keep every epoch divisible by N."),
+        at_least("--keep-every-n-epochs", 1, "Keep every epoch divisible by N."),
     ] = None,
     pin: Annotated[
         list[str] | None,
@@ -421,13 +524,10 @@ async def gc_command(
     ] = None,
     min_age: Annotated[
         dt.timedelta | None,
-        typer.Option(
+        _age_option(
             "--min-age",
-            metavar="AGE",
-            parser=_duration,
-            help="Leave uncommitted objects younger than AGE alone (a save may be in "
-            "progress). \\[default: 1h]",
-            show_default=False,
+            "Leave uncommitted objects younger than AGE alone (a save may be in progress). "
+            "\\[default: 1h]",
         ),
     ] = None,
     dry_run: Annotated[
@@ -436,9 +536,12 @@ async def gc_command(
 ) -> ExitCode:
     """Delete the checkpoints a retention policy does not keep, and sweep orphaned uploads.
 
-    Never deletes the latest checkpoint, a kept or pinned one, or anything a kept
-    checkpoint's restore chains need (a deleted checkpoint's artifacts that a kept one
-    still uses stay, without their manifest; `cairn copy` copies them along).
+    The policy is --keep-last, --keep-within, --keep-every-n-epochs and --pin together
+    (at least one of the first three): a checkpoint any of them keeps stays, and the
+    table (and --json's "reasons") says why each is kept. Never deletes the latest
+    checkpoint, a kept or pinned one, or anything a kept checkpoint's restore chains need
+    (a deleted checkpoint's artifacts that a kept one still uses stay, without their
+    manifest; `cairn copy` copies them along).
     """
     policy = _policy(keep_last, keep_within, keep_every, pin or [])
     ckpt = await session.open()
@@ -446,7 +549,7 @@ async def gc_command(
         if not await ckpt.exists(pinned):
             raise CliError(f"--pin: no checkpoint {pinned} in {session.where()}", ExitCode.USAGE)
     label = "planning garbage collection" if dry_run else "collecting garbage"
-    async with Transfer(session.output.err, label, None, unit=""):
+    async with session.transfer(label, None, unit=""):
         if min_age is None:
             result = await ckpt.gc(policy, dry_run=dry_run)
         else:
@@ -503,7 +606,7 @@ async def copy_command(
     if target_url == session.url and target.paths == source.paths:
         raise CliError("the target is the source: give another --to or --to-prefix", ExitCode.USAGE)
     ids = await _resolve_many(session, source, wanted, every)
-    async with Transfer(session.output.err, "copying", len(ids), unit="items") as bar:
+    async with session.transfer("copying", None) as bar:
         results = await copy_checkpoints(source, target, ids, bar)
     to_doc = {"store": target_url, "prefix": target_prefix}
     session.output.report(
@@ -548,7 +651,7 @@ async def export_dcp_command(
         else module.interpret_checkpoint_id(ref, session.url, ckpt.paths, "the checkpoint")
     )
     try:
-        async with Transfer(session.output.err, "exporting", None) as bar:
+        async with session.transfer("exporting", None) as bar:
             exported = await module.export_dcp_async(
                 ckpt, target, target_dir, store=session.url, progress=bar.advance
             )
@@ -592,7 +695,7 @@ async def import_dcp_command(
     module = dcp.torch_module()
     directory = dcp.source_dir(source)
     ckpt = await session.open(create=True)
-    async with Transfer(session.output.err, f"importing {directory}", None) as bar:
+    async with session.transfer(f"importing {directory}", None) as bar:
         imported = await module.import_dcp_async(
             ckpt, directory, epoch=epoch, name=name, progress=bar.advance
         )

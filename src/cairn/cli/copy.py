@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -64,7 +65,7 @@ from cairn import (
     ObjectStoreCheckpointer,
 )
 from cairn.cli.errors import describe
-from cairn.cli.progress import Transfer
+from cairn.cli.progress import Transfer, chain_bytes
 
 __all__ = ["Copied", "copy_checkpoints", "directory_bytes", "stored_bytes"]
 
@@ -242,8 +243,9 @@ async def _copy_one(
     source: ObjectStoreCheckpointer,
     target: ObjectStoreCheckpointer,
     cid: CheckpointId,
+    progress: Callable[[int], None] | None = None,
 ) -> Copied:
-    loaded = await source.load(cid, verify=True)
+    loaded = await source.load(cid, verify=True, progress=progress)
     manifest = loaded.manifest
     wanted = signature(loaded)
     existing = await _present(target, cid)
@@ -288,7 +290,8 @@ async def copy_checkpoints(
 ) -> list[Copied]:
     """Copy ``ids`` (and any parent a reference-style manifest needs), oldest first.
 
-    Returns one :class:`Copied` per checkpoint handled, in copy order. Integrity
+    ``progress`` advances by the bytes of each artifact read and verified from the
+    source. Returns one :class:`Copied` per checkpoint handled, in copy order. Integrity
     failures of one checkpoint are reported in its result (and fail a checkpoint whose
     manifest needs it); store failures are raised.
     """
@@ -296,7 +299,7 @@ async def copy_checkpoints(
     for cid in ids:
         await plan.add(cid)
     order = plan.order()
-    progress.set_total(len(order))
+    progress.set_total(chain_bytes(plan.manifests.get(cid) for cid in order))
     requested = set(ids)
     results: dict[CheckpointId, Copied] = {}
     for cid in order:
@@ -311,11 +314,10 @@ async def copy_checkpoints(
             result = Copied(cid, epoch, "failed", error=error)
         else:
             try:
-                result = await _copy_one(source, target, cid)
+                result = await _copy_one(source, target, cid, progress.advance)
             except _FAILURES as exc:
                 result = Copied(cid, epoch, "failed", error=describe(exc))
         if cid not in requested:
             result = dataclasses.replace(result, requested=False)
         results[cid] = result
-        progress.advance(1)
     return [results[cid] for cid in order]

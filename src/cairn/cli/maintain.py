@@ -23,7 +23,7 @@ from cairn import (
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.limits import duration_of
 
-__all__ = ["Deleted", "delete", "parse_duration"]
+__all__ = ["Deleted", "delete", "parse_duration", "parse_since", "window"]
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)")
 _UNIT_SECONDS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -49,6 +49,37 @@ def parse_duration(text: str) -> dt.timedelta:
     if position == 0 or spec[position:].strip():
         raise ValueError(f"not a duration: {text!r} (use e.g. 7d, 12h, 30m, 90s, 1h30m)")
     return duration_of(seconds)
+
+
+def parse_since(text: str, now_ms: int) -> int:
+    """``--since``'s value as milliseconds after 1970: a duration before ``now_ms``
+    (``7d``, ``12h``; see :func:`parse_duration`), or an ISO 8601 date or time
+    (``2026-01-31``, ``2026-01-31T12:00``, UTC unless it names its offset).
+
+    Raises :class:`ValueError` for anything else.
+    """
+    try:
+        span = parse_duration(text)
+    except ValueError:
+        pass
+    else:
+        return now_ms - int(span.total_seconds() * 1000)
+    try:
+        moment = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"not a duration or a date: {text!r} (use e.g. 7d, 12h, 2026-01-31, 2026-01-31T12:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def window(ids: list[CheckpointId], limit: int | None, since_ms: int | None) -> list[CheckpointId]:
+    """``ids`` (oldest first) created at ``since_ms`` or later, then the ``limit`` newest
+    of those (None: no bound), still oldest first. An id's time is the one it carries."""
+    kept = [cid for cid in ids if since_ms is None or cid.timestamp_ms >= since_ms]
+    return kept[-limit:] if limit is not None else kept
 
 
 @dataclass(frozen=True)

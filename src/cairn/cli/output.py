@@ -22,16 +22,34 @@ from rich.table import Table
 
 from cairn.cli.errors import SCHEMA_VERSION, error_doc
 
-__all__ = ["Output", "human_age", "human_size", "iso_time", "make_table", "time_text"]
+__all__ = [
+    "Output",
+    "human_age",
+    "human_size",
+    "iso_time",
+    "make_table",
+    "no_color",
+    "time_text",
+]
 
 PIPE_WIDTH = 160
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
+def no_color() -> bool:
+    """True when ``$NO_COLOR`` is set to anything but the empty string (no-color.org)."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
 def _console(stderr: bool) -> Console:
-    console = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    # rich's own NO_COLOR handling drops colours but keeps bold, italic and underline;
+    # without a colour system it writes no style escape at all.
+    plain: dict[str, Any] = {"color_system": None} if no_color() else {}
+    console = Console(stderr=stderr, highlight=False, soft_wrap=False, **plain)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=stderr, highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+        console = Console(
+            stderr=stderr, highlight=False, soft_wrap=False, width=PIPE_WIDTH, **plain
+        )
     return console
 
 

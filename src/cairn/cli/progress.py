@@ -2,13 +2,18 @@
 
 :class:`Transfer` is an async context manager. The bar appears once the work has run
 for ``delay`` seconds (about a second: quick commands never flicker) and is transient:
-it disappears when the work ends, leaving the command's real output alone. When stderr
-is not a terminal nothing is drawn at all.
+it disappears when the work ends, leaving the command's real output alone. A bar of
+bytes shows the bytes done of the total, the rate and the time left, advanced as each
+artifact is read and verified (the library's ``progress`` callbacks). When stderr is
+not a terminal, or the command says not to draw (``enabled=False``: ``--json``, or
+stdout not a terminal, see :meth:`cairn.cli.session.Session.transfer`), nothing is
+drawn at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from types import TracebackType
 
 from rich.console import Console
@@ -19,15 +24,31 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
     TransferSpeedColumn,
 )
 
-__all__ = ["Transfer"]
+from cairn import CheckpointManifest
+
+__all__ = ["Transfer", "chain_bytes"]
 
 DEFAULT_DELAY = 1.0
+
+
+def chain_bytes(manifests: Iterable[object]) -> int:
+    """The bytes (decoded) the artifacts of ``manifests`` list, their chains included: the
+    total of a bar that loading them advances. Anything that is not a manifest (a damaged
+    one, as :meth:`cairn.ObjectStoreCheckpointer.load_manifests` returns it) counts 0."""
+    return sum(
+        entry.size_bytes
+        for manifest in manifests
+        if isinstance(manifest, CheckpointManifest)
+        for _, entry in manifest.partition_entries()
+    )
 
 
 class Transfer:
@@ -45,6 +66,7 @@ class Transfer:
         *,
         unit: str = "bytes",
         delay: float = DEFAULT_DELAY,
+        enabled: bool = True,
     ) -> None:
         columns: list[ProgressColumn] = [
             SpinnerColumn(),
@@ -52,11 +74,16 @@ class Transfer:
             BarColumn(),
         ]
         if unit == "bytes":
-            columns += [DownloadColumn(binary_units=True), TransferSpeedColumn()]
+            columns += [
+                DownloadColumn(binary_units=True),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+            ]
         elif unit == "items":
-            columns.append(MofNCompleteColumn())
-        columns.append(TimeElapsedColumn())
-        self.enabled = console.is_terminal
+            columns += [MofNCompleteColumn(), TimeElapsedColumn()]
+        else:
+            columns.append(TimeElapsedColumn())
+        self.enabled = enabled and console.is_terminal
         self._progress = Progress(
             *columns, console=console, transient=True, disable=not self.enabled
         )
@@ -72,6 +99,15 @@ class Transfer:
     def set_total(self, total: float) -> None:
         """Set the total once it is known."""
         self._progress.update(self._task, total=total)
+
+    def restart(self, description: str, total: float | None) -> None:
+        """Start a new phase: nothing done yet of ``total``, under ``description``."""
+        self._progress.reset(self._task, total=total, description=description)
+
+    @property
+    def task(self) -> Task:
+        """The bar's task: its description, ``completed`` and ``total`` so far."""
+        return self._progress.tasks[0]
 
     def describe(self, description: str) -> None:
         """Change the text shown before the bar."""

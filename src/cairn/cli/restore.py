@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,7 @@ from cairn.cli.files import (
     refuse_link,
     write_atomic,
 )
-from cairn.cli.progress import Transfer
+from cairn.cli.progress import Transfer, chain_bytes
 from cairn.cli.session import open_checkpointer
 
 __all__ = ["STAGING_PREFIX", "Restored", "plan_files", "restore"]
@@ -89,13 +90,16 @@ class Restored:
 
 
 async def plan_files(
-    ckpt: ObjectStoreCheckpointer, cid: CheckpointId
+    ckpt: ObjectStoreCheckpointer,
+    cid: CheckpointId,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[int, list[tuple[str, bytes | memoryview]]]:
     """The epoch of ``cid`` and the files to write, relative paths with their bytes.
 
-    Every artifact is loaded and verified; the manifest comes last in the list.
+    Every artifact is loaded and verified (``progress``: called with the bytes of each as
+    it is); the manifest comes last in the list.
     """
-    loaded = await ckpt.load(cid, verify=True)
+    loaded = await ckpt.load(cid, verify=True, progress=progress)
     files: dict[str, bytes | memoryview] = dict(sorted((await stored_bytes(ckpt, loaded)).items()))
     for source, entry in sorted(loaded.source_offsets.items()):
         body = msgspec.json.format(msgspec.json.encode(entry), indent=2)
@@ -155,14 +159,14 @@ async def restore(
     verify.
     """
     await asyncio.to_thread(check_target_dir, target)
-    epoch, files = await plan_files(ckpt, cid)
+    progress.restart(f"reading {cid}", chain_bytes([await ckpt.load_manifest(cid)]))
+    epoch, files = await plan_files(ckpt, cid, progress.advance)
     link = await asyncio.to_thread(find_link, target, [relative for relative, _ in files])
     if link is not None:
         raise refuse_link(link)
     kinds = await asyncio.to_thread(_classify, target, files)
     _refuse_existing(target, kinds, overwrite)
-    progress.describe(f"restoring {cid}")
-    progress.set_total(sum(memoryview(data).nbytes for _, data in files))
+    progress.restart(f"writing {cid}", sum(memoryview(data).nbytes for _, data in files))
     staging = target / f"{STAGING_PREFIX}{secrets.token_hex(6)}"
     try:
         await asyncio.to_thread(_stage, staging, files, progress)

@@ -29,6 +29,7 @@ one JSON document on stdout.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
 import traceback
@@ -43,10 +44,12 @@ from cairn import (
     CheckpointPaths,
     InvalidInputError,
     ObjectStoreCheckpointer,
+    __version__,
     open_store,
 )
 from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
 from cairn.cli.output import Output
+from cairn.cli.progress import Transfer
 from cairn.discover import checkpoint_prefixes as find_prefixes
 from cairn.discover import newest_checkpoint_prefix
 from cairn.signing import parse_hex_keys
@@ -60,6 +63,7 @@ __all__ = [
     "Session",
     "checkpoint_prefixes",
     "cli_store_url",
+    "distribution_version",
     "open_checkpointer",
     "run",
     "signing_key_from_env",
@@ -72,6 +76,19 @@ DEFAULT_STORE_DIR = "checkpoints"
 DEFAULT_PREFIX = "checkpoints/"
 DEMO_PREFIX = "demo/"
 """Where ``cairn demo`` puts its runs: ``demo/<time>-<random>/``."""
+
+
+DISTRIBUTION = "cairn-checkpoint"
+"""The name cairn is installed under (``pip install cairn-checkpoint``)."""
+
+
+def distribution_version() -> str:
+    """The installed distribution's version; :data:`cairn.__version__` when cairn runs
+    from a source tree that is not installed."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
 
 
 def cli_store_url(raw: str | None) -> str:
@@ -197,6 +214,13 @@ class Session:
                     ckpt.store, CheckpointPaths(run_prefix), signing_key=self.signing_key
                 )
         return ckpt
+
+    def transfer(self, description: str, total: float | None, unit: str = "bytes") -> Transfer:
+        """A progress bar on stderr, drawn only when both streams are terminals and the
+        output is not ``--json`` (a pipe or a file never receives one)."""
+        output = self.output
+        live = not output.json_mode and output.out.is_terminal and output.err.is_terminal
+        return Transfer(output.err, description, total, unit=unit, enabled=live)
 
     async def elsewhere(self, ckpt: ObjectStoreCheckpointer) -> str:
         """A hint naming the other prefixes that hold checkpoints, or ``""``."""

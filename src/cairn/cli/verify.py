@@ -12,6 +12,7 @@ signature verifies: with keys, a checkpoint not signed by one of them fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cairn import (
@@ -24,7 +25,7 @@ from cairn import (
     SignatureError,
 )
 from cairn.cli.errors import describe
-from cairn.cli.progress import Transfer
+from cairn.cli.progress import Transfer, chain_bytes
 from cairn.signing import ManifestSignature, read_signature
 
 __all__ = ["SIGNATURE_STATES", "Verified", "signature_of", "signature_state", "verify"]
@@ -76,7 +77,11 @@ class Verified:
         return self.error is None
 
 
-async def verify_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Verified:
+async def verify_one(
+    ckpt: ObjectStoreCheckpointer,
+    cid: CheckpointId,
+    progress: Callable[[int], None] | None = None,
+) -> Verified:
     """Load ``cid`` with every digest checked; integrity failures are returned, not raised.
 
     Store failures (:class:`cairn.StoreError`) are raised: they say nothing about the
@@ -86,7 +91,7 @@ async def verify_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Verifi
     signature = await signature_of(ckpt, cid)
     key_id = signature.key_id if signature is not None else None
     try:
-        loaded = await ckpt.load(cid, verify=True)
+        loaded = await ckpt.load(cid, verify=True, progress=progress)
     except (IntegrityError, CodecError, CheckpointNotFoundError) as exc:
         own = getattr(exc, "path", None) == ckpt.paths.manifest(cid)
         state: str | None
@@ -106,10 +111,11 @@ async def verify_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Verifi
 async def verify(
     ckpt: ObjectStoreCheckpointer, ids: list[CheckpointId], progress: Transfer
 ) -> list[Verified]:
-    """Verify each of ``ids`` in turn, advancing ``progress`` by one per checkpoint."""
+    """Verify each of ``ids`` in turn, advancing ``progress`` by the bytes of each
+    artifact verified (its total: what the manifests list)."""
+    progress.set_total(chain_bytes(await ckpt.load_manifests(ids)))
     results: list[Verified] = []
     for cid in ids:
         progress.describe(f"verifying {cid}")
-        results.append(await verify_one(ckpt, cid))
-        progress.advance(1)
+        results.append(await verify_one(ckpt, cid, progress.advance))
     return results

@@ -602,6 +602,7 @@ def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
         "dry_run": result.dry_run,
         "deleted": [str(c) for c in result.deleted],
         "retained": [str(c) for c in result.retained],
+        "reasons": {str(c): list(result.reasons.get(c, [])) for c in result.retained},
         "bytes_reclaimed": result.bytes_reclaimed,
         "orphans_deleted": list(result.orphans_deleted),
         "failures": [{"path": path, "reason": reason} for path, reason in result.failures],
@@ -616,7 +617,8 @@ def gc_table(result: GcResult) -> RenderableType:
     for cid in result.deleted:
         table.add_row(_plain(cid), Text(verb, style="yellow"))
     for cid in result.retained:
-        table.add_row(_plain(cid), Text("kept", style="green"))
+        why = ", ".join(result.reasons.get(cid, []))
+        table.add_row(_plain(cid), Text(f"kept: {why}" if why else "kept", style="green"))
     for path, reason in result.failures:
         table.add_row(_plain(path), Text(f"could not delete: {reason}", style="red"))
     summary = Text(
