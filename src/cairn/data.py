@@ -52,19 +52,23 @@ def _check_artifacts(kind: str, artifacts: object) -> dict[ArtifactKey, Artifact
         raise InvalidCheckpointDataError(f"{kind} must map (operator, partition) to bytes")
     checked: dict[ArtifactKey, ArtifactData] = {}
     for key, data in artifacts.items():
-        if not isinstance(key, tuple) or len(key) != 2:
-            raise InvalidCheckpointDataError(
-                f"{kind} key must be (operator, partition), got {key!r}"
-            )
-        operator, partition = key
-        validate_name("operator", operator)
-        validate_partition(partition)
+        checked_key = _checked_key(kind, key)
         try:
             check_artifact_data(f"{kind}[{key!r}]", data)
         except InvalidInputError as exc:
             raise InvalidCheckpointDataError(str(exc)) from None
-        checked[(operator, partition)] = data
+        checked[checked_key] = data
     return checked
+
+
+def _checked_key(kind: str, key: object) -> ArtifactKey:
+    """``key`` as an (operator, partition) pair, both valid, or a typed error naming it."""
+    if not isinstance(key, tuple) or len(key) != 2:
+        raise InvalidCheckpointDataError(f"{kind} key must be (operator, partition), got {key!r}")
+    operator, partition = key
+    validate_name("operator", operator)
+    validate_partition(partition)
+    return (operator, partition)
 
 
 def _check_directories(directories: object) -> dict[ArtifactKey, Path]:
@@ -72,18 +76,12 @@ def _check_directories(directories: object) -> dict[ArtifactKey, Path]:
         raise InvalidCheckpointDataError("directories must map (operator, partition) to a path")
     checked: dict[ArtifactKey, Path] = {}
     for key, path in directories.items():
-        if not isinstance(key, tuple) or len(key) != 2:
-            raise InvalidCheckpointDataError(
-                f"directories key must be (operator, partition), got {key!r}"
-            )
-        operator, partition = key
-        validate_name("operator", operator)
-        validate_partition(partition)
+        checked_key = _checked_key("directories", key)
         if not isinstance(path, str | os.PathLike):
             raise InvalidCheckpointDataError(
                 f"directories[{key!r}] must be a path, got {type(path).__name__}"
             )
-        checked[(operator, partition)] = Path(path)
+        checked[checked_key] = Path(path)
     return checked
 
 

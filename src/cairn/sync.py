@@ -269,11 +269,18 @@ class SyncCheckpointer:
         expected_sha256: str | None = None,
         chunk_size: int = RESTORE_CHUNK,
         codec: str | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> str:
-        """See :meth:`ObjectStoreCheckpointer.load_artifact_to`."""
+        """See :meth:`ObjectStoreCheckpointer.load_artifact_to` (``progress`` is called on
+        the checkpointer's event-loop thread)."""
         return _runner.run(
             self.async_checkpointer.load_artifact_to(
-                path, dest, expected_sha256=expected_sha256, chunk_size=chunk_size, codec=codec
+                path,
+                dest,
+                expected_sha256=expected_sha256,
+                chunk_size=chunk_size,
+                codec=codec,
+                progress=progress,
             )
         )
 
@@ -381,9 +388,18 @@ class SyncCheckpointer:
         """
         _runner.run(self.async_checkpointer.__aexit__(exc_type, exc, traceback))
 
-    def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
-        """See :meth:`ObjectStoreCheckpointer.load`."""
-        return _runner.run(self.async_checkpointer.load(checkpoint_id, verify=verify))
+    def load(
+        self,
+        checkpoint_id: CheckpointId,
+        *,
+        verify: bool = True,
+        progress: Callable[[int], None] | None = None,
+    ) -> LoadedCheckpoint:
+        """See :meth:`ObjectStoreCheckpointer.load` (``progress`` is called on the
+        checkpointer's event-loop thread)."""
+        return _runner.run(
+            self.async_checkpointer.load(checkpoint_id, verify=verify, progress=progress)
+        )
 
     def load_latest(self) -> LoadedCheckpoint | None:
         """See :meth:`ObjectStoreCheckpointer.load_latest`."""
