@@ -388,3 +388,28 @@ async def test_a_save_failing_after_its_uploads_leaves_no_file_behind(tmp_path: 
     with pytest.raises(RuntimeError):
         await _commit.save(ckpt.context, CheckpointData(epoch=1, directories={KEY: src}), fail)
     assert not [p for p in await stored_paths(ckpt) if ".file-" in p]
+
+
+def test_cli_verify_reads_every_directory_file_and_names_a_damaged_one(tmp_path: Path) -> None:
+    """``cairn verify`` checks the files of directory partitions, carried ones too (which
+    ``load`` lists without reading), and a flipped byte fails it naming the file."""
+    source = tmp_path / "source"
+    src = tmp_path / "src"
+    write_tree(src, {"kept.sst": b"k" * 700, "changed.sst": b"a" * 300})
+    ckpt = SyncCheckpointer(str(source), CheckpointPaths(PREFIX))
+    first = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "changed.sst").write_bytes(b"b" * 301)
+    second = ckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    store = ["--store", str(source)]
+    ok = cairn("verify", "--all", "--json", *store)
+    assert ok.code == 0, ok.explain()
+    kept = next(f for f in second.directories[0].files if f.relative_path == "kept.sst")
+    assert kept.owner == first.checkpoint_id
+    stored = source / PREFIX / str(first.checkpoint_id) / kept.path
+    original = stored.read_bytes()
+    stored.write_bytes(bytes([original[0] ^ 1]) + original[1:])
+    damaged = cairn("verify", str(second.checkpoint_id), *store)
+    assert damaged.code != 0, damaged.explain()
+    assert "kept.sst" in damaged.stdout + damaged.stderr, damaged.explain()

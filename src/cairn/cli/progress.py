@@ -40,15 +40,13 @@ DEFAULT_DELAY = 1.0
 
 
 def chain_bytes(manifests: Iterable[object]) -> int:
-    """The bytes (decoded) the artifacts of ``manifests`` list, their chains included: the
-    total of a bar that loading them advances. Anything that is not a manifest (a damaged
-    one, as :meth:`cairn.ObjectStoreCheckpointer.load_manifests` returns it) counts 0."""
-    return sum(
-        entry.size_bytes
-        for manifest in manifests
-        if isinstance(manifest, CheckpointManifest)
-        for _, entry in manifest.partition_entries()
-    )
+    """The bytes (decoded) the artifacts and directory files of ``manifests`` list, their
+    chains included: the total of a bar that verifying them advances. Anything that is not
+    a manifest (a damaged one, as :meth:`cairn.ObjectStoreCheckpointer.load_manifests`
+    returns it) counts 0."""
+    listed = [manifest for manifest in manifests if isinstance(manifest, CheckpointManifest)]
+    artifacts = sum(entry.size_bytes for m in listed for _, entry in m.partition_entries())
+    return artifacts + sum(file.size_bytes for m in listed for _, file in m.file_entries())
 
 
 class Transfer:

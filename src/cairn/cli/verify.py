@@ -2,8 +2,10 @@
 
 Each checkpoint is loaded with :meth:`ObjectStoreCheckpointer.load`, which checks the
 manifest's own checksum and the SHA-256 of every artifact of every partition's restore
-chain (including artifacts held by the parent checkpoints it builds on). Checkpoints
-are verified one after the other, so memory holds one checkpoint at a time.
+chain (including artifacts held by the parent checkpoints it builds on); then every file
+of its directory partitions is streamed and checked against its SHA-256 (carried files
+included). Checkpoints are verified one after the other, so memory holds one checkpoint
+at a time.
 
 Each result also says whether the checkpoint is signed (:mod:`cairn.signing`), by
 which key, and, when the command has keys (``$CAIRN_SIGNING_KEY``), whether the
@@ -12,6 +14,7 @@ signature verifies: with keys, a checkpoint not signed by one of them fails.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +24,7 @@ from cairn import (
     CodecError,
     CorruptManifestError,
     IntegrityError,
+    LoadedCheckpoint,
     ObjectStoreCheckpointer,
     SignatureError,
 )
@@ -102,10 +106,37 @@ async def verify_one(
         else:  # its own manifest was accepted; an artifact or a parent failed
             state = signature_state(ckpt, signature, verified=True)
         return Verified(cid, None, 0, 0, describe(exc), state, key_id)
-    links = [link for chain in loaded.chains.values() for link in chain]
-    size = sum(memoryview(link.data).nbytes for link in links)
     state = signature_state(ckpt, signature, verified=True)
-    return Verified(cid, loaded.epoch, len(links), size, None, state, key_id)
+    damaged = await first_damaged_file(ckpt, loaded, progress)
+    if damaged is not None:
+        return Verified(cid, loaded.epoch, 0, 0, damaged, state, key_id)
+    links = [link for chain in loaded.chains.values() for link in chain]
+    files = [file for listed in loaded.directories.values() for file in listed]
+    size = sum(memoryview(link.data).nbytes for link in links)
+    size += sum(file.size_bytes for file in files)
+    return Verified(cid, loaded.epoch, len(links) + len(files), size, None, state, key_id)
+
+
+async def first_damaged_file(
+    ckpt: ObjectStoreCheckpointer,
+    loaded: LoadedCheckpoint,
+    progress: Callable[[int], None] | None = None,
+) -> str | None:
+    """Read every file of ``loaded``'s directory partitions (which ``load`` lists without
+    reading), streamed in bounded memory and checked against its SHA-256; the first
+    failure, described with the file it hit, or None when all match."""
+    with open(os.devnull, "wb") as discard:  # noqa: ASYNC230 (the null device never blocks)
+        for (operator, partition), files in loaded.directories.items():
+            for file in files:
+                path = ckpt.paths.resolve(file.owner or loaded.checkpoint_id, file.path)
+                try:
+                    await ckpt.load_artifact_to(
+                        path, discard, expected_sha256=file.sha256, progress=progress
+                    )
+                except (IntegrityError, CodecError, CheckpointNotFoundError) as exc:
+                    where = f"file {file.relative_path!r} of {operator}/{partition}"
+                    return f"{where}: {describe(exc)}"
+    return None
 
 
 async def verify(
