@@ -56,6 +56,7 @@ EXPECTED = {
     "UnsupportedManifestVersionError",
     "WorkerReport",
     "__version__",
+    "AmbiguousCheckpointIdError",
     "ArtifactExistsError",
     "CheckpointInUseError",
     "CheckpointLocationError",

@@ -15,18 +15,29 @@ too. Whether it is committed is its manifest's business
   one job, say), the one holding the newest checkpoint id (ids are time-ordered);
 * :func:`load_manifests`: many manifests, read concurrently, where one that is damaged
   or deleted since it was listed is reported in its place instead of failing the lot
-  (:meth:`~cairn.ObjectStoreCheckpointer.load_manifests` on a checkpointer).
+  (:meth:`~cairn.ObjectStoreCheckpointer.load_manifests` on a checkpointer);
+* :func:`resolve_checkpoint_id`: the committed checkpoint a full id or a *short id* (a
+  unique prefix of its text, at least :data:`MIN_SHORT_ID` characters, as git takes
+  them) names; every checkpointer method that takes an id, and the command line, use it;
+* :func:`short_ids`: the shortest such prefix of each of some ids that tells it apart
+  from the others, for tables a user reads and pastes from.
 
-Invariant: nothing here writes, and the walk of :func:`checkpoint_prefixes` costs at
-most ``max_listings`` one-level listings, whatever the size of the store.
+Invariants: nothing here writes; the walk of :func:`checkpoint_prefixes` costs at
+most ``max_listings`` one-level listings, whatever the size of the store; resolving a
+short id costs one listing and one HEAD per directory whose name starts with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
-from cairn.errors import CheckpointNotFoundError, IntegrityError
+from cairn.errors import (
+    AmbiguousCheckpointIdError,
+    CheckpointNotFoundError,
+    IntegrityError,
+    InvalidInputError,
+)
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest
@@ -36,11 +47,16 @@ __all__ = [
     "MAX_CONCURRENT_READS",
     "MAX_PREFIX_DEPTH",
     "MAX_PREFIX_LISTINGS",
+    "MIN_SHORT_ID",
     "ManifestOrDamage",
     "checkpoint_dirs",
     "checkpoint_prefixes",
+    "is_short_id",
     "load_manifests",
+    "matching_ids",
     "newest_checkpoint_prefix",
+    "resolve_checkpoint_id",
+    "short_ids",
 ]
 
 MAX_PREFIX_LISTINGS = 40
@@ -50,6 +66,12 @@ MAX_PREFIX_DEPTH = 3
 """How many levels below the root :func:`checkpoint_prefixes` looks."""
 MAX_CONCURRENT_READS = 16
 """Manifests :func:`load_manifests` reads at once."""
+MIN_SHORT_ID = 8
+"""The fewest characters of a short id: the first group of the hyphenated form (48 bits
+of millisecond time, so two ids share it only when made within about a minute)."""
+
+_ID_FORM = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_HEX = frozenset("0123456789abcdef")
 
 ManifestOrDamage = CheckpointManifest | IntegrityError | CheckpointNotFoundError
 """A manifest, or what made it unloadable: damage (an :class:`IntegrityError`, a
@@ -132,3 +154,82 @@ async def load_manifests(
                 return exc
 
     return list(await asyncio.gather(*(one(cid) for cid in ids)))
+
+
+def is_short_id(text: str) -> bool:
+    """True when ``text`` is a short id: :data:`MIN_SHORT_ID` to 35 characters of the
+    hyphenated form of an id (hex digits, hyphens where the form has them; any case)."""
+    if not isinstance(text, str) or not MIN_SHORT_ID <= len(text) < len(_ID_FORM):
+        return False
+    return all(
+        (c == "-") if form == "-" else (c in _HEX)
+        for c, form in zip(text.lower(), _ID_FORM, strict=False)
+    )
+
+
+def matching_ids(prefix: str, ids: Iterable[CheckpointId]) -> list[CheckpointId]:
+    """Those of ``ids`` whose text starts with ``prefix`` (any case), oldest first."""
+    wanted = prefix.lower()
+    return sorted(cid for cid in ids if str(cid).startswith(wanted))
+
+
+async def resolve_checkpoint_id(
+    value: CheckpointId | str,
+    list_ids: Callable[[], Awaitable[list[CheckpointId]]],
+    committed: Callable[[CheckpointId], Awaitable[bool]],
+    *,
+    where: str = "",
+) -> CheckpointId:
+    """The checkpoint ``value`` names: a :class:`CheckpointId`, its 36-character text, or
+    a short id (see :func:`is_short_id`).
+
+    An id, or its full text, is returned as it is, without I/O: whether it is committed
+    is the caller's business. A short id is looked up among the directories
+    ``list_ids`` names (one listing), those that ``committed`` admits: exactly one must
+    match. None raises :class:`CheckpointNotFoundError` naming the short id (and
+    ``where``, the place searched); several raise :class:`AmbiguousCheckpointIdError`
+    naming them. Anything else raises :class:`InvalidInputError`.
+    """
+    if isinstance(value, CheckpointId):
+        return value
+    if not isinstance(value, str):
+        raise InvalidInputError(f"expected a CheckpointId or its text, got {value!r}")
+    if not is_short_id(value):
+        if len(value) == len(_ID_FORM):
+            return CheckpointId.parse(value)
+        raise InvalidInputError(
+            f"not a checkpoint id: {value!r} (expected its 36 characters, or at least the "
+            f"first {MIN_SHORT_ID} of them)"
+        )
+    candidates = matching_ids(value, await list_ids())
+    found = [cid for cid in candidates if await committed(cid)]
+    if not found:
+        place = f" in {where}" if where else ""
+        detail = f"no committed checkpoint{place} has an id that starts with it"
+        raise CheckpointNotFoundError(value, "checkpoint", detail)
+    if len(found) > 1:
+        raise AmbiguousCheckpointIdError(value, [str(cid) for cid in found])
+    return found[0]
+
+
+def short_ids(
+    ids: Iterable[CheckpointId], *, min_length: int = MIN_SHORT_ID
+) -> dict[CheckpointId, str]:
+    """For each of ``ids``, the shortest prefix of its text, at least ``min_length``
+    characters and never ending in a hyphen, that no other of ``ids`` starts with (as
+    git abbreviates commits): what a table shows, and what :func:`resolve_checkpoint_id`
+    takes back while no newer checkpoint shares it."""
+    given = list(ids)
+    texts = sorted({str(cid) for cid in given})
+    shortest: dict[str, int] = {}
+    for i, text in enumerate(texts):
+        need = min_length
+        for other in texts[max(i - 1, 0) : i] + texts[i + 1 : i + 2]:
+            common = next(
+                (k for k, (a, b) in enumerate(zip(text, other, strict=True)) if a != b), len(text)
+            )
+            need = max(need, common + 1)
+        while need < len(text) and text[need - 1] == "-":
+            need += 1
+        shortest[text] = min(need, len(text))
+    return {cid: str(cid)[: shortest[str(cid)]] for cid in given}
