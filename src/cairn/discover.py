@@ -19,6 +19,9 @@ too. Whether it is committed is its manifest's business
 * :func:`resolve_checkpoint_id`: the committed checkpoint a full id or a *short id* (a
   unique prefix of its text, at least :data:`MIN_SHORT_ID` characters, as git takes
   them) names; every checkpointer method that takes an id, and the command line, use it;
+* :func:`checkpoint_counts`: what one manifest says of its size, each quantity defined
+  once (artifacts against partitions, this save's own against carried), for every tool
+  that shows it;
 * :func:`short_ids`: the shortest such prefix of each of some ids that tells it apart
   from the others, for tables a user reads and pastes from.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from cairn.errors import (
     AmbiguousCheckpointIdError,
@@ -48,7 +52,9 @@ __all__ = [
     "MAX_PREFIX_DEPTH",
     "MAX_PREFIX_LISTINGS",
     "MIN_SHORT_ID",
+    "CheckpointCounts",
     "ManifestOrDamage",
+    "checkpoint_counts",
     "checkpoint_dirs",
     "checkpoint_prefixes",
     "is_short_id",
@@ -233,3 +239,54 @@ def short_ids(
             need += 1
         shortest[text] = min(need, len(text))
     return {cid: str(cid)[: shortest[str(cid)]] for cid in given}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCounts:
+    """How big one checkpoint is, from its manifest alone: every tool shows these.
+
+    An *artifact* is one entry of a restore chain (a snapshot or a delta); a *partition*
+    is one ``(operator, partition)`` whose chain it is, so a partition has one artifact or
+    more. ``uploaded_*`` are the artifacts this checkpoint holds itself (its save sent
+    them); ``carried_*`` those its chains take from earlier checkpoints by reference,
+    the whole chain counted, not only what its parent held. ``unchanged_partitions``
+    are the partitions this save sent nothing for (all of their state is carried).
+    Bytes are sizes as handed to ``save`` (before compression; ``size_bytes`` is the
+    manifest's total). ``writer_generation``
+    is that of the writer that committed it: 0 for one that never took over.
+    """
+
+    partitions: int
+    artifacts: int
+    uploaded_artifacts: int
+    carried_artifacts: int
+    size_bytes: int
+    uploaded_bytes: int
+    carried_bytes: int
+    unchanged_partitions: int
+    writer_generation: int
+
+    @property
+    def updated_partitions(self) -> int:
+        """Partitions this save sent new state for (a snapshot or a delta)."""
+        return self.partitions - self.unchanged_partitions
+
+
+def checkpoint_counts(manifest: CheckpointManifest) -> CheckpointCounts:
+    """The :class:`CheckpointCounts` of ``manifest``. Pure."""
+    entries = manifest.partition_entries()
+    own = [entry for _, entry in entries if entry.owner is None]
+    carried = [entry for _, entry in entries if entry.owner is not None]
+    partitions = {(op, entry.partition_id) for op, entry in entries}
+    updated = {(op, entry.partition_id) for op, entry in entries if entry.owner is None}
+    return CheckpointCounts(
+        partitions=len(partitions),
+        artifacts=len(entries),
+        uploaded_artifacts=len(own),
+        carried_artifacts=len(carried),
+        size_bytes=manifest.total_size_bytes,
+        uploaded_bytes=sum(entry.size_bytes for entry in own),
+        carried_bytes=sum(entry.size_bytes for entry in carried),
+        unchanged_partitions=len(partitions - updated),
+        writer_generation=manifest.writer_generation or 0,
+    )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from cairn import (
     CheckpointId,
+    CheckpointManifest,
     CheckpointNotFoundError,
     CodecError,
     CorruptManifestError,
@@ -25,6 +26,7 @@ from cairn import (
 )
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer
+from cairn.discover import checkpoint_counts
 from cairn.signing import ManifestSignature, read_signature
 
 __all__ = ["SIGNATURE_STATES", "Verified", "signature_of", "signature_state", "verify"]
@@ -60,7 +62,13 @@ def signature_state(
 
 @dataclass(frozen=True)
 class Verified:
-    """The outcome for one checkpoint: ``error`` is None when every digest matched."""
+    """The outcome for one checkpoint: ``error`` is None when every digest matched.
+
+    ``epoch``, ``artifacts`` and ``size_bytes`` are what its manifest says
+    (:func:`cairn.discover.checkpoint_counts`, as ``cairn list`` shows them), for a
+    damaged checkpoint too; ``epoch`` is None (and the counts 0) only when its manifest
+    does not read.
+    """
 
     checkpoint_id: CheckpointId
     epoch: int | None
@@ -96,11 +104,32 @@ async def verify_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Verifi
             state = None  # its manifest does not read: nothing to say of its signature
         else:  # its own manifest was accepted; an artifact or a parent failed
             state = signature_state(ckpt, signature, verified=True)
+            manifest = await _manifest_or_none(ckpt, cid)
+            if manifest is not None:
+                counts = checkpoint_counts(manifest)
+                return Verified(
+                    cid,
+                    manifest.epoch,
+                    counts.artifacts,
+                    counts.size_bytes,
+                    describe(exc),
+                    state,
+                    key_id,
+                )
         return Verified(cid, None, 0, 0, describe(exc), state, key_id)
-    links = [link for chain in loaded.chains.values() for link in chain]
-    size = sum(memoryview(link.data).nbytes for link in links)
+    counts = checkpoint_counts(loaded.manifest)
     state = signature_state(ckpt, signature, verified=True)
-    return Verified(cid, loaded.epoch, len(links), size, None, state, key_id)
+    return Verified(cid, loaded.epoch, counts.artifacts, counts.size_bytes, None, state, key_id)
+
+
+async def _manifest_or_none(
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId
+) -> CheckpointManifest | None:
+    """``cid``'s manifest, or None if it does not load either."""
+    try:
+        return await ckpt.load_manifest(cid)
+    except (IntegrityError, CodecError, CheckpointNotFoundError):
+        return None
 
 
 async def verify(
