@@ -145,6 +145,14 @@ class ObjectStoreCheckpointer(Checkpointer):
     a sequence of them: the first signs, all verify), every manifest committed is
     signed, and every manifest used is refused with :class:`SignatureError` unless one
     of the keys signed it; without, signatures are ignored (see :mod:`cairn.signing`).
+
+    Every method that takes a checkpoint id takes a :class:`CheckpointId` or its text;
+    those that read or change a committed checkpoint also take a short id, the unique
+    start of one (8 characters or more, as ``cairn`` tables print them), resolved
+    against the committed checkpoints with one listing (see
+    :func:`cairn.discover.resolve_checkpoint_id`; several matches raise
+    :class:`~cairn.errors.AmbiguousCheckpointIdError`, none
+    :class:`CheckpointNotFoundError`).
     """
 
     def __init__(

@@ -187,6 +187,7 @@ class Col:
 
 
 _GAP = 2
+_FOLDED = 30
 """Columns between two columns of a :class:`FitTable` (its box draws no vertical lines)."""
 
 
@@ -213,6 +214,11 @@ class FitTable:
             max([cell_len(col.header.removeprefix(">"))] + [_width(r[i]) for r in self.rows])
             for i, col in enumerate(self.columns)
         ]
+        # A message column folds over lines: it claims no more than _FOLDED columns.
+        widths = [
+            w if col.whole or col.rank else min(w, _FOLDED)
+            for w, col in zip(widths, self.columns, strict=True)
+        ]
         keep = [
             i
             for i in range(len(self.columns))
@@ -237,8 +243,9 @@ class FitTable:
             title=self.title,
             title_justify="left",
             box=box.SIMPLE_HEAD,
+            show_edge=False,
             pad_edge=False,
-            padding=(0, _GAP // 2),
+            padding=(0, _GAP - 1, 0, 0),  # with the box's one-space divider: _GAP columns
         )
         for i in keep:
             col = self.columns[i]
