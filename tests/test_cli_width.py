@@ -153,7 +153,7 @@ def test_verify_all_on_nothing_fails_and_names_the_prefixes_that_hold_some(
             ["verify", "--all", "--store", local.url, "--prefix", "nope/", "--json"],
         ]
     )
-    assert wrong.code == ExitCode.NOTHING_VERIFIED == 4, wrong.explain()
+    assert wrong.code == 4 and ExitCode.NOTHING_VERIFIED.value == 4, wrong.explain()
     assert "no checkpoints to verify" in wrong.stderr and repr(PREFIX) in wrong.stderr
     assert nothing.code == 4, nothing.explain()
     doc = document("verify", as_json)
