@@ -29,8 +29,8 @@ from cairn import (
 )
 from cairn.cli import dcp, views
 from cairn.cli.catalog import (
+    LATEST,
     check_refs,
-    parse_id,
     parse_ref,
     read_manifests,
     resolve,
@@ -426,9 +426,9 @@ def _policy(
             ExitCode.USAGE,
         )
     for pin in pins:
+        if pin.lower() == LATEST:  # a pin names one checkpoint for good, not what is latest
+            raise CliError("--pin: give a checkpoint id, not 'latest'", ExitCode.USAGE)
         try:
-            if pin.lower() == "latest":
-                parse_id(pin)  # a pin names one checkpoint for good, not what is latest now
             parse_ref(pin)
         except CliError as exc:
             raise CliError(f"--pin: {exc.message}", exc.code) from None
