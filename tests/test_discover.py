@@ -117,10 +117,12 @@ class _RuleInTheLibrary(ObjectStoreCheckpointer):
     """A checkpointer whose deletion refuses while nothing was found before: the
     command must let delete_checkpoint decide, not judge the dependents itself."""
 
-    async def dependents(self, checkpoint_id: CheckpointId) -> list[CheckpointId]:
+    async def dependents(self, checkpoint_id: CheckpointId | str) -> list[CheckpointId]:
         raise AssertionError("a plain delete asks delete_checkpoint, not dependents")
 
-    async def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
+    async def delete_checkpoint(
+        self, checkpoint_id: CheckpointId | str, *, force: bool = False
+    ) -> None:
         if not force:
             raise CheckpointInUseError(str(checkpoint_id), ["a-dependent"])
         await super().delete_checkpoint(checkpoint_id, force=force)

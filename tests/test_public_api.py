@@ -60,6 +60,7 @@ EXPECTED = {
     "UnsupportedManifestVersionError",
     "WorkerReport",
     "__version__",
+    "AmbiguousCheckpointIdError",
     "ArtifactExistsError",
     "CheckpointInUseError",
     "CheckpointLocationError",

@@ -42,7 +42,11 @@ class Context:
 
 
 def check_id(checkpoint_id: object) -> CheckpointId:
-    """``checkpoint_id`` if it is a :class:`CheckpointId`; :class:`InvalidInputError` if not."""
-    if not isinstance(checkpoint_id, CheckpointId):
-        raise InvalidInputError(f"expected a CheckpointId, got {checkpoint_id!r}")
-    return checkpoint_id
+    """``checkpoint_id`` if it is a :class:`CheckpointId`, the id its 36-character text
+    names if it is a ``str``; :class:`InvalidInputError` if neither. No I/O: a short id
+    needs the store's listing (:func:`cairn.discover.resolve_checkpoint_id`)."""
+    if isinstance(checkpoint_id, CheckpointId):
+        return checkpoint_id
+    if isinstance(checkpoint_id, str):
+        return CheckpointId.parse(checkpoint_id)
+    raise InvalidInputError(f"expected a CheckpointId or its text, got {checkpoint_id!r}")

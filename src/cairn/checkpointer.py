@@ -52,8 +52,13 @@ from cairn._upload import PartitionUpload
 from cairn._validate import positive_int
 from cairn.codecs import get_codec
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
-from cairn.discover import ManifestOrDamage, checkpoint_dirs, load_manifests
-from cairn.errors import InvalidInputError
+from cairn.discover import (
+    ManifestOrDamage,
+    checkpoint_dirs,
+    load_manifests,
+    resolve_checkpoint_id,
+)
+from cairn.errors import CheckpointNotFoundError, InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
@@ -161,6 +166,14 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     Use it as ``async with ObjectStoreCheckpointer(...) as ckpt:``: leaving the block
     closes it (see :meth:`__aexit__`).
+
+    Every method that takes a checkpoint id takes a :class:`CheckpointId` or its text;
+    those that read or change a committed checkpoint also take a short id, the unique
+    start of one (8 characters or more, as ``cairn`` tables print them), resolved
+    against the committed checkpoints with one listing (see
+    :func:`cairn.discover.resolve_checkpoint_id`; several matches raise
+    :class:`~cairn.errors.AmbiguousCheckpointIdError`, none
+    :class:`CheckpointNotFoundError`).
     """
 
     def __init__(
@@ -368,7 +381,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         await _commit.save_manifest(self.context, manifest)
 
     async def save_snapshot(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
+        self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """Upload the full state of one partition of an uncommitted checkpoint.
 
@@ -382,7 +395,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         return await self._save_write_once(checkpoint_id, (operator, partition, False, data))
 
     async def save_delta(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
+        self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """Upload an incremental delta of one partition of an uncommitted checkpoint.
 
@@ -390,15 +403,17 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         return await self._save_write_once(checkpoint_id, (operator, partition, True, data))
 
-    async def _save_write_once(self, checkpoint_id: CheckpointId, upload: PartitionUpload) -> str:
-        check_id(checkpoint_id)
+    async def _save_write_once(
+        self, checkpoint_id: CheckpointId | str, upload: PartitionUpload
+    ) -> str:
+        cid = check_id(checkpoint_id)
         [checked] = _upload.check_uploads([upload])
-        entry = await _commit.upload_write_once(self.context, checkpoint_id, checked)
+        entry = await _commit.upload_write_once(self.context, cid, checked)
         return entry.sha256
 
     async def save_partitions_concurrent(
         self,
-        checkpoint_id: CheckpointId,
+        checkpoint_id: CheckpointId | str,
         uploads: Sequence[PartitionUpload],
         *,
         metadata_key: str | None = None,
@@ -417,11 +432,13 @@ class ObjectStoreCheckpointer(Checkpointer):
         :mod:`cairn.distributed`). The uploads hold the checkpoint's lease while they run;
         it lapses ``lease`` after they end unless the checkpoint is committed first.
         """
-        check_id(checkpoint_id)
+        cid = check_id(checkpoint_id)
         checked = _upload.check_uploads(uploads)
-        return await _commit.upload_partitions(self.context, checkpoint_id, checked, metadata_key)
+        return await _commit.upload_partitions(self.context, cid, checked, metadata_key)
 
-    async def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
+    async def delete_checkpoint(
+        self, checkpoint_id: CheckpointId | str, *, force: bool = False
+    ) -> None:
         """Delete every object of ``checkpoint_id``, the manifest first.
 
         Unlike the reference's, it never breaks another checkpoint: while
@@ -432,9 +449,9 @@ class ObjectStoreCheckpointer(Checkpointer):
         ``_latest`` is moved, by compare-and-swap, to the newest checkpoint that remains
         (or to none). A checkpoint that does not exist is not an error.
         """
-        await _commit.delete_checkpoint(self.context, checkpoint_id, force)
+        await _commit.delete_checkpoint(self.context, await self._id(checkpoint_id), force)
 
-    async def dependents(self, checkpoint_id: CheckpointId) -> list[CheckpointId]:
+    async def dependents(self, checkpoint_id: CheckpointId | str) -> list[CheckpointId]:
         """What deleting ``checkpoint_id`` would break, oldest first.
 
         The committed checkpoints whose restore chains need it (they carry its bytes by
@@ -442,7 +459,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         saves in progress that build on it (a live lease). Reads every manifest of the
         store: one listing and one GET each; writes nothing.
         """
-        return await _commit.dependents(self.context, check_id(checkpoint_id))
+        return await _commit.dependents(self.context, await self._id(checkpoint_id))
 
     # -- fencing and the latest pointer (cairn._pointer) ---------------------------------
 
@@ -458,14 +475,16 @@ class ObjectStoreCheckpointer(Checkpointer):
         )
         return self.writer_generation
 
-    async def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
+    async def update_latest(
+        self, checkpoint_id: CheckpointId | str, *, force: bool = False
+    ) -> bool:
         """Point ``_latest`` at committed ``checkpoint_id``, by compare-and-swap.
 
         Only moves forwards (to a greater epoch, then id) unless ``force``; returns
         whether it moved. Raises :class:`CheckpointNotFoundError` for an uncommitted id
         and :class:`FencedError` when a newer writer owns the store.
         """
-        return await _commit.update_latest(self.context, checkpoint_id, force)
+        return await _commit.update_latest(self.context, await self._id(checkpoint_id), force)
 
     async def read_latest(self) -> CheckpointId | None:
         """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
@@ -473,9 +492,25 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     # -- what is committed (cairn._catalog) ----------------------------------------------
 
-    async def exists(self, checkpoint_id: CheckpointId) -> bool:
-        """True when ``checkpoint_id`` is committed (one HEAD of its manifest)."""
-        return await _catalog.committed(self.context, check_id(checkpoint_id))
+    async def exists(self, checkpoint_id: CheckpointId | str) -> bool:
+        """True when ``checkpoint_id`` is committed (one HEAD of its manifest; a short
+        id: one listing too, and False when none matches)."""
+        try:
+            cid = await self._id(checkpoint_id)
+        except CheckpointNotFoundError:
+            return False
+        return await _catalog.committed(self.context, cid)
+
+    async def _id(self, checkpoint_id: CheckpointId | str) -> CheckpointId:
+        """The id ``checkpoint_id`` names: itself, its text parsed, or the one committed
+        checkpoint a short id names (:func:`cairn.discover.resolve_checkpoint_id`)."""
+        context = self.context
+        return await resolve_checkpoint_id(
+            checkpoint_id,
+            self.list_checkpoint_dirs,
+            lambda cid: _catalog.committed(context, cid),
+            where=repr(self.paths.base_prefix),
+        )
 
     async def list_checkpoints(self) -> list[CheckpointId]:
         """Committed checkpoints, oldest first.
@@ -485,13 +520,13 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         return await _catalog.list_checkpoints(self.context)
 
-    async def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
+    async def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
         """Load and check the manifest of ``checkpoint_id``.
 
         Raises :class:`CheckpointNotFoundError` if it is not committed and
         :class:`CorruptManifestError` if the bytes there are not its valid manifest.
         """
-        return await _catalog.load_manifest(self.context, checkpoint_id)
+        return await _catalog.load_manifest(self.context, await self._id(checkpoint_id))
 
     async def latest_id(self) -> CheckpointId | None:
         """What "latest" means: the checkpoint :meth:`load_latest` tries first, by manifest.
@@ -507,7 +542,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     async def load(
         self,
-        checkpoint_id: CheckpointId,
+        checkpoint_id: CheckpointId | str,
         *,
         verify: bool = True,
         progress: Callable[[int], None] | None = None,
@@ -521,8 +556,9 @@ class ObjectStoreCheckpointer(Checkpointer):
         verified: a progress bar's ``advance``.
         """
         with _dispatch.watching(self.observers):
-            async with _dispatch.observed(None, "load", checkpoint_id=checkpoint_id) as op:
-                loaded = await _download.load(self.context, checkpoint_id, verify, progress)
+            cid = await self._id(checkpoint_id)
+            async with _dispatch.observed(None, "load", checkpoint_id=cid) as op:
+                loaded = await _download.load(self.context, cid, verify, progress)
                 op.manifest = loaded.manifest
                 return loaded
 
@@ -547,7 +583,7 @@ class ObjectStoreCheckpointer(Checkpointer):
                 return loaded
 
     async def load_chain(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int
+        self, checkpoint_id: CheckpointId | str, operator: str, partition: int
     ) -> list[ChainLink]:
         """What rebuilds one partition: its base snapshot, then every delta in order.
 
@@ -556,7 +592,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         whose digest differs, and :class:`CheckpointNotFoundError` if the checkpoint has
         no state for that partition.
         """
-        return await _download.load_chain(self.context, checkpoint_id, operator, partition)
+        cid = await self._id(checkpoint_id)
+        return await _download.load_chain(self.context, cid, operator, partition)
 
     async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
         """The bytes at store ``path``, verified against ``expected_sha256`` when given."""
@@ -630,11 +667,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         :func:`cairn.discover.checkpoint_dirs`. :meth:`list_checkpoints` is the committed."""
         return await checkpoint_dirs(self.store, self.paths)
 
-    async def load_manifests(self, ids: list[CheckpointId]) -> list[ManifestOrDamage]:
+    async def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
         """:meth:`load_manifest` of each of ``ids``, read concurrently, in the order given;
         a manifest that is damaged or gone is its error in its place (see
         :func:`cairn.discover.load_manifests`). A store failure raises."""
-        return await load_manifests(self.load_manifest, ids)
+        return await load_manifests(self.load_manifest, [await self._id(cid) for cid in ids])
 
     async def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
         """The bytes of ``entry`` at ``path`` as stored (compressed, if its codec says so),

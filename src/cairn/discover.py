@@ -15,18 +15,33 @@ too. Whether it is committed is its manifest's business
   one job, say), the one holding the newest checkpoint id (ids are time-ordered);
 * :func:`load_manifests`: many manifests, read concurrently, where one that is damaged
   or deleted since it was listed is reported in its place instead of failing the lot
-  (:meth:`~cairn.ObjectStoreCheckpointer.load_manifests` on a checkpointer).
+  (:meth:`~cairn.ObjectStoreCheckpointer.load_manifests` on a checkpointer);
+* :func:`resolve_checkpoint_id`: the committed checkpoint a full id or a *short id* (a
+  unique prefix of its text, at least :data:`MIN_SHORT_ID` characters, as git takes
+  them) names; every checkpointer method that takes an id, and the command line, use it;
+* :func:`checkpoint_counts`: what one manifest says of its size, each quantity defined
+  once (artifacts against partitions, this save's own against carried), for every tool
+  that shows it;
+* :func:`short_ids`: the shortest such prefix of each of some ids that tells it apart
+  from the others, for tables a user reads and pastes from.
 
-Invariant: nothing here writes, and the walk of :func:`checkpoint_prefixes` costs at
-most ``max_listings`` one-level listings, whatever the size of the store.
+Invariants: nothing here writes; the walk of :func:`checkpoint_prefixes` costs at
+most ``max_listings`` one-level listings, whatever the size of the store; resolving a
+short id costs one listing and one HEAD per directory whose name starts with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
-from cairn.errors import CheckpointNotFoundError, IntegrityError
+from cairn.errors import (
+    AmbiguousCheckpointIdError,
+    CheckpointNotFoundError,
+    IntegrityError,
+    InvalidInputError,
+)
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest
@@ -36,11 +51,18 @@ __all__ = [
     "MAX_CONCURRENT_READS",
     "MAX_PREFIX_DEPTH",
     "MAX_PREFIX_LISTINGS",
+    "MIN_SHORT_ID",
+    "CheckpointCounts",
     "ManifestOrDamage",
+    "checkpoint_counts",
     "checkpoint_dirs",
     "checkpoint_prefixes",
+    "is_short_id",
     "load_manifests",
+    "matching_ids",
     "newest_checkpoint_prefix",
+    "resolve_checkpoint_id",
+    "short_ids",
 ]
 
 MAX_PREFIX_LISTINGS = 40
@@ -50,6 +72,12 @@ MAX_PREFIX_DEPTH = 3
 """How many levels below the root :func:`checkpoint_prefixes` looks."""
 MAX_CONCURRENT_READS = 16
 """Manifests :func:`load_manifests` reads at once."""
+MIN_SHORT_ID = 8
+"""The fewest characters of a short id: the first group of the hyphenated form (48 bits
+of millisecond time, so two ids share it only when made within about a minute)."""
+
+_ID_FORM = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_HEX = frozenset("0123456789abcdef")
 
 ManifestOrDamage = CheckpointManifest | IntegrityError | CheckpointNotFoundError
 """A manifest, or what made it unloadable: damage (an :class:`IntegrityError`, a
@@ -132,3 +160,141 @@ async def load_manifests(
                 return exc
 
     return list(await asyncio.gather(*(one(cid) for cid in ids)))
+
+
+def is_short_id(text: str) -> bool:
+    """True when ``text`` is a short id: :data:`MIN_SHORT_ID` to 35 characters of the
+    hyphenated form of an id (hex digits, hyphens where the form has them; any case)."""
+    if not isinstance(text, str) or not MIN_SHORT_ID <= len(text) < len(_ID_FORM):
+        return False
+    return all(
+        (c == "-") if form == "-" else (c in _HEX)
+        for c, form in zip(text.lower(), _ID_FORM, strict=False)
+    )
+
+
+def matching_ids(prefix: str, ids: Iterable[CheckpointId]) -> list[CheckpointId]:
+    """Those of ``ids`` whose text starts with ``prefix`` (any case), oldest first."""
+    wanted = prefix.lower()
+    return sorted(cid for cid in ids if str(cid).startswith(wanted))
+
+
+async def resolve_checkpoint_id(
+    value: CheckpointId | str,
+    list_ids: Callable[[], Awaitable[list[CheckpointId]]],
+    committed: Callable[[CheckpointId], Awaitable[bool]],
+    *,
+    where: str = "",
+) -> CheckpointId:
+    """The checkpoint ``value`` names: a :class:`CheckpointId`, its 36-character text, or
+    a short id (see :func:`is_short_id`).
+
+    An id, or its full text, is returned as it is, without I/O: whether it is committed
+    is the caller's business. A short id is looked up among the directories
+    ``list_ids`` names (one listing), those that ``committed`` admits: exactly one must
+    match. None raises :class:`CheckpointNotFoundError` naming the short id (and
+    ``where``, the place searched); several raise :class:`AmbiguousCheckpointIdError`
+    naming them. Anything else raises :class:`InvalidInputError`.
+    """
+    if isinstance(value, CheckpointId):
+        return value
+    if not isinstance(value, str):
+        raise InvalidInputError(f"expected a CheckpointId or its text, got {value!r}")
+    if not is_short_id(value):
+        if len(value) == len(_ID_FORM):
+            return CheckpointId.parse(value)
+        raise InvalidInputError(
+            f"not a checkpoint id: {value!r} (expected its 36 characters, or at least the "
+            f"first {MIN_SHORT_ID} of them)"
+        )
+    candidates = matching_ids(value, await list_ids())
+    found = [cid for cid in candidates if await committed(cid)]
+    if not found:
+        place = f" in {where}" if where else ""
+        detail = f"no committed checkpoint{place} has an id that starts with it"
+        raise CheckpointNotFoundError(value, "checkpoint", detail)
+    if len(found) > 1:
+        raise AmbiguousCheckpointIdError(value, [str(cid) for cid in found])
+    return found[0]
+
+
+def short_ids(
+    ids: Iterable[CheckpointId], *, min_length: int = MIN_SHORT_ID
+) -> dict[CheckpointId, str]:
+    """For each of ``ids``, the shortest prefix of its text, at least ``min_length``
+    characters and never ending in a hyphen, that no other of ``ids`` starts with (as
+    git abbreviates commits): what a table shows, and what :func:`resolve_checkpoint_id`
+    takes back while no newer checkpoint shares it."""
+    given = list(ids)
+    texts = sorted({str(cid) for cid in given})
+    shortest: dict[str, int] = {}
+    for i, text in enumerate(texts):
+        need = min_length
+        for other in texts[max(i - 1, 0) : i] + texts[i + 1 : i + 2]:
+            common = next(
+                (k for k, (a, b) in enumerate(zip(text, other, strict=True)) if a != b), len(text)
+            )
+            need = max(need, common + 1)
+        while need < len(text) and text[need - 1] == "-":
+            need += 1
+        shortest[text] = min(need, len(text))
+    return {cid: str(cid)[: shortest[str(cid)]] for cid in given}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCounts:
+    """How big one checkpoint is, from its manifest alone: every tool shows these.
+
+    An *artifact* is one entry of a restore chain (a snapshot or a delta); a *partition*
+    is one ``(operator, partition)`` whose chain it is, so a partition has one artifact or
+    more. ``uploaded_*`` are the artifacts this checkpoint holds itself (its save sent
+    them); ``carried_*`` those its chains take from earlier checkpoints by reference,
+    the whole chain counted, not only what its parent held. ``unchanged_partitions``
+    are the partitions this save sent nothing for (all of their state is carried).
+    Bytes are sizes as handed to ``save`` (before compression; ``size_bytes`` is the
+    manifest's total). ``writer_generation``
+    is that of the writer that committed it: 0 for one that never took over.
+    """
+
+    partitions: int
+    artifacts: int
+    uploaded_artifacts: int
+    carried_artifacts: int
+    size_bytes: int
+    uploaded_bytes: int
+    carried_bytes: int
+    unchanged_partitions: int
+    writer_generation: int
+
+    @property
+    def updated_partitions(self) -> int:
+        """Partitions this save sent new state for (a snapshot or a delta)."""
+        return self.partitions - self.unchanged_partitions
+
+
+def checkpoint_counts(manifest: CheckpointManifest) -> CheckpointCounts:
+    """The :class:`CheckpointCounts` of ``manifest``. Pure.
+
+    A file of a directory partition counts as one artifact, as the save's own statistics
+    count it (``manifest.stats``)."""
+    entries = [
+        (op, e.partition_id, e.owner, e.size_bytes) for op, e in manifest.partition_entries()
+    ]
+    entries += [
+        (d.operator, d.partition_id, f.owner, f.size_bytes) for d, f in manifest.file_entries()
+    ]
+    own = [size for _, _, owner, size in entries if owner is None]
+    carried = [size for _, _, owner, size in entries if owner is not None]
+    partitions = {(op, partition) for op, partition, _, _ in entries}
+    updated = {(op, partition) for op, partition, owner, _ in entries if owner is None}
+    return CheckpointCounts(
+        partitions=len(partitions),
+        artifacts=len(entries),
+        uploaded_artifacts=len(own),
+        carried_artifacts=len(carried),
+        size_bytes=manifest.total_size_bytes,
+        uploaded_bytes=sum(own),
+        carried_bytes=sum(carried),
+        unchanged_partitions=len(partitions - updated),
+        writer_generation=manifest.writer_generation or 0,
+    )

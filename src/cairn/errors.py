@@ -19,6 +19,7 @@ CheckpointerError
 ├── FencedError                    a newer writer has taken over the store
 ├── CheckpointAbortedError         GC claimed a save's checkpoint id before it committed
 ├── InvalidInputError              (also ValueError) the caller's arguments are wrong
+│   ├── AmbiguousCheckpointIdError a short checkpoint id names more than one checkpoint
 │   ├── InvalidNameError           operator / source name or partition number
 │   ├── InvalidStoreUrlError       URL that open_store cannot open
 │   ├── CheckpointLocationError    a DCP checkpoint_id names a place outside the store
@@ -48,6 +49,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AmbiguousCheckpointIdError",
     "ArtifactExistsError",
     "BrokenChainError",
     "CheckpointAbortedError",
@@ -297,6 +299,20 @@ class CheckpointAbortedError(CheckpointerError):
 
 class InvalidInputError(CheckpointerError, ValueError):
     """The caller passed a value cairn cannot accept; nothing was written."""
+
+
+class AmbiguousCheckpointIdError(InvalidInputError):
+    """A short checkpoint id (a prefix of the hyphenated form) matches more than one
+    committed checkpoint; ``candidates`` are their full ids, oldest first."""
+
+    def __init__(self, prefix: str, candidates: list[str]) -> None:
+        self.prefix = prefix
+        self.candidates = candidates
+        shown = ", ".join(candidates[:10]) + (", ..." if len(candidates) > 10 else "")
+        super().__init__(
+            f"short checkpoint id {prefix!r} is ambiguous: it matches "
+            f"{len(candidates)} checkpoints ({shown}); give more characters"
+        )
 
 
 class InvalidNameError(InvalidInputError):

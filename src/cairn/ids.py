@@ -64,20 +64,39 @@ class _MonotonicV7:
 _generator = _MonotonicV7()
 
 
+def _parse_uuid(text: object) -> uuid.UUID:
+    """The UUID of the 36-character hyphenated ``text`` (any case); InvalidInputError if
+    it is not that form."""
+    if not isinstance(text, str) or len(text) != 36:
+        raise InvalidInputError(f"not a checkpoint id (36-char UUIDv7): {text!r}")
+    try:
+        value = uuid.UUID(text)
+    except ValueError:
+        raise InvalidInputError(f"not a checkpoint id (36-char UUIDv7): {text!r}") from None
+    if str(value) != text.lower():
+        raise InvalidInputError(f"not a checkpoint id (36-char UUIDv7): {text!r}")
+    return value
+
+
 @functools.total_ordering
 class CheckpointId:
     """The id of one checkpoint: a UUIDv7 whose order is chronological.
 
     Immutable and hashable. ``str(id)`` is the 36-character hyphenated form used in
-    object paths and manifests.
+    object paths and manifests; ``CheckpointId(text)`` parses that form back (as
+    :meth:`parse` does), ``CheckpointId(uuid)`` wraps a :class:`uuid.UUID`.
     """
 
     __slots__ = ("_uuid",)
     _uuid: uuid.UUID
 
-    def __init__(self, value: uuid.UUID) -> None:
+    def __init__(self, value: uuid.UUID | str) -> None:
+        if isinstance(value, str):
+            value = _parse_uuid(value)
         if not isinstance(value, uuid.UUID):
-            raise InvalidInputError(f"checkpoint id must be a uuid.UUID, got {value!r}")
+            raise InvalidInputError(
+                f"checkpoint id must be a uuid.UUID or its 36-character text, got {value!r}"
+            )
         if value.version != 7 or value.variant != uuid.RFC_4122:
             raise InvalidInputError(f"checkpoint id must be a UUIDv7, got {value}")
         object.__setattr__(self, "_uuid", value)
@@ -95,15 +114,7 @@ class CheckpointId:
     @classmethod
     def parse(cls, text: str) -> CheckpointId:
         """Parse the hyphenated form; raises :class:`InvalidInputError` naming ``text``."""
-        if not isinstance(text, str) or len(text) != 36:
-            raise InvalidInputError(f"not a checkpoint id (36-char UUIDv7): {text!r}")
-        try:
-            value = uuid.UUID(text)
-        except ValueError:
-            raise InvalidInputError(f"not a checkpoint id (36-char UUIDv7): {text!r}") from None
-        if str(value) != text.lower():
-            raise InvalidInputError(f"not a checkpoint id (36-char UUIDv7): {text!r}")
-        return cls(value)
+        return cls(_parse_uuid(text))
 
     @classmethod
     def is_valid(cls, text: str) -> bool:

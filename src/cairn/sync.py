@@ -231,16 +231,16 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.save_manifest`."""
         _runner.run(self.async_checkpointer.save_manifest(manifest))
 
-    def exists(self, checkpoint_id: CheckpointId) -> bool:
+    def exists(self, checkpoint_id: CheckpointId | str) -> bool:
         """See :meth:`ObjectStoreCheckpointer.exists`."""
         return _runner.run(self.async_checkpointer.exists(checkpoint_id))
 
-    def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
+    def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.load_manifest`."""
         return _runner.run(self.async_checkpointer.load_manifest(checkpoint_id))
 
     def save_snapshot(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
+        self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.save_snapshot`."""
         return _runner.run(
@@ -248,7 +248,7 @@ class SyncCheckpointer:
         )
 
     def save_delta(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
+        self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.save_delta`."""
         return _runner.run(
@@ -284,7 +284,7 @@ class SyncCheckpointer:
             )
         )
 
-    def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
+    def update_latest(self, checkpoint_id: CheckpointId | str, *, force: bool = False) -> bool:
         """See :meth:`ObjectStoreCheckpointer.update_latest`."""
         return _runner.run(self.async_checkpointer.update_latest(checkpoint_id, force=force))
 
@@ -300,17 +300,17 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoints`."""
         return _runner.run(self.async_checkpointer.list_checkpoints())
 
-    def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
+    def delete_checkpoint(self, checkpoint_id: CheckpointId | str, *, force: bool = False) -> None:
         """See :meth:`ObjectStoreCheckpointer.delete_checkpoint`."""
         _runner.run(self.async_checkpointer.delete_checkpoint(checkpoint_id, force=force))
 
-    def dependents(self, checkpoint_id: CheckpointId) -> list[CheckpointId]:
+    def dependents(self, checkpoint_id: CheckpointId | str) -> list[CheckpointId]:
         """See :meth:`ObjectStoreCheckpointer.dependents`."""
         return _runner.run(self.async_checkpointer.dependents(checkpoint_id))
 
     def save_partitions_concurrent(
         self,
-        checkpoint_id: CheckpointId,
+        checkpoint_id: CheckpointId | str,
         uploads: Sequence[PartitionUpload],
         *,
         metadata_key: str | None = None,
@@ -390,7 +390,7 @@ class SyncCheckpointer:
 
     def load(
         self,
-        checkpoint_id: CheckpointId,
+        checkpoint_id: CheckpointId | str,
         *,
         verify: bool = True,
         progress: Callable[[int], None] | None = None,
@@ -410,7 +410,7 @@ class SyncCheckpointer:
         return _runner.run(self.async_checkpointer.commit(manifest))
 
     def load_chain(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int
+        self, checkpoint_id: CheckpointId | str, operator: str, partition: int
     ) -> list[ChainLink]:
         """See :meth:`ObjectStoreCheckpointer.load_chain`."""
         return _runner.run(self.async_checkpointer.load_chain(checkpoint_id, operator, partition))
@@ -429,7 +429,7 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoint_dirs`."""
         return _runner.run(self.async_checkpointer.list_checkpoint_dirs())
 
-    def load_manifests(self, ids: list[CheckpointId]) -> list[ManifestOrDamage]:
+    def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
         """See :meth:`ObjectStoreCheckpointer.load_manifests`."""
         return _runner.run(self.async_checkpointer.load_manifests(ids))
 

@@ -10,6 +10,7 @@ are documented in :mod:`cairn.cli.errors`; the JSON documents in
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import inspect
@@ -28,8 +29,8 @@ from cairn import (
 )
 from cairn.cli import dcp, views
 from cairn.cli.catalog import (
+    LATEST,
     check_refs,
-    parse_id,
     parse_ref,
     read_manifests,
     resolve,
@@ -101,11 +102,26 @@ DebugOption = Annotated[
 ]
 AllOption = Annotated[bool, typer.Option("--all", help="Every committed checkpoint.")]
 RefArgument = Annotated[
-    str, typer.Argument(metavar="ID|latest", help="A checkpoint id, or 'latest'.")
+    str,
+    typer.Argument(
+        metavar="ID|latest",
+        help="A checkpoint id, its unique start (8 characters or more), or 'latest'.",
+    ),
 ]
 RefsArgument = Annotated[
     list[str] | None,
-    typer.Argument(metavar="ID|latest", help="Checkpoint ids, or 'latest'.", show_default=False),
+    typer.Argument(
+        metavar="ID|latest",
+        help="Checkpoint ids, their unique starts (8 characters or more), or 'latest'.",
+        show_default=False,
+    ),
+]
+WideOption = Annotated[
+    bool,
+    typer.Option("--wide", "-w", help="Every column and whole ids, however wide the terminal."),
+]
+IdsOption = Annotated[
+    bool, typer.Option("--ids", help="Whole checkpoint ids instead of their short form.")
 ]
 
 
@@ -248,10 +264,15 @@ async def list_command(
     session: Session,
     limit: LimitOption = None,
     since: SinceOption = None,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
 ) -> None:
     """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size.
 
-    When there are none under the prefix, names the prefixes of the store that hold some.
+    Ids are shown short: the fewest characters (8 or more) that tell them apart, which
+    every command takes. The table fits the terminal, dropping its least useful columns
+    when narrow; --wide shows every column and whole ids, --ids whole ids. When there
+    are none under the prefix, names the prefixes of the store that hold some.
     --since and --limit list only the newest (by the time an id carries).
     """
     since_ms = _since(since)
@@ -270,7 +291,7 @@ async def list_command(
     others = [] if ids else await checkpoint_prefixes(ckpt.store, session.prefix)
     session.output.json(views.list_doc(session.doc(), listed, latest, others))
     if ids:
-        session.output.show(views.list_table(listed, latest))
+        session.output.show(views.list_table(listed, latest, full_ids=full_ids, wide=wide))
     else:
         session.output.line(
             f"no checkpoints under prefix {session.prefix!r} of {session.url}"
@@ -286,6 +307,8 @@ async def history_command(
     session: Session,
     limit: LimitOption = None,
     since: SinceOption = None,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
 ) -> None:
     """Draw the checkpoints over time: size uploaded and carried, duration, full or
     incremental, and the saves that did not commit and long gaps, at a glance.
@@ -315,7 +338,8 @@ async def history_command(
         else Point(cid, "unreadable")
         for cid in every
     ]
-    session.output.report(history_doc(session.doc(), points), history_chart(points))
+    chart = history_chart(points, full_ids=full_ids, wide=wide)
+    session.output.report(history_doc(session.doc(), points), chart)
 
 
 @command("show")
@@ -329,6 +353,8 @@ async def show_command(
             help="List every artifact and source, however many (with --json too).",
         ),
     ] = False,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
 ) -> None:
     """Show one checkpoint: sources, offsets, the artifacts of its restore chains, and
     whether it is signed (with CAIRN_SIGNING_KEY, one not signed by it is refused).
@@ -347,7 +373,15 @@ async def show_command(
     latest = cid == await ckpt.latest_id()
     listed = views.show_lists_entries(manifest, partitions)
     doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
-    table = views.show_table(manifest, latest, listed, signature=state, key_id=key_id)
+    table = views.show_table(
+        manifest,
+        latest,
+        listed,
+        signature=state,
+        key_id=key_id,
+        full_ids=full_ids,
+        wide=wide,
+    )
     session.output.report({**session.doc(), **doc}, table)
 
 
@@ -356,19 +390,29 @@ async def verify_command(
     session: Session,
     refs: RefsArgument = None,
     every: AllOption = False,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
 ) -> ExitCode:
     """Load checkpoints and check the SHA-256 of every artifact of every restore chain.
 
-    Exits with 1 when any checkpoint fails, naming the damaged artifact or manifest.
+    Exits with 1 when any checkpoint fails, naming the damaged artifact or manifest, and
+    with 4 when --all finds nothing to verify (an empty store, or the wrong prefix:
+    it names the prefixes that hold checkpoints).
     Says whether each is signed; with CAIRN_SIGNING_KEY (hex keys, comma-separated),
     one not signed by one of the keys fails.
     """
     wanted = check_refs(refs or [], every)
     ckpt = await session.open()
-    ids = await _resolve_many(session, ckpt, wanted, every)
+    ids = await resolve_many(ckpt, wanted, every, session.where())
+    if not ids:
+        hint = await session.elsewhere(ckpt)
+        raise CliError(
+            f"no checkpoints to verify in {session.where()}{hint}", ExitCode.NOTHING_VERIFIED
+        )
     async with session.transfer("verifying", None) as bar:
         results = await verify(ckpt, ids, bar)
-    session.output.report(views.verify_doc(session.doc(), results), views.verify_table(results))
+    table = views.verify_table(results, full_ids=full_ids, wide=wide)
+    session.output.report(views.verify_doc(session.doc(), results), table)
     return _outcome(session, results, "failed verification")
 
 
@@ -489,17 +533,17 @@ def _policy(
             f"--keep-within must be longer than 0s, got {keep_within.total_seconds():g}s",
             ExitCode.USAGE,
         )
-    pinned: list[CheckpointId] = []
     for pin in pins:
+        if pin.lower() == LATEST:  # a pin names one checkpoint for good, not what is latest
+            raise CliError("--pin: give a checkpoint id, not 'latest'", ExitCode.USAGE)
         try:
-            pinned.append(parse_id(pin))
+            parse_ref(pin)
         except CliError as exc:
             raise CliError(f"--pin: {exc.message}", exc.code) from None
     return RetentionPolicy(
         keep_last=keep_last,
         keep_within=keep_within,
         keep_every_n_epochs=keep_every,
-        pinned=tuple(pinned),
     )
 
 
@@ -533,6 +577,8 @@ async def gc_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only say what would be deleted.")
     ] = False,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
 ) -> ExitCode:
     """Delete the checkpoints a retention policy does not keep, and sweep orphaned uploads.
 
@@ -545,9 +591,13 @@ async def gc_command(
     """
     policy = _policy(keep_last, keep_within, keep_every, pin or [])
     ckpt = await session.open()
-    for pinned in policy.pinned:
-        if not await ckpt.exists(pinned):
-            raise CliError(f"--pin: no checkpoint {pinned} in {session.where()}", ExitCode.USAGE)
+    pinned: list[CheckpointId] = []
+    for ref in pin or []:
+        try:
+            pinned.append(await resolve(ckpt, ref, session.where()))
+        except CliError as exc:
+            raise CliError(f"--pin: {exc.message}", exc.code) from None
+    policy = dataclasses.replace(policy, pinned=tuple(pinned))
     label = "planning garbage collection" if dry_run else "collecting garbage"
     async with session.transfer(label, None, unit=""):
         if min_age is None:
@@ -558,7 +608,8 @@ async def gc_command(
         hint = await session.elsewhere(ckpt)
         if hint:
             session.output.warning(f"no checkpoints in {session.where()}{hint}")
-    session.output.report(views.gc_doc(session.doc(), result), views.gc_table(result))
+    table = views.gc_table(result, full_ids=full_ids, wide=wide)
+    session.output.report(views.gc_doc(session.doc(), result), table)
     if result.failures:
         path, reason = result.failures[0]
         session.output.fail(
@@ -588,6 +639,7 @@ async def copy_command(
         ),
     ] = None,
     every: AllOption = False,
+    full_ids: IdsOption = False,
 ) -> ExitCode:
     """Copy checkpoints to another store or prefix; each copy is loaded and verified there.
 
@@ -611,7 +663,7 @@ async def copy_command(
     to_doc = {"store": target_url, "prefix": target_prefix}
     session.output.report(
         views.copy_doc(session.doc(), to_doc, results),
-        views.copy_table(results, f"{target_url} (prefix {target_prefix!r})"),
+        views.copy_table(results, f"{target_url} (prefix {target_prefix!r})", full_ids=full_ids),
     )
     return _outcome(session, results, "were not copied")
 

@@ -1,5 +1,10 @@
 """Finding checkpoints: resolving ``ID|latest`` and reading many manifests at once.
 
+An ``ID`` is a whole checkpoint id or a short one, the unique start of one (at least 8
+characters, as the tables print them): the library resolves both
+(:func:`cairn.discover.resolve_checkpoint_id`), so the command line takes what the
+library takes.
+
 ``latest`` means what it means in the library (:meth:`ObjectStoreCheckpointer.latest_id`):
 the checkpoint ``load_latest`` tries first. That is the one the ``_latest`` pointer names,
 unless a checkpoint committed after it outranks it (its writer died between its commit
@@ -10,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cairn import CheckpointId, CheckpointManifest, ObjectStoreCheckpointer
+from cairn import CheckpointId, CheckpointManifest, CheckpointNotFoundError, ObjectStoreCheckpointer
 from cairn.cli.errors import CliError, ExitCode
+from cairn.discover import MIN_SHORT_ID, is_short_id, resolve_checkpoint_id
 
 __all__ = [
     "LATEST",
@@ -47,13 +53,18 @@ def parse_id(text: str) -> CheckpointId:
 
 
 def parse_ref(text: str) -> str:
-    """``text`` if it is a checkpoint id or ``latest``; a usage error (exit 2) otherwise.
+    """``text`` if it is a checkpoint id, a short one, or ``latest``; a usage error
+    (exit 2) otherwise.
 
     No I/O: commands call it before they open the store.
     """
-    if text.lower() != LATEST:
-        parse_id(text)
-    return text
+    if text.lower() == LATEST or is_short_id(text) or CheckpointId.is_valid(text):
+        return text
+    raise CliError(
+        f"not a checkpoint id: {text!r} (expected a checkpoint id, at least its first "
+        f"{MIN_SHORT_ID} characters, or 'latest')",
+        ExitCode.USAGE,
+    )
 
 
 def check_refs(refs: list[str], every: bool) -> list[str]:
@@ -69,7 +80,8 @@ async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> Checkp
     """The committed checkpoint ``ref`` (an id or ``latest``) names in ``ckpt``'s store.
 
     Raises :class:`CliError` (exit 2) for a malformed id, an empty store, or an id that
-    is not committed there.
+    is not committed there, and :class:`cairn.AmbiguousCheckpointIdError` (exit 2) for a
+    short id that several checkpoints start with.
     """
     if ref.lower() == LATEST:
         latest = await ckpt.latest_id()
@@ -77,7 +89,11 @@ async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> Checkp
             signed = " signed by a key of CAIRN_SIGNING_KEY" if ckpt.signing_keys else ""
             raise CliError(f"no checkpoints{signed} in {where}", ExitCode.USAGE)
         return latest
-    cid = parse_id(ref)
+    parse_ref(ref)
+    try:
+        cid = await resolve_checkpoint_id(ref, ckpt.list_checkpoint_dirs, ckpt.exists)
+    except CheckpointNotFoundError:
+        raise CliError(f"no checkpoint {ref} in {where}", ExitCode.USAGE) from None
     if not await ckpt.exists(cid):
         raise CliError(f"no checkpoint {cid} in {where}", ExitCode.USAGE)
     return cid

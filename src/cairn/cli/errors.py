@@ -12,6 +12,8 @@ code   meaning
        (bad URL, bad id, bad policy), an unknown checkpoint
        (:class:`cairn.CheckpointNotFoundError`), an unusable target directory
 3      the store failed or cannot be reached: :class:`cairn.StoreError`
+4      nothing to do: ``verify --all`` found no checkpoint (an empty store, or the
+       wrong prefix; the message names the prefixes that hold checkpoints)
 130    interrupted (Ctrl-C)
 =====  ==================================================================================
 
@@ -69,6 +71,7 @@ class ExitCode(enum.IntEnum):
     INTEGRITY = 1
     USAGE = 2
     STORE = 3
+    NOTHING_VERIFIED = 4
     INTERRUPTED = 130
 
 
@@ -78,6 +81,7 @@ Exit codes:
   1    a checkpoint does not verify (damaged artifact or manifest, broken chain)
   2    bad usage or input: option, URL, id, unknown checkpoint
   3    the store failed or cannot be reached
+  4    verify --all found no checkpoint to verify (empty store or wrong prefix)
   130  interrupted (Ctrl-C)"""
 """The exit codes as ``cairn --help`` lists them (``\\b``: printed as written)."""
 
@@ -86,6 +90,7 @@ _KIND_OF_CODE = {
     ExitCode.INTEGRITY: "IntegrityError",
     ExitCode.USAGE: "UsageError",
     ExitCode.STORE: "StoreError",
+    ExitCode.NOTHING_VERIFIED: "NothingVerified",
     ExitCode.INTERRUPTED: "Interrupted",
 }
 

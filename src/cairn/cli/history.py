@@ -1,6 +1,7 @@
 """``cairn history``: the checkpoints of a store over time, drawn in the terminal.
 
-One row per checkpoint directory, oldest first: its time and epoch, ``F`` (full) or
+One row per checkpoint directory, oldest first: its short id (the fewest characters,
+8 or more, that tell the rows apart; ``--ids`` the whole id), its time and epoch, ``F`` (full) or
 ``I`` (incremental), a bar of its size — uploaded (``█``) and carried over from earlier
 checkpoints (``░``), on one scale for the whole chart — and how long its save took.
 What went wrong shows at a glance: a directory with no committed manifest (a save that
@@ -16,12 +17,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.text import Text
 
 from cairn import CheckpointId, CheckpointManifest
 from cairn.cli.output import human_size, iso_time
-from cairn.cli.views import kind, manifest_doc
+from cairn.cli.views import id_texts, kind, manifest_doc
 
 __all__ = ["Point", "history_chart", "history_doc"]
 
@@ -90,42 +91,95 @@ def history_doc(where: dict[str, str], points: list[Point]) -> dict[str, Any]:
     }
 
 
-def history_chart(points: list[Point]) -> RenderableType:
-    """The chart (see the module docstring)."""
+_WHEN = 16  # "2026-12-01 13:45"
+_MIN_BAR = 8
+
+
+def history_chart(
+    points: list[Point], *, full_ids: bool = False, wide: bool = False
+) -> RenderableType:
+    """The chart (see the module docstring), laid out for the width it is printed at."""
     if not points:
         return Text("no checkpoints")
-    docs = {p.checkpoint_id: manifest_doc(p.manifest) for p in points if p.manifest is not None}
-    largest = max((d["uploaded_bytes"] + d["carried_bytes"] for d in docs.values()), default=0)
-    gaps = _gaps(points)
-    lines: list[Text] = []
-    for index, point in enumerate(points):
-        if index in gaps:
-            pause = (
-                point.checkpoint_id.timestamp_ms - points[index - 1].checkpoint_id.timestamp_ms
-            ) / 1000
-            lines.append(Text(f"{'':>20} ┆ gap: {pause:,.0f} s without a checkpoint", "yellow"))
-        when = (iso_time(point.time_ms) or str(point.time_ms))[:19].replace("T", " ")
-        line = Text(f"{when:>20} ")
-        if point.manifest is None:
-            mark, style = ("✗", "red") if point.status == "uncommitted" else ("?", "red")
-            what = "not committed" if point.status == "uncommitted" else "unreadable manifest"
-            line.append(f"{mark} {'':>8}  ", style)
-            line.append(what, style)
+    return _Chart(points, full_ids or wide, wide)
+
+
+class _Chart:
+    """One line per point: short id, time, kind, epoch, bar, sizes, duration. Below
+    about 100 columns the bar narrows, then the carried size, the duration and the time
+    give way, in that order; the id is always whole. ``wide`` keeps every part."""
+
+    def __init__(self, points: list[Point], full_ids: bool, wide: bool) -> None:
+        self.points = points
+        self.wide = wide
+        self.names = id_texts([p.checkpoint_id for p in points], full_ids)
+        self.docs = {
+            p.checkpoint_id: manifest_doc(p.manifest) for p in points if p.manifest is not None
+        }
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from self.lines(options.max_width)
+
+    def lines(self, width: int) -> list[Text]:
+        """The chart drawn in ``width`` columns."""
+        id_width = max(len(name) for name in self.names.values())
+        epoch_width = max([5] + [len(str(d["epoch"])) for d in self.docs.values()])
+        # id, time, "F", epoch, "  new", "  carried", "  took"; what gives way goes last.
+        parts = {"when": _WHEN + 1, "carried": 19, "took": 10}
+        fixed = id_width + 1 + 2 + epoch_width + 2 + 2 + 13
+        shown = set(parts)
+        if not self.wide:
+            for name in ("carried", "took", "when"):
+                if fixed + sum(parts[p] for p in shown) + _MIN_BAR <= width:
+                    break
+                shown.discard(name)
+        room = width - fixed - sum(parts[p] for p in shown)
+        bar = BAR_WIDTH if self.wide else max(_MIN_BAR, min(BAR_WIDTH, room))
+        largest = max(
+            (d["uploaded_bytes"] + d["carried_bytes"] for d in self.docs.values()), default=0
+        )
+        gaps = _gaps(self.points)
+        lines: list[Text] = []
+        for index, point in enumerate(self.points):
+            if index in gaps:
+                pause = (
+                    point.checkpoint_id.timestamp_ms
+                    - self.points[index - 1].checkpoint_id.timestamp_ms
+                ) / 1000
+                lines.append(
+                    Text(f"{'':>{id_width}} ┆ gap: {pause:,.0f} s without a checkpoint", "yellow")
+                )
+            line = Text(f"{self.names[point.checkpoint_id]:<{id_width}} ")
+            if "when" in shown:
+                when = (iso_time(point.time_ms) or str(point.time_ms))[:_WHEN].replace("T", " ")
+                line.append(f"{when:<{_WHEN}} ")
+            if point.manifest is None:
+                mark, style = ("✗", "red") if point.status == "uncommitted" else ("?", "red")
+                what = "not committed" if point.status == "uncommitted" else "unreadable manifest"
+                line.append(f"{mark} {'':>{epoch_width}}  ", style)
+                line.append(what, style)
+                lines.append(line)
+                continue
+            doc = self.docs[point.checkpoint_id]
+            uploaded, carried = doc["uploaded_bytes"], doc["carried_bytes"]
+            scale = bar / largest if largest else 0
+            new_cells = max(1 if uploaded else 0, round(uploaded * scale))
+            old_cells = min(round(carried * scale), bar - new_cells)
+            letter = "F" if kind(point.manifest) == "full" else "I"
+            line.append(f"{letter} ", "bold" if letter == "F" else "")
+            line.append(f"{point.manifest.epoch:>{epoch_width}}  ")
+            line.append("█" * new_cells, "green")
+            line.append("░" * old_cells, "blue")
+            line.append(" " * max(0, bar - new_cells - old_cells))
+            line.append(f"  {human_size(uploaded):>9} new")
+            if "carried" in shown:
+                line.append(f"  {human_size(carried):>9} carried")
+            if "took" in shown:
+                took = f"{doc['duration_ms'] / 1000:6.2f} s" if "duration_ms" in doc else "      —"
+                line.append(f"  {took}")
             lines.append(line)
-            continue
-        doc = docs[point.checkpoint_id]
-        uploaded, carried = doc["uploaded_bytes"], doc["carried_bytes"]
-        scale = BAR_WIDTH / largest if largest else 0
-        new_cells = max(1 if uploaded else 0, round(uploaded * scale))
-        old_cells = round(carried * scale)
-        letter = "F" if kind(point.manifest) == "full" else "I"
-        line.append(f"{letter} ", "bold" if letter == "F" else "")
-        line.append(f"{point.manifest.epoch:>8}  ")
-        line.append("█" * new_cells, "green")
-        line.append("░" * old_cells, "blue")
-        line.append(" " * max(0, BAR_WIDTH - new_cells - old_cells))
-        took = f"{doc['duration_ms'] / 1000:6.2f} s" if "duration_ms" in doc else "      —"
-        line.append(f"  {human_size(uploaded):>9} new  {human_size(carried):>9} carried  {took}")
-        lines.append(line)
-    legend = Text("█ uploaded  ░ carried over  F full  I incremental  ✗ not committed  ", "dim")
-    return Group(*lines, legend)
+        legend = "█ uploaded  ░ carried over  F full  I incremental  ✗ not committed"
+        if len(legend) > width and not self.wide:
+            legend = "█ new  ░ carried  F full  I incremental  ✗ not committed"
+        lines.append(Text(legend, "dim"))
+        return lines

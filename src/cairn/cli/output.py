@@ -5,6 +5,11 @@ stdout and nothing else, a failure included; errors, warnings, notes and progres
 to stderr. When stdout is not
 a terminal, tables are laid out 160 columns wide, so ids are not wrapped in files and
 pipes.
+
+Tables are :class:`FitTable`: laid out for the width they are printed at, each column
+at its natural width. Where they do not all fit, the least useful go first, by the rank
+each column is given; a column of rank 0 (an id) is never dropped, nor cut. A column
+with nothing in any row is not drawn. With ``wide`` every column is kept.
 """
 
 from __future__ import annotations
@@ -17,12 +22,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console, RenderableType
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
+from rich.text import Text
 
 from cairn.cli.errors import SCHEMA_VERSION, error_doc
 
 __all__ = [
+    "Col",
+    "FitTable",
     "Output",
     "human_age",
     "human_size",
@@ -176,12 +186,95 @@ def time_text(timestamp_ms: int) -> str:
     return iso if iso is not None else f"{timestamp_ms} ms after 1970 (not a date)"
 
 
-def make_table(title: str, *columns: str, no_wrap: bool = False) -> Table:
-    """A rich table titled ``title``; a column name starting with ``>`` is right-aligned."""
-    made = Table(title=title, title_justify="left")
-    for column in columns:
-        right = column.startswith(">")
-        made.add_column(
-            column.removeprefix(">"), justify="right" if right else "left", no_wrap=no_wrap
+@dataclass(frozen=True)
+class Col:
+    """A column of a :class:`FitTable`: its header (``>`` first: right-aligned), its
+    rank, the order in which it gives way when the table is too wide (highest first;
+    0: never), and whether its cells are never wrapped nor cut (``whole``: ids)."""
+
+    header: str
+    rank: int = 0
+    whole: bool = False
+
+
+_GAP = 2
+_FOLDED = 30
+"""Columns between two columns of a :class:`FitTable` (its box draws no vertical lines)."""
+
+
+def _width(cell: Text) -> int:
+    return max((cell_len(line) for line in cell.plain.splitlines()), default=0)
+
+
+class FitTable:
+    """A table that fits the width it is printed at (see the module docstring)."""
+
+    def __init__(self, title: str, columns: list[Col], *, wide: bool = False) -> None:
+        self.title = title
+        self.columns = columns
+        self.wide = wide
+        self.rows: list[list[Text]] = []
+
+    def add_row(self, *cells: RenderableType | str) -> None:
+        """One row: a cell per column, plain text or :class:`rich.text.Text`."""
+        self.rows.append([c if isinstance(c, Text) else Text(str(c)) for c in cells])
+
+    def kept(self, width: int) -> list[int]:
+        """The indexes of the columns drawn at ``width`` columns."""
+        widths = [
+            max([cell_len(col.header.removeprefix(">"))] + [_width(r[i]) for r in self.rows])
+            for i, col in enumerate(self.columns)
+        ]
+        # A message column folds over lines: it claims no more than _FOLDED columns.
+        widths = [
+            w if col.whole or col.rank else min(w, _FOLDED)
+            for w, col in zip(widths, self.columns, strict=True)
+        ]
+        keep = [
+            i
+            for i in range(len(self.columns))
+            if not self.rows or any(r[i].plain for r in self.rows)
+        ]
+        if self.wide:
+            return keep
+
+        def total() -> int:
+            return sum(widths[i] for i in keep) + _GAP * max(len(keep) - 1, 0)
+
+        for i in sorted(keep, key=lambda i: (-self.columns[i].rank, -i)):
+            if total() <= width or self.columns[i].rank == 0:
+                break
+            keep.remove(i)
+        return keep
+
+    def table(self, width: int) -> Table:
+        """The rich table drawn at ``width`` columns."""
+        keep = self.kept(width)
+        made = Table(
+            title=self.title,
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            padding=(0, _GAP - 1, 0, 0),  # with the box's one-space divider: _GAP columns
         )
-    return made
+        for i in keep:
+            col = self.columns[i]
+            made.add_column(
+                col.header.removeprefix(">"),
+                justify="right" if col.header.startswith(">") else "left",
+                no_wrap=col.whole,
+                overflow="fold",
+            )
+        for row in self.rows:
+            made.add_row(*(row[i] for i in keep))
+        return made
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table(options.max_width)
+
+
+def make_table(title: str, *columns: str | Col, wide: bool = False) -> FitTable:
+    """A :class:`FitTable` titled ``title``; a column given by name alone is never
+    dropped (rank 0)."""
+    return FitTable(title, [c if isinstance(c, Col) else Col(c) for c in columns], wide=wide)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from cairn import (
     CheckpointId,
+    CheckpointManifest,
     CheckpointNotFoundError,
     CodecError,
     CorruptManifestError,
@@ -30,6 +31,7 @@ from cairn import (
 )
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer, chain_bytes
+from cairn.discover import checkpoint_counts
 from cairn.signing import ManifestSignature, read_signature
 
 __all__ = ["SIGNATURE_STATES", "Verified", "signature_of", "signature_state", "verify"]
@@ -65,7 +67,13 @@ def signature_state(
 
 @dataclass(frozen=True)
 class Verified:
-    """The outcome for one checkpoint: ``error`` is None when every digest matched."""
+    """The outcome for one checkpoint: ``error`` is None when every digest matched.
+
+    ``epoch``, ``artifacts`` and ``size_bytes`` are what its manifest says
+    (:func:`cairn.discover.checkpoint_counts`, as ``cairn list`` shows them), for a
+    damaged checkpoint too; ``epoch`` is None (and the counts 0) only when its manifest
+    does not read.
+    """
 
     checkpoint_id: CheckpointId
     epoch: int | None
@@ -105,16 +113,23 @@ async def verify_one(
             state = None  # its manifest does not read: nothing to say of its signature
         else:  # its own manifest was accepted; an artifact or a parent failed
             state = signature_state(ckpt, signature, verified=True)
+            manifest = await _manifest_or_none(ckpt, cid)
+            if manifest is not None:
+                counts = checkpoint_counts(manifest)
+                return Verified(
+                    cid,
+                    manifest.epoch,
+                    counts.artifacts,
+                    counts.size_bytes,
+                    describe(exc),
+                    state,
+                    key_id,
+                )
         return Verified(cid, None, 0, 0, describe(exc), state, key_id)
     state = signature_state(ckpt, signature, verified=True)
     damaged = await first_damaged_file(ckpt, loaded, progress)
-    if damaged is not None:
-        return Verified(cid, loaded.epoch, 0, 0, damaged, state, key_id)
-    links = [link for chain in loaded.chains.values() for link in chain]
-    files = [file for listed in loaded.directories.values() for file in listed]
-    size = sum(memoryview(link.data).nbytes for link in links)
-    size += sum(file.size_bytes for file in files)
-    return Verified(cid, loaded.epoch, len(links) + len(files), size, None, state, key_id)
+    counts = checkpoint_counts(loaded.manifest)
+    return Verified(cid, loaded.epoch, counts.artifacts, counts.size_bytes, damaged, state, key_id)
 
 
 async def first_damaged_file(
@@ -137,6 +152,16 @@ async def first_damaged_file(
                     where = f"file {file.relative_path!r} of {operator}/{partition}"
                     return f"{where}: {describe(exc)}"
     return None
+
+
+async def _manifest_or_none(
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId
+) -> CheckpointManifest | None:
+    """``cid``'s manifest, or None if it does not load either."""
+    try:
+        return await ckpt.load_manifest(cid)
+    except (IntegrityError, CodecError, CheckpointNotFoundError):
+        return None
 
 
 async def verify(

@@ -32,9 +32,10 @@ from cairn import CheckpointId, CheckpointManifest, GcResult
 from cairn.cli.catalog import Listed
 from cairn.cli.copy import Copied
 from cairn.cli.maintain import Deleted
-from cairn.cli.output import human_age, human_size, iso_time, make_table, time_text
+from cairn.cli.output import Col, human_age, human_size, iso_time, make_table, time_text
 from cairn.cli.restore import Restored
 from cairn.cli.verify import Verified
+from cairn.discover import checkpoint_counts, short_ids
 
 __all__ = [
     "COMMANDS_WITH_SCHEMAS",
@@ -44,6 +45,7 @@ __all__ = [
     "delete_text",
     "gc_doc",
     "gc_table",
+    "id_texts",
     "json_schema",
     "list_doc",
     "list_table",
@@ -103,6 +105,13 @@ def _id(cid: CheckpointId | None) -> str | None:
     return None if cid is None else str(cid)
 
 
+def id_texts(ids: list[CheckpointId], full: bool = False) -> dict[CheckpointId, str]:
+    """How a table names each of ``ids``: the shortest prefix that is unique among them
+    (at least 8 characters, :func:`cairn.discover.short_ids`; every command takes it back),
+    or the whole id with ``full`` (``--ids``, ``--wide``)."""
+    return {cid: str(cid) for cid in ids} if full else short_ids(ids)
+
+
 FULL = "full"
 INCREMENTAL = "incremental"
 
@@ -123,14 +132,14 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
 
     ``name`` is the name it was saved under besides its id (a DCP save's
     ``checkpoint_id``, see :mod:`cairn.torch`), or None.
-    ``uploaded_*`` are the checkpoint's own artifacts, ``carried_*`` those it references
-    from earlier checkpoints (bytes as handed to ``save``); ``duration_ms``,
+    The counts are :func:`cairn.discover.checkpoint_counts`, the same numbers every
+    output shows: ``artifacts`` are the entries of its restore chains, ``uploaded_*`` the
+    checkpoint's own, ``carried_*`` those it references from earlier checkpoints (the
+    whole chain; bytes as handed to ``save``); ``duration_ms``,
     ``upload_ms``, ``commit_ms`` and ``retries`` come from the save's statistics and are
     absent for checkpoints saved before cairn recorded them.
     """
-    entries = [entry for _, entry in manifest.partition_entries()]
-    own = [e for e in entries if e.owner is None]
-    carried = [e for e in entries if e.owner is not None]
+    counts = checkpoint_counts(manifest)
     doc = {
         "id": str(manifest.checkpoint_id),
         "epoch": manifest.epoch,
@@ -139,15 +148,15 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
         "timestamp_ms": manifest.timestamp_ms,
         "kind": kind(manifest),
         "parent_id": _id(manifest.parent_id),
-        "partitions": len({(op, e.partition_id) for op, e in manifest.partition_entries()}),
-        "artifacts": len(entries),
-        "uploaded_artifacts": len(own),
-        "size_bytes": manifest.total_size_bytes,
-        "uploaded_bytes": sum(e.size_bytes for e in own),
-        "carried_artifacts": len(carried),
-        "carried_bytes": sum(e.size_bytes for e in carried),
+        "partitions": counts.partitions,
+        "artifacts": counts.artifacts,
+        "uploaded_artifacts": counts.uploaded_artifacts,
+        "size_bytes": counts.size_bytes,
+        "uploaded_bytes": counts.uploaded_bytes,
+        "carried_artifacts": counts.carried_artifacts,
+        "carried_bytes": counts.carried_bytes,
         "watermark": manifest.watermark,
-        "writer_generation": manifest.writer_generation,
+        "writer_generation": counts.writer_generation,
     }
     stats = manifest.stats
     if stats is not None:  # manifests written before statistics existed have none
@@ -188,57 +197,69 @@ def list_doc(
     }
 
 
-def list_table(listed: list[Listed], latest: CheckpointId | None) -> RenderableType:
+def artifacts_text(manifest: CheckpointManifest) -> str:
+    """A checkpoint's artifacts in the words of every table: ``22 (10 new)``, or ``12``
+    when all are its own (:func:`cairn.discover.checkpoint_counts`)."""
+    counts = checkpoint_counts(manifest)
+    new = counts.uploaded_artifacts
+    return str(counts.artifacts) + (f" ({new} new)" if new != counts.artifacts else "")
+
+
+def list_table(
+    listed: list[Listed], latest: CheckpointId | None, *, full_ids: bool = False, wide: bool = False
+) -> RenderableType:
     """``cairn list``: one row per committed checkpoint, oldest first (with a Name column
-    when any of them has a name)."""
+    when any of them has a name). Ids are short unless ``full_ids``; columns give way
+    to the width, the least useful first, unless ``wide``."""
     if not listed:
         return Text("no checkpoints")
-    named = any(item.manifest is not None and item.manifest.name for item in listed)
+    names = id_texts([item.checkpoint_id for item in listed], full_ids or wide)
     table = make_table(
         f"{len(listed)} checkpoint(s), oldest first",
-        "ID",
-        *(["Name"] if named else []),
-        ">Epoch",
-        ">Created",
-        "Kind",
-        ">Artifacts",
-        ">Size",
-        ">Uploaded",
-        ">Took",
-        "",
-        no_wrap=True,
+        Col("ID", whole=True),
+        Col("Name", 5),
+        Col(">Epoch", 1),
+        Col(">Created", 2),
+        Col("Kind", 3),
+        Col(">Artifacts", 4),
+        Col(">Size", 2),
+        Col(">Uploaded", 6),
+        Col(">Took", 7),
+        Col("", 1),
+        wide=wide,
     )
     for item in listed:
-        marker = Text("◀ latest", style="bold") if item.checkpoint_id == latest else Text("")
+        marks = []
+        if item.checkpoint_id == latest:
+            marks.append(Text("◀ latest", style="bold"))
         manifest = item.manifest
         if manifest is None:
+            marks.append(Text("unreadable", style="red"))
             table.add_row(
-                _plain(item.checkpoint_id),
-                *([Text("")] if named else []),
-                Text("?"),
-                Text(""),
-                Text("unreadable", style="red"),
-                Text(""),
-                Text(""),
-                Text(""),
-                Text(""),
-                marker,
+                _plain(names[item.checkpoint_id]),
+                "",
+                "?",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                Text(" ").join(marks),
             )
             continue
         doc = manifest_doc(manifest)
-        new = doc["uploaded_artifacts"]
-        artifacts = str(doc["artifacts"]) + (f" ({new} new)" if new != doc["artifacts"] else "")
         table.add_row(
-            _plain(manifest.checkpoint_id),
-            *([_plain(manifest.name or "—")] if named else []),
+            _plain(names[item.checkpoint_id]),
+            _plain(manifest.name or ""),
             _plain(manifest.epoch),
             _plain(human_age(manifest.timestamp_ms)),
             _plain(doc["kind"]),
-            _plain(artifacts),
-            _plain(human_size(manifest.total_size_bytes)),
+            _plain(artifacts_text(manifest)),
+            _plain(human_size(doc["size_bytes"])),
             _plain(human_size(doc["uploaded_bytes"])),
             _plain(f"{doc['duration_ms'] / 1000:.2f} s" if "duration_ms" in doc else "—"),
-            marker,
+            Text(" ").join(marks),
         )
     return table
 
@@ -337,6 +358,8 @@ def show_table(
     *,
     signature: str = "unsigned",
     key_id: str | None = None,
+    full_ids: bool = False,
+    wide: bool = False,
 ) -> RenderableType:
     """``cairn show``: the checkpoint's facts, its sources, and its restore chains.
 
@@ -345,8 +368,8 @@ def show_table(
     """
     doc = manifest_doc(manifest)
     facts = Table.grid(padding=(0, 2))
-    facts.add_column(style="bold")
-    facts.add_column()
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
     created = f"{time_text(manifest.timestamp_ms)} ({human_age(manifest.timestamp_ms)})"
     for name, value in (
         ("checkpoint", f"{manifest.checkpoint_id}" + ("  ◀ latest" if latest else "")),
@@ -357,18 +380,20 @@ def show_table(
         ("parent", manifest.parent_id or "—"),
         (
             "size",
-            f"{human_size(doc['size_bytes'])} in {doc['artifacts']} artifacts "
+            f"{human_size(doc['size_bytes'])} in {artifacts_text(manifest)} artifacts "
             f"({human_size(doc['uploaded_bytes'])} uploaded by this checkpoint)",
         ),
         ("watermark", "—" if manifest.watermark is None else manifest.watermark),
-        ("writer generation", manifest.writer_generation or 0),
+        ("writer generation", doc["writer_generation"]),
         ("signature", signature_text(signature, key_id)),
     ):
         facts.add_row(Text(name), _plain(value))
     parts: list[RenderableType] = [facts]
     limit = None if listed else SHOW_ROWS_LIMIT
     if manifest.source_offsets:
-        sources = make_table("source offsets", "Source", "Type", "Offsets", ">Epoch")
+        sources = make_table(
+            "source offsets", "Source", Col("Type", 3), "Offsets", Col(">Epoch", 2), wide=wide
+        )
         chosen = sorted(manifest.source_offsets.items())[:limit]
         for name, offset in chosen:
             offsets = ", ".join(f"{k}={v}" for k, v in sorted(offset.offsets.items()))
@@ -380,17 +405,18 @@ def show_table(
         if more is not None:
             parts.append(more)
     if listed:
-        parts.append(_artifacts_table(manifest))
+        parts.append(_artifacts_table(manifest, full_ids=full_ids or wide, wide=wide))
         return Group(*parts)
     summaries = operator_summaries(manifest)
     table = make_table(
         f"{doc['artifacts']} artifacts in {len(summaries)} operators",
         "Operator",
         ">Partitions",
-        ">Snapshots",
-        ">Deltas",
-        ">Carried",
+        Col(">Snapshots", 2),
+        Col(">Deltas", 2),
+        Col(">Carried", 1),
         ">Size",
+        wide=wide,
     )
     for row in summaries[:limit]:
         table.add_row(
@@ -408,18 +434,24 @@ def show_table(
     return Group(*parts)
 
 
-def _artifacts_table(manifest: CheckpointManifest) -> RenderableType:
+def _artifacts_table(
+    manifest: CheckpointManifest, *, full_ids: bool = False, wide: bool = False
+) -> RenderableType:
     artifacts = make_table(
         "artifacts (restore chains: base snapshot, then deltas)",
         "Operator",
         ">Partition",
-        "Kind",
-        ">Size",
-        "Held by",
-        "SHA-256",
+        Col("Kind", 2),
+        Col(">Size", 3),
+        Col("Held by", 1, whole=True),
+        Col("SHA-256", 4),
+        wide=wide,
     )
-    for operator, entry in manifest.partition_entries():
-        holder = "this checkpoint" if entry.owner is None else str(entry.owner)
+    entries = manifest.partition_entries()
+    owners = {manifest.checkpoint_id} | {e.owner for _, e in entries if e.owner is not None}
+    names = id_texts(sorted(owners), full_ids)
+    for operator, entry in entries:
+        holder = "this checkpoint" if entry.owner is None else names[entry.owner]
         artifacts.add_row(
             _plain(operator),
             _plain(entry.partition_id),
@@ -455,26 +487,30 @@ def verify_doc(where: dict[str, str], results: list[Verified]) -> dict[str, Any]
     }
 
 
-def verify_table(results: list[Verified]) -> RenderableType:
+def verify_table(
+    results: list[Verified], *, full_ids: bool = False, wide: bool = False
+) -> RenderableType:
     """``cairn verify``: one row per checkpoint, ``ok`` or what is wrong."""
     if not results:
         return Text("no checkpoints to verify")
+    names = id_texts([r.checkpoint_id for r in results], full_ids or wide)
     table = make_table(
         "verification (every SHA-256 of every restore chain)",
-        "ID",
-        ">Epoch",
-        ">Artifacts",
-        ">Size",
-        "Signature",
+        Col("ID", whole=True),
+        Col(">Epoch", 1),
+        Col(">Artifacts", 3),
+        Col(">Size", 2),
+        Col("Signature", 4),
         "Result",
+        wide=wide,
     )
     for r in results:
         result = Text("ok", style="green") if r.ok else Text(r.error or "failed", style="red")
         table.add_row(
-            _plain(r.checkpoint_id),
+            _plain(names[r.checkpoint_id]),
             _plain("?" if r.epoch is None else r.epoch),
-            _plain(r.artifacts if r.ok else ""),
-            _plain(human_size(r.size_bytes) if r.ok else ""),
+            _plain("" if r.epoch is None else r.artifacts),
+            _plain("" if r.epoch is None else human_size(r.size_bytes)),
             _plain(r.signature or "?"),
             result,
         )
@@ -540,24 +576,28 @@ def copy_doc(where: dict[str, str], to: dict[str, str], results: list[Copied]) -
     }
 
 
-def copy_table(results: list[Copied], to: str) -> RenderableType:
+def copy_table(
+    results: list[Copied], to: str, *, full_ids: bool = False, wide: bool = False
+) -> RenderableType:
     """``cairn copy``: one row per checkpoint handled, in copy order (oldest first)."""
     if not results:
         return Text("nothing to copy")
+    names = id_texts([r.checkpoint_id for r in results], full_ids or wide)
     table = make_table(
         f"copy to {to} (oldest first, each verified in the target)",
-        "ID",
-        ">Epoch",
+        Col("ID", whole=True),
+        Col(">Epoch", 1),
         "Result",
-        ">Uploaded",
+        Col(">Uploaded", 2),
         "Note",
+        wide=wide,
     )
     labels = {"copied": "copied", "present": "already there", "failed": "FAILED"}
     for r in results:
         style = "red" if not r.ok else "green"
         note = r.error or r.note or ("" if r.requested else "its child's manifest needs it")
         table.add_row(
-            _plain(r.checkpoint_id),
+            _plain(names[r.checkpoint_id]),
             _plain("?" if r.epoch is None else r.epoch),
             Text(labels[r.status], style=style),
             _plain(human_size(r.size_bytes) if r.status == "copied" else ""),
@@ -609,18 +649,19 @@ def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
     }
 
 
-def gc_table(result: GcResult) -> RenderableType:
+def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) -> RenderableType:
     """``cairn gc``: what was (or, in a dry run, would be) deleted, and what was kept."""
     verb = "would delete" if result.dry_run else "deleted"
     dry = " (dry run)" if result.dry_run else ""
-    table = make_table(f"garbage collection{dry}", "ID", "Decision")
+    names = id_texts([*result.deleted, *result.retained], full_ids or wide)
+    table = make_table(f"garbage collection{dry}", Col("ID", whole=True), "Decision", wide=wide)
     for cid in result.deleted:
-        table.add_row(_plain(cid), Text(verb, style="yellow"))
+        table.add_row(_plain(names[cid]), Text(verb, style="yellow"))
     for cid in result.retained:
         why = ", ".join(result.reasons.get(cid, []))
-        table.add_row(_plain(cid), Text(f"kept: {why}" if why else "kept", style="green"))
+        table.add_row(_plain(names[cid]), Text(f"kept: {why}" if why else "kept", style="green"))
     for path, reason in result.failures:
-        table.add_row(_plain(path), Text(f"could not delete: {reason}", style="red"))
+        table.add_row(Text(""), Text(f"could not delete {path}: {reason}", style="red"))
     summary = Text(
         f"{verb} {len(result.deleted)} checkpoint(s) and {len(result.orphans_deleted)} "
         f"orphaned object(s), kept {len(result.retained)}; "

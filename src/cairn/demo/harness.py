@@ -40,11 +40,11 @@ import typer
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from cairn import ObjectStoreCheckpointer
+from cairn import CheckpointId, ObjectStoreCheckpointer
 from cairn.cli.catalog import read_manifests
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.limits import at_least, check_seconds, integer
-from cairn.cli.output import human_size, make_table
+from cairn.cli.output import Col, human_size, make_table
 from cairn.cli.progress import Transfer
 from cairn.cli.session import (
     DEFAULT_PREFIX,
@@ -64,6 +64,7 @@ from cairn.demo.job import (
     restore_pipeline,
     restored_offset,
 )
+from cairn.discover import checkpoint_counts, short_ids
 
 __all__ = ["DemoSettings", "demo_command", "run_demo"]
 
@@ -224,9 +225,7 @@ async def _checkpoint_rows(
         if manifest is None:
             continue
         cid = str(manifest.checkpoint_id)
-        entries = manifest.partition_entries()
-        own = [e for _, e in entries if e.owner is None]
-        own_partitions = {(op, e.partition_id) for op, e in entries if e.owner is None}
+        counts = checkpoint_counts(manifest)
         offset = manifest.source_offsets.get(SOURCE)
         if cid in recovered_ids:
             made_by = "restarted job"
@@ -241,9 +240,11 @@ async def _checkpoint_rows(
                 "offset": int(offset.offsets[SPLIT]) if offset else None,
                 "kind": kind(manifest),
                 "made_by": made_by,
-                "uploaded": len(own),
-                "carried": len({(op, e.partition_id) for op, e in entries} - own_partitions),
-                "uploaded_bytes": sum(e.size_bytes for e in own),
+                "uploaded": counts.uploaded_artifacts,
+                "carried": counts.unchanged_partitions,
+                "uploaded_bytes": counts.uploaded_bytes,
+                "artifacts": counts.artifacts,
+                "carried_artifacts": counts.carried_artifacts,
                 "restored": cid == restored,
             }
         )
@@ -326,29 +327,38 @@ async def _inspect_hint(ckpt: ObjectStoreCheckpointer, settings: DemoSettings) -
     return command
 
 
+def _artifacts(artifacts: int, uploaded: int) -> str:
+    """As ``cairn list`` says it: ``22 (10 new)``, or ``12`` when all are new."""
+    return str(artifacts) + (f" ({uploaded} new)" if uploaded != artifacts else "")
+
+
 def _report_view(report: dict[str, Any]) -> RenderableType:
     table = make_table(
         "checkpoints made",
-        ">#",
-        "ID",
-        "Made by",
+        Col(">#", 5),
+        Col("ID", whole=True),
+        Col("Made by", 4),
         ">Epoch",
-        ">Offset",
-        "Kind",
-        ">Uploaded",
-        ">Carried",
-        "",
+        Col(">Offset", 3),
+        Col("Kind", 2),
+        Col(">Artifacts", 2),
+        Col(">Uploaded", 3),
+        Col("", 1),
     )
+    names = {
+        str(c): text
+        for c, text in short_ids(CheckpointId(row["id"]) for row in report["checkpoints"]).items()
+    }
     for number, row in enumerate(report["checkpoints"], start=1):
         table.add_row(
             Text(str(number)),
-            Text(row["id"]),
+            Text(names[row["id"]]),
             Text(row["made_by"]),
             Text(str(row["epoch"])),
             Text(f"{row['offset']:,}"),
             Text(row["kind"]),
-            Text(f"{row['uploaded']} ({human_size(row['uploaded_bytes'])})"),
-            Text(str(row["carried"])),
+            Text(_artifacts(row["artifacts"], row["uploaded"])),
+            Text(human_size(row["uploaded_bytes"])),
             Text("◀ restored" if row["restored"] else "", style="bold"),
         )
     kill = report["kill"]

@@ -50,6 +50,7 @@ from cairn import (
     SourceOffsetEntry,
     open_store,
 )
+from cairn.discover import checkpoint_counts
 
 __all__ = [
     "OPERATORS",
@@ -244,6 +245,7 @@ async def _checkpoint(
         watermark=event_at(config.seed, offset - 1).time_ms,
     )
     manifest = await ckpt.save(data)
+    counts = checkpoint_counts(manifest)
     pipeline.checkpointed()
     report = {
         "type": "checkpoint",
@@ -251,9 +253,11 @@ async def _checkpoint(
         "epoch": epoch,
         "offset": offset,
         "kind": "full" if full else "incremental",  # the CLI's words (cairn.cli.views.kind)
-        "uploaded": len(artifacts),
-        "carried": len(pipeline.state) - len(artifacts),
-        "uploaded_bytes": sum(len(b) for b in artifacts.values()),
+        # The library's counts (cairn.discover.checkpoint_counts), as every output shows
+        # them: one new artifact per partition with new state; the rest carried unchanged.
+        "uploaded": counts.uploaded_artifacts,
+        "carried": counts.unchanged_partitions,
+        "uploaded_bytes": counts.uploaded_bytes,
     }
     return manifest.checkpoint_id, report
 
