@@ -23,7 +23,7 @@ from support.cli import cairn
 from cairn import CheckpointData, IntegrityMismatchError, SyncCheckpointer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-SCRIPTS = ["quickstart.py", "metrics_job.py", "torch_train.py"]
+SCRIPTS = ["quickstart.py", "metrics_job.py", "torch_train.py", "rocksdb_job.py"]
 
 
 def test_every_example_is_covered() -> None:
