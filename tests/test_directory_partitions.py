@@ -413,3 +413,30 @@ def test_cli_verify_reads_every_directory_file_and_names_a_damaged_one(tmp_path:
     damaged = cairn("verify", str(second.checkpoint_id), *store)
     assert damaged.code != 0, damaged.explain()
     assert "kept.sst" in damaged.stdout + damaged.stderr, damaged.explain()
+
+
+def test_cli_show_summarises_directory_partitions(tmp_path: Path) -> None:
+    """``cairn show`` names each directory partition with its files, the carried ones and
+    their bytes, in its table and its ``--json``."""
+    source = tmp_path / "source"
+    src = tmp_path / "src"
+    write_tree(src, {"a.sst": b"a" * 1000, "b.sst": b"b" * 2000})
+    ckpt = SyncCheckpointer(str(source), CheckpointPaths(PREFIX))
+    first = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "b.sst").write_bytes(b"B" * 2001)
+    ckpt.save(CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id))
+    store = ["--store", str(source)]
+    table, doc = cairn_many([["show", "latest", *store], ["show", "latest", "--json", *store]])
+    assert table.code == 0 and doc.code == 0, table.explain() + doc.explain()
+    assert doc.json()["directories"] == [
+        {
+            "operator": KEY[0],
+            "partition": KEY[1],
+            "files": 2,
+            "carried_files": 1,
+            "size_bytes": 3001,
+        }
+    ]
+    assert doc.json()["kind"] == "incremental"
+    assert "directory partitions" in table.stdout
+    assert "2.9 KiB" in table.stdout or "3.0 KiB" in table.stdout, table.stdout

@@ -149,11 +149,6 @@ def test_a_killed_rocksdb_job_restarts_exactly_once_from_incremental_checkpoints
         db.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cairn list counts partition artifacts only: a checkpoint of directory "
-    "partitions carrying files from its parent is listed as full, 0 artifacts, 0 B uploaded",
-)
 def test_cairn_list_counts_the_files_of_directory_partitions(tmp_path: Path) -> None:
     db = tmp_path / "db"
     db.mkdir()

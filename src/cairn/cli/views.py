@@ -119,10 +119,14 @@ INCREMENTAL = "incremental"
 def kind(manifest: CheckpointManifest) -> str:
     """The kind of a checkpoint, the one word for it in every output (``cairn demo``'s
     too): ``full`` when it holds every partition's state itself, else ``incremental``
-    (it carries state of earlier checkpoints, or holds deltas). An artifact's kind is
+    (it carries state of earlier checkpoints, artifacts or directory files, or holds
+    deltas). An artifact's kind is
     ``snapshot`` or ``delta``."""
     entries = [entry for _, entry in manifest.partition_entries()]
-    if all(e.owner is None and not e.is_delta for e in entries):
+    files = [file for _, file in manifest.file_entries()]
+    if all(e.owner is None and not e.is_delta for e in entries) and all(
+        f.owner is None for f in files
+    ):
         return FULL
     return INCREMENTAL
 
@@ -295,6 +299,20 @@ def operator_summaries(manifest: CheckpointManifest) -> list[dict[str, Any]]:
     return rows
 
 
+def directory_summaries(manifest: CheckpointManifest) -> list[dict[str, Any]]:
+    """Per directory partition: its files, how many of them are carried, their bytes."""
+    return [
+        {
+            "operator": directory.operator,
+            "partition": directory.partition_id,
+            "files": len(directory.files),
+            "carried_files": sum(1 for f in directory.files if f.owner is not None),
+            "size_bytes": sum(f.size_bytes for f in directory.files),
+        }
+        for directory in sorted(manifest.directories, key=lambda d: (d.operator, d.partition_id))
+    ]
+
+
 def show_doc(
     manifest: CheckpointManifest,
     latest: bool,
@@ -315,6 +333,7 @@ def show_doc(
         for name, e in sorted(manifest.source_offsets.items())
     }
     doc["operators"] = operator_summaries(manifest)
+    doc["directories"] = directory_summaries(manifest)
     doc["listed"] = listed
     if listed:
         doc["entries"] = [
@@ -404,6 +423,8 @@ def show_table(
         more = _more(len(chosen), len(manifest.source_offsets), "sources")
         if more is not None:
             parts.append(more)
+    if manifest.directories:
+        parts.append(_directories_table(manifest, wide=wide))
     if listed:
         parts.append(_artifacts_table(manifest, full_ids=full_ids or wide, wide=wide))
         return Group(*parts)
@@ -432,6 +453,27 @@ def show_table(
     more = f"{hidden} more operators not shown; " if hidden > 0 else ""
     parts.append(Text(f"{more}--partitions lists every artifact"))
     return Group(*parts)
+
+
+def _directories_table(manifest: CheckpointManifest, *, wide: bool = False) -> RenderableType:
+    table = make_table(
+        "directory partitions (files, carried from earlier checkpoints or uploaded)",
+        "Operator",
+        ">Partition",
+        ">Files",
+        Col(">Carried", 1),
+        ">Size",
+        wide=wide,
+    )
+    for row in directory_summaries(manifest):
+        table.add_row(
+            _plain(row["operator"]),
+            _plain(row["partition"]),
+            _plain(row["files"]),
+            _plain(row["carried_files"]),
+            _plain(human_size(row["size_bytes"])),
+        )
+    return table
 
 
 def _artifacts_table(
