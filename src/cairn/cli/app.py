@@ -293,13 +293,17 @@ async def list_command(
     if ids:
         session.output.show(views.list_table(listed, latest, full_ids=full_ids, wide=wide))
     else:
-        session.output.line(
-            f"no checkpoints under prefix {session.prefix!r} of {session.url}"
-            + other_prefixes_hint(others)
-        )
+        _say_none_under_prefix(session, others)
     for item in listed:
         if item.error is not None:
             session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
+
+
+def _say_none_under_prefix(session: Session, others: list[str]) -> None:
+    session.output.line(
+        f"no checkpoints under prefix {session.prefix!r} of {session.url}"
+        + other_prefixes_hint(others)
+    )
 
 
 @command("history")
@@ -324,10 +328,7 @@ async def history_command(
     if not dirs:
         others = await checkpoint_prefixes(ckpt.store, session.prefix)
         session.output.json({**history_doc(session.doc(), []), "other_prefixes": others})
-        session.output.line(
-            f"no checkpoints under prefix {session.prefix!r} of {session.url}"
-            + other_prefixes_hint(others)
-        )
+        _say_none_under_prefix(session, others)
         return
     listed = {item.checkpoint_id: item for item in await read_manifests(ckpt, sorted(committed))}
     points = [

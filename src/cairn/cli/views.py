@@ -32,7 +32,7 @@ from cairn import CheckpointId, CheckpointManifest, GcResult
 from cairn.cli.catalog import Listed
 from cairn.cli.copy import Copied
 from cairn.cli.maintain import Deleted
-from cairn.cli.output import Col, human_age, human_size, iso_time, make_table, time_text
+from cairn.cli.output import Col, FitTable, human_age, human_size, iso_time, make_table, time_text
 from cairn.cli.restore import Restored
 from cairn.cli.verify import Verified
 from cairn.discover import checkpoint_counts, short_ids
@@ -114,6 +114,19 @@ def id_texts(ids: list[CheckpointId], full: bool = False) -> dict[CheckpointId, 
 
 FULL = "full"
 INCREMENTAL = "incremental"
+
+
+def id_table(
+    title: str,
+    ids: list[CheckpointId],
+    *columns: str | Col,
+    full_ids: bool = False,
+    wide: bool = False,
+) -> tuple[dict[CheckpointId, str], FitTable]:
+    """A table whose first column is the checkpoint id, never dropped nor cut, and the
+    text of each of ``ids`` in it: short unless ``full_ids`` or ``wide``."""
+    names = id_texts(ids, full_ids or wide)
+    return names, make_table(title, Col("ID", whole=True), *columns, wide=wide)
 
 
 def kind(manifest: CheckpointManifest) -> str:
@@ -217,10 +230,9 @@ def list_table(
     to the width, the least useful first, unless ``wide``."""
     if not listed:
         return Text("no checkpoints")
-    names = id_texts([item.checkpoint_id for item in listed], full_ids or wide)
-    table = make_table(
+    names, table = id_table(
         f"{len(listed)} checkpoint(s), oldest first",
-        Col("ID", whole=True),
+        [item.checkpoint_id for item in listed],
         Col("Name", 5),
         Col(">Epoch", 1),
         Col(">Created", 2),
@@ -230,6 +242,7 @@ def list_table(
         Col(">Uploaded", 6),
         Col(">Took", 7),
         Col("", 1),
+        full_ids=full_ids,
         wide=wide,
     )
     for item in listed:
@@ -535,15 +548,15 @@ def verify_table(
     """``cairn verify``: one row per checkpoint, ``ok`` or what is wrong."""
     if not results:
         return Text("no checkpoints to verify")
-    names = id_texts([r.checkpoint_id for r in results], full_ids or wide)
-    table = make_table(
+    names, table = id_table(
         "verification (every SHA-256 of every restore chain)",
-        Col("ID", whole=True),
+        [r.checkpoint_id for r in results],
         Col(">Epoch", 1),
         Col(">Artifacts", 3),
         Col(">Size", 2),
         Col("Signature", 4),
         "Result",
+        full_ids=full_ids,
         wide=wide,
     )
     for r in results:
@@ -624,14 +637,14 @@ def copy_table(
     """``cairn copy``: one row per checkpoint handled, in copy order (oldest first)."""
     if not results:
         return Text("nothing to copy")
-    names = id_texts([r.checkpoint_id for r in results], full_ids or wide)
-    table = make_table(
+    names, table = id_table(
         f"copy to {to} (oldest first, each verified in the target)",
-        Col("ID", whole=True),
+        [r.checkpoint_id for r in results],
         Col(">Epoch", 1),
         "Result",
         Col(">Uploaded", 2),
         "Note",
+        full_ids=full_ids,
         wide=wide,
     )
     labels = {"copied": "copied", "present": "already there", "failed": "FAILED"}
@@ -695,8 +708,13 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
     """``cairn gc``: what was (or, in a dry run, would be) deleted, and what was kept."""
     verb = "would delete" if result.dry_run else "deleted"
     dry = " (dry run)" if result.dry_run else ""
-    names = id_texts([*result.deleted, *result.retained], full_ids or wide)
-    table = make_table(f"garbage collection{dry}", Col("ID", whole=True), "Decision", wide=wide)
+    names, table = id_table(
+        f"garbage collection{dry}",
+        [*result.deleted, *result.retained],
+        "Decision",
+        full_ids=full_ids,
+        wide=wide,
+    )
     for cid in result.deleted:
         table.add_row(_plain(names[cid]), Text(verb, style="yellow"))
     for cid in result.retained:
