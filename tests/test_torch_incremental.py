@@ -4,6 +4,8 @@ carried from the parent by reference; loads, verification, GC and copies see the
 from __future__ import annotations
 
 import datetime as dt
+import json
+import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ from cairn import (
     CheckpointId,
     CheckpointNotFoundError,
     CheckpointPaths,
+    FencedError,
     IntegrityMismatchError,
     InvalidInputError,
     RetentionPolicy,
@@ -231,3 +234,58 @@ def test_without_incremental_every_item_is_uploaded(tmp_path: Path) -> None:
     second = save(tmp_path, state_at(2), epoch=2)
     assert sync(tmp_path).load_manifest(second).parent_id is None
     assert uploaded_bytes(tmp_path, second) >= nbytes(frozen_base())
+
+
+def test_two_ranks_carry_their_shards_and_load_resharded(tmp_path: Path) -> None:
+    from support import incremental_worker
+    from support.servers import free_port
+
+    root = tmp_path / "store"
+    root.mkdir()
+    single = save(root, incremental_worker.full_state(1))
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    args = (port, str(root), str(tmp_path))
+    procs = [ctx.Process(target=incremental_worker.run_rank, args=(r, *args)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=240)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for report in reports:
+        assert "error" not in report, report["error"]
+        assert report["resharded"] is True
+    sharded = CheckpointId.parse(reports[0]["sharded"])
+    trained = CheckpointId.parse(reports[0]["trained"])
+    # The single save's whole base has other chunks than the shards: uploaded, not carried.
+    manifest = sync(root).load_manifest(sharded)
+    assert manifest.parent_id == single
+    base = 1024 * 512 * 4
+    assert uploaded_bytes(root, sharded) >= base
+    # The trained save carries both ranks' base shards (and the bias) from its parent.
+    manifest = sync(root).load_manifest(trained)
+    assert manifest.parent_id == sharded
+    carried = {(op, e.owner) for op, e in manifest.partition_entries() if e.owner is not None}
+    assert {("rank-0", sharded), ("rank-1", sharded)} <= carried
+    assert uploaded_bytes(root, trained) < 64 * 1024
+    # Loaded by one process (2 -> 1), whole and bit-exact.
+    state = {k: torch.zeros_like(v) for k, v in incremental_worker.full_state(2).items()}
+    load(root, state, trained)
+    assert_same(state, incremental_worker.full_state(2))
+
+
+def test_a_fenced_incremental_writer_uploads_and_commits_nothing(tmp_path: Path) -> None:
+    first = save(tmp_path, state_at(1))
+    generation = sync(tmp_path).take_over()
+    with pytest.raises(CheckpointException) as info:
+        save(tmp_path, state_at(2), epoch=2, incremental=True)
+    [(error, _)] = info.value.failures.values()
+    assert isinstance(error, FencedError)
+    assert sync(tmp_path).list_checkpoints() == [first]
+    dirs = [p.name for p in (tmp_path / PREFIX).iterdir() if p.is_dir()]
+    assert dirs == [str(first)]
+    second = save(tmp_path, state_at(2), epoch=2, incremental=True, writer_generation=generation)
+    assert sync(tmp_path).load_manifest(second).parent_id == first
