@@ -63,7 +63,7 @@ def run_rank(rank: int, port: int, root: str, outdir: str) -> None:
         # The adapter trains: the base's shards and the bias are carried.
         out["trained"] = save(sharded(2, mesh), 3)
         # Loaded into another placement (Shard(1)): the carried shards reshard.
-        target = {
+        target: dict[str, Any] = {
             "base": dtensor_zeros([1024, 512], device_mesh=mesh, placements=[Shard(1)]),
             "bias": torch.zeros(512),
             "adapter": dtensor_zeros([64, 16], device_mesh=mesh, placements=[Shard(0)]),

@@ -24,7 +24,10 @@ Invariants:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
+from collections.abc import Sequence
 
 import msgspec
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -37,7 +40,11 @@ from cairn.integrity import sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.torch._target import Target
 
-__all__ = ["Carried", "Parent", "carried_if_equal", "open_parent"]
+__all__ = ["HASH_THREADS", "Carried", "Parent", "carried_if_equal", "carried_items", "open_parent"]
+
+HASH_THREADS = min(8, os.cpu_count() or 1)
+"""Threads that hash a rank's items against the parent's at once (hashlib releases the
+GIL while it hashes a large buffer)."""
 
 StoredRecord = tuple[str, int, int, str, str, tuple[int, ...]]
 
@@ -109,3 +116,17 @@ def carried_if_equal(
     if (old_dtype, tuple(old_shape), length) != (dtype, shape, view.nbytes):
         return None
     return carried if sha256_hex(view) == sha256 else None
+
+
+Candidate = tuple[Carried | None, memoryview, str, tuple[int, ...]]
+"""The parent's record of an item (if any), and the item's bytes, dtype and shape."""
+
+
+def carried_items(candidates: Sequence[Candidate]) -> list[Carried | None]:
+    """:func:`carried_if_equal` of each candidate, in order; the SHA-256s are computed in
+    up to :data:`HASH_THREADS` threads."""
+    hashed = sum(1 for carried, *_ in candidates if carried is not None)
+    if hashed <= 1 or HASH_THREADS == 1:
+        return [carried_if_equal(*candidate) for candidate in candidates]
+    with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
+        return list(pool.map(lambda candidate: carried_if_equal(*candidate), candidates))

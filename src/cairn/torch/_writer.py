@@ -34,7 +34,7 @@ from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.signing import SigningKey
-from cairn.torch._carry import Carried, Parent, carried_if_equal, open_parent
+from cairn.torch._carry import Carried, Parent, carried_items, open_parent
 from cairn.torch._format import (
     BUNDLE_BYTES,
     OWN_ARTIFACT_BYTES,
@@ -389,7 +389,9 @@ class CairnWriter(StorageWriter):
         Items are resolved one by one; a tensor's bytes are sent from its own memory
         when it is a contiguous CPU tensor. When tensors had to be copied (from a device,
         or to make them contiguous), at most :data:`COPY_BUDGET` bytes of copies are held:
-        what is resolved by then is uploaded before the next items are resolved.
+        what is resolved by then is uploaded before the next items are resolved. In an
+        incremental save, the items resolved so far are first hashed (in parallel) and
+        those equal to the parent's carried (:mod:`cairn.torch._carry`).
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
@@ -402,11 +404,37 @@ class CairnWriter(StorageWriter):
         operator = rank_operator(data.rank)
         results: list[WriteResult] = []
         batch = _Batch(data.first_partition)
+        window: list[tuple[WriteItem, _Resolved]] = []
+        held = 0  # bytes of copies in the window
         for item in plan.items:
             resolved = _Resolved.of(item, planner.resolve_data(item))
-            carried = carried_if_equal(
-                data.carry.get(item.index), resolved.view, resolved.dtype, resolved.shape
-            )
+            window.append((item, resolved))
+            held += resolved.view.nbytes if resolved.copied else 0
+            if held + batch.copied > COPY_BUDGET:
+                batch = self._lay_out(cid, operator, data.carry, window, batch, results)
+                window, held = [], 0
+        batch = self._lay_out(cid, operator, data.carry, window, batch, results)
+        results += self._upload(cid, operator, batch)
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def _lay_out(
+        self,
+        cid: CheckpointId,
+        operator: str,
+        carry: dict[Any, Carried],
+        window: list[tuple[WriteItem, _Resolved]],
+        batch: _Batch,
+        results: list[WriteResult],
+    ) -> _Batch:
+        """Carry the items of ``window`` equal to the parent's, place the others into
+        ``batch``, uploading it whenever its copies pass :data:`COPY_BUDGET`; the batch
+        to go on with. Results are appended to ``results``."""
+        matches = carried_items(
+            [(carry.get(item.index), r.view, r.dtype, r.shape) for item, r in window]
+        )
+        for (item, resolved), carried in zip(window, matches, strict=True):
             if carried is not None:
                 written = _Written(carried.record, carried.operator, carried.entry)
                 results.append(WriteResult(item.index, resolved.view.nbytes, written))
@@ -415,10 +443,7 @@ class CairnWriter(StorageWriter):
             if batch.copied > COPY_BUDGET:
                 results += self._upload(cid, operator, batch)
                 batch = _Batch(batch.next_partition)
-        results += self._upload(cid, operator, batch)
-        future: Future[list[WriteResult]] = Future()
-        future.set_result(results)
-        return future
+        return batch
 
     def _upload(self, cid: CheckpointId, operator: str, batch: _Batch) -> list[WriteResult]:
         upload = functools.partial(self.checkpointer.save_partitions_concurrent, cid)
