@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from cairn import (
     CheckpointId,
+    CheckpointInUseError,
     CheckpointNotFoundError,
     CheckpointPaths,
     FencedError,
@@ -127,6 +128,8 @@ def test_a_frozen_base_is_carried_and_only_the_adapter_is_uploaded(tmp_path: Pat
     carried = [e for _, e in manifest.partition_entries() if e.owner == first]
     assert sum(e.size_bytes for e in carried) >= nbytes(frozen_base())
     assert sync(tmp_path).dependents(first) == [second]
+    with pytest.raises(CheckpointInUseError):
+        sync(tmp_path).delete_checkpoint(first)
     # It loads bit-exactly, as the latest and by id.
     loaded = blank(state)
     assert load(tmp_path, loaded).checkpoint_id == second
@@ -185,6 +188,16 @@ def test_gc_keeps_what_the_retained_checkpoint_carries(tmp_path: Path) -> None:
     assert sync(tmp_path).list_checkpoints() == [third]
     loaded = blank(third_state)
     assert load(tmp_path, loaded).checkpoint_id == third
+    assert_same(loaded, third_state)
+    # Copied without the checkpoints whose uploads it carries, it still loads.
+    target = tmp_path.parent / f"{tmp_path.name}-copy"
+    cli = [sys.executable, "-m", "cairn.cli", "--store", str(tmp_path), "--prefix", PREFIX]
+    copied = subprocess.run(
+        [*cli, "copy", str(third), "--to", str(target)], capture_output=True, text=True
+    )
+    assert copied.returncode == 0, copied.stderr
+    loaded = blank(third_state)
+    assert load(target, loaded).checkpoint_id == third
     assert_same(loaded, third_state)
     # An incremental save on top of it still carries the base (owned by a deleted one).
     fourth_state = state_at(4)
@@ -289,3 +302,22 @@ def test_a_fenced_incremental_writer_uploads_and_commits_nothing(tmp_path: Path)
     assert dirs == [str(first)]
     second = save(tmp_path, state_at(2), epoch=2, incremental=True, writer_generation=generation)
     assert sync(tmp_path).load_manifest(second).parent_id == first
+
+
+def test_the_same_bytes_as_another_dtype_or_shape_are_not_carried(tmp_path: Path) -> None:
+    first = save(tmp_path, state_at(1))
+    base = frozen_base()
+    base["layer0.weight"] = base["layer0.weight"].view(torch.int32)  # same bytes, dtype
+    base["layer1.weight"] = base["layer1.weight"].reshape(1024, 256)  # same bytes, shape
+    state = state_at(1, base)
+    second = save(tmp_path, state, epoch=2, incremental=True)
+    records, parent = records_of(tmp_path, second), records_of(tmp_path, first)
+    for fqn in ("base.layer0.weight", "base.layer1.weight"):
+        assert records[fqn].artifact != parent[fqn].artifact
+        assert records[fqn].sha256 == parent[fqn].sha256
+    assert records["base.layer0.weight"].dtype == "int32"
+    assert records["base.layer1.weight"].shape == (1024, 256)
+    assert records["base.layer2.weight"] == parent["base.layer2.weight"]
+    loaded = blank(state)
+    load(tmp_path, loaded)
+    assert_same(loaded, state)
