@@ -8,8 +8,9 @@ module alone: they import no other private module. Everything private they need 
 named here, so this list is the whole of their coupling to cairn's internals:
 
 * a save in two phases, whose uploads and commit are separate calls (:func:`begin`,
-  :class:`TwoPhaseSave`): its preconditions, its lease and its commit are the commit
-  protocol's own (:mod:`cairn._commit`), the same as a one-call ``save``'s;
+  :class:`TwoPhaseSave`), optionally building on a parent whose admission it checks:
+  its preconditions, its lease and its commit are the commit protocol's own
+  (:mod:`cairn._commit`), the same as a one-call ``save``'s;
 * :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`);
 * reading as ``load_latest`` does: :data:`DAMAGE`, :func:`latest_candidates`,
   :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`, and
