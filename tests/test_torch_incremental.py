@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import multiprocessing
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import msgspec
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -31,6 +33,7 @@ from cairn import (
     RetentionPolicy,
     SyncCheckpointer,
 )
+from cairn.manifest import encode_manifest
 from cairn.torch import CairnReader, CairnWriter, _format
 
 pytestmark = pytest.mark.filterwarnings(
@@ -321,3 +324,21 @@ def test_the_same_bytes_as_another_dtype_or_shape_are_not_carried(tmp_path: Path
     loaded = blank(state)
     load(tmp_path, loaded)
     assert_same(loaded, state)
+
+
+def test_a_fenced_writers_late_checkpoint_is_not_built_upon(tmp_path: Path) -> None:
+    first = save(tmp_path, state_at(1))
+    generation = sync(tmp_path).take_over()
+    # A checkpoint of the fenced generation that landed after the takeover.
+    late = CheckpointId.now()
+    shutil.copytree(tmp_path / PREFIX / str(first), tmp_path / PREFIX / str(late))
+    manifest = sync(tmp_path).load_manifest(first)
+    forged = msgspec.structs.replace(manifest, checkpoint_id=late, epoch=5)
+    (tmp_path / PREFIX / str(late) / "manifest.json").write_bytes(encode_manifest(forged))
+    with pytest.raises(CheckpointException) as info:
+        save(tmp_path, state_at(2), 6, incremental=True, parent=late, writer_generation=generation)
+    [(error, _)] = info.value.failures.values()
+    assert isinstance(error, InvalidInputError) and "fenced" in str(error)
+    # By default the latest admitted checkpoint is the parent.
+    second = save(tmp_path, state_at(2), 6, incremental=True, writer_generation=generation)
+    assert sync(tmp_path).load_manifest(second).parent_id == first
