@@ -8,8 +8,9 @@ module alone: they import no other private module. Everything private they need 
 named here, so this list is the whole of their coupling to cairn's internals:
 
 * a save in two phases, whose uploads and commit are separate calls (:func:`begin`,
-  :class:`TwoPhaseSave`): its preconditions, its lease and its commit are the commit
-  protocol's own (:mod:`cairn._commit`), the same as a one-call ``save``'s;
+  :class:`TwoPhaseSave`), optionally building on a parent whose admission it checks:
+  its preconditions, its lease and its commit are the commit protocol's own
+  (:mod:`cairn._commit`), the same as a one-call ``save``'s;
 * :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`);
 * reading as ``load_latest`` does: :data:`DAMAGE`, :func:`latest_candidates`,
   :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`, and
@@ -93,6 +94,15 @@ class TwoPhaseSave:
         """The checkpoint being saved."""
         return self._pending.checkpoint_id
 
+    def admits(self, parent: CheckpointManifest) -> bool:
+        """True when ``parent`` may be built upon: not committed by a fenced writer after
+        the takeover (judged by the writer record this save's preconditions read)."""
+        record = self._pending.record
+        generation = parent.writer_generation or 0
+        return record is None or record.admits(
+            generation, (parent.epoch, parent.checkpoint_id.uuid.int)
+        )
+
     async def upload(self, uploads: Sequence[PartitionUpload]) -> list[Entry]:
         """Upload partitions of the checkpoint (checked as ``save_partitions_concurrent``
         checks them); their entries. A failure ends the save."""
@@ -119,14 +129,19 @@ class TwoPhaseSave:
         await self.end()
 
 
-async def begin(ckpt: ObjectStoreCheckpointer, checkpoint_id: CheckpointId) -> TwoPhaseSave:
-    """Begin a two-phase save of ``checkpoint_id`` (building on no parent) through
-    ``ckpt``, as the writer that will commit it.
+async def begin(
+    ckpt: ObjectStoreCheckpointer,
+    checkpoint_id: CheckpointId,
+    parent_id: CheckpointId | None = None,
+) -> TwoPhaseSave:
+    """Begin a two-phase save of ``checkpoint_id`` through ``ckpt``, as the writer that
+    will commit it, building on ``parent_id`` (its lease keeps the parent's objects from
+    GC until the commit; None: no parent).
 
     Raises :class:`~cairn.FencedError` if a newer writer generation has taken over and
     :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is written then.
     """
-    pending = await _commit.start(ckpt.context, checkpoint_id)
+    pending = await _commit.start(ckpt.context, checkpoint_id, parent_id)
     return TwoPhaseSave(ckpt, pending)
 
 

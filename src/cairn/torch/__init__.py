@@ -27,6 +27,12 @@ directory that ``FileSystemReader`` and ``dcp_to_torch_save`` read, every byte v
 checked on the way in (see :mod:`cairn.torch._dcpdir` for what can and cannot be
 checked). ``cairn export-dcp`` and ``cairn import-dcp`` are the same on the command line.
 
+Incremental saves: ``CairnWriter(..., incremental=True)`` builds on the latest DCP
+checkpoint (or ``parent=``) and carries by reference every item whose bytes (SHA-256),
+dtype and shape equal the parent's item of the same key, instead of uploading it; the
+manifest names the parent and lists the parent's artifacts it carries with their
+``owner``, so GC, ``dependents`` and copies see them (see :mod:`cairn.torch._carry`).
+
 Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
 checkpoints (see :mod:`cairn.signing`): a reader with the key refuses, or passes over
 when choosing the latest, a checkpoint that someone without the key wrote.

@@ -350,6 +350,11 @@ async def _open_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Opened:
     ctx = ckpt.context
     manifest = await load_manifest(ctx, cid)
     entries = {entry.path: entry for _, entry in manifest.partition_entries()}
+    if len(entries) != sum(1 for _ in manifest.partition_entries()):
+        # Item records name artifacts by path alone: one path must mean one object.
+        raise CorruptManifestError(
+            ctx.paths.manifest(cid), "two entries (of different owners) share a path"
+        )
     meta_entries = manifest.operators.get(METADATA_OPERATOR)
     if meta_entries is None or len(meta_entries.partitions) != 1:
         raise _NotDcp(ctx.paths.checkpoint_dir(cid) + "operators/" + METADATA_OPERATOR)

@@ -34,6 +34,7 @@ from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.signing import SigningKey
+from cairn.torch._carry import Carried, Parent, carried_items, open_parent
 from cairn.torch._format import (
     BUNDLE_BYTES,
     OWN_ARTIFACT_BYTES,
@@ -73,11 +74,14 @@ def rank_operator(rank: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class _PlanData:
     """What the coordinator tells every rank in the global plan: the checkpoint (its id
-    and name) and the rank."""
+    and name), the rank, and for an incremental save the parent's records of this
+    rank's items and the first partition number the checkpoint's own artifacts take."""
 
     checkpoint_id: str
     rank: int
     name: str | None = None
+    carry: dict[Any, Carried] = dataclasses.field(default_factory=dict)
+    first_partition: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +112,32 @@ class _Artifact:
         self.size += view.nbytes
 
 
+@dataclasses.dataclass(frozen=True)
+class _Resolved:
+    """One item's bytes as they are stored: a flat view, what keeps it alive, whether it
+    is a copy, and for a tensor its dtype name and shape (``""``/``()`` for bytes)."""
+
+    view: memoryview
+    owner: object
+    copied: bool
+    dtype: str
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, item: WriteItem, data: object) -> _Resolved:
+        """``item``'s bytes from what the planner resolved it to."""
+        what = f"state_dict item {item.index.fqn!r}"
+        if item.type == WriteItemType.BYTE_IO:
+            if not isinstance(data, io.BytesIO):
+                raise InvalidInputError(f"{what}: the planner resolved a byte item to {data!r:.80}")
+            return cls(data.getbuffer(), data, False, "", ())
+        if not isinstance(data, torch.Tensor):
+            raise InvalidInputError(f"{what}: the planner resolved a tensor item to {data!r:.80}")
+        view, owner, copied = tensor_bytes(data, what)
+        shape = tuple(int(n) for n in owner.shape)
+        return cls(view, owner, copied, dtype_name(owner.dtype), shape)
+
+
 class _Batch:
     """Items resolved and laid out into artifacts, not uploaded yet."""
 
@@ -118,18 +148,16 @@ class _Batch:
         self.copied = 0
 
     def add(self, item: WriteItem, data: object) -> None:
-        what = f"state_dict item {item.index.fqn!r}"
+        """Lay out ``item``, resolved to ``data``, into this batch's artifacts."""
+        self.place(item, _Resolved.of(item, data))
+
+    def place(self, item: WriteItem, resolved: _Resolved) -> None:
+        """Lay out ``item``'s bytes, already resolved, into this batch's artifacts."""
+        view, owner, dtype, shape = resolved.view, resolved.owner, resolved.dtype, resolved.shape
         if item.type == WriteItemType.BYTE_IO:
-            if not isinstance(data, io.BytesIO):
-                raise InvalidInputError(f"{what}: the planner resolved a byte item to {data!r:.80}")
-            view = data.getbuffer()
-            self._bundled(view.nbytes).add(item, view, data, "", ())
+            self._bundled(view.nbytes).add(item, view, owner, "", ())
             return
-        if not isinstance(data, torch.Tensor):
-            raise InvalidInputError(f"{what}: the planner resolved a tensor item to {data!r:.80}")
-        view, owner, copied = tensor_bytes(data, what)
-        self.copied += view.nbytes if copied else 0
-        dtype, shape = dtype_name(owner.dtype), owner.shape
+        self.copied += view.nbytes if resolved.copied else 0
         if view.nbytes >= OWN_ARTIFACT_BYTES:
             self._new_artifact().add(item, view, owner, dtype, shape)
         else:
@@ -163,6 +191,15 @@ class CairnWriter(StorageWriter):
     signed (see :mod:`cairn.signing`), so a :class:`CairnReader` given the key loads it
     and refuses what someone without the key wrote.
 
+    With ``incremental=True`` a save builds on a parent DCP checkpoint: ``parent`` (a
+    checkpoint id or name, read as :meth:`reset` reads ``checkpoint_id``), by default the
+    one :class:`CairnReader` would load as the latest. Every item whose bytes (SHA-256),
+    dtype and shape equal the parent's item of the same key (fully qualified name and
+    chunk offsets) is carried by reference instead of uploaded, and the manifest names
+    the parent (see :mod:`cairn.torch._carry`). With no parent to build on, the save is
+    a full one; an explicit ``parent`` that is not there raises
+    :class:`~cairn.CheckpointNotFoundError`.
+
     Pickles (for ``dcp.async_save`` in process mode) unless its store is in memory.
     See :mod:`cairn.torch` for what is stored and what is guaranteed.
     """
@@ -178,7 +215,11 @@ class CairnWriter(StorageWriter):
         writer_generation: int = 0,
         lease: dt.timedelta = DEFAULT_LEASE,
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
+        incremental: bool = False,
+        parent: CheckpointId | str | os.PathLike[str] | None = None,
     ) -> None:
+        if parent is not None and not incremental:
+            raise InvalidInputError("CairnWriter's parent= is for an incremental=True save")
         if not is_int(epoch) or epoch < 0:
             raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
         if not is_int(writer_generation) or writer_generation < 0:
@@ -198,6 +239,13 @@ class CairnWriter(StorageWriter):
         self._ckpt: ObjectStoreCheckpointer | None = make_checkpointer(
             store, prefix, **self._settings
         )
+        self.incremental = bool(incremental)
+        self._parent: Target | None = (
+            None
+            if parent is None
+            else interpret(parent, store, self.checkpointer.paths, "CairnWriter's parent")
+        )
+        self._built_on: CheckpointId | None = None
         self._requested: Target | None = None
         self._name: str | None = None
         self._pending: TwoPhaseSave | None = None
@@ -208,6 +256,7 @@ class CairnWriter(StorageWriter):
         self._is_coordinator = False
         self._rank = 0
         self._checkpoint_id: CheckpointId | None = None
+        self._built_on = None
         self._save_id = str(uuid.uuid4())
 
     # -- pickling: the configuration travels, the store connection is made again ---------
@@ -301,13 +350,38 @@ class CairnWriter(StorageWriter):
         cid = requested if isinstance(requested, CheckpointId) else CheckpointId.now()
         ckpt = self.checkpointer
         self._reset_lease()
-        self._pending = run(begin(ckpt, cid), "CairnWriter.prepare_global_plan")
+        parent = self._open_parent(ckpt)
+        parent_id = parent.checkpoint_id if parent is not None else None
+        self._pending = run(begin(ckpt, cid, parent_id), "CairnWriter.prepare_global_plan")
+        if parent is not None and not self._pending.admits(parent.manifest):
+            self._reset_lease()
+            raise InvalidInputError(
+                f"parent {parent_id} was committed by a fenced writer after the takeover: "
+                "it is not one to build upon"
+            )
         self._checkpoint_id = cid
+        self._built_on = parent_id
         self._name = requested if isinstance(requested, str) else None
         return [
-            dataclasses.replace(plan, storage_data=_PlanData(str(cid), rank, self._name))
+            dataclasses.replace(plan, storage_data=self._plan_data(cid, rank, plan, parent))
             for rank, plan in enumerate(plans)
         ]
+
+    def _open_parent(self, ckpt: ObjectStoreCheckpointer) -> Parent | None:
+        if not self.incremental:
+            return None
+        parent = run(open_parent(ckpt, self._parent), "CairnWriter.prepare_global_plan")
+        if parent is None:
+            log.info("incremental save with no DCP checkpoint to build on: a full save")
+        return parent
+
+    def _plan_data(
+        self, cid: CheckpointId, rank: int, plan: SavePlan, parent: Parent | None
+    ) -> _PlanData:
+        if parent is None:
+            return _PlanData(str(cid), rank, self._name)
+        carry = parent.for_plan(plan)
+        return _PlanData(str(cid), rank, self._name, carry, parent.first_partition)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Upload this rank's items as artifacts of the checkpoint; their records.
@@ -315,7 +389,9 @@ class CairnWriter(StorageWriter):
         Items are resolved one by one; a tensor's bytes are sent from its own memory
         when it is a contiguous CPU tensor. When tensors had to be copied (from a device,
         or to make them contiguous), at most :data:`COPY_BUDGET` bytes of copies are held:
-        what is resolved by then is uploaded before the next items are resolved.
+        what is resolved by then is uploaded before the next items are resolved. In an
+        incremental save, the items resolved so far are first hashed (in parallel) and
+        those equal to the parent's carried (:mod:`cairn.torch._carry`).
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
@@ -327,16 +403,47 @@ class CairnWriter(StorageWriter):
         self._name = data.name
         operator = rank_operator(data.rank)
         results: list[WriteResult] = []
-        batch = _Batch(0)
+        batch = _Batch(data.first_partition)
+        window: list[tuple[WriteItem, _Resolved]] = []
+        held = 0  # bytes of copies in the window
         for item in plan.items:
-            batch.add(item, planner.resolve_data(item))
-            if batch.copied > COPY_BUDGET:
-                results += self._upload(cid, operator, batch)
-                batch = _Batch(batch.next_partition)
+            resolved = _Resolved.of(item, planner.resolve_data(item))
+            window.append((item, resolved))
+            held += resolved.view.nbytes if resolved.copied else 0
+            if held + batch.copied > COPY_BUDGET:
+                batch = self._lay_out(cid, operator, data.carry, window, batch, results)
+                window, held = [], 0
+        batch = self._lay_out(cid, operator, data.carry, window, batch, results)
         results += self._upload(cid, operator, batch)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
+
+    def _lay_out(
+        self,
+        cid: CheckpointId,
+        operator: str,
+        carry: dict[Any, Carried],
+        window: list[tuple[WriteItem, _Resolved]],
+        batch: _Batch,
+        results: list[WriteResult],
+    ) -> _Batch:
+        """Carry the items of ``window`` equal to the parent's, place the others into
+        ``batch``, uploading it whenever its copies pass :data:`COPY_BUDGET`; the batch
+        to go on with. Results are appended to ``results``."""
+        matches = carried_items(
+            [(carry.get(item.index), r.view, r.dtype, r.shape) for item, r in window]
+        )
+        for (item, resolved), carried in zip(window, matches, strict=True):
+            if carried is not None:
+                written = _Written(carried.record, carried.operator, carried.entry)
+                results.append(WriteResult(item.index, resolved.view.nbytes, written))
+                continue
+            batch.place(item, resolved)
+            if batch.copied > COPY_BUDGET:
+                results += self._upload(cid, operator, batch)
+                batch = _Batch(batch.next_partition)
+        return batch
 
     def _upload(self, cid: CheckpointId, operator: str, batch: _Batch) -> list[WriteResult]:
         upload = functools.partial(self.checkpointer.save_partitions_concurrent, cid)
@@ -363,10 +470,12 @@ class CairnWriter(StorageWriter):
         ckpt = self.checkpointer
 
         async def commit() -> None:
-            save = pending if pending is not None else await begin(ckpt, cid)
+            save = pending if pending is not None else await begin(ckpt, cid, self._built_on)
             async with save:
                 epoch, save_id, name = self.epoch, self._save_id, self._name
-                await commit_dcp(ckpt, save, epoch, metadata, results, save_id, name)
+                await commit_dcp(
+                    ckpt, save, epoch, metadata, results, save_id, name, self._built_on
+                )
 
         run(commit(), "CairnWriter.finish")
         self._requested = None  # an id or name given to one save is not reused by the next
@@ -429,9 +538,11 @@ async def commit_dcp(
     results: list[list[WriteResult]],
     save_id: str,
     name: str | None,
+    parent_id: CheckpointId | None = None,
 ) -> CheckpointManifest:
     """Store DCP's ``metadata`` (with every rank's item records) as an artifact of
-    ``save``, then commit its manifest naming it and every rank's artifacts."""
+    ``save``, then commit its manifest naming it and every rank's artifacts (those
+    carried from ``parent_id``, the checkpoint an incremental save built on, included)."""
     cid = save.checkpoint_id
     records, entries = _collect(results)
     metadata.storage_data = records
@@ -445,6 +556,7 @@ async def commit_dcp(
         [*entries, *uploaded],
         writer_generation=ckpt.writer_generation,
         name=name,
+        parent_id=parent_id,
     )
     committed = await save.commit(manifest)
     named = f" named {name!r}" if name is not None else ""

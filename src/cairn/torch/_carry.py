@@ -1,0 +1,132 @@
+"""What an incremental DCP save carries from the checkpoint it builds on. No uploads.
+
+``CairnWriter(..., incremental=True)`` builds on a parent DCP checkpoint (by default
+the one :class:`~cairn.torch.CairnReader` would load as the latest). An item whose key
+(its ``MetadataIndex``: fully qualified name and chunk offsets), dtype, shape, length
+and SHA-256 equal the parent's record of that key is not uploaded again: its record
+stays the parent's, and the manifest lists the parent's artifact holding it as an
+entry owned by the checkpoint that uploaded it (``owner``), so GC, ``dependents``,
+verification and copies treat it as any carried partition.
+
+Invariants:
+
+* an item is carried only when the SHA-256 of the bytes being saved equals the
+  parent's recorded SHA-256 (computed here, from the bytes themselves), with the same
+  dtype, shape and length; anything else is uploaded;
+* the parent's records were read from verified metadata (:func:`open_dcp`), so a
+  carried record is one that loaded;
+* the new checkpoint's own partitions are numbered after every partition of the
+  parent (:attr:`Parent.first_partition`), so its entries never collide with a carried
+  one in the same operator;
+* the coordinator reads the parent once and hands each rank only the records of the
+  items in that rank's plan, inside the plan: no rank reads the parent itself.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import msgspec
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan
+
+from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.errors import CheckpointNotFoundError
+from cairn.ids import CheckpointId
+from cairn.integrity import sha256_hex
+from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.torch._target import Target
+
+__all__ = ["HASH_THREADS", "Carried", "Parent", "carried_if_equal", "carried_items", "open_parent"]
+
+HASH_THREADS = min(8, os.cpu_count() or 1)
+"""Threads that hash a rank's items against the parent's at once (hashlib releases the
+GIL while it hashes a large buffer)."""
+
+StoredRecord = tuple[str, int, int, str, str, tuple[int, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """The parent's record of one item, and the entry (owner set) of its artifact."""
+
+    record: StoredRecord
+    operator: str
+    entry: PartitionSnapshotEntry
+
+
+@dataclasses.dataclass(frozen=True)
+class Parent:
+    """The checkpoint an incremental save builds on, as the coordinator read it."""
+
+    checkpoint_id: CheckpointId
+    manifest: CheckpointManifest
+    items: dict[MetadataIndex, Carried]
+    first_partition: int
+
+    def for_plan(self, plan: SavePlan) -> dict[MetadataIndex, Carried]:
+        """The parent's records of the items in ``plan`` (those it holds)."""
+        found: dict[MetadataIndex, Carried] = {}
+        for item in plan.items:
+            carried = self.items.get(item.index)
+            if carried is not None:
+                found[item.index] = carried
+        return found
+
+
+async def open_parent(ckpt: ObjectStoreCheckpointer, target: Target | None) -> Parent | None:
+    """The DCP checkpoint ``target`` names (None: the latest, as ``CairnReader`` picks
+    it), opened and verified; None when ``target`` is None and there is none.
+
+    An explicit ``target`` that is not there raises :class:`CheckpointNotFoundError`.
+    """
+    from cairn.torch._reader import open_dcp  # the reader imports the writer's names
+
+    try:
+        opened = await open_dcp(ckpt, target)
+    except CheckpointNotFoundError:
+        if target is not None:
+            raise
+        return None
+    cid, manifest = opened.checkpoint_id, opened.manifest
+    located: dict[str, tuple[str, PartitionSnapshotEntry]] = {}
+    last = -1
+    for operator, entry in manifest.partition_entries():
+        last = max(last, entry.partition_id)
+        owned = entry if entry.owner is not None else msgspec.structs.replace(entry, owner=cid)
+        located[entry.path] = (operator, owned)
+    items: dict[MetadataIndex, Carried] = {}
+    for index, record in opened.records.items():
+        operator, entry = located[record.artifact]
+        items[index] = Carried(record.stored(), operator, entry)
+    return Parent(cid, manifest, items, last + 1)
+
+
+def carried_if_equal(
+    carried: Carried | None, view: memoryview, dtype: str, shape: tuple[int, ...]
+) -> Carried | None:
+    """``carried`` when the bytes ``view`` (of ``dtype``/``shape``) are the very item it
+    records (same dtype, shape, length and SHA-256); None otherwise."""
+    if carried is None:
+        return None
+    _, _, length, sha256, old_dtype, old_shape = carried.record
+    if (old_dtype, tuple(old_shape), length) != (dtype, shape, view.nbytes):
+        return None
+    return carried if sha256_hex(view) == sha256 else None
+
+
+Candidate = tuple[Carried | None, memoryview, str, tuple[int, ...]]
+"""The parent's record of an item (if any), and the item's bytes, dtype and shape."""
+
+
+def carried_items(candidates: Sequence[Candidate]) -> list[Carried | None]:
+    """:func:`carried_if_equal` of each candidate, in order; the SHA-256s are computed in
+    up to :data:`HASH_THREADS` threads."""
+    hashed = sum(1 for carried, *_ in candidates if carried is not None)
+    if hashed <= 1 or HASH_THREADS == 1:
+        return [carried_if_equal(*candidate) for candidate in candidates]
+    with concurrent.futures.ThreadPoolExecutor(HASH_THREADS) as pool:
+        return list(pool.map(lambda candidate: carried_if_equal(*candidate), candidates))
