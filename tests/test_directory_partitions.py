@@ -36,7 +36,12 @@ from cairn import (
     TransientStoreError,
     _commit,
 )
-from cairn.manifest import check_manifest, decode_manifest, encode_manifest
+from cairn.manifest import (
+    CheckpointManifest,
+    check_manifest,
+    decode_manifest,
+    encode_manifest,
+)
 from cairn.stores import ForwardingStore, ObjectInfo, as_store
 
 KEY = ("db", 0)
@@ -311,17 +316,29 @@ def test_the_manifest_round_trips_and_refuses_bad_file_entries(tmp_path: Path) -
         check_manifest(twice)
 
 
+def saved_twice(
+    tmp_path: Path, files: dict[str, bytes], changed: str, new: bytes
+) -> tuple[Path, Path, CheckpointManifest, CheckpointManifest]:
+    """A local store (under the CLI's prefix) with two checkpoints of one directory
+    partition: ``files``, then the same with ``changed`` rewritten to ``new`` (the
+    second carries the rest). Returns the store's root, the directory, both manifests."""
+    source = tmp_path / "source"
+    src = tmp_path / "src"
+    write_tree(src, files)
+    ckpt = SyncCheckpointer(str(source), CheckpointPaths(PREFIX))
+    first = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / changed).write_bytes(new)
+    second = ckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    return source, src, first, second
+
+
 def test_copy_and_cli_restore_of_an_incremental_directory_checkpoint(tmp_path: Path) -> None:
     """``cairn copy`` brings every file (uploaded and carried) and verifies it in the
     target; ``cairn restore`` writes the files as stored; both then restore bit-exact."""
-    source = tmp_path / "source"
-    src = tmp_path / "src"
-    write_tree(src, {"a.sst": b"a" * 1000, "b.sst": b"b" * 2000})
-    ckpt = SyncCheckpointer(str(source), CheckpointPaths(PREFIX))
-    first = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
-    (src / "b.sst").write_bytes(b"B" * 2001)
-    second = ckpt.save(
-        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    source, src, _, second = saved_twice(
+        tmp_path, {"a.sst": b"a" * 1000, "b.sst": b"b" * 2000}, "b.sst", b"B" * 2001
     )
     store = ["--store", str(source)]
     gc = cairn("gc", "--keep-last", "1", "--min-age", "0s", *store)
@@ -393,14 +410,8 @@ async def test_a_save_failing_after_its_uploads_leaves_no_file_behind(tmp_path: 
 def test_cli_verify_reads_every_directory_file_and_names_a_damaged_one(tmp_path: Path) -> None:
     """``cairn verify`` checks the files of directory partitions, carried ones too (which
     ``load`` lists without reading), and a flipped byte fails it naming the file."""
-    source = tmp_path / "source"
-    src = tmp_path / "src"
-    write_tree(src, {"kept.sst": b"k" * 700, "changed.sst": b"a" * 300})
-    ckpt = SyncCheckpointer(str(source), CheckpointPaths(PREFIX))
-    first = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
-    (src / "changed.sst").write_bytes(b"b" * 301)
-    second = ckpt.save(
-        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    source, _, first, second = saved_twice(
+        tmp_path, {"kept.sst": b"k" * 700, "changed.sst": b"a" * 300}, "changed.sst", b"b" * 301
     )
     store = ["--store", str(source)]
     ok = cairn("verify", "--all", "--json", *store)
@@ -418,13 +429,9 @@ def test_cli_verify_reads_every_directory_file_and_names_a_damaged_one(tmp_path:
 def test_cli_show_summarises_directory_partitions(tmp_path: Path) -> None:
     """``cairn show`` names each directory partition with its files, the carried ones and
     their bytes, in its table and its ``--json``."""
-    source = tmp_path / "source"
-    src = tmp_path / "src"
-    write_tree(src, {"a.sst": b"a" * 1000, "b.sst": b"b" * 2000})
-    ckpt = SyncCheckpointer(str(source), CheckpointPaths(PREFIX))
-    first = ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
-    (src / "b.sst").write_bytes(b"B" * 2001)
-    ckpt.save(CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id))
+    source, _, _, _ = saved_twice(
+        tmp_path, {"a.sst": b"a" * 1000, "b.sst": b"b" * 2000}, "b.sst", b"B" * 2001
+    )
     store = ["--store", str(source)]
     table, doc = cairn_many([["show", "latest", *store], ["show", "latest", "--json", *store]])
     assert table.code == 0 and doc.code == 0, table.explain() + doc.explain()
