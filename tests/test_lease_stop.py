@@ -14,27 +14,27 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from obstore.store import MemoryStore
+from support.gates import GatedStore
 
 from cairn._lease import Lease
 from cairn.errors import CheckpointNotFoundError
-from cairn.stores import ForwardingStore, ObstoreStore, PutMode, StoreMethod
+from cairn.stores import ObstoreStore, PutMode, StoreMethod
 
 T = TypeVar("T")
 INTENT = "checkpoints/x/intent.json"
 
 
-class SentRenewals(ForwardingStore):
+class SentRenewals(GatedStore):
     """Holds the second put of the intent (its first renewal) until :meth:`release`, and
-    carries it out even when the caller is cancelled, as a request already sent is."""
+    carries every call out even when its caller is cancelled, as a request already sent
+    is; ``puts`` counts the puts of the intent."""
 
     def __init__(self) -> None:
-        super().__init__(ObstoreStore(MemoryStore()))
+        super().__init__(ObstoreStore(MemoryStore()), self._first_renewal)
         self.puts = 0
-        self.reached = asyncio.Event()
-        self._open = asyncio.Event()
 
-    def release(self) -> None:
-        self._open.set()
+    def _first_renewal(self, operation: StoreMethod, path: str, mode: PutMode | None) -> bool:
+        return operation == "put" and path == INTENT and self.puts == 2
 
     async def _around(
         self,
@@ -44,18 +44,10 @@ class SentRenewals(ForwardingStore):
         *,
         mode: PutMode | None = None,
     ) -> T:
-        if operation != "put" or path != INTENT:
-            return await call()
-        self.puts += 1
-        if self.puts != 2:
-            return await call()
-
-        async def sent() -> T:
-            self.reached.set()
-            await self._open.wait()
-            return await call()
-
-        return await asyncio.shield(asyncio.ensure_future(sent()))
+        if operation == "put" and path == INTENT:
+            self.puts += 1
+        sent = asyncio.ensure_future(super()._around(operation, path, call, mode=mode))
+        return await asyncio.shield(sent)
 
 
 async def test_stop_waits_for_a_renewal_in_flight_so_a_deleted_intent_stays_deleted() -> None:
