@@ -109,15 +109,27 @@ async def test_restore_is_bit_exact(dckpt: ObjectStoreCheckpointer, tmp_path: Pa
     assert read_tree(empty) == TREE
 
 
+async def saved_twice_into(
+    ckpt: ObjectStoreCheckpointer, src: Path, files: dict[str, bytes], changed: str, new: bytes
+) -> tuple[CheckpointManifest, CheckpointManifest]:
+    """Two checkpoints of one directory partition in ``ckpt``: ``files`` written to
+    ``src``, then the same with ``changed`` rewritten to ``new`` (the second carries the
+    rest from the first)."""
+    write_tree(src, files)
+    first = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / changed).write_bytes(new)
+    second = await ckpt.save(
+        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    )
+    return first, second
+
+
 async def test_a_flipped_byte_is_caught_naming_the_file(
     dckpt: ObjectStoreCheckpointer, tmp_path: Path
 ) -> None:
     src = tmp_path / "src"
-    write_tree(src, {"kept.sst": b"k" * 500, "changed.sst": b"a" * 300})
-    first = await dckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
-    (src / "changed.sst").write_bytes(b"b" * 301)
-    second = await dckpt.save(
-        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    first, second = await saved_twice_into(
+        dckpt, src, {"kept.sst": b"k" * 500, "changed.sst": b"a" * 300}, "changed.sst", b"b" * 301
     )
     files = {f.relative_path: f for f in second.directories[0].files}
     assert files["kept.sst"].owner == first.checkpoint_id
@@ -240,11 +252,8 @@ async def test_gc_and_delete_keep_the_files_a_retained_checkpoint_names(
     dckpt: ObjectStoreCheckpointer, tmp_path: Path
 ) -> None:
     src = tmp_path / "src"
-    write_tree(src, {"a": b"a" * 100, "b": b"b" * 100})
-    first = await dckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
-    (src / "b").write_bytes(b"B" * 101)
-    second = await dckpt.save(
-        CheckpointData(epoch=2, directories={KEY: src}, parent_id=first.checkpoint_id)
+    first, second = await saved_twice_into(
+        dckpt, src, {"a": b"a" * 100, "b": b"b" * 100}, "b", b"B" * 101
     )
     assert await dckpt.dependents(first.checkpoint_id) == [second.checkpoint_id]
     with pytest.raises(CheckpointInUseError):
