@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 from support.artifacts import artifact_path
+from support.samples import reference_style_delta
 
 from cairn import (
     BrokenChainError,
     CheckpointData,
-    CheckpointId,
     CheckpointInUseError,
     CheckpointManifest,
     CheckpointNotFoundError,
     IntegrityMismatchError,
     InvalidCheckpointDataError,
     ObjectStoreCheckpointer,
-    OperatorSnapshotEntry,
 )
 
 
@@ -102,27 +101,16 @@ async def test_broken_chains_name_the_link(ckpt: ObjectStoreCheckpointer) -> Non
 
 async def test_reference_style_manifest_walks_parents(ckpt: ObjectStoreCheckpointer) -> None:
     """A manifest written the reference's way lists only its deltas; the base is the parent's."""
-    base = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"base"}))
-    cid = CheckpointId.now()
-    [(_, entry)] = await ckpt.save_partitions_concurrent(cid, [("op", 0, True, b"+d")])
-    manifest = CheckpointManifest(
-        version=2,
-        checkpoint_id=cid,
-        epoch=2,
-        timestamp_ms=1,
-        parent_id=base.checkpoint_id,
-        operators={"op": OperatorSnapshotEntry.from_partitions([entry])},
-    )
-    await ckpt.save_manifest(manifest)
+    base_id, cid = await reference_style_delta(ckpt)
     chain = await ckpt.load_chain(cid, "op", 0)
     assert [bytes(link.data) for link in chain] == [b"base", b"+d"]
     with pytest.raises(CheckpointInUseError) as refused:  # its manifest is a link of cid's
-        await ckpt.delete_checkpoint(base.checkpoint_id)
+        await ckpt.delete_checkpoint(base_id)
     assert refused.value.dependents == [str(cid)]
-    await ckpt.delete_checkpoint(base.checkpoint_id, force=True)
+    await ckpt.delete_checkpoint(base_id, force=True)
     with pytest.raises(BrokenChainError, match="parent .* is missing") as info:
         await ckpt.load(cid)
-    assert str(base.checkpoint_id) in info.value.link
+    assert str(base_id) in info.value.link
 
 
 async def test_a_delta_needs_a_base_in_its_parent(ckpt: ObjectStoreCheckpointer) -> None:

@@ -6,16 +6,15 @@ import asyncio
 import datetime as dt
 
 from obstore.store import MemoryStore
+from support.samples import reference_style_delta
 
 from cairn import (
     CheckpointData,
     CheckpointId,
-    CheckpointManifest,
     CheckpointPaths,
     ObjectStoreCheckpointer,
     RetentionPolicy,
 )
-from cairn.manifest import OperatorSnapshotEntry
 from cairn.retention import span_text
 
 NOW = dt.timedelta(0)
@@ -74,22 +73,11 @@ def test_keep_within_alone_is_a_reason() -> None:
 def test_the_parent_a_reference_style_manifest_needs_is_kept_as_its_base() -> None:
     async def scenario() -> None:
         ckpt = checkpointer()
-        base = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"base"}))
-        cid = CheckpointId.now()
-        [(_, entry)] = await ckpt.save_partitions_concurrent(cid, [("op", 0, True, b"+d")])
-        manifest = CheckpointManifest(
-            version=2,
-            checkpoint_id=cid,
-            epoch=2,
-            timestamp_ms=1,
-            parent_id=base.checkpoint_id,
-            operators={"op": OperatorSnapshotEntry.from_partitions([entry])},
-        )
-        await ckpt.save_manifest(manifest)
+        base, cid = await reference_style_delta(ckpt)
         await ckpt.update_latest(cid)
         result = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW, dry_run=True)
         assert result.reasons == {
-            base.checkpoint_id: ["base of a kept incremental"],
+            base: ["base of a kept incremental"],
             cid: ["keep-last 1", "latest"],
         }
 
