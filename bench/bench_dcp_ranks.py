@@ -109,7 +109,7 @@ from typing import Any
 
 import obstore
 import torch
-from obstore.store import MemoryStore, ObjectStore, S3Store
+from obstore.store import ObjectStore
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
@@ -131,7 +131,7 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_dcp_ranks.py``
     sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
-from bench.harness import MiB, emit_json, table  # noqa: E402
+from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
 from cairn.torch import CairnReader, CairnWriter  # noqa: E402
@@ -478,19 +478,6 @@ def census(raw: ObjectStore, paths: CheckpointPaths, cid: Any, scale: int, out: 
 # -- stores and the report ---------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def open_store(kind: str) -> Iterator[ObjectStore]:
-    """A MemoryStore, or a bucket on a fresh moto server."""
-    if kind == "memory":
-        yield MemoryStore()
-        return
-    servers: Any = importlib.import_module("support.servers")
-    with servers.S3Server() as server:
-        bucket = servers.unique_name("cairn-bench-ranks")
-        server.create_bucket(bucket)
-        yield S3Store(bucket, **servers.s3_store_options(server))
-
-
 def summarize(store: str, ranks: int, runs: list[Run]) -> dict[str, Any]:
     """The report row of ``runs`` (counts from the first, times as medians)."""
     first = runs[0]
@@ -640,7 +627,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     counter = itertools.count()
     for kind in stores:
-        with open_store(kind) as raw:
+        with memory_or_moto_store(kind, "cairn-bench-ranks") as raw:
             for n in ranks:
                 runs = []
                 for rep in range(reps):

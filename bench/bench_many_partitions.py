@@ -23,24 +23,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import obstore
-from obstore.store import MemoryStore, ObjectStore, S3Store
+from obstore.store import ObjectStore
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as ``python bench/bench_many_partitions.py``
     sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
-from bench.harness import MiB, emit_json, table  # noqa: E402
+from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
 from cairn import CheckpointData, ObjectStoreCheckpointer  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
@@ -103,19 +101,6 @@ async def one_run(raw: ObjectStore, prefix: str, partitions: int, size: int) -> 
     return out
 
 
-@contextlib.contextmanager
-def open_store(kind: str) -> Iterator[ObjectStore]:
-    """A MemoryStore, or a bucket on a fresh moto server."""
-    if kind == "memory":
-        yield MemoryStore()
-        return
-    servers: Any = importlib.import_module("support.servers")
-    with servers.S3Server() as server:
-        bucket = servers.unique_name("cairn-bench-partitions")
-        server.create_bucket(bucket)
-        yield S3Store(bucket, **servers.s3_store_options(server))
-
-
 def requests(ops: dict[str, int]) -> str:
     """``{"put": 3, "get": 1}`` -> ``"put 3, get 1"`` (total first)."""
     total = sum(ops.values())
@@ -144,7 +129,7 @@ def main() -> None:
         parser.error("--partitions and --reps must be >= 1, --size >= 8")
     rows: list[dict[str, Any]] = []
     for kind in stores:
-        with open_store(kind) as raw:
+        with memory_or_moto_store(kind, "cairn-bench-partitions") as raw:
             runs = []
             for rep in range(args.reps):
                 began = time.perf_counter()

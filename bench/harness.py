@@ -105,6 +105,24 @@ def memory_store() -> Iterator[ObjectStore]:
     yield MemoryStore()
 
 
+@contextmanager
+def memory_or_moto_store(kind: str, bucket_prefix: str) -> Iterator[ObjectStore]:
+    """A MemoryStore (``kind`` "memory"), or a fresh bucket named after ``bucket_prefix``
+    on a moto server started for it (``kind`` "s3"; needs ``tests/`` on ``sys.path``)."""
+    if kind == "memory":
+        yield MemoryStore()
+        return
+    import importlib
+
+    from obstore.store import S3Store
+
+    servers: Any = importlib.import_module("support.servers")
+    with servers.S3Server() as server:
+        bucket = servers.unique_name(bucket_prefix)
+        server.create_bucket(bucket)
+        yield S3Store(bucket, **servers.s3_store_options(server))
+
+
 SHM = "/dev/shm"
 """tmpfs: where the disk's write-back cannot hide CPU costs (hashing, copies, per-call work)."""
 
