@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "data",
             "codecs",
             "inputs",
+            "ranges",
             "observe",
             "_validate",
             "_buffer",

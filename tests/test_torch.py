@@ -54,12 +54,14 @@ from cairn import (
 )
 from cairn.integrity import sha256_hex
 from cairn.manifest import encode_manifest
-from cairn.stores import ObstoreStore
+from cairn.ranges import index_size
+from cairn.stores import ForwardingStore, ObstoreStore, Store
 from cairn.torch import (
     METADATA_OPERATOR,
     CairnReader,
     CairnWriter,
     _format,
+    _reader,
     _writer,
     load_latest,
 )
@@ -173,10 +175,18 @@ def test_every_kind_of_tensor_and_value_round_trips_bit_exactly(
     assert_same(blank, state)
     manifest = sync(store).load_manifest(cid)
     assert manifest.epoch == 3 and sorted(manifest.operators) == [METADATA_OPERATOR, "rank-0"]
-    sizes = sorted(p.size_bytes for p in manifest.operators["rank-0"].partitions)
-    # "big" and "strided_big" alone; everything else packed into one bundle.
-    assert sizes[-2:] == sorted([512 * 1024 * 4, 1024 * 300 * 4]) and len(sizes) == 3
+    parts = manifest.operators["rank-0"].partitions
     assert all(p.codec == compression for _, p in manifest.partition_entries())
+    if compression is None:
+        # One object of ranges holds every item of the rank.
+        items = reader.read_metadata().storage_data
+        [entry] = parts
+        assert entry.index_size_bytes == index_size(len(items))
+        assert {r[0] for r in items.values()} == {entry.path}
+        return
+    # Compressed: "big" and "strided_big" alone; everything else in one bundle.
+    sizes = sorted(p.size_bytes for p in parts)
+    assert sizes[-2:] == sorted([512 * 1024 * 4, 1024 * 300 * 4]) and len(sizes) == 3
 
 
 def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
@@ -189,17 +199,83 @@ def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
     assert copied and bytes(view) == strided.contiguous().numpy().tobytes()
     with pytest.raises(InvalidInputError, match="'sparse'.*dense"):
         tensor_bytes(torch.eye(3).to_sparse(), "'sparse'")
-    # End to end: the put of an artifact holding one tensor carries the tensor's memory.
-    store = RecordingStore(ObstoreStore(MemoryStore()), keep_puts=True)
+    # End to end: the rank object's chunks are views of the tensor's own memory.
+    store = _ChunkStore(ObstoreStore(MemoryStore()))
     big = torch.randn(256, 1024)
-    cid = save(store, {"big": big, "small": torch.ones(3)})
-    manifest = sync(store).load_manifest(cid)
-    [entry] = [p for p in manifest.operators["rank-0"].partitions if p.size_bytes == big.nbytes]
-    sent = store.puts[CheckpointPaths(PREFIX).resolve(cid, entry.path)]
-    assert np.frombuffer(memoryview(sent), np.uint8).ctypes.data == big.data_ptr()
+    save(store, {"big": big, "small": torch.ones(3)})
+    chunks = store.chunks[next(p for p in store.chunks if "/rank-0/" in p)]
+    assert chunks[0] == big.data_ptr()
 
 
-def test_copies_are_uploaded_in_batches_bounded_by_the_copy_budget(
+class _ChunkStore(ForwardingStore):
+    """Records, per ``put_stream``, the address of each chunk it was handed, and the
+    bytes of chunks consumed so far (all streams together)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.chunks: dict[str, list[int]] = {}
+        self.consumed = 0
+
+    async def put_stream(self, path: str, open_chunks: Any, *, metadata: Any = None) -> None:
+        def recording() -> Any:
+            async def chunks() -> Any:
+                self.chunks[path] = []
+                async for chunk in open_chunks():
+                    view = np.frombuffer(memoryview(chunk), np.uint8)
+                    self.chunks[path].append(view.ctypes.data)
+                    self.consumed += view.nbytes
+                    yield chunk
+
+            return chunks()
+
+        await super().put_stream(path, recording, metadata=metadata)
+
+
+class _RecordingPlanner(DefaultSavePlanner):
+    """Records, at each ``resolve_data``, the bytes ``store`` had consumed by then."""
+
+    def __init__(self, store: _ChunkStore) -> None:
+        super().__init__()
+        self.store = store
+        self.resolved_at: list[int] = []
+
+    def resolve_data(self, write_item: Any) -> Any:
+        self.resolved_at.append(self.store.consumed)
+        return super().resolve_data(write_item)
+
+
+def test_items_are_resolved_as_the_upload_reaches_them_one_ahead() -> None:
+    """A rank's copies are not all held at once: item k is resolved only once the
+    bytes of items 0..k-2 have gone to the store."""
+    store = _ChunkStore(ObstoreStore(MemoryStore()))
+    state = {f"t{i}": torch.randn(1024, 1024)[:, ::2] for i in range(5)}  # 2 MiB copies
+    planner = _RecordingPlanner(store)
+    writer = CairnWriter(store, epoch=1, prefix=PREFIX)
+    dcp_save(state, storage_writer=writer, planner=planner, no_dist=True)
+    size = 1024 * 512 * 4
+    assert len(planner.resolved_at) == 5
+    for k, consumed in enumerate(planner.resolved_at):
+        assert consumed >= max(0, k - 1) * size, (k, planner.resolved_at)
+    blank = {k: torch.zeros(1024, 512) for k in state}
+    load(store, blank)
+    assert_same(blank, state)
+
+
+def test_a_rank_holding_more_than_the_object_size_gets_one_object_per_that_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_writer, "RANK_OBJECT_BYTES", 3 << 20)
+    state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(8)}  # 1000 KiB each
+    cid = save(str(tmp_path), state)
+    parts = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    sizes = [p.size_bytes - (p.index_size_bytes or 0) for p in parts]
+    assert sizes == [3 * 1000 * 1024, 3 * 1000 * 1024, 2 * 1000 * 1024]
+    blank = {k: torch.zeros(1000, 256) for k in state}
+    load(str(tmp_path), blank)
+    assert_same(blank, state)
+
+
+def test_compressed_copies_are_uploaded_in_batches_bounded_by_the_copy_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_writer, "COPY_BUDGET", 3 << 20)
@@ -212,7 +288,7 @@ def test_copies_are_uploaded_in_batches_bounded_by_the_copy_budget(
 
     monkeypatch.setattr(_writer.CairnWriter, "_upload", counting)
     state = {f"t{i}": torch.randn(1024, 1024)[:, ::2] for i in range(5)}  # 2 MiB copies
-    save(str(tmp_path), state)
+    save(str(tmp_path), state, compression="zstd")
     assert calls == [2, 2, 1]
     blank = {k: torch.zeros(1024, 512) for k in state}
     load(str(tmp_path), blank)
@@ -241,9 +317,9 @@ def test_bundles_stream_without_joining_their_items() -> None:
         assert b"".join(chunks) == reader_bytes(parts)
 
 
-def test_small_items_are_packed_into_bundles_of_bounded_size(tmp_path: Path) -> None:
+def test_compressed_small_items_are_packed_into_bundles_of_bounded_size(tmp_path: Path) -> None:
     state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(20)}  # 1000 KiB each
-    cid = save(str(tmp_path), state)
+    cid = save(str(tmp_path), state, compression="zstd")
     manifest = sync(str(tmp_path)).load_manifest(cid)
     sizes = [p.size_bytes for p in manifest.operators["rank-0"].partitions]
     assert all(size <= BUNDLE_BYTES for size in sizes) and sum(sizes) == 20 * 1000 * 1024
@@ -584,3 +660,28 @@ def test_load_latest_raises_what_is_not_damage(tmp_path: Path) -> None:
     with pytest.raises(CheckpointException) as info:
         load_latest({"a": torch.zeros(3), "missing": torch.zeros(2)}, store, prefix=PREFIX)
     assert not isinstance(failure_of(info), (IntegrityError, CheckpointNotFoundError))
+
+
+class _RangeStore(ForwardingStore):
+    """Records the ``(start, end)`` of every ranged read of a rank object."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.ranges: list[tuple[int, int]] = []
+
+    async def get_range(self, path: str, start: int, end: int) -> Any:
+        if "/rank-0/" in path:
+            self.ranges.append((start, end))
+        return await super().get_range(path, start, end)
+
+
+def test_a_load_reads_a_rank_object_in_bounded_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _RangeStore(ObstoreStore(MemoryStore()))
+    state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(8)}  # 1000 KiB each
+    save(store, state)
+    monkeypatch.setattr(_reader, "READ_SPAN_BYTES", 3 << 20)
+    blank = {k: torch.zeros(1000, 256) for k in state}
+    load(store, blank)
+    assert_same(blank, state)
+    item = 1000 * 1024
+    assert sorted(store.ranges) == [(0, 3 * item), (3 * item, 6 * item), (6 * item, 8 * item)]

@@ -4,7 +4,9 @@ Invariants:
 
 * every byte handed out is verified against the SHA-256 its manifest records (unless
   the caller asks not to), after decompression; large buffers in a worker thread, small
-  ones inline (a thread hop costs more than their hash);
+  ones inline (a thread hop costs more than their hash); an object of ranges
+  (:mod:`cairn.ranges`) is handed out as stored, index included, once its index and
+  every range verify;
 * no read of an artifact an entry describes holds more than the entry records: its
   stored bytes are read in one request of their recorded size (``size_bytes``, or
   ``stored_size_bytes`` when compressed) plus one byte, so an object of any other length
@@ -49,10 +51,11 @@ from cairn.errors import (
     InvalidInputError,
 )
 from cairn.ids import CheckpointId
-from cairn.integrity import StreamHasher, verify_integrity_async
+from cairn.integrity import INLINE_HASH_LIMIT, StreamHasher, verify_integrity_async
 from cairn.layout import validate_name, validate_partition
 from cairn.localfs import LinkRefused, atomic_file_at, run_to_end
 from cairn.manifest import PartitionSnapshotEntry
+from cairn.ranges import verify_ranges
 
 __all__ = [
     "RESTORE_CHUNK",
@@ -187,9 +190,19 @@ async def read_entry(
         data = await asyncio.to_thread(
             codec.decompress, data, path=path, size_bytes=entry.size_bytes
         )
-    if verify:
+    if verify and entry.index_size_bytes is not None:
+        await _off_loop(data, verify_ranges, path, data, entry.index_size_bytes, entry.sha256)
+    elif verify:
         await verify_integrity_async(path, data, entry.sha256)
     return data
+
+
+async def _off_loop(data: Buffer, check: Callable[..., None], *args: object) -> None:
+    """``check(*args)``, in a worker thread when ``data`` is large enough to be worth it."""
+    if memoryview(data).nbytes > INLINE_HASH_LIMIT:
+        await asyncio.to_thread(check, *args)
+    else:
+        check(*args)
 
 
 def _fetch_link(

@@ -4,7 +4,9 @@ Invariants:
 
 * each artifact is hashed exactly once, over the caller's own bytes (before any
   compression), and the digest and size recorded in its entry are those of those bytes;
-  buffers are hashed in a worker thread while they travel, streams chunk by chunk;
+  buffers are hashed in a worker thread while they travel, streams chunk by chunk; an
+  object of ranges (:mod:`cairn.ranges`) is not hashed here: its ranges come with their
+  digests, and its entry records the digest of the index written after them;
 * at most ``max_concurrent_uploads`` uploads are in flight; on the first failure no
   further upload starts, and the failure is raised once those in flight have ended;
 * nothing here writes a manifest or an intent: an upload is invisible to every reader
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
 from cairn.errors import (
@@ -32,10 +35,11 @@ from cairn.errors import (
     ObjectExistsError,
 )
 from cairn.ids import CheckpointId
-from cairn.inputs import ArtifactData, StreamSource, as_buffer, check_artifact_data
+from cairn.inputs import READ_CHUNK, ArtifactData, StreamSource, as_buffer, check_artifact_data
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
 from cairn.layout import validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
+from cairn.ranges import RangeSource, encode_index
 
 __all__ = [
     "Entry",
@@ -117,6 +121,11 @@ async def encode_write_once(
     operator, partition, is_delta, data = upload
     relative = ctx.paths.relative_artifact(operator, partition, is_delta)
     path = ctx.paths.resolve(checkpoint_id, relative)
+    if isinstance(data, RangeSource):
+        raise InvalidInputError(
+            f"{path!r}: an object of ranges is saved by save_partitions_concurrent, not at "
+            "the reference's fixed names"
+        )
     codec = ctx.codec
     buffer = as_buffer(data, f"artifact {path!r}")
     if buffer is None:
@@ -188,6 +197,8 @@ def upload_job(
     """
     relative = ctx.paths.relative_artifact(operator, partition, is_delta, attempt)
     path = ctx.paths.resolve(cid, relative)
+    if isinstance(data, RangeSource):
+        return _ranges_job(ctx, path, operator, partition, is_delta, relative, data, metadata_key)
     buffer = as_buffer(data, f"artifact {path!r}")
     codec = ctx.codec
 
@@ -204,6 +215,51 @@ def upload_job(
         else:
             digest, size = await _upload_buffer(ctx, path, buffer, metadata_key), buffer.nbytes
         return operator, _entry(ctx, partition, is_delta, relative, size, digest, stored_size)
+
+    return job
+
+
+def _ranges_job(
+    ctx: Context,
+    path: str,
+    operator: str,
+    partition: int,
+    is_delta: bool,
+    relative: str,
+    source: RangeSource,
+    metadata_key: str | None,
+) -> Callable[[], Awaitable[Entry]]:
+    """The upload of an object of ranges (:mod:`cairn.ranges`): its ranges, then their
+    index, in one streamed (multipart) write; stored as given, whatever the codec."""
+    if metadata_key is not None:
+        raise InvalidInputError(
+            f"{path!r}: an object of ranges has no digest of its whole bytes to carry as "
+            "metadata: pass bytes or a file"
+        )
+    recorded: list[tuple[int, str]] = []
+
+    async def chunks() -> AsyncIterator[Buffer]:
+        recorded.clear()  # what the last attempt sent is what the index describes
+        async for piece in source.open():
+            view = memoryview(piece.data).cast("B")
+            recorded.append((view.nbytes, piece.sha256))
+            for start in range(0, view.nbytes, READ_CHUNK):
+                yield view[start : start + READ_CHUNK]
+            del view, piece
+        yield encode_index(recorded)
+
+    async def job() -> Entry:
+        await ctx.store.put_stream(path, chunks)
+        index = encode_index(recorded)
+        entry = PartitionSnapshotEntry(
+            partition_id=partition,
+            is_delta=is_delta,
+            path=relative,
+            size_bytes=sum(length for length, _ in recorded) + len(index),
+            sha256=sha256_hex(index),
+            index_size_bytes=len(index),
+        )
+        return operator, entry
 
     return job
 

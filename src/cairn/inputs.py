@@ -49,6 +49,7 @@ from cairn._buffer import Buffer, BufferPool, raw_bytes
 from cairn.codecs import StreamEncoder
 from cairn.errors import InvalidInputError
 from cairn.integrity import StreamHasher
+from cairn.ranges import RangeSource
 
 __all__ = [
     "READ_BUFFERS",
@@ -67,9 +68,10 @@ READ_BUFFERS = 5
 parts a store has in flight (4, ``cairn.stores.PARTS_IN_FLIGHT``) and one being read."""
 
 ArtifactData: TypeAlias = (
-    Buffer | os.PathLike[str] | BinaryIO | Iterable[Buffer] | AsyncIterable[Buffer]
+    Buffer | os.PathLike[str] | BinaryIO | Iterable[Buffer] | AsyncIterable[Buffer] | RangeSource
 )
-"""What ``save`` accepts for one artifact."""
+"""What ``save`` accepts for one artifact (a :class:`~cairn.ranges.RangeSource` makes an
+object of ranges; see :mod:`cairn.ranges`)."""
 
 
 def as_buffer(data: object, what: str = "artifact data") -> memoryview | None:
@@ -89,7 +91,7 @@ def check_artifact_data(what: str, data: object) -> None:
     """
     if isinstance(data, str):
         raise InvalidInputError(f"{what} is a str: pass bytes, or a pathlib.Path to upload a file")
-    if as_buffer(data, what) is not None:
+    if isinstance(data, RangeSource) or as_buffer(data, what) is not None:
         return
     if isinstance(data, os.PathLike):
         if not Path(data).is_file():

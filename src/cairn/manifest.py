@@ -36,6 +36,8 @@ extends. Invariants kept here:
   saves write the name with); any other path (one too long for a local file
   system, one through ``manifest.json``) would make a read fail as a store error
   instead of as damage;
+* an entry with ``index_size_bytes`` (an object of ranges, :mod:`cairn.ranges`) has no
+  codec, and that many bytes at its end are the size of an index of whole records;
 * an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
   does not know (a newer writer's codec, or damage) makes the manifest unreadable here,
   like an unsupported schema version: :class:`CorruptManifestError`, so readers fall back.
@@ -72,6 +74,7 @@ from cairn.layout import (
     validate_partition,
     validate_relative_path,
 )
+from cairn.ranges import INDEX_MAGIC, INDEX_RECORD_BYTES
 from cairn.signing import ManifestSignature, SigningKeys, signature_field, well_formed
 
 __all__ = [
@@ -121,6 +124,10 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     upload holds the bytes; None means the manifest's own checkpoint). ``sha256`` and
     ``size_bytes`` describe the bytes the caller handed in; ``codec`` names how they are
     encoded in the store (None: stored as given).
+
+    ``index_size_bytes`` is set on an object of ranges (:mod:`cairn.ranges`, a DCP
+    rank's tensors): its last ``index_size_bytes`` bytes are an index of the ranges
+    before them, each with its own SHA-256, and ``sha256`` is the digest of that index.
     """
 
     partition_id: int
@@ -131,6 +138,7 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     owner: CheckpointId | None = None
     codec: str | None = None
     stored_size_bytes: int | None = None
+    index_size_bytes: int | None = None
 
 
 def chain_order(entry: PartitionSnapshotEntry) -> tuple[int, bool, int]:
@@ -567,6 +575,21 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
             f"entry {where} is stored with codec {short_repr(part.codec)}, "
             f"which this cairn does not know (known: {', '.join(CODECS)})"
         )
+    if part.index_size_bytes is not None:
+        _check_index(where, part)
+
+
+def _check_index(where: str, part: PartitionSnapshotEntry) -> None:
+    """An object of ranges: uncompressed, with an index of whole records inside it."""
+    _check_int(f"index_size_bytes of {where}", part.index_size_bytes, 0, part.size_bytes)
+    assert part.index_size_bytes is not None
+    records, rest = divmod(part.index_size_bytes - len(INDEX_MAGIC), INDEX_RECORD_BYTES)
+    if records < 0 or rest:
+        raise InvalidInputError(
+            f"index_size_bytes of {where} is {part.index_size_bytes}: not the size of a range index"
+        )
+    if part.codec is not None:
+        raise InvalidInputError(f"entry {where} is an object of ranges: it cannot have a codec")
 
 
 def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> None:

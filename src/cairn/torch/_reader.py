@@ -211,11 +211,14 @@ class CairnReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read this rank's items, each verified against its SHA-256, into the planner.
 
-        Items are grouped by artifact: one ranged read per artifact covers the items
-        this rank needs from it (a compressed artifact is read whole and decompressed).
+        Items are grouped by artifact, then into spans of nearby items of at most
+        :data:`READ_SPAN_BYTES` (an item larger than that is a span of its own): one
+        ranged read per span, at most ``max_concurrent_downloads`` at a time, so a rank
+        holds a bounded number of bytes however large the objects it reads from are. A
+        compressed artifact is read whole and decompressed, once.
         """
         opened = self._require_opened()
-        per_artifact: dict[str, list[ReadItem]] = {}
+        per_artifact: dict[str, list[tuple[ItemRecord, ReadItem]]] = {}
         for item in plan.items:
             record = opened.records.get(item.storage_index)
             if record is None:
@@ -223,10 +226,11 @@ class CairnReader(StorageReader):
                     self._ckpt.paths.checkpoint_dir(opened.checkpoint_id),
                     f"the DCP metadata has no record of item {item.storage_index}",
                 )
-            per_artifact.setdefault(record.artifact, []).append(item)
+            per_artifact.setdefault(record.artifact, []).append((record, item))
         jobs = [
-            self._read_artifact(opened, relative, items, planner)
+            self._read_artifact(opened, relative, span, planner)
             for relative, items in per_artifact.items()
+            for span in _spans(items, opened.entries[relative].codec is None)
         ]
         run(
             bounded_gather(self._ckpt.max_concurrent_downloads, jobs),
@@ -258,6 +262,33 @@ class CairnReader(StorageReader):
         name, or a well-formed URL or absolute path (which ``reset`` still refuses when
         it lies outside the reader's store, a thing a class method cannot know)."""
         return well_formed(checkpoint_id)
+
+
+READ_SPAN_BYTES = 16 << 20
+"""The most bytes one ranged read of a DCP load covers (unless one item is larger)."""
+
+READ_GAP_BYTES = 1 << 20
+"""Items of one object this close together are read in one span, the bytes between
+them read and dropped; farther apart, they are read apart."""
+
+
+def _spans(items: list[tuple[ItemRecord, ReadItem]], ranged: bool) -> list[list[ReadItem]]:
+    """``items`` of one artifact cut into spans for one ranged read each (all of them in
+    one when the artifact is not ``ranged``: it is read whole)."""
+    if not ranged:
+        return [[item for _, item in items]]
+    spans: list[list[ReadItem]] = []
+    start = end = -1
+    for record, item in sorted(items, key=lambda pair: pair[0].offset):
+        stop = record.offset + record.length
+        fits = record.offset - end <= READ_GAP_BYTES and stop - start <= READ_SPAN_BYTES
+        if spans and fits:
+            spans[-1].append(item)
+            end = max(end, stop)
+        else:
+            spans.append([item])
+            start, end = record.offset, stop
+    return spans
 
 
 async def open_dcp(
@@ -498,11 +529,12 @@ def _check_records(
             raise CorruptManifestError(
                 path, f"item {index.fqn!r} is in {record.artifact!r}, which the manifest lacks"
             )
-        if record.offset + record.length > entry.size_bytes:
+        data_bytes = entry.size_bytes - (entry.index_size_bytes or 0)  # not into an index
+        if record.offset + record.length > data_bytes:
             raise CorruptManifestError(
                 path,
                 f"item {index.fqn!r} ends at byte {record.offset + record.length} of "
-                f"{record.artifact!r}, which has {entry.size_bytes}",
+                f"{record.artifact!r}, which has {data_bytes} bytes of items",
             )
         records[index] = record
     return records

@@ -6,14 +6,12 @@ import asyncio
 import dataclasses
 import datetime as dt
 import functools
-import io
 import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
@@ -40,10 +38,9 @@ from cairn.torch._format import (
     OWN_ARTIFACT_BYTES,
     ConcatReader,
     ItemRecord,
-    dtype_name,
     dump_metadata,
-    tensor_bytes,
 )
+from cairn.torch._rankobject import RANK_OBJECT_BYTES, Resolved, Written, rank_uploads
 from cairn.torch._runtime import StoreArg, make_checkpointer, run, travels
 from cairn.torch._target import Target, interpret, well_formed
 
@@ -84,15 +81,6 @@ class _PlanData:
     first_partition: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class _Written:
-    """One item's ``WriteResult.storage_data``: its record, and its artifact's entry."""
-
-    record: tuple[str, int, int, str, str, tuple[int, ...]]
-    operator: str
-    entry: PartitionSnapshotEntry
-
-
 @dataclasses.dataclass
 class _Artifact:
     """One artifact being built: its items' bytes, in order."""
@@ -112,32 +100,6 @@ class _Artifact:
         self.size += view.nbytes
 
 
-@dataclasses.dataclass(frozen=True)
-class _Resolved:
-    """One item's bytes as they are stored: a flat view, what keeps it alive, whether it
-    is a copy, and for a tensor its dtype name and shape (``""``/``()`` for bytes)."""
-
-    view: memoryview
-    owner: object
-    copied: bool
-    dtype: str
-    shape: tuple[int, ...]
-
-    @classmethod
-    def of(cls, item: WriteItem, data: object) -> _Resolved:
-        """``item``'s bytes from what the planner resolved it to."""
-        what = f"state_dict item {item.index.fqn!r}"
-        if item.type == WriteItemType.BYTE_IO:
-            if not isinstance(data, io.BytesIO):
-                raise InvalidInputError(f"{what}: the planner resolved a byte item to {data!r:.80}")
-            return cls(data.getbuffer(), data, False, "", ())
-        if not isinstance(data, torch.Tensor):
-            raise InvalidInputError(f"{what}: the planner resolved a tensor item to {data!r:.80}")
-        view, owner, copied = tensor_bytes(data, what)
-        shape = tuple(int(n) for n in owner.shape)
-        return cls(view, owner, copied, dtype_name(owner.dtype), shape)
-
-
 class _Batch:
     """Items resolved and laid out into artifacts, not uploaded yet."""
 
@@ -149,9 +111,9 @@ class _Batch:
 
     def add(self, item: WriteItem, data: object) -> None:
         """Lay out ``item``, resolved to ``data``, into this batch's artifacts."""
-        self.place(item, _Resolved.of(item, data))
+        self.place(item, Resolved.of(item, data))
 
-    def place(self, item: WriteItem, resolved: _Resolved) -> None:
+    def place(self, item: WriteItem, resolved: Resolved) -> None:
         """Lay out ``item``'s bytes, already resolved, into this batch's artifacts."""
         view, owner, dtype, shape = resolved.view, resolved.owner, resolved.dtype, resolved.shape
         if item.type == WriteItemType.BYTE_IO:
@@ -384,14 +346,14 @@ class CairnWriter(StorageWriter):
         return _PlanData(str(cid), rank, self._name, carry, parent.first_partition)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Upload this rank's items as artifacts of the checkpoint; their records.
+        """Upload this rank's items into the checkpoint; their records.
 
-        Items are resolved one by one; a tensor's bytes are sent from its own memory
-        when it is a contiguous CPU tensor. When tensors had to be copied (from a device,
-        or to make them contiguous), at most :data:`COPY_BUDGET` bytes of copies are held:
-        what is resolved by then is uploaded before the next items are resolved. In an
-        incremental save, the items resolved so far are first hashed (in parallel) and
-        those equal to the parent's carried (:mod:`cairn.torch._carry`).
+        The items go into one object of ranges (:mod:`cairn.torch._rankobject`; one per
+        :data:`RANK_OBJECT_BYTES`), each item resolved as the upload reaches it and
+        hashed once. In an incremental save, the items the parent holds are first hashed
+        (in parallel, at most :data:`COPY_BUDGET` bytes of copies at a time) and those
+        equal to the parent's carried (:mod:`cairn.torch._carry`). With compression, the
+        layout of one artifact per tensor and bundles is kept (:meth:`_write_bundles`).
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
@@ -402,12 +364,88 @@ class CairnWriter(StorageWriter):
         self._checkpoint_id = cid
         self._name = data.name
         operator = rank_operator(data.rank)
+        if self._settings["compression"] is not None:
+            results = self._write_bundles(cid, operator, data, plan, planner)
+        else:
+            results = self._write_rank_objects(cid, operator, data, plan, planner)
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def _write_rank_objects(
+        self,
+        cid: CheckpointId,
+        operator: str,
+        data: _PlanData,
+        plan: SavePlan,
+        planner: SavePlanner,
+    ) -> list[WriteResult]:
+        """The rank's items carried or uploaded as objects of ranges; their results."""
+        results: list[WriteResult] = []
+        items = list(plan.items)
+        if data.carry:
+            items = self._carry_equal(data.carry, items, planner, results)
+        uploads = rank_uploads(operator, items, planner, data.first_partition, RANK_OBJECT_BYTES)
+        if uploads:
+            upload = self.checkpointer.save_partitions_concurrent(cid, [u for u, _ in uploads])
+            entries = run(upload, "CairnWriter.write_data")
+            for (_, source), entry in zip(uploads, entries, strict=True):
+                results += source.results(operator, entry)
+        return results
+
+    def _carry_equal(
+        self,
+        carry: dict[Any, Carried],
+        items: list[WriteItem],
+        planner: SavePlanner,
+        results: list[WriteResult],
+    ) -> list[WriteItem]:
+        """Carry the items equal to the parent's (their results appended to ``results``);
+        the others, in plan order. Only items the parent holds are resolved here."""
+        carried: set[Any] = set()
+        window: list[tuple[WriteItem, Resolved]] = []
+        held = 0
+
+        def settle() -> None:
+            matches = carried_items(
+                [(carry.get(item.index), r.view, r.dtype, r.shape) for item, r in window]
+            )
+            for (item, resolved), match in zip(window, matches, strict=True):
+                if match is not None:
+                    written = Written(match.record, match.operator, match.entry)
+                    results.append(WriteResult(item.index, resolved.view.nbytes, written))
+                    carried.add(item.index)
+
+        for item in items:
+            if item.index not in carry:
+                continue
+            resolved = Resolved.of(item, planner.resolve_data(item))
+            window.append((item, resolved))
+            held += resolved.view.nbytes if resolved.copied else 0
+            if held > COPY_BUDGET:
+                settle()
+                window, held = [], 0
+        settle()
+        return [item for item in items if item.index not in carried]
+
+    def _write_bundles(
+        self,
+        cid: CheckpointId,
+        operator: str,
+        data: _PlanData,
+        plan: SavePlan,
+        planner: SavePlanner,
+    ) -> list[WriteResult]:
+        """The layout of a compressed save: a tensor of :data:`OWN_ARTIFACT_BYTES` or more
+        is an artifact of its own, smaller items go into bundles of :data:`BUNDLE_BYTES`,
+        each compressed whole. Items are resolved one by one; at most :data:`COPY_BUDGET`
+        bytes of copies are held: what is resolved by then is uploaded first."""
         results: list[WriteResult] = []
         batch = _Batch(data.first_partition)
-        window: list[tuple[WriteItem, _Resolved]] = []
+        window: list[tuple[WriteItem, Resolved]] = []
         held = 0  # bytes of copies in the window
         for item in plan.items:
-            resolved = _Resolved.of(item, planner.resolve_data(item))
+            resolved = Resolved.of(item, planner.resolve_data(item))
             window.append((item, resolved))
             held += resolved.view.nbytes if resolved.copied else 0
             if held + batch.copied > COPY_BUDGET:
@@ -415,16 +453,14 @@ class CairnWriter(StorageWriter):
                 window, held = [], 0
         batch = self._lay_out(cid, operator, data.carry, window, batch, results)
         results += self._upload(cid, operator, batch)
-        future: Future[list[WriteResult]] = Future()
-        future.set_result(results)
-        return future
+        return results
 
     def _lay_out(
         self,
         cid: CheckpointId,
         operator: str,
         carry: dict[Any, Carried],
-        window: list[tuple[WriteItem, _Resolved]],
+        window: list[tuple[WriteItem, Resolved]],
         batch: _Batch,
         results: list[WriteResult],
     ) -> _Batch:
@@ -436,7 +472,7 @@ class CairnWriter(StorageWriter):
         )
         for (item, resolved), carried in zip(window, matches, strict=True):
             if carried is not None:
-                written = _Written(carried.record, carried.operator, carried.entry)
+                written = Written(carried.record, carried.operator, carried.entry)
                 results.append(WriteResult(item.index, resolved.view.nbytes, written))
                 continue
             batch.place(item, resolved)
@@ -521,7 +557,7 @@ async def upload_batch(upload: Upload, operator: str, batch: _Batch) -> list[Wri
             record = ItemRecord(
                 entry.path, offset, part.nbytes, digest or entry.sha256, dtype, shape
             )
-            written = _Written(record.stored(), operator, entry)
+            written = Written(record.stored(), operator, entry)
             results.append(WriteResult(item.index, part.nbytes, written))
     return results
 
@@ -573,7 +609,7 @@ def _collect(
     for rank_results in results:
         for result in rank_results:
             written = result.storage_data
-            if not isinstance(written, _Written):
+            if not isinstance(written, Written):
                 raise IncompleteCheckpointError(
                     f"a write result for {result.index.fqn!r} did not come from CairnWriter"
                 )

@@ -1,0 +1,170 @@
+"""Objects of ranges (:mod:`cairn.ranges`): one object, many ranges, each verifiable
+alone; verified whole through the index the object ends with."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from obstore.store import MemoryStore
+from support.backends import make_checkpointer
+
+from cairn import CheckpointData, CheckpointId, InvalidInputError, ObjectStoreCheckpointer
+from cairn.errors import (
+    IntegrityMismatchError,
+    TransientStoreError,
+    UndecodableArtifactError,
+)
+from cairn.manifest import PartitionSnapshotEntry, check_entry
+from cairn.ranges import (
+    Range,
+    RangeSource,
+    decode_index,
+    encode_index,
+    index_size,
+    verify_ranges,
+)
+from cairn.stores import ForwardingStore, ObstoreStore, Store
+
+
+class Pieces(RangeSource):
+    """Ranges of given bytes; counts how often it was opened."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = pieces
+        self.opened = 0
+
+    def open(self) -> AsyncIterator[Range]:
+        self.opened += 1
+        return self._ranges()
+
+    async def _ranges(self) -> AsyncIterator[Range]:
+        for piece in self.pieces:
+            yield Range(piece, hashlib.sha256(piece).hexdigest())
+
+
+PIECES = (b"first range", b"", b"x" * 70_000, b"last")
+
+
+async def test_an_object_of_ranges_saves_loads_and_indexes_every_range(
+    ckpt: ObjectStoreCheckpointer,
+) -> None:
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): Pieces(*PIECES)}))
+    [(_, entry)] = manifest.partition_entries()
+    data = b"".join(PIECES)
+    assert entry.index_size_bytes == index_size(len(PIECES))
+    assert entry.size_bytes == len(data) + entry.index_size_bytes and entry.codec is None
+    loaded = await ckpt.load(manifest.checkpoint_id)
+    stored = bytes(loaded.artifacts[("op", 0)])  # handed out as stored, index included
+    assert stored[: len(data)] == data
+    ranges = decode_index("x", stored[len(data) :], len(data))
+    assert [stored[r.offset : r.offset + r.length] for r in ranges] == list(PIECES)
+    assert [r.sha256 for r in ranges] == [hashlib.sha256(p).hexdigest() for p in PIECES]
+    assert entry.sha256 == hashlib.sha256(stored[len(data) :]).hexdigest()
+
+
+def _object() -> tuple[bytes, int, str]:
+    data = b"".join(PIECES)
+    index = encode_index([(len(p), hashlib.sha256(p).hexdigest()) for p in PIECES])
+    return data + index, len(index), hashlib.sha256(index).hexdigest()
+
+
+def test_a_flipped_byte_anywhere_is_caught_naming_what_it_hit() -> None:
+    stored, index_bytes, digest = _object()
+    verify_ranges("obj", stored, index_bytes, digest)
+    in_range = bytearray(stored)
+    in_range[len(PIECES[0]) + 5] ^= 1  # inside the third range (the second is empty)
+    with pytest.raises(IntegrityMismatchError, match=r"bytes 11\.\.70011") as info:
+        verify_ranges("obj", bytes(in_range), index_bytes, digest)
+    assert info.value.path == "obj"
+    in_index = bytearray(stored)
+    in_index[-3] ^= 1
+    with pytest.raises(IntegrityMismatchError, match="range index"):
+        verify_ranges("obj", bytes(in_index), index_bytes, digest)
+
+
+def test_an_index_that_does_not_describe_its_object_is_undecodable() -> None:
+    stored, index_bytes, _ = _object()
+    data_size = len(stored) - index_bytes
+    index = stored[data_size:]
+    with pytest.raises(UndecodableArtifactError, match="describes 70015 bytes"):
+        decode_index("obj", index, data_size + 1)
+    with pytest.raises(UndecodableArtifactError, match="not an index"):
+        decode_index("obj", index[:-1], data_size)
+    with pytest.raises(UndecodableArtifactError, match="not an index"):
+        decode_index("obj", b"cairn-ranges-v2\n", 0)
+    # A forged index whose own digest matches still has to add up.
+    forged = encode_index([(1, "0" * 64)])
+    with pytest.raises(UndecodableArtifactError):
+        verify_ranges("obj", b"ab" + forged, len(forged), hashlib.sha256(forged).hexdigest())
+
+
+def test_a_manifest_entry_of_ranges_is_checked() -> None:
+    entry = PartitionSnapshotEntry(
+        partition_id=0,
+        is_delta=False,
+        path="operators/op/partition-0.snap",
+        size_bytes=100,
+        sha256="0" * 64,
+        index_size_bytes=index_size(2),
+    )
+    check_entry("op", entry)
+    with pytest.raises(InvalidInputError, match="not the size of a range index"):
+        check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "index_size_bytes": 17}))
+    with pytest.raises(InvalidInputError, match="out of range"):
+        check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "index_size_bytes": 136}))
+    with pytest.raises(InvalidInputError, match="cannot have a codec"):
+        check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "codec": "zstd"}))
+
+
+def _fields(entry: PartitionSnapshotEntry) -> dict[str, Any]:
+    return {f: getattr(entry, f) for f in entry.__struct_fields__}
+
+
+async def test_a_damaged_object_of_ranges_fails_its_load() -> None:
+    store = ObstoreStore(MemoryStore())
+    ckpt = make_checkpointer(store)
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): Pieces(*PIECES)}))
+    [(_, entry)] = manifest.partition_entries()
+    path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
+    stored = bytearray((await store.get(path)).data)
+    stored[2] ^= 1
+    await store.put(path, bytes(stored))
+    with pytest.raises(IntegrityMismatchError, match="bytes 0..11"):
+        await ckpt.load(manifest.checkpoint_id)
+
+
+class _FailsOnceMidStream(ForwardingStore):
+    """The first ``put_stream`` takes one chunk, then fails as a dropped connection would."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    async def put_stream(self, path: str, open_chunks: Any, *, metadata: Any = None) -> None:
+        if not self.failed:
+            self.failed = True
+            chunks = open_chunks()
+            await anext(chunks)
+            await chunks.aclose()
+            raise TransientStoreError("put_stream", path, "injected: connection reset")
+        await super().put_stream(path, open_chunks, metadata=metadata)
+
+
+async def test_a_retried_upload_opens_the_ranges_again_and_indexes_the_last_pass() -> None:
+    store = _FailsOnceMidStream(ObstoreStore(MemoryStore()))
+    ckpt = make_checkpointer(store)
+    source = Pieces(*PIECES)
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): source}))
+    assert store.failed and source.opened == 2
+    [(_, entry)] = manifest.partition_entries()
+    assert entry.index_size_bytes == index_size(len(PIECES))
+    await ckpt.load(manifest.checkpoint_id)  # verified range by range
+
+
+async def test_ranges_are_not_written_at_the_references_fixed_names() -> None:
+    ckpt = make_checkpointer(ObstoreStore(MemoryStore()))
+    with pytest.raises(InvalidInputError, match="save_partitions_concurrent"):
+        await ckpt.save_snapshot(CheckpointId.now(), "op", 0, Pieces(b"a"))
