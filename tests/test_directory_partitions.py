@@ -3,7 +3,10 @@
 On memory, local, S3 and Azure: a restore is bit-exact; a damaged file (uploaded or
 carried) is caught naming it and leaves ``dest`` as it was; a link inside is refused with
 the store unchanged; increments upload only changed files, trusting size and mtime
-unless told to hash; GC and deletion keep every file a retained checkpoint names.
+unless told to hash; GC and deletion keep every file a retained checkpoint names. A save
+in two phases uploads directory partitions too, carrying unchanged files from the parent
+its lease names (memory, local, S3), refuses bad input before any I/O, and ends on a
+failure with nothing of it left.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from support.recording import RecordingStore
 from cairn import (
     BrokenChainError,
     CheckpointData,
+    CheckpointId,
     CheckpointInUseError,
     CheckpointPaths,
     IntegrityMismatchError,
@@ -36,6 +40,7 @@ from cairn import (
     TransientStoreError,
     _commit,
 )
+from cairn._integration import assemble_manifest, begin
 from cairn.manifest import (
     CheckpointManifest,
     check_manifest,
@@ -456,3 +461,129 @@ def test_cli_show_summarises_directory_partitions(tmp_path: Path) -> None:
     assert doc.json()["kind"] == "incremental"
     assert "directory partitions" in table.stdout
     assert "2.9 KiB" in table.stdout or "3.0 KiB" in table.stdout, table.stdout
+
+
+# -- directory partitions in a save of two phases (cairn._integration) --------------------
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
+def tckpt(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStoreCheckpointer:
+    """A checkpointer over a fresh store of each backend two-phase saves are tested on."""
+    return make_checkpointer(make_store(str(request.param), tmp_path, request))
+
+
+async def own_files(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> set[str]:
+    """The directory-file objects stored under ``cid``'s own directory."""
+    listed = await ckpt.store.list(ckpt.paths.checkpoint_dir(cid))
+    return {info.path for info in listed if ".file-" in info.path}
+
+
+async def test_a_two_phase_save_uploads_directories_and_carries_unchanged_files(
+    tckpt: ObjectStoreCheckpointer, tmp_path: Path
+) -> None:
+    src, other = tmp_path / "src", tmp_path / "other"
+    write_tree(src, {"kept.sst": b"k" * 500, "changed.sst": b"a" * 300, "CURRENT": b"M-1\n"})
+    write_tree(other, {"x/y": b"xy"})
+    first_id = CheckpointId.now()
+    async with await begin(tckpt, first_id) as save:
+        entries = await save.upload([("meta", 0, False, b"m")])
+        dirs = await save.upload_directories({KEY: src, ("db", 1): str(other)})
+        assert [(d.operator, d.partition_id) for d in dirs] == [KEY, ("db", 1)]
+        first = await save.commit(assemble_manifest(first_id, 1, entries, directories=dirs))
+    assert first.total_size_bytes == 1 + 500 + 300 + 4 + 2
+    assert len(await own_files(tckpt, first_id)) == 4
+
+    (src / "changed.sst").write_bytes(b"b" * 301)
+    second_id = CheckpointId.now()
+    async with await begin(tckpt, second_id, first_id) as save:
+        [directory] = await save.upload_directories({KEY: src})
+        owners = {f.relative_path: f.owner for f in directory.files}
+        assert owners == {"kept.sst": first_id, "changed.sst": None, "CURRENT": first_id}
+        assert len(await own_files(tckpt, second_id)) == 1, "only the changed file is sent"
+        manifest = assemble_manifest(second_id, 2, [], parent_id=first_id, directories=[directory])
+        second = await save.commit(manifest)
+    assert second.total_size_bytes == 500 + 301 + 4
+    loaded = await tckpt.load(second_id)
+    assert set(loaded.directories) == {KEY}, "the parent's other partition is not carried"
+    assert await tckpt.read_latest() == second_id
+    for cid, key, tree in ((second_id, KEY, src), (first_id, ("db", 1), other)):
+        dest = tmp_path / f"dest-{cid}"
+        await tckpt.restore_directory(cid, *key, dest)
+        assert read_tree(dest) == read_tree(tree)
+
+
+async def test_a_two_phase_directory_upload_refuses_bad_input_and_a_failure_ends_it(
+    tmp_path: Path,
+) -> None:
+    inner = as_store(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    ckpt = make_checkpointer(inner)
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a", "b": b"b"})
+    cid = CheckpointId.now()
+    save = await begin(ckpt, cid)
+    bad: list[tuple[Any, Any, str]] = [
+        ({("db", -1): src}, "mtime", "-1"),
+        ({"db": src}, "mtime", "'db'"),
+        ({KEY: 3}, "mtime", "must be a path, got int"),
+        ([src], "mtime", "must map"),
+        ({KEY: src}, "size", "'size'"),
+    ]
+    for directories, check, named in bad:
+        with pytest.raises(InvalidInputError, match=named):
+            await save.upload_directories(directories, check=check)
+    assert await stored_paths(ckpt) == {ckpt.paths.intent(cid)}, "bad input writes nothing"
+    (src / "link").symlink_to(src / "a")
+    with pytest.raises(SpecialFileError, match="link"):
+        await save.upload_directories({KEY: src})
+    assert await stored_paths(ckpt) == set(), "the failure ended the save, its intent too"
+
+    failing = make_checkpointer(FailingFilePut(inner), retry=RetryPolicy(attempts=1))
+    (src / "link").unlink()
+    write_tree(src, {f"f{i}": bytes([i]) * 10 for i in range(4)})
+    async with await begin(failing, CheckpointId.now()) as save:
+        with pytest.raises(TransientStoreError):
+            await save.upload_directories({KEY: src})
+    assert await stored_paths(ckpt) == set(), "no file and no intent left"
+
+
+async def test_a_two_phase_save_keeps_the_parent_it_carries_from_through_a_gc(
+    tmp_path: Path,
+) -> None:
+    ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a" * 100, "b": b"b" * 100})
+    first = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    (src / "b").write_bytes(b"B" * 101)
+    cid = CheckpointId.now()
+    async with await begin(ckpt, cid, first.checkpoint_id) as save:
+        dirs = await save.upload_directories({KEY: src})
+        await ckpt.save(CheckpointData(epoch=2, snapshots={("x", 0): b"x"}))
+        await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+        assert first.checkpoint_id in await ckpt.list_checkpoints(), "the lease keeps it"
+        parent = first.checkpoint_id
+        await save.commit(assemble_manifest(cid, 3, [], parent_id=parent, directories=dirs))
+    dest = tmp_path / "dest"
+    await ckpt.restore_directory(cid, *KEY, dest)
+    assert read_tree(dest) == read_tree(src)
+
+
+async def test_a_two_phase_directory_upload_refuses_a_fenced_writers_parent(
+    tmp_path: Path,
+) -> None:
+    store = as_store(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    old, new = make_checkpointer(store), make_checkpointer(store)
+    await old.take_over()
+    await old.save(CheckpointData(epoch=1, snapshots={("x", 0): b"x"}))
+    await new.take_over()
+    # A late commit of the fenced generation, past where it ended, as it would land.
+    stale = msgspec.structs.replace(
+        CheckpointManifest.new(CheckpointId.now(), 9), writer_generation=old.writer_generation
+    )
+    await new.save_manifest(stale)
+    src = tmp_path / "src"
+    write_tree(src, {"a": b"a"})
+    cid = CheckpointId.now()
+    async with await begin(new, cid, stale.checkpoint_id) as save:
+        with pytest.raises(InvalidCheckpointDataError, match="fenced writer"):
+            await save.upload_directories({KEY: src})
+    assert not [p for p in await stored_paths(new) if str(cid) in p], "nothing of it is left"

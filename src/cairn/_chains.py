@@ -26,7 +26,7 @@ from cairn.errors import BrokenChainError, CheckpointNotFoundError, InvalidCheck
 from cairn.ids import CheckpointId
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 
-__all__ = ["Chains", "carried_chains", "resolve_chains"]
+__all__ = ["Chains", "carried_chains", "check_admitted", "resolve_chains"]
 
 Chains = dict[ArtifactKey, list[tuple[CheckpointId, PartitionSnapshotEntry]]]
 """Each partition's chain as ``(owner, entry)`` links, base first."""
@@ -71,6 +71,18 @@ async def _parent_chains(
     return await resolve_chains(ctx, parent_manifest, visiting | {cid})
 
 
+def check_admitted(parent: CheckpointManifest, record: _pointer.WriterRecord) -> None:
+    """Raise :class:`InvalidCheckpointDataError` unless ``record`` admits ``parent`` as
+    one to build upon (not a fenced writer's late commit, see :mod:`cairn._pointer`)."""
+    generation = parent.writer_generation or 0
+    if not record.admits(generation, (parent.epoch, parent.checkpoint_id.uuid.int)):
+        raise InvalidCheckpointDataError(
+            f"parent {parent.checkpoint_id} was committed by writer generation {generation} "
+            f"after generation {record.generation} took over (a fenced writer's "
+            "checkpoint): it is not one to build upon"
+        )
+
+
 async def carried_chains(
     ctx: Context, data: CheckpointData, record: _pointer.WriterRecord
 ) -> dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]:
@@ -82,13 +94,7 @@ async def carried_chains(
     """
     assert data.parent_id is not None
     parent = await _catalog.load_manifest(ctx, data.parent_id)
-    generation = parent.writer_generation or 0
-    if not record.admits(generation, (parent.epoch, parent.checkpoint_id.uuid.int)):
-        raise InvalidCheckpointDataError(
-            f"parent {data.parent_id} was committed by writer generation {generation} "
-            f"after generation {record.generation} took over (a fenced writer's "
-            "checkpoint): it is not one to build upon"
-        )
+    check_admitted(parent, record)
     parent_chains = await resolve_chains(ctx, parent)
     missing_base = sorted(set(data.deltas) - set(parent_chains))
     if missing_base:

@@ -86,13 +86,14 @@ import datetime as dt
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 import msgspec
 
 from cairn import _catalog, _chains, _directories, _dispatch, _lease, _pointer, _upload, retention
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
-from cairn.data import ArtifactKey, CheckpointData
+from cairn.data import ArtifactKey, CheckpointData, DirectoryCheck
 from cairn.errors import (
     BrokenChainError,
     CheckpointAbortedError,
@@ -164,7 +165,8 @@ class PendingSave:
 
     It holds the lease (renewed) until :meth:`commit` or :meth:`end`; its uploads run
     under it. ``record`` is the writer record its preconditions read (None for a part of
-    a save that only uploads).
+    a save that only uploads); ``parent_id`` the parent its lease names, the one checkpoint
+    :meth:`upload_directories` carries files from.
     """
 
     def __init__(
@@ -173,10 +175,12 @@ class PendingSave:
         checkpoint_id: CheckpointId,
         record: _pointer.WriterRecord | None,
         lease: _lease.Lease,
+        parent_id: CheckpointId | None = None,
     ) -> None:
         self.ctx = ctx
         self.checkpoint_id = checkpoint_id
         self.record = record
+        self.parent_id = parent_id
         self._lease = lease
 
     async def upload(
@@ -194,6 +198,29 @@ class PendingSave:
             )
         except BaseException:
             await self.abandon(uploads, attempt)
+            raise
+
+    async def upload_directories(
+        self, directories: Mapping[ArtifactKey, Path], check: DirectoryCheck = "mtime"
+    ) -> tuple[DirectoryEntry, ...]:
+        """Step 3 for checked directory partitions (:mod:`cairn._directories`), as a new
+        attempt; their entries. A file that the parent's partition of the same key holds
+        (decided by ``check``) is carried from it; partitions ``directories`` does not
+        name are not carried (the caller assembles the manifest). A parent that the
+        writer record does not admit is refused before any file is read or sent. A
+        failure ends the save: its objects and its intent are removed."""
+        attempt = new_attempt()
+        try:
+            parent = None
+            if self.parent_id is not None:
+                parent = await _catalog.load_manifest(self.ctx, self.parent_id)
+                if self.record is not None:
+                    _chains.check_admitted(parent, self.record)
+            return await _directories.upload_directories(
+                self.ctx, self.checkpoint_id, directories, parent, check, attempt
+            )
+        except BaseException:
+            await self.abandon([], attempt)
             raise
 
     async def abandon(self, uploads: Sequence[_upload.PartitionUpload], attempt: str) -> None:
@@ -241,7 +268,7 @@ async def start(
     check_id(cid)
     record = await preconditions(ctx, cid, commits=commits)
     lease = await _lease.Lease.start(ctx.store, ctx.paths.intent(cid), parent_id, ctx.lease)
-    return PendingSave(ctx, cid, record, lease)
+    return PendingSave(ctx, cid, record, lease, parent_id)
 
 
 @contextlib.asynccontextmanager
@@ -428,12 +455,15 @@ def assemble_manifest(
     timestamp_ms: int | None = None,
     writer_generation: int = 0,
     name: str | None = None,
+    directories: Iterable[DirectoryEntry] = (),
 ) -> CheckpointManifest:
-    """The manifest of ``(operator, entry)`` pairs: entries per operator, in chain order."""
+    """The manifest of ``(operator, entry)`` pairs: entries per operator, in chain order;
+    with ``directories`` (:meth:`PendingSave.upload_directories`), ordered by key."""
     per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
     for operator, entry in entries:
         per_operator.setdefault(operator, []).append(entry)
     operators = {op: OperatorSnapshotEntry.from_partitions(p) for op, p in per_operator.items()}
+    listed = tuple(sorted(directories, key=lambda d: (d.operator, d.partition_id)))
     base = CheckpointManifest.new(checkpoint_id, epoch)
     if timestamp_ms is not None:  # a copy keeps its original's time
         base = msgspec.structs.replace(base, timestamp_ms=timestamp_ms)
@@ -443,9 +473,11 @@ def assemble_manifest(
         source_offsets=dict(source_offsets or {}),
         parent_id=parent_id,
         watermark=watermark,
-        total_size_bytes=sum(op.total_bytes for op in operators.values()),
+        total_size_bytes=sum(op.total_bytes for op in operators.values())
+        + sum(d.total_bytes for d in listed),
         writer_generation=writer_generation or None,
         name=name,
+        directories=listed,
     )
 
 

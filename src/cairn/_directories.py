@@ -16,8 +16,10 @@ Invariants:
   what is trusted is that a file changed in place keeps neither its size nor its
   mtime; one that does is carried stale); with ``directory_check="hash"`` every file is
   read and carried only when its size and SHA-256 are equal;
-* a directory partition the save does not mention is carried whole from the parent,
-  unless the save gives that partition as an artifact;
+* in a one-call save, a directory partition the save does not mention is carried whole
+  from the parent, unless the save gives that partition as an artifact; a save in two
+  phases (:func:`upload_directories`) gets entries only for the partitions it names, and
+  its caller assembles the manifest;
 * a restore writes into a fresh staging directory beside ``dest``, verifies every file
   against its size and SHA-256, fsyncs every file and directory, and only then renames
   the staging directory onto ``dest`` (which must not exist, or be an empty directory):
@@ -36,7 +38,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -47,7 +49,7 @@ from cairn import _catalog
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
 from cairn._download import RESTORE_CHUNK, stream_into
-from cairn.data import ArtifactKey, CheckpointData
+from cairn.data import ArtifactKey, CheckpointData, DirectoryCheck
 from cairn.errors import (
     BrokenChainError,
     CheckpointerError,
@@ -65,11 +67,13 @@ from cairn.manifest import CheckpointManifest, DirectoryEntry, FileEntry, check_
 
 __all__ = [
     "ScannedFile",
+    "check_directories",
     "discard_files",
     "find_directory",
     "restore_directory",
     "save_directories",
     "scan",
+    "upload_directories",
 ]
 
 
@@ -193,6 +197,31 @@ def _owned(entry: FileEntry, owner: CheckpointId) -> FileEntry:
     return entry if entry.owner is not None else msgspec.structs.replace(entry, owner=owner)
 
 
+def check_directories(directories: object, check: object) -> dict[ArtifactKey, Path]:
+    """``directories`` (``(operator, partition)`` to a local path) and ``check`` (a
+    :data:`~cairn.data.DirectoryCheck`) checked before any I/O; the mapping, paths as
+    :class:`Path`. Raises :class:`InvalidInputError` naming the offending value."""
+    if not isinstance(directories, Mapping):
+        raise InvalidInputError(
+            f"directories must map (operator, partition) to a path, got {directories!r}"
+        )
+    checked: dict[ArtifactKey, Path] = {}
+    for key, path in directories.items():
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise InvalidInputError(f"a directory's key is (operator, partition), got {key!r}")
+        operator, partition = key
+        validate_name("operator", operator)
+        validate_partition(partition)
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidInputError(
+                f"directories[{key!r}] must be a path, got {type(path).__name__}"
+            )
+        checked[(operator, partition)] = Path(path)
+    if check not in ("mtime", "hash"):
+        raise InvalidInputError(f"directory check must be 'mtime' or 'hash', got {check!r}")
+    return checked
+
+
 async def save_directories(
     ctx: Context, data: CheckpointData, attempt: str
 ) -> tuple[DirectoryEntry, ...]:
@@ -203,32 +232,59 @@ async def save_directories(
     checkpoint's upload). On failure, the objects this call may have written are
     deleted (best effort) before the error is raised.
     """
-    parent: dict[ArtifactKey, dict[str, FileEntry]] = {}
+    parent = None
     carried: list[DirectoryEntry] = []
     if data.parent_id is not None:
-        manifest = await _catalog.load_manifest(ctx, data.parent_id)
-        for directory in manifest.directories:
+        parent = await _catalog.load_manifest(ctx, data.parent_id)
+        for directory in parent.directories:
             key = (directory.operator, directory.partition_id)
-            files = tuple(_owned(f, manifest.checkpoint_id) for f in directory.files)
-            parent[key] = {f.relative_path: f for f in files}
             if key not in data.directories and key not in data.snapshots:
                 if key in data.deltas:
                     raise InvalidCheckpointDataError(
                         f"delta {key!r} cannot extend a directory partition"
                     )
+                files = tuple(_owned(f, parent.checkpoint_id) for f in directory.files)
                 carried.append(msgspec.structs.replace(directory, files=files))
-    cid = data.id
+    saved = await upload_directories(
+        ctx, data.id, data.directories, parent, data.directory_check, attempt
+    )
+    return tuple(sorted([*carried, *saved], key=lambda d: (d.operator, d.partition_id)))
+
+
+async def upload_directories(
+    ctx: Context,
+    cid: CheckpointId,
+    directories: Mapping[ArtifactKey, str | os.PathLike[str]],
+    parent: CheckpointManifest | None,
+    check: DirectoryCheck,
+    attempt: str,
+) -> tuple[DirectoryEntry, ...]:
+    """Upload the files of ``directories`` as ``attempt`` of checkpoint ``cid``, carrying
+    those that ``parent``'s partition of the same key already holds (decided by
+    ``check``); their entries, by key. Nothing of ``parent`` that ``directories`` does
+    not name is returned.
+
+    Paths in the entries are relative to the owner's directory (``owner`` None: this
+    checkpoint's upload). On failure, the objects this call may have written are
+    deleted (best effort) before the error is raised.
+    """
+    before: dict[ArtifactKey, dict[str, FileEntry]] = {}
+    if parent is not None:
+        for directory in parent.directories:
+            before[(directory.operator, directory.partition_id)] = {
+                f.relative_path: _owned(f, parent.checkpoint_id) for f in directory.files
+            }
     planned: list[str] = []
     jobs: list[Callable[[], Awaitable[FileEntry]]] = []
     layout: list[tuple[str, int, int]] = []
-    for (operator, partition), given in sorted(data.directories.items()):
+    for (operator, partition), given in sorted(directories.items()):
         root = Path(given)
         found = await asyncio.to_thread(scan, root)
-        before = parent.get((operator, partition), {})
+        prior = before.get((operator, partition), {})
         for index, scanned in enumerate(found):
             relative = ctx.paths.relative_file(operator, partition, attempt, index)
             planned.append(ctx.paths.resolve(cid, relative))
-            jobs.append(_file_job(ctx, cid, relative, root, scanned, before, data.directory_check))
+            jobs.append(_file_job(ctx, cid, relative, root, scanned, prior, check))
         layout.append((operator, partition, len(found)))
     try:
         entries = await bounded_gather(ctx.max_concurrent_uploads, jobs)
@@ -236,13 +292,13 @@ async def save_directories(
         with contextlib.suppress(CheckpointerError, asyncio.CancelledError):
             await ctx.store.delete(planned)
         raise
-    saved: list[DirectoryEntry] = list(carried)
+    saved: list[DirectoryEntry] = []
     offset = 0
     for operator, partition, count in layout:
         files = tuple(entries[offset : offset + count])
         saved.append(DirectoryEntry(operator, partition, files))
         offset += count
-    return tuple(sorted(saved, key=lambda d: (d.operator, d.partition_id)))
+    return tuple(saved)
 
 
 async def discard_files(

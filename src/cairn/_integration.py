@@ -10,8 +10,11 @@ named here, so this list is the whole of their coupling to cairn's internals:
 * a save in two phases, whose uploads and commit are separate calls (:func:`begin`,
   :class:`TwoPhaseSave`), optionally building on a parent whose admission it checks:
   its preconditions, its lease and its commit are the commit protocol's own
-  (:mod:`cairn._commit`), the same as a one-call ``save``'s;
-* :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`);
+  (:mod:`cairn._commit`), the same as a one-call ``save``'s; it uploads partitions and
+  directory partitions (the latter carrying unchanged files from that parent, as
+  :mod:`cairn._directories` decides);
+* :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`) and
+  directory partitions (:class:`~cairn.manifest.DirectoryEntry`);
 * reading as ``load_latest`` does: :data:`DAMAGE`, :func:`latest_candidates`,
   :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`, and
   :func:`read_entry` (an artifact's bytes, verified);
@@ -26,11 +29,12 @@ parts (its context, its observers); the parts keep theirs.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
+import os
+from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cairn import _commit, _dispatch, _upload
+from cairn import _commit, _directories, _dispatch, _upload
 from cairn._buffer import Buffer
 from cairn._catalog import (
     DAMAGE,
@@ -47,8 +51,9 @@ from cairn._upload import Entry, PartitionUpload
 from cairn._urls import _REMOTE_SCHEMES
 from cairn._validate import is_int, positive_int
 from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.data import ArtifactKey, DirectoryCheck
 from cairn.ids import CheckpointId
-from cairn.manifest import CheckpointManifest
+from cairn.manifest import CheckpointManifest, DirectoryEntry
 from cairn.sync import _runner
 
 __all__ = [
@@ -107,6 +112,24 @@ class TwoPhaseSave:
         """Upload partitions of the checkpoint (checked as ``save_partitions_concurrent``
         checks them); their entries. A failure ends the save."""
         return await self._pending.upload(_upload.check_uploads(uploads))
+
+    async def upload_directories(
+        self,
+        directories: Mapping[ArtifactKey, str | os.PathLike[str]],
+        *,
+        check: DirectoryCheck = "mtime",
+    ) -> tuple[DirectoryEntry, ...]:
+        """Upload directory partitions of the checkpoint, ``(operator, partition)`` to a
+        local directory saved file by file as ``save`` saves ``CheckpointData.directories``;
+        their entries, for :func:`assemble_manifest`'s ``directories``.
+
+        With a parent (given to :func:`begin`), a file its partition of the same key holds
+        is carried by reference, decided by ``check`` as ``CheckpointData.directory_check``
+        decides; the parent's other directory partitions are not carried. Bad input is
+        :class:`~cairn.InvalidInputError` before any I/O; a failure ends the save.
+        """
+        checked = _directories.check_directories(directories, check)
+        return await self._pending.upload_directories(checked, check)
 
     async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
         """Commit ``manifest`` as ``ObjectStoreCheckpointer.commit`` does; the lease ends."""
