@@ -219,6 +219,11 @@ def upload_job(
     return job
 
 
+COALESCE_BELOW = 1024 * 1024
+"""Ranges smaller than this are copied together into chunks of up to READ_CHUNK bytes;
+larger ones are sent from their own memory."""
+
+
 def _ranges_job(
     ctx: Context,
     path: str,
@@ -240,13 +245,25 @@ def _ranges_job(
 
     async def chunks() -> AsyncIterator[Buffer]:
         recorded.clear()  # what the last attempt sent is what the index describes
+        small = bytearray()  # small ranges, coalesced: a chunk per range would cost a call each
         async for piece in source.open():
             view = memoryview(piece.data).cast("B")
             recorded.append((view.nbytes, piece.sha256))
+            if view.nbytes < COALESCE_BELOW:
+                small += view
+                if len(small) < READ_CHUNK:
+                    continue
+            if small:
+                # Handed on, never refilled: the store may still hold it after the next ask.
+                coalesced, small = small, bytearray()
+                yield coalesced
+                del coalesced
+                if view.nbytes < COALESCE_BELOW:
+                    continue
             for start in range(0, view.nbytes, READ_CHUNK):
                 yield view[start : start + READ_CHUNK]
             del view, piece
-        yield encode_index(recorded)
+        yield small + encode_index(recorded)
 
     async def job() -> Entry:
         await ctx.store.put_stream(path, chunks)
