@@ -1,7 +1,8 @@
 """DCP saves and loads through cairn at rank scale, simulated in one process.
 
     python bench/bench_dcp_ranks.py [--quick] [--ranks 8,64] [--stores memory,s3]
-                                    [--reps 3] [--scale 4096] [--json out.json]
+                                    [--layouts ranges,per-tensor] [--reps 3]
+                                    [--scale 4096] [--json out.json]
 
 One process plays every rank of a ``dcp.save`` and of one rank's ``dcp.load``, calling
 the storage protocol in the order ``torch.distributed.checkpoint`` does
@@ -51,23 +52,24 @@ What is real, what is shrunk:
   (DCP's ``find_state_dict_object`` wants a ``torch.Tensor``), and the load planner's
   set-up in skipping ``_init_state_dict`` (for meta tensors; it would drop stand-ins).
 
-Where size decides the layout: today's writer makes a tensor of >= 1 MiB an object of its
-own and packs smaller ones into 8 MiB bundles, so tiny payloads alone would make a few
-bundles per rank instead of the real layout (at 1,024 ranks ~100 objects per rank). The
-script therefore also divides the writer's size thresholds by ``--scale`` while it
-saves (:data:`SIZE_KNOBS`, module constants of ``cairn.torch._writer``: the one place
-the script knows an internal), so the writer decides on the sizes the real shards
-have. With ``--scale`` a power of two up to 4,096, every 2-D shard divides exactly (a
-row is 8,192 or 28,672 = 7 x 4,096 fp32): its stand-in is exactly 1/scale of it, and
-own objects and the entries and records of everything are exactly a real save's. A
-norm's shard (8,192 / ranks fp32) cannot shrink below one element: from 8 ranks on
-(at the default scale) its stand-in is one fp32, more than 1/scale of the shard, so
-bundles receive a little more than they would (reported per row: the excess at real
-size, about 0.06% of the data at 64 ranks, 1% at 1,024), which can add a bundle per
-rank now and then: the bundle count is an upper bound, within a few percent. A knob
-that no longer exists is reported (``unscaled knobs``), and the object count is then
-that of the tiny payloads: a layout that sizes its objects by bytes must name its knobs
-in :data:`SIZE_KNOBS`.
+Where size decides the layout: the writer puts a rank's items into one object of
+ranges, one more per 16 GiB (``RANK_OBJECT_BYTES``), judged by the items' chunk
+metadata, which is real here, so the object count is a real save's. The earlier
+layout (``--layouts per-tensor``; the writer keeps it for compressed saves) made a
+tensor of >= 1 MiB an object of its own and packed smaller ones into 8 MiB bundles,
+judged by the resolved bytes: for it the script divides the writer's size thresholds
+by ``--scale`` while it saves (:data:`SIZE_KNOBS`, module constants of
+``cairn.torch._writer``: the one place the script knows an internal), so the writer
+decides on the sizes the real shards have. With ``--scale`` a power of two up to
+4,096, every 2-D shard divides exactly (a row is 8,192 or 28,672 = 7 x 4,096 fp32):
+its stand-in is exactly 1/scale of it, and own objects and the entries and records of
+everything are exactly a real save's. A norm's shard (8,192 / ranks fp32) cannot
+shrink below one element: from 8 ranks on (at the default scale) its stand-in is one
+fp32, more than 1/scale of the shard, so bundles receive a little more than they
+would (reported per row: the excess at real size, about 0.06% of the data at 64
+ranks, 1% at 1,024), which can add a bundle per rank now and then: the per-tensor
+bundle count is an upper bound, within a few percent. A knob that no longer exists is
+reported (``unscaled knobs``).
 
 Not reproduced by the shrink: S3 request counts that depend on bytes. "PUT requests"
 counts the store's put calls (``RecordingStore``: a put or a streamed put is one); at real
@@ -311,6 +313,26 @@ class StandInLoadPlanner(DefaultLoadPlanner):
         return self.state_dict[index.fqn].__get_tensor_shard__(index)  # type: ignore[no-any-return]
 
 
+LAYOUTS = ("ranges", "per-tensor")
+"""``ranges``: what ``CairnWriter`` writes (one object of ranges per rank);
+``per-tensor``: the earlier layout (an object per tensor of 1 MiB or more, 8 MiB
+bundles), which the writer still writes for compressed saves, for comparison."""
+
+
+@contextlib.contextmanager
+def writer_layout(name: str) -> Iterator[None]:
+    """Make uncompressed saves inside the block write the layout ``name``."""
+    if name == "ranges":
+        yield
+        return
+    original = CairnWriter._write_rank_objects
+    CairnWriter._write_rank_objects = CairnWriter._write_bundles  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CairnWriter._write_rank_objects = original  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def scaled_knobs(scale: int) -> Iterator[list[str]]:
     """Divide each of :data:`SIZE_KNOBS` by ``scale`` inside the block; yields the knobs
@@ -478,13 +500,14 @@ def census(raw: ObjectStore, paths: CheckpointPaths, cid: Any, scale: int, out: 
 # -- stores and the report ---------------------------------------------------------------
 
 
-def summarize(store: str, ranks: int, runs: list[Run]) -> dict[str, Any]:
+def summarize(store: str, layout: str, ranks: int, runs: list[Run]) -> dict[str, Any]:
     """The report row of ``runs`` (counts from the first, times as medians)."""
     first = runs[0]
     rounded = rounding(tensors(), ranks, first.scale)
     med = {k: statistics.median(getattr(r, k) for r in runs) for k in TIMES}
     return {
         "store": store,
+        "layout": layout,
         "ranks": ranks,
         "reps": len(runs),
         "items": first.items,
@@ -537,6 +560,7 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     sub = any(r["sub_manifest_bytes"] is not None for r in rows)
     headers = [
         "store",
+        "layout",
         "ranks",
         "items",
         "objects",
@@ -556,6 +580,7 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     body = [
         [
             r["store"],
+            r["layout"],
             f"{r['ranks']:,}",
             f"{r['items']:,}",
             f"{r['objects']:,}",
@@ -575,7 +600,7 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         for r in rows
     ]
     print(table(headers, body))
-    at_target = [r for r in rows if r["ranks"] == TARGET_RANKS]
+    at_target = [r for r in rows if r["ranks"] == TARGET_RANKS and r["layout"] == "ranges"]
     print()
     if not at_target:
         print(f"targets at {TARGET_RANKS:,} ranks: not measured (add {TARGET_RANKS} to --ranks)")
@@ -607,6 +632,11 @@ def main() -> None:
         help="rank counts, comma-separated (default 8,64; the targets are checked at 1024)",
     )
     parser.add_argument("--stores", default="memory,s3", help="memory and/or s3 (moto)")
+    parser.add_argument(
+        "--layouts",
+        default="ranges",
+        help="ranges (what the writer writes) and/or per-tensor (the earlier layout)",
+    )
     parser.add_argument("--reps", type=int, default=3, help="saves per size (median times)")
     parser.add_argument(
         "--scale",
@@ -620,6 +650,9 @@ def main() -> None:
     ranks = [8] if args.quick else [int(n) for n in args.ranks.split(",") if n.strip()]
     stores = ["memory"] if args.quick else [s.strip() for s in args.stores.split(",")]
     reps = 1 if args.quick else args.reps
+    layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
+    if set(layouts) - set(LAYOUTS):
+        parser.error(f"unknown layout(s) in {layouts}: choose {', '.join(LAYOUTS)}")
     if set(stores) - {"memory", "s3"}:
         parser.error(f"unknown store(s) in {stores}: choose memory, s3")
     if args.scale < 1 or any(n < 1 for n in ranks):
@@ -628,18 +661,19 @@ def main() -> None:
     counter = itertools.count()
     for kind in stores:
         with memory_or_moto_store(kind, "cairn-bench-ranks") as raw:
-            for n in ranks:
+            for n, layout in itertools.product(ranks, layouts):
                 runs = []
                 for rep in range(reps):
                     began = time.perf_counter()
-                    runs.append(simulate(raw, f"run-{next(counter)}/", n, args.scale))
+                    with writer_layout(layout):
+                        runs.append(simulate(raw, f"run-{next(counter)}/", n, args.scale))
                     print(
-                        f"{kind} {n} ranks, save {rep + 1}/{reps}: "
+                        f"{kind} {layout} {n} ranks, save {rep + 1}/{reps}: "
                         f"{time.perf_counter() - began:.1f}s",
                         file=sys.stderr,
                         flush=True,
                     )
-                rows.append(summarize(kind, n, runs))
+                rows.append(summarize(kind, layout, n, runs))
     print_tables(rows)
     emit_json({"scale": args.scale, "rows": rows}, args.json)
 

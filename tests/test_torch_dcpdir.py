@@ -230,6 +230,8 @@ def test_a_sharded_save_of_two_ranks_imports_under_two_rank_operators(tmp_path: 
         imported.checkpoint_id
     )
     assert sorted(manifest.operators) == ["dcp-metadata", "rank-1"]
+    [entry] = manifest.operators["rank-1"].partitions  # the file is one object of ranges
+    assert entry.index_size_bytes is not None
     loaded = {"a": torch.zeros(10), "b": torch.zeros(3)}
     cairn_load(store, loaded, "two")
     assert torch.equal(loaded["a"], torch.arange(10.0))

@@ -57,12 +57,17 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
 2. **Uploads** (``write_data``, every rank, as a worker of :mod:`cairn.distributed`):
    rank ``r`` stores its items as artifacts ``operators/rank-{r}/partition-{n}.snap``
    with :meth:`~cairn.ObjectStoreCheckpointer.save_partitions_concurrent`, which holds
-   the checkpoint's lease (GC leaves a save in progress alone), hashes every artifact
-   as it travels and keeps at most ``max_concurrent_uploads`` in flight. A tensor of at
-   least 1 MiB is an artifact of its own, sent straight from the tensor's memory when it
-   is a contiguous CPU tensor (no copy); smaller tensors and DCP's byte items are packed
-   into bundles of up to 8 MiB, streamed a chunk at a time. Each item's record (artifact,
-   byte range, SHA-256, dtype, shape) goes back to the coordinator in its
+   the checkpoint's lease (GC leaves a save in progress alone). A rank's items are one
+   object of ranges (:mod:`cairn.ranges`, :mod:`cairn.torch._rankobject`):
+   ``partition-{n}``, one multipart upload of the items' bytes end to end followed by
+   their index, and one more object per 16 GiB beyond the first. Each item is resolved
+   as the upload reaches it and hashed once; a contiguous CPU tensor is sent from its
+   own memory, small items are coalesced into 8 MiB chunks. A checkpoint then has one
+   data object per rank, plus the metadata and the manifest, however many tensors it
+   holds. With ``compression=`` the earlier layout is kept (a compressed range cannot
+   be read alone): a tensor of at least 1 MiB is an artifact of its own, smaller items
+   are packed into bundles of up to 8 MiB. Each item's record (artifact, byte range,
+   SHA-256, dtype, shape) goes back to the coordinator in its
    ``WriteResult.storage_data``.
 3. **Commit** (``finish``, on the coordinator): puts the records in DCP's
    ``Metadata.storage_data``, pickles the metadata and uploads it as the artifact
@@ -75,8 +80,9 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
 How a load reads. ``read_metadata`` loads the manifest (checked), reads the metadata
 artifact, checks its SHA-256 against the manifest and only then unpickles it, allowing
 only the globals DCP's metadata is made of. ``read_data`` groups the items a rank needs
-by artifact, reads one byte range per artifact (the whole artifact if it is
-compressed), checks each item's SHA-256 against its record, and only then copies it
+by artifact and into spans of nearby items of at most 16 MiB, reads one byte range
+per span (a compressed artifact whole, once), checks each item's SHA-256 against its
+record, and only then copies it
 into the state dict (a tensor of the right shape and dtype is filled straight from the
 store's buffer). Resharding is DCP's: a rank reads whichever saved chunks overlap its own.
 
@@ -104,9 +110,11 @@ Invariants:
   a planner only if it unpickles with ``weights_only=True``
   (:class:`~cairn.torch.SafeLoadPlanner`, see :mod:`cairn.torch._planner`);
 * memory during a save is bounded by the concurrency, not by the state: contiguous CPU
-  tensors are sent from their own memory, bundles a chunk at a time, and tensors that
-  must be copied (from a device, or to make them contiguous) are uploaded in batches
-  of at most 256 MiB of copies per rank.
+  tensors are sent from their own memory, small items a coalesced chunk at a time, and
+  a tensor that must be copied (from a device, or to make them contiguous) is copied
+  when the upload reaches it, with at most one more resolved ahead (a compressed save
+  uploads its copies in batches of at most 256 MiB per rank); a load holds at most
+  ``max_concurrent_downloads`` spans.
 
 Not supported, and refused with :class:`~cairn.InvalidInputError`: ``dcp.save`` with
 ``use_collectives=False`` (there would be no single commit) and planners that cache

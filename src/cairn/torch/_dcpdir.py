@@ -97,6 +97,7 @@ from cairn.torch._format import (
     tensor_bytes,
     tensor_from_bytes,
 )
+from cairn.torch._rankobject import ItemRanges
 from cairn.torch._reader import Opened, open_dcp, verified_pieces
 from cairn.torch._runtime import StoreArg, make_checkpointer, run
 from cairn.torch._target import Target, interpret
@@ -432,21 +433,49 @@ async def _import_into(
     results: list[WriteResult] = []
     next_partition: dict[str, int] = {}
     counts = {"tensor": 0, "bytes": 0, "raw": 0, "read": 0}
-    for file, items in scanned.files.items():
-        match = _RANK_FILE.fullmatch(file)
-        operator = rank_operator(int(match.group(1)) if match else 0)
-        batch = _Batch(next_partition.get(operator, 0))
-        held = 0
-        for item in items:
-            value, size = await asyncio.to_thread(_load_item, root, item)
-            kind = WriteItemType.BYTE_IO if not item.dtype else WriteItemType.TENSOR
-            batch.add(WriteItem(index=item.index, type=kind), value)
+    counted: set[Any] = set()
+
+    def load(item: DcpItem) -> Any:
+        value, size = _load_item(root, item)
+        if item.index not in counted:  # a retried upload reads it again
+            counted.add(item.index)
             counts["tensor" if item.dtype else "bytes"] += 1
             if not item.dtype and not value.getvalue().startswith(_ZIP_MAGIC):
                 counts["raw"] += 1
             counts["read"] += size
-            held += size
             progress(size)
+        return value
+
+    by_index = {item.index: item for items in scanned.files.values() for item in items}
+
+    def resolve(write: WriteItem) -> Any:
+        return load(by_index[write.index])
+
+    ranged = ckpt.context.codec is None
+    for file, items in scanned.files.items():
+        match = _RANK_FILE.fullmatch(file)
+        operator = rank_operator(int(match.group(1)) if match else 0)
+        partition = next_partition.get(operator, 0)
+        writes = [
+            WriteItem(
+                index=item.index,
+                type=WriteItemType.TENSOR if item.dtype else WriteItemType.BYTE_IO,
+            )
+            for item in items
+        ]
+        if ranged:  # the file becomes one object of ranges, as a rank's save does
+            source = ItemRanges(writes, resolve, off_loop=True)
+            [entry] = await save.upload([(operator, partition, False, source)])
+            results += source.results(operator, entry)
+            next_partition[operator] = partition + 1
+            continue
+        batch = _Batch(partition)
+        held = 0
+        for write in writes:
+            value = await asyncio.to_thread(load, by_index[write.index])
+            size = by_index[write.index].length
+            batch.add(write, value)
+            held += size
             if held > COPY_BUDGET:  # what was read is uploaded before more is read
                 results += await upload_batch(save.upload, operator, batch)
                 batch, held = _Batch(batch.next_partition), 0

@@ -139,11 +139,18 @@ Resolve = Callable[[WriteItem], Any]
 
 class ItemRanges(RangeSource):
     """The ranges of one rank object: ``items`` resolved through ``resolve`` as the
-    upload reaches them, each hashed just before it is sent."""
+    upload reaches them, each hashed just before it is sent.
 
-    def __init__(self, items: Sequence[WriteItem], resolve: Resolve) -> None:
+    An item is resolved and hashed in a worker thread when its tensor is larger than
+    :data:`~cairn.integrity.INLINE_HASH_LIMIT`, or always with ``off_loop`` (a
+    ``resolve`` that reads files)."""
+
+    def __init__(
+        self, items: Sequence[WriteItem], resolve: Resolve, off_loop: bool = False
+    ) -> None:
         self._items = list(items)
         self._resolve = resolve
+        self._off_loop = off_loop
         self.placed: list[_Placed] = []
 
     def open(self) -> AsyncIterator[Range]:
@@ -156,7 +163,7 @@ class ItemRanges(RangeSource):
             return resolved, sha256_hex(resolved.view)
 
         async def prepared(item: WriteItem) -> tuple[Resolved, str]:
-            if estimated_size(item) > INLINE_HASH_LIMIT:
+            if self._off_loop or estimated_size(item) > INLINE_HASH_LIMIT:
                 return await asyncio.to_thread(prepare, item)
             return prepare(item)
 
