@@ -180,6 +180,9 @@ def test_each_rank_uploads_its_own_artifacts_under_one_manifest(run: Run) -> Non
     manifest = ckpt.load_manifest(cid)
     assert sorted(manifest.operators) == [METADATA_OPERATOR, "rank-0", "rank-1"]
     assert manifest.epoch == 2
+    for rank in ("rank-0", "rank-1"):  # one object of ranges per rank
+        [entry] = manifest.operators[rank].partitions
+        assert entry.index_size_bytes is not None
     loaded = ckpt.load(cid)  # cairn's own verification of every artifact
     assert set(loaded.artifacts) == {
         (op, p.partition_id) for op, e in manifest.operators.items() for p in e.partitions
@@ -304,7 +307,7 @@ def test_a_flipped_byte_in_any_artifact_is_caught(run: Run) -> None:
             assert isinstance(error, AssertionError) and path in str(error)
         else:
             assert isinstance(error, IntegrityMismatchError), error
-            assert error.path == path
+            assert error.path == path and "of item '" in str(error), error
     assert _load_alone(run, str(cid))[0] == run.ranks[0]["save_2"]["digests"]
 
 
