@@ -98,9 +98,11 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gc
 import importlib
 import itertools
 import math
+import pickle
 import statistics
 import sys
 import time
@@ -380,6 +382,7 @@ class Run:
     put_estimate: int = 0
     unscaled: list[str] = field(default_factory=list)
     scale: int = 1
+    metadata_split: dict[str, float] = field(default_factory=dict)
 
 
 def simulate(raw: ObjectStore, prefix: str, ranks: int, scale: int) -> Run:
@@ -433,7 +436,38 @@ def simulate(raw: ObjectStore, prefix: str, ranks: int, scale: int) -> Run:
     out.load_ops = dict(load_store.ops)
     out.total_s = time.perf_counter() - began
     census(raw, CheckpointPaths(prefix), cid, scale, out)
+    out.metadata_split = metadata_split(as_store(raw), prefix, str(cid), ranks)
     return out
+
+
+def metadata_split(store: Any, prefix: str, cid: str, ranks: int) -> dict[str, float]:
+    """The DCP metadata of ``cid`` in parts, each pickled and unpickled alone: DCP's own
+    (every chunk of every tensor, as any storage writer's save has it), cairn's item
+    records, and the records ``FileSystemWriter`` would keep for the same items
+    (``_StorageInfo(relative_path, offset, length)``); MiB and unpickle seconds of each
+    (the median of three)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    metadata = CairnReader(store, prefix=prefix, checkpoint_id=cid).read_metadata()
+    records = metadata.storage_data
+    metadata.storage_data = metadata.storage_meta = None
+    file_records = {
+        index: _StorageInfo(f"__{number % ranks}_0.distcp", record[1], record[2])
+        for number, (index, record) in enumerate(records.items())
+    }
+    split: dict[str, float] = {}
+    for name, part in (("dcp", metadata), ("cairn", records), ("fs", file_records)):
+        blob = pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+        times = []
+        for _ in range(3):
+            gc.collect()
+            start = time.perf_counter()
+            pickle.loads(blob)
+            times.append(time.perf_counter() - start)
+        split[f"{name}_s"] = statistics.median(times)
+        split[f"{name}_mib"] = len(blob) / MiB
+        del blob
+    return split
 
 
 def load_one_rank(
@@ -525,6 +559,7 @@ def summarize(store: str, layout: str, ranks: int, runs: list[Run]) -> dict[str,
         "rounded_items": rounded[0],
         "rounded_excess_bytes": rounded[1],
         **{f"median_{k}": v for k, v in med.items()},
+        "metadata_split": first.metadata_split,
         "finish_s": [r.finish_s for r in runs],
         "load_plan_s": [r.load_plan_s for r in runs],
     }
@@ -554,6 +589,10 @@ def targets(row: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
             row["median_load_plan_s"] <= 1.0,
         ),
     ]
+
+
+def _split_cell(split: dict[str, float], part: str) -> str:
+    return f"{split[f'{part}_s']:.2f} s, {split[f'{part}_mib']:.1f}"
 
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
@@ -600,6 +639,23 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         for r in rows
     ]
     print(table(headers, body))
+    print(
+        "\nThe DCP metadata in parts, each unpickled alone (s) and its size (MiB): DCP's "
+        "own chunks\nof every tensor, cairn's item records, and FileSystemWriter's records "
+        "of the same items."
+    )
+    split_rows = [
+        [
+            r["store"],
+            r["layout"],
+            f"{r['ranks']:,}",
+            *(_split_cell(r["metadata_split"], part) for part in ("dcp", "cairn", "fs")),
+        ]
+        for r in rows
+    ]
+    print(
+        table(["store", "layout", "ranks", "DCP's own", "cairn records", "FS records"], split_rows)
+    )
     at_target = [r for r in rows if r["ranks"] == TARGET_RANKS and r["layout"] == "ranges"]
     print()
     if not at_target:
