@@ -168,3 +168,33 @@ async def test_ranges_are_not_written_at_the_references_fixed_names() -> None:
     ckpt = make_checkpointer(ObstoreStore(MemoryStore()))
     with pytest.raises(InvalidInputError, match="save_partitions_concurrent"):
         await ckpt.save_snapshot(CheckpointId.now(), "op", 0, Pieces(b"a"))
+
+
+class _ChunkCounter(ForwardingStore):
+    """Records the size of every chunk a ``put_stream`` is handed."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.sizes: list[int] = []
+
+    async def put_stream(self, path: str, open_chunks: Any, *, metadata: Any = None) -> None:
+        def counting() -> AsyncIterator[Any]:
+            async def chunks() -> AsyncIterator[Any]:
+                async for chunk in open_chunks():
+                    self.sizes.append(memoryview(chunk).nbytes)
+                    yield chunk
+
+            return chunks()
+
+        await super().put_stream(path, counting, metadata=metadata)
+
+
+async def test_small_ranges_are_coalesced_and_large_ones_sent_as_they_are() -> None:
+    store = _ChunkCounter(ObstoreStore(MemoryStore()))
+    ckpt = make_checkpointer(store)
+    small = [bytes([n]) * 1000 for n in range(100)]
+    large = b"L" * (2 << 20)
+    source = Pieces(*small[:50], large, *small[50:])
+    await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): source}))
+    # 50 small ranges in one chunk, the large one alone, the other 50 with the index.
+    assert store.sizes == [50_000, 2 << 20, 50_000 + index_size(101)]
