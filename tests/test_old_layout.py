@@ -164,6 +164,7 @@ async def test_unpacked_checkpoints_load_carry_and_are_collected(unpacked_store:
         if e.owner is not None
     }
     assert carried[("agg", 0, False)].path == "operators/agg/partition-0.ccec11089e25.snap"
+    assert all(e.offset is None for e in carried.values())  # whole objects, as written
     assert await ckpt.dependents(U_BASE) == [U_INCREMENTAL, new.checkpoint_id]
     with pytest.raises(CheckpointInUseError):
         await ckpt.delete_checkpoint(U_BASE)
