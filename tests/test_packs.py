@@ -92,7 +92,7 @@ async def test_a_save_merges_small_buffers_into_packs_and_keeps_others_whole(
     small_packs: None, tmp_path: Path
 ) -> None:
     raw = MemoryStore()
-    store, ckpt = recorded(raw)
+    store, ckpt = recorded(raw, max_concurrent_uploads=2)
     snapshots = {("agg", p): state(p) for p in range(200)}  # 200 x 1000 B: 4 packs
     snapshots[("big", 0)] = state(0, ENTRY_LIMIT)  # not under the limit: its own object
     (tmp_path / "f").write_bytes(b"a file")
@@ -108,6 +108,7 @@ async def test_a_save_merges_small_buffers_into_packs_and_keeps_others_whole(
     assert [p.split("/")[1] for p in whole] == ["big", "file", "stream"]
     assert len(objects) == 4 + 3 + 1  # and the manifest
     assert len([p for op, p in store.log if op == "put" and "/packs/" in p]) == 4
+    assert store.peak_by_op["put"] <= 2  # packs and whole objects, bounded together
     entries = {(op, e.partition_id, e.is_delta): e for op, e in manifest.partition_entries()}
     by_pack: dict[str, list[PartitionSnapshotEntry]] = {}
     for (op, _, _), entry in entries.items():

@@ -44,7 +44,7 @@ extends. Invariants kept here:
   object at its partition's path, as before packs. Entries share a path only when every
   one of them has an offset and no two of their ranges overlap; ``offset + stored
   length`` is at most :data:`MAX_INT64`. (cairn before packs reads an entry at a pack's
-  path as damage, so it skips such a checkpoint and falls back to an older one;)
+  path as damage, so it skips such a checkpoint and falls back to an older one);
 * an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
   does not know (a newer writer's codec, or damage) makes the manifest unreadable here,
   like an unsupported schema version: :class:`CorruptManifestError`, so readers fall back.
