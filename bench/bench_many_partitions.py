@@ -1,13 +1,20 @@
 """Streaming state of many small partitions: one save, a load of all, a load of one.
 
     python bench/bench_many_partitions.py [--quick] [--partitions 100000] [--size 1024]
-                                          [--stores memory,s3] [--reps 1] [--json out.json]
+                                          [--stores memory,s3] [--baseline-stores memory]
+                                          [--reps 1] [--json out.json]
 
 One ``ObjectStoreCheckpointer.save`` of ``--partitions`` partitions of one operator, each
 ``--size`` bytes (default 100,000 x 1 KiB: the keyed state of a stream processor spread
 over many key groups), then ``load`` of the whole checkpoint (every partition checked
 against what was saved) and ``load_chain`` of one partition (the middle one, checked).
 ``--partitions`` scales it down (``--quick``: 10,000, memory only).
+
+Two layouts: ``packs``, what ``save`` writes (small partitions merged into pack objects
+of up to 64 MiB, each partition a byte range of one), and, as the baseline, ``whole``:
+the same partitions saved with ``save_partitions_concurrent`` then committed, one object
+per partition (the layout before packs). The baseline costs a request per partition, so
+it runs only on ``--baseline-stores`` (default: memory; ``""`` for none).
 
 Stores: a MemoryStore, and moto's S3 server on a loopback port
 (``tests/support/servers.py``); every store call is counted by wrapping the store in the
@@ -39,7 +46,8 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_many_partitions.py`
 sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
 from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
-from cairn import CheckpointData, ObjectStoreCheckpointer  # noqa: E402
+from cairn import CheckpointData, CheckpointId, ObjectStoreCheckpointer  # noqa: E402
+from cairn._commit import assemble_manifest  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
 
@@ -55,14 +63,23 @@ def payload(partition: int, size: int) -> bytes:
     return (head * (size // 8 + 1))[:size]
 
 
-async def one_run(raw: ObjectStore, prefix: str, partitions: int, size: int) -> dict[str, Any]:
-    """Save, load all, load one; times, requests per step, objects and manifest bytes."""
+async def one_run(
+    raw: ObjectStore, prefix: str, partitions: int, size: int, layout: str
+) -> dict[str, Any]:
+    """Save (as ``layout`` says), load all, load one; times, requests per step, objects
+    and manifest bytes."""
     snapshots = {(OPERATOR, p): payload(p, size) for p in range(partitions)}
     out: dict[str, Any] = {}
     store = recording.RecordingStore(as_store(raw))
     ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
     start = time.perf_counter()
-    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots))
+    if layout == "packs":
+        manifest = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots))
+    else:  # one object per partition, as before packs
+        cid = CheckpointId.now()
+        uploads = [(op, p, False, data) for (op, p), data in snapshots.items()]
+        entries = await ckpt.save_partitions_concurrent(cid, uploads)
+        manifest = await ckpt.commit(assemble_manifest(cid, 1, entries))
     out["save_s"] = time.perf_counter() - start
     out["save_requests"] = dict(store.ops)
     cid = manifest.checkpoint_id
@@ -117,38 +134,56 @@ def main() -> None:
     )
     parser.add_argument("--size", type=int, default=1024, help="bytes per partition (1 KiB)")
     parser.add_argument("--stores", default="memory,s3", help="memory and/or s3 (moto)")
+    parser.add_argument(
+        "--baseline-stores",
+        default="memory",
+        help="stores that also run the one-object-per-partition baseline ('' for none)",
+    )
     parser.add_argument("--reps", type=int, default=1, help="saves per store (median times)")
     parser.add_argument("--quick", action="store_true", help="10,000 partitions, memory")
     parser.add_argument("--json", metavar="PATH", help="also write the JSON report here")
     args = parser.parse_args()
     partitions = 10_000 if args.quick else args.partitions
     stores = ["memory"] if args.quick else [s.strip() for s in args.stores.split(",")]
-    if set(stores) - {"memory", "s3"}:
-        parser.error(f"unknown store(s) in {stores}: choose memory, s3")
+    baseline = {s.strip() for s in args.baseline_stores.split(",") if s.strip()}
+    if (set(stores) | baseline) - {"memory", "s3"}:
+        parser.error(f"unknown store(s) in {stores}, {sorted(baseline)}: choose memory, s3")
     if partitions < 1 or args.size < 8 or args.reps < 1:
         parser.error("--partitions and --reps must be >= 1, --size >= 8")
     rows: list[dict[str, Any]] = []
     for kind in stores:
+        layouts = ["packs", "whole"] if kind in baseline else ["packs"]
         with memory_or_moto_store(kind, "cairn-bench-partitions") as raw:
-            runs = []
-            for rep in range(args.reps):
-                began = time.perf_counter()
-                runs.append(asyncio.run(one_run(raw, f"run-{rep}/", partitions, args.size)))
-                print(
-                    f"{kind}, save {rep + 1}/{args.reps}: {time.perf_counter() - began:.1f}s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        first = runs[0]
-        row = {"store": kind, "partitions": partitions, "size": args.size, "reps": args.reps}
-        row.update({k: v for k, v in first.items() if not k.endswith("_s")})
-        for key in ("save_s", "load_all_s", "load_one_s"):
-            row[f"median_{key}"] = statistics.median(r[key] for r in runs)
-            row[key] = [r[key] for r in runs]
-        row["ok"] = first["objects"] <= TARGET_OBJECTS
-        rows.append(row)
+            for layout in layouts:
+                runs = []
+                for rep in range(args.reps):
+                    began = time.perf_counter()
+                    prefix = f"{layout}-{rep}/"
+                    runs.append(asyncio.run(one_run(raw, prefix, partitions, args.size, layout)))
+                    print(
+                        f"{kind}, {layout}, save {rep + 1}/{args.reps}: "
+                        f"{time.perf_counter() - began:.1f}s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                first = runs[0]
+                row = {
+                    "store": kind,
+                    "layout": layout,
+                    "partitions": partitions,
+                    "size": args.size,
+                    "reps": args.reps,
+                }
+                row.update({k: v for k, v in first.items() if not k.endswith("_s")})
+                for key in ("save_s", "load_all_s", "load_one_s"):
+                    row[f"median_{key}"] = statistics.median(r[key] for r in runs)
+                    row[key] = [r[key] for r in runs]
+                # The target is the layout save writes; the baseline is there to compare.
+                row["ok"] = first["objects"] <= TARGET_OBJECTS or layout != "packs"
+                rows.append(row)
     headers = [
         "store",
+        "layout",
         "partitions",
         "objects",
         "manifest MiB",
@@ -163,13 +198,14 @@ def main() -> None:
             [
                 [
                     r["store"],
+                    r["layout"],
                     f"{r['partitions']:,}",
                     f"{r['objects']:,}",
                     f"{r['manifest_bytes'] / MiB:.2f}",
                     f"{r['median_save_s']:.2f}",
                     f"{r['median_load_all_s']:.2f}",
                     f"{r['median_load_one_s']:.3f}",
-                    "yes" if r["ok"] else "MISSED",
+                    ("yes" if r["ok"] else "MISSED") if r["layout"] == "packs" else "-",
                 ]
                 for r in rows
             ],
@@ -178,10 +214,11 @@ def main() -> None:
     print()
     print(
         table(
-            ["store", "save requests", "load-all requests", "load-one requests"],
+            ["store", "layout", "save requests", "load-all requests", "load-one requests"],
             [
                 [
                     r["store"],
+                    r["layout"],
                     requests(r["save_requests"]),
                     requests(r["load_all_requests"]),
                     requests(r["load_one_requests"]),

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import re
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -357,9 +359,12 @@ async def test_one_failing_upload_cancels_the_others(raw_store: ObjectStore) -> 
 
 
 async def test_failed_save_leaves_nothing_visible(raw_store: ObjectStore) -> None:
-    faulty = FaultyStore(ObstoreStore(raw_store), FaultPlan(fail_puts_matching="partition-3."))
+    """A pack's upload fails; the partitions uploaded whole (streams) are removed too."""
+    faulty = FaultyStore(ObstoreStore(raw_store), FaultPlan(fail_puts_matching="/packs/"))
     ckpt = make_checkpointer(faulty)
-    data = CheckpointData(epoch=1, snapshots={("op", p): b"x" for p in range(6)})
+    snapshots: dict[tuple[str, int], Any] = {("op", p): b"x" for p in range(6)}
+    snapshots.update({("stream", p): io.BytesIO(b"y") for p in range(3)})
+    data = CheckpointData(epoch=1, snapshots=snapshots)
     with pytest.raises(StoreError):
         await ckpt.save(data)
     assert await ckpt.list_checkpoints() == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import io
 import types
 from typing import Any
 
@@ -324,7 +325,9 @@ async def test_a_save_whose_lease_gc_claimed_is_aborted(
     saver = make_checkpointer(
         frozen, lease=dt.timedelta(milliseconds=300), max_concurrent_uploads=1
     )
-    data = CheckpointData(epoch=1, snapshots={("op", 0): b"a", ("op", 1): b"b"})
+    # Partition 0, a stream, is uploaded whole and first; partition 1, alone of the small
+    # buffers, has an object of its own too (no pack).
+    data = CheckpointData(epoch=1, snapshots={("op", 0): io.BytesIO(b"a"), ("op", 1): b"b"})
     running = asyncio.create_task(saver.save(data))
     await frozen.reached.wait()
     gc = make_checkpointer(inner)

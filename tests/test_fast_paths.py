@@ -33,6 +33,7 @@ from cairn import (
     retention,
 )
 from cairn._buffer import Buffer, BufferPool
+from cairn._commit import assemble_manifest
 from cairn._lease import TOMBSTONE_RETENTION, is_live
 from cairn.inputs import READ_BUFFERS, StreamSource
 from cairn.integrity import StreamHasher
@@ -233,14 +234,20 @@ async def test_a_restore_that_fails_midway_leaves_nothing_and_no_write_running(
 
 
 async def test_many_small_artifacts_load_with_one_store_call_each() -> None:
+    """Saved whole (the reference's call), one read each; saved in a pack, one read."""
     store = RecordingStore(ObstoreStore(MemoryStore()))
     ckpt = make_checkpointer(store)
     snapshots: Mapping[tuple[str, int], bytes] = {("op", p): bytes([p]) * 16 for p in range(50)}
-    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots=dict(snapshots)))
-    store.ops.clear()
-    loaded = await ckpt.load(manifest.checkpoint_id)
-    assert {key: bytes(v) for key, v in loaded.artifacts.items()} == snapshots
-    assert dict(store.ops) == {"get": 1, "get_range": 50}, "the manifest, then a read each"
+    uploads = [(op, p, False, data) for (op, p), data in snapshots.items()]
+    cid = CheckpointId.now()
+    entries = await ckpt.save_partitions_concurrent(cid, uploads)
+    whole = await ckpt.commit(assemble_manifest(cid, 1, entries))
+    packed = await ckpt.save(CheckpointData(epoch=2, snapshots=dict(snapshots)))
+    for manifest, reads in ((whole, 50), (packed, 1)):
+        store.ops.clear()
+        loaded = await ckpt.load(manifest.checkpoint_id)
+        assert {key: bytes(v) for key, v in loaded.artifacts.items()} == snapshots
+        assert dict(store.ops) == {"get": 1, "get_range": reads}, "the manifest, then reads"
 
 
 @pytest.mark.parametrize("change", [b"tail", None])

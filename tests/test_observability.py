@@ -4,6 +4,7 @@ OpenTelemetry spans from the SDK's in-memory exporter, retries through the fault
 from __future__ import annotations
 
 import datetime as dt
+import io
 import re
 import subprocess
 import sys
@@ -149,7 +150,8 @@ async def test_opentelemetry_spans_nest_and_carry_attributes() -> None:
     tracer = OpenTelemetryTracer(tracer_provider=provider)
     inner = ObstoreStore(MemoryStore())
     ckpt = make_checkpointer(inner, observers=[tracer])
-    many = {("op", p): b"x" for p in range(MAX_EVENTS)}  # more store calls than events kept
+    # More store calls than events kept: streams, each uploaded as an object of its own.
+    many: dict[tuple[str, int], Any] = {("op", p): io.BytesIO(b"x") for p in range(MAX_EVENTS)}
     manifest = await ckpt.save(CheckpointData(epoch=9, snapshots=many))
     await ckpt.load_latest()
     await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))

@@ -115,7 +115,7 @@ def test_a_manifest_entry_of_ranges_is_checked() -> None:
         check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "index_size_bytes": 17}))
     with pytest.raises(InvalidInputError, match="out of range"):
         check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "index_size_bytes": 136}))
-    with pytest.raises(InvalidInputError, match="cannot have a codec"):
+    with pytest.raises(InvalidInputError, match="cannot have a codec or an offset"):
         check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "codec": "zstd"}))
 
 

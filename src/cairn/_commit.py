@@ -24,7 +24,8 @@ The steps, in order:
    claim the id (step 4's race).
 3. **Uploads** (:mod:`cairn._upload`): every snapshot and delta goes under ``{base}{id}/``
    with a name carrying this attempt's token (:func:`cairn.layout.new_attempt`),
-   concurrently and bounded, hashed as it travels; the parent's chains are carried over
+   concurrently and bounded, hashed as it travels (a one-phase save merges small ones
+   into packs, each artifact a range of its own); the parent's chains are carried over
    by reference (:mod:`cairn._chains`); a directory partition's files are uploaded or
    carried one by one (:mod:`cairn._directories`). Source offsets live in the manifest.
    Nothing is visible to any reader yet. A failure removes this attempt's objects and its intent.
@@ -58,9 +59,10 @@ Invariants:
   (:mod:`cairn.retention`), which a save paused in that window can outlast. Once the
   create has succeeded no claim can succeed, so nothing GC decides later sweeps the
   directory; a sweep decided earlier is over before the tombstone can go. So if the
-  artifacts are all there after the create, they stay; if they are not, the manifest
-  (ours: create-only) is deleted again before anything else sees it named by
-  ``_latest``, and the save fails;
+  artifacts are all there after the create, they stay; if they are not, or the check
+  after the create cannot be made (a store failure), the manifest (ours: create-only)
+  is deleted again before anything else sees it named by ``_latest``, and the save
+  fails;
 * a create that meets "already exists" is resolved by reading the manifest back: our own
   bytes mean our commit happened (a retried write whose reply was lost), a tombstone
   means GC claimed the id first (:class:`CheckpointAbortedError`, nothing committed),
@@ -223,11 +225,13 @@ class PendingSave:
             await self.abandon([], attempt)
             raise
 
-    async def abandon(self, uploads: Sequence[_upload.PartitionUpload], attempt: str) -> None:
+    async def abandon(
+        self, uploads: Sequence[_upload.PartitionUpload], attempt: str, packs: int = 0
+    ) -> None:
         """End the save as failed: stop the lease, remove ``attempt``'s objects for
-        ``uploads`` and the intent (best effort)."""
+        ``uploads``, its ``packs`` packs and the intent (best effort)."""
         await self._lease.stop()
-        await _upload.discard_attempt(self.ctx, self.checkpoint_id, uploads, attempt)
+        await _upload.discard_attempt(self.ctx, self.checkpoint_id, uploads, attempt, packs)
 
     async def commit(
         self,
@@ -339,18 +343,18 @@ async def _save(
     async with begin(ctx, cid, data.parent_id) as pending:
         assert pending.record is not None
         attempt = new_attempt()
-        uploads = _uploads_of(data)
+        plan = _upload.plan_packs(_uploads_of(data))
         directories: tuple[DirectoryEntry, ...] = ()
         try:
             uploading = time.perf_counter()
-            entries = await upload_all(ctx, data, pending.record, uploads, attempt)
+            entries = await upload_all(ctx, data, pending.record, plan, attempt)
             directories = await _directories.save_directories(ctx, data, attempt)
             uploaded = time.perf_counter()
             if before_commit is not None:
                 await before_commit()
         except BaseException:
             await _directories.discard_files(ctx, cid, directories)
-            await pending.abandon(uploads, attempt)
+            await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
             raise
         manifest = assemble_manifest(
             data.id,
@@ -377,7 +381,7 @@ async def _save(
 
         async def discard(written: CheckpointManifest) -> None:
             await _directories.discard_files(ctx, cid, written.directories)
-            await _upload.discard_attempt(ctx, cid, uploads, attempt)
+            await _upload.discard_attempt(ctx, cid, plan.alone, attempt, len(plan.packs))
 
         return await pending.commit(manifest, with_stats, discard)
 
@@ -391,9 +395,12 @@ def _save_stats(
     retries: int,
 ) -> SaveStats:
     """What :class:`SaveStats` says of a save, from its entries and its clock readings."""
-    # A directory partition's files count as artifacts, each its own.
-    own = [size for owner, _, size in manifest.stored_objects() if owner is None]
-    carried = [size for owner, _, size in manifest.stored_objects() if owner is not None]
+    # A directory partition's files count as artifacts, each its own; so does each
+    # artifact of a pack (its stored range).
+    sizes = [(e.owner, e.stored_length) for _, e in manifest.partition_entries()]
+    sizes += [(f.owner, f.size_bytes) for _, f in manifest.file_entries()]
+    own = [size for owner, size in sizes if owner is None]
+    carried = [size for owner, size in sizes if owner is not None]
 
     def ms(seconds: float) -> int:
         return max(0, round(seconds * 1000))
@@ -422,26 +429,37 @@ async def upload_all(
     ctx: Context,
     data: CheckpointData,
     record: _pointer.WriterRecord,
-    uploads: list[_upload.PartitionUpload] | None = None,
+    plan: _upload.PackPlan | None = None,
     attempt: str | None = None,
 ) -> list[_upload.Entry]:
-    """Upload what ``data`` holds (``uploads``, by default all of it) as ``attempt`` (by
-    default a new one); the entries, with those carried from the parent. The source
-    offsets live in the manifest itself."""
+    """Upload what ``data`` holds as ``plan`` says (by default
+    :func:`~cairn._upload.plan_packs` of all of it: small artifacts merged into packs) as
+    ``attempt`` (by default a new one); the entries, with those carried from the parent.
+    The source offsets live in the manifest itself."""
     cid = data.id
-    uploads = uploads if uploads is not None else _uploads_of(data)
+    plan = plan if plan is not None else _upload.plan_packs(_uploads_of(data))
     attempt = attempt if attempt is not None else new_attempt()
     inherited: dict[ArtifactKey, list[_upload.Entry]] = {}
     if data.parent_id is not None:
         inherited = await _chains.carried_chains(ctx, data, record)
-    jobs: list[Callable[[], Awaitable[_upload.Entry]]] = [
-        _upload.upload_job(ctx, cid, op, p, is_delta, buf, attempt)
-        for op, p, is_delta, buf in uploads
+    jobs: list[Callable[[], Awaitable[list[_upload.Entry]]]] = [
+        _upload.pack_job(ctx, cid, index, members, attempt)
+        for index, members in enumerate(plan.packs)
     ]
+    jobs += [_alone(_upload.upload_job(ctx, cid, *upload, attempt)) for upload in plan.alone]
     results = await bounded_gather(ctx.max_concurrent_uploads, jobs)
     entries = [link for links in inherited.values() for link in links]
-    entries += results
+    entries += [entry for result in results for entry in result]
     return entries
+
+
+def _alone(
+    job: Callable[[], Awaitable[_upload.Entry]],
+) -> Callable[[], Awaitable[list[_upload.Entry]]]:
+    async def run() -> list[_upload.Entry]:
+        return [await job()]
+
+    return run
 
 
 def assemble_manifest(
@@ -610,11 +628,7 @@ async def _write_manifest(
         if not await _catalog.committed(ctx, cid):
             await discard_all(manifest)
         raise
-    try:
-        await _check_after_create(ctx, manifest)
-    except BrokenChainError:
-        await discard_all(manifest)  # the manifest was rolled back
-        raise
+    await _check_after_create(ctx, manifest, lambda: discard_all(manifest))
     return manifest
 
 
@@ -683,14 +697,34 @@ async def _check_before_create(ctx: Context, manifest: CheckpointManifest) -> No
         raise
 
 
-async def _check_after_create(ctx: Context, manifest: CheckpointManifest) -> None:
-    """The check after the create (see the module docstring): roll back if one is gone."""
+async def _check_after_create(
+    ctx: Context,
+    manifest: CheckpointManifest,
+    discard: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """The check after the create (see the module docstring): roll back if one is gone,
+    or if the check itself fails (a :class:`StoreError`: the commit is not confirmed).
+    ``discard`` runs once the manifest is rolled back; a rollback that fails leaves the
+    manifest, and every artifact it names, standing, and raises the check's error."""
     cid = manifest.checkpoint_id
+    path = ctx.paths.manifest(cid)
     try:
         await _check_artifacts_present(ctx, manifest)
     except BrokenChainError as exc:
         log.warning("checkpoint %s lost %s around its commit: rolling it back", cid, exc.link)
-        await ctx.store.delete([ctx.paths.manifest(cid)])
+        await ctx.store.delete([path])
+        if discard is not None:
+            await discard()
+        raise
+    except StoreError as exc:
+        log.warning("could not check the artifacts of %s after its commit: rolling it back", cid)
+        try:
+            await ctx.store.delete([path])
+        except StoreError:
+            log.warning("could not roll back %s either: its commit stands unchecked", cid)
+            raise exc from None
+        if discard is not None:
+            await discard()
         raise
 
 
@@ -707,25 +741,28 @@ async def _check_artifacts_present(ctx: Context, manifest: CheckpointManifest) -
     """Raise :class:`BrokenChainError` unless every entry's object is in the store.
 
     One listing per directory that holds entries (this checkpoint's, and those of the
-    checkpoints it carries entries from), sizes checked.
+    checkpoints it carries entries from), sizes checked: a whole object's exactly, a
+    pack's at least to the end of the furthest range the manifest names in it.
     """
     cid = manifest.checkpoint_id
-    wanted: dict[str, dict[str, int]] = {}
+    wanted: dict[str, dict[str, tuple[int, bool]]] = {}
     for entry_owner, relative, size in manifest.stored_objects():
         owner = entry_owner or cid
         wanted.setdefault(ctx.paths.checkpoint_dir(owner), {})[
             ctx.paths.resolve(owner, relative)
-        ] = size
+        ] = (size, ctx.paths.is_pack(relative))
 
     def check(directory: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
             present = {info.path: info.size for info in await ctx.store.list(directory)}
-            for path, size in wanted[directory].items():
-                if present.get(path) != size:
-                    found = "missing" if path not in present else f"{present[path]} bytes"
+            for path, (size, pack) in wanted[directory].items():
+                got = present.get(path)
+                if got is None or got < size or (got != size and not pack):
+                    found = "missing" if got is None else f"{got} bytes"
+                    expected = f"at least {size}" if pack else str(size)
                     raise BrokenChainError(
                         path,
-                        f"{found} at commit time (expected {size} bytes): "
+                        f"{found} at commit time (expected {expected} bytes): "
                         f"checkpoint {cid} is not committed",
                     )
 

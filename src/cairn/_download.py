@@ -14,7 +14,15 @@ Invariants:
   decoded by the bounded decoder of :mod:`cairn.codecs`, which stops as soon as the
   output passes ``size_bytes`` (holding at most that plus one piece) with an
   :class:`OversizedArtifactError` naming the artifact: a decompression bomb;
-* at most ``max_concurrent_downloads`` reads are in flight;
+* an entry with an ``offset`` (a range of a pack, see :mod:`cairn.manifest`) is read with
+  one ranged request of exactly its stored length from its offset: fewer bytes (a pack
+  shorter than the manifest says) are an :class:`IntegrityMismatchError` on the size;
+  its bytes are decoded and verified on their own, like a whole object's;
+* :func:`load` reads the ranges it needs of one pack with few requests: ranges that lie
+  close together (at most :data:`SPAN_GAP_BYTES` apart) are read as one span of at most
+  :data:`SPAN_BYTES`, then cut into each entry's bytes, each decoded and verified on its
+  own, so a damaged range fails only as itself;
+* at most ``max_concurrent_downloads`` reads are in flight (a span counts as one);
 * an artifact a chain needs that is gone is a :class:`BrokenChainError` naming it; bytes
   that do not hash as recorded are an :class:`IntegrityMismatchError` naming it, bytes
   that do not decode an :class:`UndecodableArtifactError`;
@@ -33,11 +41,11 @@ import itertools
 import os
 import stat
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from cairn import _catalog, _chains
+from cairn import _catalog, _chains, _upload
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
@@ -49,9 +57,15 @@ from cairn.errors import (
     CheckpointNotFoundError,
     IntegrityMismatchError,
     InvalidInputError,
+    StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.integrity import INLINE_HASH_LIMIT, StreamHasher, verify_integrity_async
+from cairn.integrity import (
+    INLINE_HASH_LIMIT,
+    StreamHasher,
+    verify_integrity,
+    verify_integrity_async,
+)
 from cairn.layout import validate_name, validate_partition
 from cairn.localfs import LinkRefused, atomic_file_at, run_to_end
 from cairn.manifest import PartitionSnapshotEntry
@@ -64,6 +78,8 @@ __all__ = [
     "load_artifact_to",
     "load_chain",
     "read_entry",
+    "read_pack",
+    "read_range",
     "read_sized",
     "read_stored",
     "stream_into",
@@ -85,6 +101,17 @@ least one range, at most MAX_RANGES_AHEAD): enough to keep a remote store's late
 the way with small ranges, without holding more than needed with large ones."""
 MAX_RANGES_AHEAD = 8
 
+SPAN_BYTES = 8 * 1024 * 1024
+"""The most bytes :func:`load` reads of a pack in one request (8 MiB, the size of a read
+chunk elsewhere): the ranges of many small artifacts, read together."""
+
+SPAN_GAP_BYTES = 64 * 1024
+"""The most bytes between two ranges of a pack that :func:`load` reads through, unused,
+to read both with one request (a pack carried from an earlier checkpoint may hold ranges
+this one does not need): less than the bytes a request costs in time on a remote store."""
+
+_Link = tuple[CheckpointId, PartitionSnapshotEntry]
+
 
 async def load(
     ctx: Context,
@@ -97,10 +124,7 @@ async def load(
     manifest = await _catalog.load_manifest(ctx, checkpoint_id)
     resolved = await _chains.resolve_chains(ctx, manifest)
     flat = [(key, owner, entry) for key, links in resolved.items() for owner, entry in links]
-    blobs = await bounded_gather(
-        ctx.max_concurrent_downloads,
-        [_fetch_link(ctx, owner, entry, verify, progress) for _, owner, entry in flat],
-    )
+    blobs = await _fetch_links(ctx, [(owner, entry) for _, owner, entry in flat], verify, progress)
     chains: dict[ArtifactKey, list[ChainLink]] = {}
     for (key, owner, entry), blob in zip(flat, blobs, strict=True):
         chains.setdefault(key, []).append(ChainLink(entry=entry, owner=owner, data=blob))
@@ -169,14 +193,85 @@ async def read_sized(ctx: Context, path: str, size: int) -> Buffer:
     return data
 
 
+async def read_range(ctx: Context, path: str, offset: int, length: int) -> Buffer:
+    """Exactly ``length`` bytes from ``offset`` of the object at ``path``, in one request.
+
+    An object that ends before ``offset + length`` (the store returns fewer bytes, or
+    refuses a range that starts past its end) is an :class:`IntegrityMismatchError` on
+    the size of that range; an empty range checks by a HEAD that the object reaches
+    ``offset``.
+    """
+    end = offset + length
+    what = f"size of bytes {offset}..{end}"
+    if length == 0:
+        if (await ctx.store.head(path)).size < offset:
+            raise IntegrityMismatchError(path, "0", "0", what=f"{what} (the object ends before)")
+        return b""
+    try:
+        data = await ctx.store.get_range(path, offset, end)
+    except CheckpointNotFoundError:
+        raise
+    except StoreError:
+        # A store refuses a range that starts at or past the object's end: is that it?
+        if (await ctx.store.head(path)).size > offset:
+            raise
+        raise IntegrityMismatchError(path, str(length), "0", what=what) from None
+    got = memoryview(data).nbytes
+    if got != length:
+        raise IntegrityMismatchError(path, str(length), str(got), what=what)
+    return data
+
+
 async def read_stored(ctx: Context, path: str, entry: PartitionSnapshotEntry) -> Buffer:
     """The bytes of ``entry`` at ``path`` as stored (compressed, if it is), which must be
-    the size it records (:func:`read_sized`)."""
+    the size it records (:func:`read_sized`); for an entry with an offset, its range of
+    the pack (:func:`read_range`)."""
+    if entry.offset is not None:
+        return await read_range(ctx, path, entry.offset, entry.stored_length)
     if entry.codec is None:
         return await read_sized(ctx, path, entry.size_bytes)
     if entry.stored_size_bytes is None:  # a hand-made entry: the decoder still bounds it
         return (await ctx.store.get(path)).data
     return await read_sized(ctx, path, entry.stored_size_bytes)
+
+
+async def read_pack(ctx: Context, path: str, entries: Sequence[PartitionSnapshotEntry]) -> Buffer:
+    """The whole object at ``path``, a pack, as stored; first every range of it that
+    ``entries`` (entries with offsets, all at ``path``) describe is decoded and verified.
+
+    For copying a pack once, byte for byte: a range that runs past the object's end is
+    an :class:`IntegrityMismatchError` on the size, bytes that do not hash as recorded
+    an :class:`IntegrityMismatchError`; bytes no entry names are copied unverified (no
+    digest covers them). No manifest records a pack's own size, so the read is bounded
+    by what a pack can hold: twice :data:`~cairn._upload.PACK_BYTES`, or the end of the
+    furthest range if that is more; a longer object is a size mismatch, read no further.
+    """
+    if any(entry.offset is None for entry in entries):
+        raise InvalidInputError(f"read_pack of {path!r}: an entry without an offset")
+    ends = [(entry.offset or 0) + entry.stored_length for entry in entries]
+    limit = max([2 * _upload.PACK_BYTES, *ends])
+    try:
+        data = await ctx.store.get_range(path, 0, limit + 1)
+    except CheckpointNotFoundError:
+        raise
+    except StoreError:  # a store refuses a range of an empty object: is it empty?
+        if (await ctx.store.head(path)).size > 0:
+            raise
+        data = b""
+    view = memoryview(data)
+    if view.nbytes > limit:
+        size = (await ctx.store.head(path)).size
+        raise IntegrityMismatchError(path, str(limit), str(size), what="size (at most)")
+    pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]] = []
+    for index, (entry, end) in enumerate(zip(entries, ends, strict=True)):
+        offset = entry.offset or 0
+        if end > view.nbytes:
+            what = f"size of bytes {offset}..{end}"
+            got = max(0, view.nbytes - offset)
+            raise IntegrityMismatchError(path, str(entry.stored_length), str(got), what=what)
+        pieces.append((index, entry, view[offset:end]))
+    await asyncio.to_thread(_decode_all, path, pieces, True)
+    return data
 
 
 async def read_entry(
@@ -203,6 +298,112 @@ async def _off_loop(data: Buffer, check: Callable[..., None], *args: object) -> 
         await asyncio.to_thread(check, *args)
     else:
         check(*args)
+
+
+async def _fetch_links(
+    ctx: Context,
+    links: list[_Link],
+    verify: bool,
+    progress: Callable[[int], None] | None,
+) -> list[Buffer]:
+    """Every link's bytes, verified, in order: the ranges of one pack read in spans
+    (:func:`_spans`), every other link with a request of its own; all of them at most
+    ``max_concurrent_downloads`` at a time."""
+    jobs: list[Callable[[], Awaitable[list[tuple[int, Buffer]]]]] = []
+    packed: dict[str, list[tuple[int, _Link]]] = {}
+    for index, (owner, entry) in enumerate(links):
+        if entry.offset is None:
+            jobs.append(_alone(index, _fetch_link(ctx, owner, entry, verify, progress)))
+        else:
+            path = ctx.paths.resolve(owner, entry.path)
+            packed.setdefault(path, []).append((index, (owner, entry)))
+    for path, members in packed.items():
+        jobs += [_fetch_span(ctx, path, span, verify, progress) for span in _spans(members)]
+    found: list[Buffer] = [b""] * len(links)
+    for results in await bounded_gather(ctx.max_concurrent_downloads, jobs):
+        for index, data in results:
+            found[index] = data
+    return found
+
+
+def _alone(
+    index: int, job: Callable[[], Awaitable[Buffer]]
+) -> Callable[[], Awaitable[list[tuple[int, Buffer]]]]:
+    async def run() -> list[tuple[int, Buffer]]:
+        return [(index, await job())]
+
+    return run
+
+
+def _spans(members: list[tuple[int, _Link]]) -> list[list[tuple[int, _Link]]]:
+    """The ranges of one pack grouped, in offset order, into spans of at most
+    :data:`SPAN_BYTES` (a range larger than that is a span alone) whose ranges are at
+    most :data:`SPAN_GAP_BYTES` apart."""
+    ordered = sorted(members, key=lambda m: (m[1][1].offset or 0, m[1][1].stored_length))
+    spans: list[list[tuple[int, _Link]]] = []
+    start = end = 0
+    for member in ordered:
+        entry = member[1][1]
+        first = entry.offset or 0
+        last = first + entry.stored_length
+        if spans and first - end <= SPAN_GAP_BYTES and max(end, last) - start <= SPAN_BYTES:
+            spans[-1].append(member)
+            end = max(end, last)
+        else:
+            spans.append([member])
+            start, end = first, last
+    return spans
+
+
+def _fetch_span(
+    ctx: Context,
+    path: str,
+    span: list[tuple[int, _Link]],
+    verify: bool,
+    progress: Callable[[int], None] | None,
+) -> Callable[[], Awaitable[list[tuple[int, Buffer]]]]:
+    """One read of the pack at ``path`` covering ``span``'s ranges, then each range
+    decoded and verified on its own (all of them in one worker thread)."""
+    start = min(entry.offset or 0 for _, (_, entry) in span)
+    end = max((entry.offset or 0) + entry.stored_length for _, (_, entry) in span)
+    owner = span[0][1][0]
+
+    async def job() -> list[tuple[int, Buffer]]:
+        try:
+            data = await read_range(ctx, path, start, end - start)
+        except CheckpointNotFoundError:
+            raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
+        view = memoryview(data)
+        pieces = [
+            (index, entry, view[(entry.offset or 0) - start :][: entry.stored_length])
+            for index, (_, entry) in span
+        ]
+        found = await asyncio.to_thread(_decode_all, path, pieces, verify)
+        if progress is not None:
+            for _, piece in found:
+                progress(memoryview(piece).nbytes)
+        return found
+
+    return job
+
+
+def _decode_all(
+    path: str,
+    pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]],
+    verify: bool,
+) -> list[tuple[int, Buffer]]:
+    """Each piece's stored bytes decoded (bounded by its entry, as :func:`read_entry`
+    decodes) and, when ``verify``, checked against its entry's digest."""
+    found: list[tuple[int, Buffer]] = []
+    for index, entry, stored in pieces:
+        data: Buffer = stored
+        if entry.codec is not None:
+            codec = get_codec(entry.codec, path=path)
+            data = codec.decompress(stored, path=path, size_bytes=entry.size_bytes)
+        if verify:
+            verify_integrity(path, data, entry.sha256)
+        found.append((index, data))
+    return found
 
 
 def _fetch_link(

@@ -1,14 +1,32 @@
 """Artifact upload: every snapshot, delta and source offset of an uncommitted checkpoint.
 
+A one-phase save (:func:`cairn._commit.save`) merges small artifacts into packs
+(:func:`plan_packs`): every artifact whose data is a buffer of fewer than
+:data:`PACK_ENTRY_BYTES` goes, in the order of the save's uploads, into a pack of at most
+:data:`PACK_BYTES` of the caller's bytes, one object
+(:meth:`cairn.layout.CheckpointPaths.relative_pack`) whose entries each record their
+``offset`` in it. Streams, files and larger buffers keep an object each, and so does
+every artifact of the two-phase and reference calls (``save_partitions_concurrent``,
+``save_snapshot``, ``save_delta``). So a save of 100,000 partitions of 1 KiB writes two
+packs (and its manifest), not 100,000 objects.
+
 Invariants:
 
 * each artifact is hashed exactly once, over the caller's own bytes (before any
   compression), and the digest and size recorded in its entry are those of those bytes;
-  buffers are hashed in a worker thread while they travel, streams chunk by chunk; an
-  object of ranges (:mod:`cairn.ranges`) is not hashed here: its ranges come with their
-  digests, and its entry records the digest of the index written after them;
-* at most ``max_concurrent_uploads`` uploads are in flight; on the first failure no
-  further upload starts, and the failure is raised once those in flight have ended;
+  buffers are hashed in a worker thread while they travel, streams chunk by chunk; a
+  pack's members are hashed one by one in the worker thread that builds the pack (a pack
+  has no digest of its own: each range has its own); an object of ranges
+  (:mod:`cairn.ranges`) is not hashed here: its ranges come with their digests, and its
+  entry records the digest of the index written after them;
+* a pack is its members' stored bytes one after the other, without gaps or framing;
+  with a codec each member is compressed on its own, so each stays readable, and
+  verifiable, by one ranged read of its own range; a pack holds at least two members
+  (a lone small artifact keeps its own object, as before packs);
+* at most ``max_concurrent_uploads`` uploads are in flight, a pack counting as one (and
+  built only once its upload may start, so at most that many packs are held in
+  memory); on the first failure no further upload starts, and the failure is raised
+  once those in flight have ended;
 * nothing here writes a manifest or an intent: an upload is invisible to every reader
   until :mod:`cairn._commit` commits it, and it runs inside a save that
   :mod:`cairn._commit` began, which holds the checkpoint's lease (:mod:`cairn._lease`);
@@ -28,6 +46,7 @@ from dataclasses import dataclass
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context
+from cairn.codecs import Codec
 from cairn.errors import (
     ArtifactExistsError,
     CheckpointerError,
@@ -37,21 +56,37 @@ from cairn.errors import (
 from cairn.ids import CheckpointId
 from cairn.inputs import READ_CHUNK, ArtifactData, StreamSource, as_buffer, check_artifact_data
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
-from cairn.layout import validate_name, validate_partition
+from cairn.layout import CheckpointPaths, validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
 from cairn.ranges import RangeSource, encode_index
 
 __all__ = [
+    "PACK_BYTES",
+    "PACK_ENTRY_BYTES",
     "Entry",
+    "PackPlan",
     "PartitionUpload",
     "WriteOnce",
     "check_uploads",
     "discard_attempt",
     "encode_write_once",
+    "pack_job",
+    "plan_packs",
     "put_write_once",
     "upload_job",
     "upload_partitions",
 ]
+
+PACK_ENTRY_BYTES = 1024 * 1024
+"""A save merges an artifact into a pack when its data is a buffer of fewer bytes than
+this (1 MiB): below it, a request per artifact costs more than its bytes take to send."""
+
+PACK_BYTES = 64 * 1024 * 1024
+"""The most bytes of the caller's (before compression) one pack holds: 64 MiB. Large
+enough that 100,000 artifacts of 1 KiB make two objects, small enough that a pack is
+sent as one multipart upload and held in memory, at most ``max_concurrent_uploads`` of
+them at a time. Stored compressed, a pack is smaller (by a few bytes of framing per
+member larger, for bytes that do not compress)."""
 
 PartitionUpload = tuple[str, int, bool, ArtifactData]
 """``(operator, partition, is_delta, data)`` for ``save_partitions_concurrent``."""
@@ -78,14 +113,98 @@ async def upload_partitions(
     return await bounded_gather(ctx.max_concurrent_uploads, jobs)
 
 
+@dataclass(frozen=True)
+class PackPlan:
+    """How a save stores its uploads: ``alone``, each its own object, and ``packs``,
+    each a list of members merged into one object (:func:`plan_packs`)."""
+
+    alone: list[PartitionUpload]
+    packs: list[list[tuple[PartitionUpload, memoryview]]]
+
+
+def plan_packs(uploads: Sequence[PartitionUpload]) -> PackPlan:
+    """Split checked ``uploads`` into those stored alone and packs (see the module
+    docstring): buffers under :data:`PACK_ENTRY_BYTES`, in order, at most
+    :data:`PACK_BYTES` per pack; a pack of one member is stored alone."""
+    alone: list[PartitionUpload] = []
+    packs: list[list[tuple[PartitionUpload, memoryview]]] = []
+    current: list[tuple[PartitionUpload, memoryview]] = []
+    held = 0
+    for upload in uploads:
+        buffer = as_buffer(upload[3], f"data for ({upload[0]!r}, {upload[1]})")
+        if buffer is None or buffer.nbytes >= PACK_ENTRY_BYTES:
+            alone.append(upload)
+            continue
+        if current and held + buffer.nbytes > PACK_BYTES:
+            packs.append(current)
+            current, held = [], 0
+        current.append((upload, buffer))
+        held += buffer.nbytes
+    if current:
+        packs.append(current)
+    alone += [members[0][0] for members in packs if len(members) == 1]
+    return PackPlan(alone, [members for members in packs if len(members) > 1])
+
+
+def pack_job(
+    ctx: Context,
+    cid: CheckpointId,
+    index: int,
+    members: Sequence[tuple[PartitionUpload, memoryview]],
+    attempt: str,
+) -> Callable[[], Awaitable[list[Entry]]]:
+    """The upload of pack ``index`` of ``attempt`` holding ``members``, to run under
+    :func:`bounded_gather`; the members' entries, in order, each with its offset."""
+    relative = CheckpointPaths.relative_pack(index, attempt)
+    path = ctx.paths.resolve(cid, relative)
+    codec = ctx.codec
+
+    async def job() -> list[Entry]:
+        body, entries = await asyncio.to_thread(_build_pack, codec, relative, members)
+        await ctx.store.put(path, body)
+        return entries
+
+    return job
+
+
+def _build_pack(
+    codec: Codec | None,
+    relative: str,
+    members: Sequence[tuple[PartitionUpload, memoryview]],
+) -> tuple[bytes, list[Entry]]:
+    """A pack's bytes and its members' entries: each hashed once, compressed on its own."""
+    parts: list[bytes | memoryview] = []
+    entries: list[Entry] = []
+    offset = 0
+    for (operator, partition, is_delta, _), buffer in members:
+        stored = codec.compress(buffer) if codec is not None else buffer
+        length = memoryview(stored).nbytes
+        entry = PartitionSnapshotEntry(
+            partition_id=partition,
+            is_delta=is_delta,
+            path=relative,
+            size_bytes=buffer.nbytes,
+            sha256=sha256_hex(buffer),
+            codec=codec.name if codec is not None else None,
+            stored_size_bytes=length if codec is not None else None,
+            offset=offset,
+        )
+        entries.append((operator, entry))
+        parts.append(stored)
+        offset += length
+    return b"".join(parts), entries
+
+
 async def discard_attempt(
     ctx: Context,
     checkpoint_id: CheckpointId,
     uploads: Sequence[PartitionUpload],
     attempt: str,
+    packs: int = 0,
 ) -> None:
-    """Best effort: delete the objects ``attempt`` may have written for ``uploads``, and
-    the checkpoint's intent (the lease ends with the attempt).
+    """Best effort: delete the objects ``attempt`` may have written for ``uploads`` (each
+    its own object) and its ``packs`` packs, and the checkpoint's intent (the lease ends
+    with the attempt).
 
     Only names that carry the attempt's token: no other writer's object can be among
     them. (Another writer of the same id that is still uploading renews the intent
@@ -95,6 +214,10 @@ async def discard_attempt(
     paths = [
         ctx.paths.resolve(checkpoint_id, ctx.paths.relative_artifact(op, p, delta, attempt))
         for op, p, delta, _ in uploads
+    ]
+    paths += [
+        ctx.paths.resolve(checkpoint_id, CheckpointPaths.relative_pack(index, attempt))
+        for index in range(packs)
     ]
     paths.append(ctx.paths.intent(checkpoint_id))
     try:

@@ -680,6 +680,15 @@ class ObjectStoreCheckpointer(Checkpointer):
         copying a checkpoint byte for byte."""
         return await _download.read_stored(self.context, path, entry)
 
+    async def load_pack(self, path: str, entries: Sequence[PartitionSnapshotEntry]) -> Buffer:
+        """The whole pack at ``path`` as stored (the object that several entries with an
+        ``offset`` name ranges of), once every range ``entries`` describe in it is
+        decoded and verified against its digest. For copying a pack byte for byte, once:
+        bytes that no entry names are not verified. Raises
+        :class:`IntegrityMismatchError` for a range that does not verify or runs past
+        the object's end."""
+        return await _download.read_pack(self.context, path, entries)
+
     # -- directory partitions (cairn._directories) ---------------------------------------
 
     async def restore_directory(

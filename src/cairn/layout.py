@@ -8,6 +8,7 @@
 {base}{id}/manifest.json                             the commit marker, written last
 {base}{id}/operators/{operator}/partition-{p}.{attempt}.snap   full state
 {base}{id}/operators/{operator}/partition-{p}.{attempt}.delta  incremental delta
+{base}{id}/packs/pack-{n}.{attempt}.pack             small snapshots and deltas, merged
 {base}{id}/intent.json                               a save in progress: its lease, its parent
 ```
 
@@ -18,6 +19,11 @@ GC sweeps. The reference's own calls (``save_snapshot``, ``save_delta``) write t
 attempt-less names ``partition-{p}.snap``/``.delta`` create-only, and checkpoints written
 before attempts existed (those names, and copies of their offsets in
 ``offsets/{source}.json``) keep loading.
+
+A pack (:meth:`CheckpointPaths.relative_pack`) holds the stored bytes of many small
+artifacts of one save, one after the other; each artifact's manifest entry names the
+pack and the byte range its bytes take in it (see :mod:`cairn.manifest`). Pack names
+carry the attempt token too, and nothing else (there is no attempt-less pack name).
 
 Invariants:
 
@@ -101,7 +107,10 @@ _ATTEMPT = re.compile(rf"[0-9a-f]{{{_ATTEMPT_HEX}}}")
 _ATTEMPT_ARTIFACT = re.compile(
     rf"operators/[^/]+/partition-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}"
     r"\.(?:snap|delta|file-(?:0|[1-9][0-9]*))"
+    # packs/pack-{n}.{attempt}.pack, as relative_pack writes it
+    rf"|packs/pack-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.pack"
 )
+_PACK = re.compile(rf"packs/pack-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.pack")
 
 
 def new_attempt() -> str:
@@ -344,6 +353,26 @@ class CheckpointPaths:
         relative to its checkpoint directory: ``partition-{p}.{attempt}.file-{index}``."""
         stem = CheckpointPaths.relative_artifact(operator, partition, False, attempt)
         return f"{stem.removesuffix('.snap')}.file-{index}"
+
+    @staticmethod
+    def relative_pack(index: int, attempt: str) -> str:
+        """Pack ``index`` (0, 1, ...) of the save attempt ``attempt``, relative to its
+        checkpoint directory: ``packs/pack-{index}.{attempt}.pack``.
+
+        Only attempt-named: no other writer, of this id or any other, can produce it.
+        """
+        if not is_int(index) or index < 0:
+            raise InvalidInputError(f"a pack index must be an int >= 0, got {short_repr(index)}")
+        if not isinstance(attempt, str) or not _ATTEMPT.fullmatch(attempt):
+            raise InvalidInputError(
+                f"not an attempt token ({_ATTEMPT_HEX} hex digits): {attempt!r}"
+            )
+        return f"packs/pack-{index}.{attempt}.pack"
+
+    @staticmethod
+    def is_pack(path: object) -> bool:
+        """True when relative ``path`` names a pack (:meth:`relative_pack`)."""
+        return isinstance(path, str) and _PACK.fullmatch(path) is not None
 
     @staticmethod
     def is_file_of(path: str, operator: str, partition: int) -> bool:

@@ -37,7 +37,17 @@ extends. Invariants kept here:
   system, one through ``manifest.json``) would make a read fail as a store error
   instead of as damage;
 * an entry with ``index_size_bytes`` (an object of ranges, :mod:`cairn.ranges`) has no
-  codec, and that many bytes at its end are the size of an index of whole records;
+  codec and no offset, and that many bytes at its end are the size of an index of
+  whole records;
+* an entry with an ``offset`` is a range of a pack (:meth:`CheckpointPaths.relative_pack`,
+  which merges many small artifacts of one save into one object): its stored bytes are
+  ``[offset, offset + stored length)`` of the object at ``path`` (stored length:
+  ``stored_size_bytes`` when compressed, which such an entry must record, else
+  ``size_bytes``), and its ``path`` must be a pack's; an entry without one is the whole
+  object at its partition's path, as before packs. Entries share a path only when every
+  one of them has an offset and no two of their ranges overlap; ``offset + stored
+  length`` is at most :data:`MAX_INT64`. (cairn before packs reads an entry at a pack's
+  path as damage, so it skips such a checkpoint and falls back to an older one);
 * an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
   does not know (a newer writer's codec, or damage) makes the manifest unreadable here,
   like an unsupported schema version: :class:`CorruptManifestError`, so readers fall back.
@@ -123,7 +133,10 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     ``path`` is relative to the checkpoint directory of ``owner`` (the checkpoint whose
     upload holds the bytes; None means the manifest's own checkpoint). ``sha256`` and
     ``size_bytes`` describe the bytes the caller handed in; ``codec`` names how they are
-    encoded in the store (None: stored as given).
+    encoded in the store (None: stored as given), and ``stored_size_bytes`` their size
+    there when encoded. ``offset`` (None: the artifact is the whole object at ``path``)
+    places it in a pack: its stored bytes are the :attr:`stored_length` bytes from
+    ``offset`` of the object at ``path``, read with one ranged request.
 
     ``index_size_bytes`` is set on an object of ranges (:mod:`cairn.ranges`, a DCP
     rank's tensors): its last ``index_size_bytes`` bytes are an index of the ranges
@@ -138,7 +151,16 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     owner: CheckpointId | None = None
     codec: str | None = None
     stored_size_bytes: int | None = None
+    offset: int | None = None
     index_size_bytes: int | None = None
+
+    @property
+    def stored_length(self) -> int:
+        """The bytes it takes in the store: ``stored_size_bytes`` when it is encoded and
+        records it, else ``size_bytes``."""
+        if self.codec is not None and self.stored_size_bytes is not None:
+            return self.stored_size_bytes
+        return self.size_bytes
 
 
 def chain_order(entry: PartitionSnapshotEntry) -> tuple[int, bool, int]:
@@ -185,7 +207,8 @@ class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
     it, which keeps commits in call order). The manifest write and the pointer swap that follow
     cannot be measured in the record they write. ``uploaded_*`` count what this save
     sent (stored bytes, after compression); ``carried_*`` what it references from earlier
-    checkpoints without sending it again; ``retries`` the store calls it retried.
+    checkpoints without sending it again (an artifact in a pack counts as one, with the
+    bytes of its range); ``retries`` the store calls it retried.
     """
 
     duration_ms: int
@@ -273,13 +296,28 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
         return [(d, f) for d in self.directories for f in d.files]
 
     def stored_objects(self) -> list[tuple[CheckpointId | None, str, int]]:
-        """Every object this manifest names: ``(owner, path, stored size)``, partition
-        artifacts first, then directory files (``owner`` None: this checkpoint's own)."""
+        """Every object this manifest names, once: ``(owner, path, stored size)``,
+        partition artifacts first, then directory files (``owner`` None: this
+        checkpoint's own).
+
+        A pack that several entries name is listed once, where its first entry is, with
+        the end of its furthest range as its size: the least it must hold (a pack carried
+        from an earlier checkpoint may hold ranges this manifest does not name). Tell
+        one from a whole object with :meth:`CheckpointPaths.is_pack`.
+        """
         objects: list[tuple[CheckpointId | None, str, int]] = []
+        packs: dict[tuple[CheckpointId | None, str], int] = {}
         for _, entry in self.partition_entries():
-            stored = entry.stored_size_bytes if entry.codec is not None else None
-            size = stored if stored is not None else entry.size_bytes
-            objects.append((entry.owner, entry.path, size))
+            if entry.offset is None:
+                objects.append((entry.owner, entry.path, entry.stored_length))
+                continue
+            key = (entry.owner, entry.path)
+            end = entry.offset + entry.stored_length
+            if key not in packs:
+                packs[key] = len(objects)
+                objects.append((entry.owner, entry.path, end))
+            elif end > objects[packs[key]][2]:
+                objects[packs[key]] = (entry.owner, entry.path, end)
         objects += [(f.owner, f.path, f.size_bytes) for _, f in self.file_entries()]
         return objects
 
@@ -537,7 +575,9 @@ def check_source_offset(source: str, offset: object, *, stored: bool = False) ->
 def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None = None) -> None:
     """Raise :class:`InvalidInputError` unless ``part`` is a valid entry of ``operator``.
 
-    Its path must be the layout's path for its partition and kind, its sizes in
+    Its path must be the layout's path for its partition and kind (with an ``offset``: a
+    pack's path, the offset in 0..:data:`MAX_INT64`, the range ending there at the
+    latest, and a stored size recorded if it is encoded), its sizes in
     0..:data:`MAX_INT64`, its digest a SHA-256 hex digest, its codec a known one, and
     its owner another checkpoint than ``checkpoint_id``.
     """
@@ -549,7 +589,9 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
     if not isinstance(part.is_delta, bool):
         raise InvalidInputError(f"is_delta must be a bool, got {short_repr(part.is_delta)}")
     expected = CheckpointPaths.relative_artifact(operator, part.partition_id, part.is_delta)
-    if not isinstance(part.path, str) or not CheckpointPaths.is_artifact_of(
+    if part.offset is not None:
+        _check_range(operator, part)
+    elif not isinstance(part.path, str) or not CheckpointPaths.is_artifact_of(
         part.path, operator, part.partition_id, part.is_delta
     ):
         validate_relative_path(part.path)  # its more precise reason first, if it has one
@@ -588,8 +630,62 @@ def _check_index(where: str, part: PartitionSnapshotEntry) -> None:
         raise InvalidInputError(
             f"index_size_bytes of {where} is {part.index_size_bytes}: not the size of a range index"
         )
-    if part.codec is not None:
-        raise InvalidInputError(f"entry {where} is an object of ranges: it cannot have a codec")
+    if part.codec is not None or part.offset is not None:
+        raise InvalidInputError(
+            f"entry {where} is an object of ranges: it cannot have a codec or an offset"
+        )
+
+
+def _check_range(operator: str, part: PartitionSnapshotEntry) -> None:
+    """The part of :func:`check_entry` for an entry with an offset: a pack's range."""
+    if not CheckpointPaths.is_pack(part.path):
+        validate_relative_path(part.path)
+        raise InvalidInputError(
+            f"entry {short_repr(part.path)} of operator {operator!r} (partition "
+            f"{short_repr(part.partition_id)}) has an offset, so it must be a range of a "
+            "pack (packs/pack-{n}.{attempt}.pack), and is not"
+        )
+    where = repr(part.path)
+    _check_int(f"offset of partition {part.partition_id} in {where}", part.offset, 0, MAX_INT64)
+    if part.codec is not None and part.stored_size_bytes is None:
+        raise InvalidInputError(
+            f"entry of partition {part.partition_id} in {where} is encoded ({part.codec!r}) "
+            "and has an offset, but no stored_size_bytes: its range has no length"
+        )
+    length = part.stored_size_bytes if part.codec is not None else part.size_bytes
+    if is_int(length) and is_int(part.offset) and part.offset + length > MAX_INT64:
+        raise InvalidInputError(
+            f"the range of partition {part.partition_id} in {where} ends past {MAX_INT64}"
+        )
+
+
+def _check_shared_paths(
+    entries: list[PartitionSnapshotEntry], seen_paths: set[tuple[CheckpointId | None, str]]
+) -> None:
+    """No two entries at one path, unless all of those have offsets and their ranges do
+    not overlap (empty ranges overlap nothing). Adds the paths to ``seen_paths``."""
+    ranges: dict[tuple[CheckpointId | None, str], list[tuple[int, int]]] = {}
+    for part in entries:
+        key = (part.owner, part.path)
+        if part.offset is None:
+            if key in seen_paths or key in ranges:
+                raise InvalidInputError(f"two entries share the path {part.path!r}")
+            seen_paths.add(key)
+        else:
+            if key in seen_paths:
+                raise InvalidInputError(f"two entries share the path {part.path!r}")
+            ranges.setdefault(key, []).append((part.offset, part.offset + part.stored_length))
+    for key, spans in ranges.items():
+        reach = 0
+        for start, end in sorted(spans):
+            if start < end:
+                if start < reach:
+                    raise InvalidInputError(
+                        f"two entries overlap in {key[1]!r}: bytes {start}..{end} and a "
+                        f"range ending at {reach}"
+                    )
+                reach = max(reach, end)
+        seen_paths.add(key)
 
 
 def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> None:
@@ -632,6 +728,7 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
     for source, offset in manifest.source_offsets.items():
         check_source_offset(source, offset, stored=stored)
     seen_paths: set[tuple[CheckpointId | None, str]] = set()
+    checked: list[PartitionSnapshotEntry] = []
     for operator, entry in manifest.operators.items():
         validate_name("operator", operator)
         if not isinstance(entry, OperatorSnapshotEntry) or not isinstance(
@@ -648,9 +745,8 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
                     )
                 snapshots.add(part.partition_id)
             check_entry(operator, part, manifest.checkpoint_id)
-            if (part.owner, part.path) in seen_paths:
-                raise InvalidInputError(f"two entries share the path {part.path!r}")
-            seen_paths.add((part.owner, part.path))
+            checked.append(part)
+    _check_shared_paths(checked, seen_paths)
     _check_directories(manifest, seen_paths)
 
 

@@ -27,7 +27,13 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   ``timestamp_ms`` writers record in their manifests, a retention rule, not a safety one);
 * in a committed directory, attempt-named artifacts (:func:`cairn.layout.new_attempt`)
   that its manifest does not name are the garbage of another writer of the same id that
-  lost the commit: they are swept once older than ``min_age``.
+  lost the commit: they are swept once older than ``min_age``;
+* reachability is by object path, packs included: a pack (many small artifacts of one
+  save, each a byte range of it) is kept whole while any kept checkpoint names a range
+  in it, even when the checkpoint that wrote it is deleted and the others no longer
+  need most of it. The plan reports what that costs: the bytes of the packs kept for
+  kept checkpoints against the bytes of the ranges those still name
+  (:attr:`GcPlan.pack_bytes`, :attr:`GcPlan.pack_range_bytes`).
 """
 
 from __future__ import annotations
@@ -197,6 +203,11 @@ class GcPlan:
     # An explanation of the decisions, not one: plans that decide alike are equal.
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in order."""
+    pack_bytes: int = field(default=0, compare=False)
+    """The bytes of the packs kept that a retained checkpoint names a range of."""
+    pack_range_bytes: int = field(default=0, compare=False)
+    """The bytes of the ranges of those packs that retained checkpoints name (each range
+    once): ``pack_bytes`` over this is the space packs keep alive per byte still needed."""
 
 
 KEPT_REASONS = (
@@ -230,6 +241,11 @@ class GcResult:
     """Objects deleted (manifests, artifacts, intents, orphans); 0 on a dry run."""
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each of ``retained`` is kept (:attr:`GcPlan.reasons`)."""
+    pack_bytes: int = 0
+    """The bytes of the packs kept for the retained checkpoints (:attr:`GcPlan.pack_bytes`)."""
+    pack_range_bytes: int = 0
+    """The bytes of those packs that the retained checkpoints name
+    (:attr:`GcPlan.pack_range_bytes`); the rest is kept only because it shares a pack."""
 
 
 def _reachable(
@@ -462,6 +478,8 @@ def _plan(
             )
             if not is_the_tombstone or expired:
                 orphans.append(info)
+    gone = {info.path for info in to_delete} | {info.path for info in orphans}
+    pack_bytes, range_bytes = _pack_amplification(paths, state, whole, gone)
     return GcPlan(
         retained=sorted(whole & set(manifests)),
         deleted=doomed,
@@ -469,7 +487,30 @@ def _plan(
         objects_to_delete=to_delete,
         orphans=orphans,
         reasons={cid: why[cid] for cid in sorted(whole & set(manifests))},
+        pack_bytes=pack_bytes,
+        pack_range_bytes=range_bytes,
     )
+
+
+def _pack_amplification(
+    paths: CheckpointPaths, state: StoreState, whole: set[CheckpointId], gone: set[str]
+) -> tuple[int, int]:
+    """The bytes of the packs that checkpoints in ``whole`` name ranges of and that stay
+    (listed, not in ``gone``), and the bytes of those ranges, each range counted once."""
+    ranges: dict[str, set[tuple[int, int]]] = {}
+    for cid in whole:
+        manifest = state.manifests.get(cid)
+        if manifest is None:
+            continue
+        for _, entry in manifest.partition_entries():
+            if entry.offset is not None:
+                path = paths.resolve(entry.owner or cid, entry.path)
+                ranges.setdefault(path, set()).add((entry.offset, entry.stored_length))
+    if not ranges:
+        return 0, 0
+    sizes = {info.path: info.size for info in state.objects if info.path in ranges}
+    kept = [path for path in sizes if path not in gone]
+    return sum(sizes[p] for p in kept), sum(n for p in kept for _, n in ranges[p])
 
 
 def _lost_attempt(
@@ -613,7 +654,12 @@ async def run_gc(
     claimed = abandoned if dry_run else await _claim_all(store, paths, abandoned)
     plan = _plan(paths, state, policy, owners, busy, now=now, min_age=min_age, claimed=claimed)
     result = GcResult(
-        retained=plan.retained, deleted=plan.deleted, dry_run=dry_run, reasons=plan.reasons
+        retained=plan.retained,
+        deleted=plan.deleted,
+        dry_run=dry_run,
+        reasons=plan.reasons,
+        pack_bytes=plan.pack_bytes,
+        pack_range_bytes=plan.pack_range_bytes,
     )
     result.failures.extend((paths.manifest(cid), why) for cid, why in state.damaged.items())
     doomed_bytes = [*plan.objects_to_delete, *plan.orphans]

@@ -437,6 +437,10 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.load_stored`."""
         return _runner.run(self.async_checkpointer.load_stored(path, entry))
 
+    def load_pack(self, path: str, entries: Sequence[PartitionSnapshotEntry]) -> Buffer:
+        """See :meth:`ObjectStoreCheckpointer.load_pack`."""
+        return _runner.run(self.async_checkpointer.load_pack(path, entries))
+
     def restore_directory(
         self,
         checkpoint_id: CheckpointId,

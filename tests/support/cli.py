@@ -124,8 +124,11 @@ class Filled:
     delta: CheckpointId
     newest: CheckpointId
     artifacts: dict[str, bytes]
+    """Objects of the store and the bytes they hold, by path relative to the base prefix."""
     base_snapshot: str
-    """``base``'s snapshot of ``("agg", 0)``, relative to the base prefix."""
+    """The object holding ``base``'s snapshot of ``("agg", 0)``, relative to the base
+    prefix: a pack that holds it first (damaging its byte 3 damages that snapshot), then
+    ``("agg", 1)`` and ``("join", 0)``."""
     delta_artifact: str
     """``delta``'s delta of ``("agg", 0)``, relative to the base prefix."""
 
@@ -169,8 +172,8 @@ async def fill(ckpt: ObjectStoreCheckpointer, url: str) -> Filled:
         delta=delta.checkpoint_id,
         newest=newest.checkpoint_id,
         artifacts={
-            base_snapshot: first[("agg", 0)],
-            delta_artifact: b"agg-0 delta",
+            base_snapshot: b"".join(first.values()),  # a pack: the three, in order
+            delta_artifact: b"agg-0 delta",  # alone in its save: an object of its own
         },
         base_snapshot=base_snapshot,
         delta_artifact=delta_artifact,

@@ -588,7 +588,8 @@ async def gc_command(
     table (and --json's "reasons") says why each is kept. Never deletes the latest
     checkpoint, a kept or pinned one, or anything a kept checkpoint's restore chains need
     (a deleted checkpoint's artifacts that a kept one still uses stay, without their
-    manifest; `cairn copy` copies them along).
+    manifest; `cairn copy` copies them along). A pack of small artifacts stays whole
+    while a kept checkpoint uses any of it: the summary says how much that keeps.
     """
     policy = _policy(keep_last, keep_within, keep_every, pin or [])
     ckpt = await session.open()

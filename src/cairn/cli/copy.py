@@ -9,9 +9,12 @@ its ``owner``, the checkpoint whose upload holds the bytes. Copying checkpoint `
 2. put each link's stored bytes (compressed ones as stored) in the target at the same
    place relative to the base prefix, ``{owner}/operators/...`` (a directory
    partition's files too, each verified as it is read), and ``C``'s source
-   offset files. Another owner's object that the target already holds at its size is
-   kept, not rewritten (it may belong to a checkpoint committed there, and step 4 reads
-   it back anyway); whatever ``C``'s own, still uncommitted, directory holds is replaced;
+   offset files. A pack (``{owner}/packs/...``, whose entries are byte ranges of it) is
+   copied once, whole, as stored, every range ``C``'s chains name in it verified as it
+   is read; the ranges no entry of ``C`` names travel with it unverified. Another
+   owner's object that the target already holds at its size is kept, not rewritten (it
+   may belong to a checkpoint committed there, and step 4 reads it back anyway);
+   whatever ``C``'s own, still uncommitted, directory holds is replaced;
 3. commit ``C``'s manifest in the target with :meth:`ObjectStoreCheckpointer.commit`,
    which checks that every object an entry names is there, writes the manifest only if
    absent, and moves the target's ``_latest`` forwards;
@@ -53,6 +56,7 @@ from dataclasses import dataclass
 import msgspec
 
 from cairn import (
+    ChainLink,
     CheckpointAbortedError,
     CheckpointExistsError,
     CheckpointId,
@@ -150,12 +154,18 @@ async def stored_bytes(
 
     ``loaded`` holds each link's data verified and decoded; an entry stored compressed is
     read again as stored (its digest covers the decoded bytes, which ``loaded`` checked),
-    no more than the size its entry records.
+    no more than the size its entry records. A pack (entries with offsets) is read once,
+    whole, as stored, each range its entries name in it verified again
+    (:meth:`~cairn.ObjectStoreCheckpointer.load_pack`): it is copied as one object.
     """
     found: dict[str, bytes | memoryview] = {}
+    packs: dict[str, list[ChainLink]] = {}
     for chain in loaded.chains.values():
         for link in chain:
             relative = f"{link.owner}/{link.entry.path}"
+            if link.entry.offset is not None:
+                packs.setdefault(relative, []).append(link)
+                continue
             if relative in found:
                 continue
             if link.entry.codec is None:
@@ -164,6 +174,10 @@ async def stored_bytes(
                 path = ckpt.paths.resolve(link.owner, link.entry.path)
                 stored = await ckpt.load_stored(path, link.entry)
                 found[relative] = memoryview(stored)
+    for relative, links in packs.items():
+        path = ckpt.paths.resolve(links[0].owner, links[0].entry.path)
+        pack = await ckpt.load_pack(path, [link.entry for link in links])
+        found[relative] = memoryview(pack)
     found.update(await directory_bytes(ckpt, loaded))
     return found
 

@@ -9,11 +9,14 @@ itself a checkpoint store holding that one checkpoint::
                                                         every link of every restore chain
     DIR/{owner}/operators/{operator}/partition-{p}.{attempt}.file-{n}
                                                         every file of a directory partition
+    DIR/{owner}/packs/pack-{n}.{attempt}.pack           a pack: many small artifacts
 
 ``{owner}`` is the checkpoint whose upload holds the bytes: ``{id}`` itself, or an
 earlier checkpoint of its chain. Artifacts are written as stored (an artifact stored
 compressed stays compressed, as its manifest entry says), so cairn loads the directory
-as it loads the store.
+as it loads the store. A pack, whose entries are byte ranges of it, is written once, whole,
+as one file (every range the checkpoint's chains name in it verified), not split into a
+file per partition: the manifest is restored byte for byte, and it names the ranges.
 
 Nothing under a restored name is touched until the whole checkpoint is on disk and
 verified: every artifact is verified when it is read from the store; every file is

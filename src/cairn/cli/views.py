@@ -355,6 +355,7 @@ def show_doc(
                 "partition": entry.partition_id,
                 "kind": "delta" if entry.is_delta else "snapshot",
                 "path": entry.path,
+                "offset": entry.offset,
                 "owner": str(entry.owner or manifest.checkpoint_id),
                 "carried": entry.owner is not None,
                 "size_bytes": entry.size_bytes,
@@ -701,6 +702,8 @@ def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
         "bytes_reclaimed": result.bytes_reclaimed,
         "orphans_deleted": list(result.orphans_deleted),
         "failures": [{"path": path, "reason": reason} for path, reason in result.failures],
+        "pack_bytes": result.pack_bytes,
+        "pack_range_bytes": result.pack_range_bytes,
     }
 
 
@@ -728,6 +731,11 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
         f"{'would reclaim' if result.dry_run else 'reclaimed'} "
         f"{human_size(result.bytes_reclaimed)}"
     )
+    if result.pack_bytes > result.pack_range_bytes:
+        summary.append(
+            f"; packs kept: {human_size(result.pack_bytes)} for "
+            f"{human_size(result.pack_range_bytes)} that kept checkpoints still use"
+        )
     if not (result.deleted or result.retained or result.failures):
         return summary  # an empty table would only wrap its title
     return Group(table, summary)
