@@ -1,8 +1,9 @@
 """How DCP items are laid out in cairn artifacts, and read back. No I/O.
 
-A rank's items become artifacts of operator ``rank-{r}``: a tensor of at least
-:data:`OWN_ARTIFACT_BYTES` is one artifact on its own, its raw bytes sent straight from
-tensor memory; smaller tensors and DCP's byte items (pickled non-tensor values) are
+A rank's items become artifacts of operator ``rank-{r}``: one object of ranges per
+rank (:mod:`cairn.torch._rankobject`), or, in a compressed save, a tensor of at least
+:data:`OWN_ARTIFACT_BYTES` as one artifact on its own, its raw bytes sent straight from
+tensor memory, and smaller tensors and DCP's byte items (pickled non-tensor values)
 packed, in plan order, into bundles of up to :data:`BUNDLE_BYTES`. Each item is
 described by an :class:`ItemRecord` (where its bytes are, their SHA-256, and for a
 tensor its dtype and shape), stored as a plain tuple in DCP's ``Metadata.storage_data``.
@@ -48,11 +49,11 @@ __all__ = [
 ]
 
 OWN_ARTIFACT_BYTES = 1 << 20
-"""A tensor of at least this many bytes is an artifact of its own (sent zero-copy)."""
+"""In a compressed save, a tensor of at least this many bytes is an artifact of its own."""
 
 BUNDLE_BYTES = 8 << 20
-"""Smaller items are packed into bundles of at most this many bytes (one item may
-exceed it alone only if it is a byte item larger than that)."""
+"""In a compressed save, smaller items are packed into bundles of at most this many
+bytes (one item may exceed it alone only if it is a byte item larger than that)."""
 
 
 class ItemRecord(NamedTuple):
