@@ -6,7 +6,10 @@ CAIRN_VENV=dev
 CAIRN_NEED_NODE=1
 source "$(dirname "$0")/_venv.sh"
 set +e
-python -m pytest "$@"
+# Two workers, each taking whole test files (--dist loadfile), so a module's expensive
+# fixtures (a 2-rank process group, a filled store) are made once; each worker starts
+# its own servers. CAIRN_TEST_WORKERS=0 runs everything in this process.
+python -m pytest -n "${CAIRN_TEST_WORKERS:-2}" --dist loadfile "$@"
 status=$?
 set -e
 # pytest's 5 means "no test ran": that is a failure here, not a pass.

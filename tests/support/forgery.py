@@ -35,7 +35,8 @@ async def forge(
 ) -> None:
     """Rewrite ``("agg", 0)`` of ``cid`` and its manifest consistently, without the key.
 
-    The artifact gets ``payload``; the manifest, its new size and digest and a checksum
+    The artifact gets ``payload`` (an artifact in a pack becomes an object of its own, at
+    its partition's path); the manifest, its new size and digest and a checksum
     recomputed by ``encode_manifest``. With ``keep_signature`` the original signature
     member is spliced back in (checksum recomputed again), so the manifest is signed,
     by the right key id, over other bytes.
@@ -46,7 +47,11 @@ async def forge(
     agg = manifest.operators["agg"]
     [entry] = [p for p in agg.partitions if p.partition_id == 0]
     forged_entry = msgspec.structs.replace(
-        entry, size_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest()
+        entry,
+        path=entry.path if entry.offset is None else ckpt.paths.relative_artifact("agg", 0, False),
+        offset=None,
+        size_bytes=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
     )
     partitions = tuple(forged_entry if p is entry else p for p in agg.partitions)
     operators = {**manifest.operators, "agg": msgspec.structs.replace(agg, partitions=partitions)}
@@ -56,5 +61,5 @@ async def forge(
         assert match is not None
         at = body.index(b'\n  "manifest_sha256"')
         body = with_checksum(body[:at] + match.group(0) + b"," + body[at:])
-    await ckpt.store.put(ckpt.paths.resolve(cid, entry.path), payload)
+    await ckpt.store.put(ckpt.paths.resolve(cid, forged_entry.path), payload)
     await ckpt.store.put(path, body)
