@@ -13,9 +13,12 @@ Stores and variants:
 
 * ``local`` (a directory on the disk) and ``shm`` (tmpfs, where the disk cannot hide
   CPU costs): ``cairn`` (CairnWriter/CairnReader: SHA-256 of every byte, atomic
-  commit), ``fs`` (FileSystemWriter/Reader, defaults: fsyncs each file, no digests),
+  commit, one object per rank), ``cairn-per-tensor`` (the same writer in the layout it
+  keeps for compressed saves: an object per tensor of 1 MiB or more), ``fs``
+  (FileSystemWriter/Reader, defaults: fsyncs each file, no digests),
   ``fs-nosync`` (the same without fsync, as obstore's local store writes);
-* ``s3`` (moto's server on a loopback port): ``cairn``, ``cairn-unsigned`` (the same
+* ``s3`` (moto's server on a loopback port): ``cairn``, ``cairn-per-tensor``,
+  ``cairn-unsigned`` (the same
   with obstore's ``unsigned_payload=True``: no SigV4 SHA-256 of each body, which
   cairn's own digest makes redundant for integrity at rest, though S3 then no longer
   checks the bytes in transit) and ``fsspec`` (FsspecWriter/Reader over s3fs, installed
@@ -80,9 +83,24 @@ from bench.harness import MiB, settle, table  # noqa: E402
 from cairn.torch import CairnReader, CairnWriter  # noqa: E402
 
 TENSORS = 16
-VARIANTS = {"local": ["cairn", "fs", "fs-nosync"], "shm": ["cairn", "fs", "fs-nosync"]}
-VARIANTS["s3"] = ["cairn", "cairn-unsigned", "fsspec"]
-BASELINES = {"local": ["fs", "fs-nosync"], "shm": ["fs", "fs-nosync"], "s3": ["fsspec"]}
+VARIANTS = {
+    "local": ["cairn", "cairn-per-tensor", "fs", "fs-nosync"],
+    "shm": ["cairn", "cairn-per-tensor", "fs", "fs-nosync"],
+    "s3": ["cairn", "cairn-unsigned", "cairn-per-tensor", "fsspec"],
+}
+BASELINES = {
+    "local": ["fs", "fs-nosync", "cairn-per-tensor"],
+    "shm": ["fs", "fs-nosync", "cairn-per-tensor"],
+    "s3": ["fsspec", "cairn-per-tensor"],
+}
+
+
+class PerTensorWriter(CairnWriter):
+    """``CairnWriter`` writing the per-tensor layout it keeps for compressed saves (an
+    object per tensor of 1 MiB or more, 8 MiB bundles): the same-run baseline of its
+    one-object-per-rank layout."""
+
+    _write_rank_objects = CairnWriter._write_bundles
 
 
 def ensure_s3fs() -> None:
@@ -115,6 +133,8 @@ class Where:
         self.name = f"{variant}-{round_}"
 
     def writer(self, epoch: int) -> StorageWriter:
+        if self.variant == "cairn-per-tensor":
+            return PerTensorWriter(self._store(), epoch=epoch, prefix=f"{self.name}/")
         if self.variant.startswith("cairn"):
             return CairnWriter(self._store(), epoch=epoch, prefix=f"{self.name}/")
         if self.variant == "fsspec":
@@ -336,6 +356,7 @@ def report(samples: dict[str, Any], mib: int, moto_cpu: dict[str, float]) -> dic
         for ours in VARIANTS[where]
         if ours.startswith("cairn")
         for baseline in baselines
+        if baseline != ours and not (ours != "cairn" and baseline.startswith("cairn"))
     ]
     for where, ours, baseline in pairs:
         cairn = out["variants"].get(f"{where}/{ours}")

@@ -61,6 +61,7 @@ from cairn.torch import (
     CairnReader,
     CairnWriter,
     _format,
+    _rankobject,
     _reader,
     _writer,
     load_latest,
@@ -244,18 +245,25 @@ class _RecordingPlanner(DefaultSavePlanner):
         return super().resolve_data(write_item)
 
 
-def test_items_are_resolved_as_the_upload_reaches_them_one_ahead() -> None:
-    """A rank's copies are not all held at once: item k is resolved only once the
-    bytes of items 0..k-2 have gone to the store."""
+@pytest.mark.parametrize(("ahead_items", "ahead_bytes"), [(4, 64 << 20), (8, 5 << 20)])
+def test_items_are_resolved_a_bounded_distance_ahead_of_the_upload(
+    monkeypatch: pytest.MonkeyPatch, ahead_items: int, ahead_bytes: int
+) -> None:
+    """A rank's copies are not all held at once: item k is resolved only once the bytes
+    of the items more than the bound ahead of it (AHEAD_ITEMS items, AHEAD_BYTES bytes)
+    have gone to the store."""
+    monkeypatch.setattr(_rankobject, "AHEAD_ITEMS", ahead_items)
+    monkeypatch.setattr(_rankobject, "AHEAD_BYTES", ahead_bytes)
     store = _ChunkStore(ObstoreStore(MemoryStore()))
-    state = {f"t{i}": torch.randn(1024, 1024)[:, ::2] for i in range(5)}  # 2 MiB copies
+    state = {f"t{i}": torch.randn(1024, 1024)[:, ::2] for i in range(12)}  # 2 MiB copies
     planner = _RecordingPlanner(store)
     writer = CairnWriter(store, epoch=1, prefix=PREFIX)
     dcp_save(state, storage_writer=writer, planner=planner, no_dist=True)
     size = 1024 * 512 * 4
-    assert len(planner.resolved_at) == 5
+    window = min(ahead_items, -(-ahead_bytes // size))  # items resolved ahead, at most
+    assert len(planner.resolved_at) == 12
     for k, consumed in enumerate(planner.resolved_at):
-        assert consumed >= max(0, k - 1) * size, (k, planner.resolved_at)
+        assert consumed >= max(0, k - window) * size, (k, planner.resolved_at)
     blank = {k: torch.zeros(1024, 512) for k in state}
     load(store, blank)
     assert_same(blank, state)

@@ -10,11 +10,11 @@ checked against that digest, and the index lets cairn verify the object without 
 
 Invariants:
 
-* an item is resolved (``planner.resolve_data``) only when the upload reaches it, and
-  hashed once, just before its bytes are sent: a contiguous CPU tensor is sent from its
-  own memory; a copy (from a device, or made contiguous) lives only while it is sent,
-  with at most one more item resolved ahead, so a rank holds about two items' copies at
-  a time whatever its size;
+* an item is resolved (``planner.resolve_data``) only shortly before the upload
+  reaches it, and hashed once, before its bytes are sent: a contiguous CPU tensor is
+  sent from its own memory; a copy (from a device, or made contiguous) lives only until
+  it is sent, with at most :data:`AHEAD_ITEMS` items (and :data:`AHEAD_BYTES`, or one
+  item) resolved ahead, so what a rank holds is bounded whatever its size;
 * the records are those of the upload attempt that succeeded: a retried upload
   resolves and hashes its items again, and the index and records describe what was
   sent last;
@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import io
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -44,6 +45,8 @@ from cairn.ranges import Range, RangeSource
 from cairn.torch._format import ItemRecord, dtype_name, tensor_bytes
 
 __all__ = [
+    "AHEAD_BYTES",
+    "AHEAD_ITEMS",
     "RANK_OBJECT_BYTES",
     "ItemRanges",
     "Resolved",
@@ -52,6 +55,13 @@ __all__ = [
     "rank_uploads",
     "split_into_objects",
 ]
+
+AHEAD_ITEMS = 4
+"""Items resolved and hashed ahead of the one being sent, at most (in worker threads,
+which hash in parallel: hashlib releases the GIL)..."""
+
+AHEAD_BYTES = 64 << 20
+"""... and at most this many bytes of them (one item, however large, always)."""
 
 RANK_OBJECT_BYTES = 16 << 30
 """A rank's items go into one object up to this many bytes (16 GiB), into one more per
@@ -170,18 +180,27 @@ class ItemRanges(RangeSource):
         self.placed = []
         offset = 0
         upcoming = iter(self._items)
-        ahead: asyncio.Future[tuple[Resolved, str]] | None = None
+        ahead: collections.deque[tuple[WriteItem, int, asyncio.Future[tuple[Resolved, str]]]]
+        ahead = collections.deque()
+        held = 0  # estimated bytes of the items resolved ahead
 
-        def resolve_next() -> tuple[WriteItem, asyncio.Future[tuple[Resolved, str]]] | None:
-            item = next(upcoming, None)
-            return None if item is None else (item, asyncio.ensure_future(prepared(item)))
+        def resolve_ahead() -> None:  # hashed on worker threads while earlier ones are sent
+            nonlocal held
+            while len(ahead) < AHEAD_ITEMS and (not ahead or held < AHEAD_BYTES):
+                item = next(upcoming, None)
+                if item is None:
+                    return
+                size = estimated_size(item)
+                ahead.append((item, size, asyncio.ensure_future(prepared(item))))
+                held += size
 
-        following = resolve_next()
         try:
-            while following is not None:
-                item, ahead = following
-                resolved, digest = await ahead
-                following = resolve_next()  # hashed while this one is sent
+            resolve_ahead()
+            while ahead:
+                item, size, future = ahead.popleft()
+                held -= size
+                resolved, digest = await future
+                resolve_ahead()
                 length = resolved.view.nbytes
                 self.placed.append(
                     _Placed(item, offset, length, digest, resolved.dtype, resolved.shape)
@@ -190,8 +209,8 @@ class ItemRanges(RangeSource):
                 offset += length
                 del resolved
         finally:
-            if following is not None:
-                following[1].cancel()
+            for _, _, future in ahead:
+                future.cancel()
 
     def results(self, operator: str, entry: Entry) -> list[WriteResult]:
         """A ``WriteResult`` per item stored, with its record in ``entry``'s object."""
