@@ -61,8 +61,8 @@ from cairn.errors import (
 )
 from cairn.ids import CheckpointId
 from cairn.integrity import (
-    INLINE_HASH_LIMIT,
     StreamHasher,
+    off_loop_if_large,
     verify_integrity,
     verify_integrity_async,
 )
@@ -286,18 +286,12 @@ async def read_entry(
             codec.decompress, data, path=path, size_bytes=entry.size_bytes
         )
     if verify and entry.index_size_bytes is not None:
-        await _off_loop(data, verify_ranges, path, data, entry.index_size_bytes, entry.sha256)
+        await off_loop_if_large(
+            data, verify_ranges, path, data, entry.index_size_bytes, entry.sha256
+        )
     elif verify:
         await verify_integrity_async(path, data, entry.sha256)
     return data
-
-
-async def _off_loop(data: Buffer, check: Callable[..., None], *args: object) -> None:
-    """``check(*args)``, in a worker thread when ``data`` is large enough to be worth it."""
-    if memoryview(data).nbytes > INLINE_HASH_LIMIT:
-        await asyncio.to_thread(check, *args)
-    else:
-        check(*args)
 
 
 async def _fetch_links(

@@ -13,14 +13,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from cairn._buffer import Buffer
 from cairn.errors import IntegrityMismatchError
 
+T = TypeVar("T")
+
 __all__ = [
     "INLINE_HASH_LIMIT",
     "StreamHasher",
+    "off_loop_if_large",
     "sha256_hex",
     "sha256_hex_async",
     "verify_integrity",
@@ -36,19 +41,23 @@ def sha256_hex(data: Buffer) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+async def off_loop_if_large(data: Buffer, work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)``, in a worker thread when ``data`` (the bytes it works on) is larger
+    than INLINE_HASH_LIMIT (hashlib releases the GIL there); inline otherwise, where the
+    thread hop would cost more than the work."""
+    if memoryview(data).nbytes <= INLINE_HASH_LIMIT:
+        return work(*args)
+    return await asyncio.to_thread(work, *args)
+
+
 async def sha256_hex_async(data: Buffer) -> str:
     """:func:`sha256_hex`, off the event loop for buffers larger than INLINE_HASH_LIMIT."""
-    if memoryview(data).nbytes <= INLINE_HASH_LIMIT:
-        return sha256_hex(data)
-    return await asyncio.to_thread(sha256_hex, data)
+    return await off_loop_if_large(data, sha256_hex, data)
 
 
 async def verify_integrity_async(path: str, data: Buffer, expected_sha256: str) -> None:
     """:func:`verify_integrity`, off the event loop for buffers larger than INLINE_HASH_LIMIT."""
-    if memoryview(data).nbytes <= INLINE_HASH_LIMIT:
-        verify_integrity(path, data, expected_sha256)
-    else:
-        await asyncio.to_thread(verify_integrity, path, data, expected_sha256)
+    await off_loop_if_large(data, verify_integrity, path, data, expected_sha256)
 
 
 def verify_integrity(path: str, data: Buffer, expected_sha256: str) -> None:

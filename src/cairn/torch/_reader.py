@@ -38,7 +38,7 @@ from cairn.errors import (
     UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
-from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex
+from cairn.integrity import off_loop_if_large, sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.signing import SigningKey
 from cairn.torch._format import (
@@ -434,7 +434,7 @@ async def verified_pieces(
                 path, str(record.length), str(piece.nbytes), what=f"size of {index.fqn!r}"
             )
         if index not in verified:
-            await _off_loop(piece, _verify_item, path, index, record, piece)
+            await off_loop_if_large(piece, _verify_item, path, index, record, piece)
             verified.add(index)
         pieces.append(piece)
     return pieces
@@ -476,17 +476,8 @@ async def _deliver(
         planner.load_bytes(item, io.BytesIO(data))
         return
     target = planner.resolve_tensor(item).detach()
-    await _off_loop(piece, _copy_into, target, item, record, piece)
+    await off_loop_if_large(piece, _copy_into, target, item, record, piece)
     planner.commit_tensor(item, target)
-
-
-async def _off_loop(piece: memoryview, work: Callable[..., None], *args: Any) -> None:
-    """``work(*args)`` in a worker thread for a large ``piece`` (hashlib and torch release
-    the GIL there); inline for a small one, where the thread hop would cost more."""
-    if piece.nbytes > INLINE_HASH_LIMIT:
-        await asyncio.to_thread(work, *args)
-    else:
-        work(*args)
 
 
 def _copy_into(target: torch.Tensor, item: ReadItem, record: ItemRecord, piece: memoryview) -> None:
