@@ -23,6 +23,7 @@ from cairn.ranges import (
     RangeSource,
     decode_index,
     encode_index,
+    group_spans,
     index_size,
     verify_ranges,
 )
@@ -198,3 +199,13 @@ async def test_small_ranges_are_coalesced_and_large_ones_sent_as_they_are() -> N
     await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): source}))
     # 50 small ranges in one chunk, the large one alone, the other 50 with the index.
     assert store.sizes == [50_000, 2 << 20, 50_000 + index_size(101)]
+
+
+def test_group_spans_cuts_by_size_and_gap_in_offset_order() -> None:
+    members = [(50, 10), (0, 10), (10, 10), (25, 5), (100, 40), (141, 1)]
+    spans = group_spans(members, lambda m: m, max_bytes=40, max_gap=5)
+    # (0..30) fit in 40 bytes with gaps <= 5; 50 is 20 past 30; the 40-byte member
+    # fills a span alone; 141 is 1 past 140 but would make the span 41 bytes.
+    assert spans == [[(0, 10), (10, 10), (25, 5)], [(50, 10)], [(100, 40)], [(141, 1)]]
+    assert group_spans([], lambda m: m, 40, 5) == []
+    assert group_spans([(0, 100)], lambda m: m, 40, 5) == [[(0, 100)]]

@@ -69,7 +69,7 @@ from cairn.integrity import (
 from cairn.layout import validate_name, validate_partition
 from cairn.localfs import LinkRefused, atomic_file_at, run_to_end
 from cairn.manifest import PartitionSnapshotEntry
-from cairn.ranges import verify_ranges
+from cairn.ranges import group_spans, verify_ranges
 
 __all__ = [
     "RESTORE_CHUNK",
@@ -301,8 +301,8 @@ async def _fetch_links(
     progress: Callable[[int], None] | None,
 ) -> list[Buffer]:
     """Every link's bytes, verified, in order: the ranges of one pack read in spans
-    (:func:`_spans`), every other link with a request of its own; all of them at most
-    ``max_concurrent_downloads`` at a time."""
+    (:func:`cairn.ranges.group_spans`), every other link with a request of its own; all
+    of them at most ``max_concurrent_downloads`` at a time."""
     jobs: list[Callable[[], Awaitable[list[tuple[int, Buffer]]]]] = []
     packed: dict[str, list[tuple[int, _Link]]] = {}
     for index, (owner, entry) in enumerate(links):
@@ -312,7 +312,8 @@ async def _fetch_links(
             path = ctx.paths.resolve(owner, entry.path)
             packed.setdefault(path, []).append((index, (owner, entry)))
     for path, members in packed.items():
-        jobs += [_fetch_span(ctx, path, span, verify, progress) for span in _spans(members)]
+        spans = group_spans(members, _extent, SPAN_BYTES, SPAN_GAP_BYTES)
+        jobs += [_fetch_span(ctx, path, span, verify, progress) for span in spans]
     found: list[Buffer] = [b""] * len(links)
     for results in await bounded_gather(ctx.max_concurrent_downloads, jobs):
         for index, data in results:
@@ -329,24 +330,10 @@ def _alone(
     return run
 
 
-def _spans(members: list[tuple[int, _Link]]) -> list[list[tuple[int, _Link]]]:
-    """The ranges of one pack grouped, in offset order, into spans of at most
-    :data:`SPAN_BYTES` (a range larger than that is a span alone) whose ranges are at
-    most :data:`SPAN_GAP_BYTES` apart."""
-    ordered = sorted(members, key=lambda m: (m[1][1].offset or 0, m[1][1].stored_length))
-    spans: list[list[tuple[int, _Link]]] = []
-    start = end = 0
-    for member in ordered:
-        entry = member[1][1]
-        first = entry.offset or 0
-        last = first + entry.stored_length
-        if spans and first - end <= SPAN_GAP_BYTES and max(end, last) - start <= SPAN_BYTES:
-            spans[-1].append(member)
-            end = max(end, last)
-        else:
-            spans.append([member])
-            start, end = first, last
-    return spans
+def _extent(member: tuple[int, _Link]) -> tuple[int, int]:
+    """Where a pack member's stored bytes lie in its pack: (offset, length)."""
+    entry = member[1][1]
+    return entry.offset or 0, entry.stored_length
 
 
 def _fetch_span(

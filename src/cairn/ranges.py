@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from cairn._buffer import Buffer
 from cairn.errors import IntegrityMismatchError, InvalidInputError, UndecodableArtifactError
@@ -45,6 +45,7 @@ __all__ = [
     "StoredRange",
     "decode_index",
     "encode_index",
+    "group_spans",
     "index_size",
     "verify_ranges",
 ]
@@ -54,6 +55,8 @@ INDEX_MAGIC = b"cairn-ranges-v1\n"
 
 INDEX_RECORD_BYTES = 40
 """Bytes per range in the index: an 8-byte length and a 32-byte SHA-256."""
+
+T = TypeVar("T")
 
 _MAX_LENGTH = 2**63 - 1
 _FORMAT = "cairn range index"
@@ -128,6 +131,27 @@ def decode_index(path: str, index: Buffer, data_size: int) -> list[StoredRange]:
         reason = f"its index describes {offset} bytes of ranges, the object holds {data_size}"
         raise UndecodableArtifactError(path, _FORMAT, reason)
     return ranges
+
+
+def group_spans(
+    members: Iterable[T], extent: Callable[[T], tuple[int, int]], max_bytes: int, max_gap: int
+) -> list[list[T]]:
+    """``members`` of one object, each at ``extent(member)`` (offset, length), grouped in
+    offset order into spans to read with one ranged request each: a span covers at most
+    ``max_bytes`` (a member larger than that is a span alone), and its members lie at
+    most ``max_gap`` bytes apart (the bytes between them are read and dropped)."""
+    spans: list[list[T]] = []
+    start = end = 0
+    for member in sorted(members, key=extent):
+        first, length = extent(member)
+        last = first + length
+        if spans and first - end <= max_gap and max(end, last) - start <= max_bytes:
+            spans[-1].append(member)
+            end = max(end, last)
+        else:
+            spans.append([member])
+            start, end = first, last
+    return spans
 
 
 def verify_ranges(path: str, data: Buffer, index_bytes: int, index_sha256: str) -> None:

@@ -40,6 +40,7 @@ from cairn.errors import (
 from cairn.ids import CheckpointId
 from cairn.integrity import off_loop_if_large, sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.ranges import group_spans
 from cairn.signing import SigningKey
 from cairn.torch._format import (
     ItemRecord,
@@ -277,18 +278,12 @@ def _spans(items: list[tuple[ItemRecord, ReadItem]], ranged: bool) -> list[list[
     one when the artifact is not ``ranged``: it is read whole)."""
     if not ranged:
         return [[item for _, item in items]]
-    spans: list[list[ReadItem]] = []
-    start = end = -1
-    for record, item in sorted(items, key=lambda pair: pair[0].offset):
-        stop = record.offset + record.length
-        fits = record.offset - end <= READ_GAP_BYTES and stop - start <= READ_SPAN_BYTES
-        if spans and fits:
-            spans[-1].append(item)
-            end = max(end, stop)
-        else:
-            spans.append([item])
-            start, end = record.offset, stop
-    return spans
+    spans = group_spans(items, _record_extent, READ_SPAN_BYTES, READ_GAP_BYTES)
+    return [[item for _, item in span] for span in spans]
+
+
+def _record_extent(pair: tuple[ItemRecord, ReadItem]) -> tuple[int, int]:
+    return pair[0].offset, pair[0].length
 
 
 async def open_dcp(
