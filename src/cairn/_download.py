@@ -279,18 +279,26 @@ async def read_entry(
 ) -> Buffer:
     """The bytes ``entry`` describes, from ``path``: read and decoded in memory bounded by
     what the entry records (see the module docstring), verified when ``verify``."""
-    codec = get_codec(entry.codec, path=path) if entry.codec is not None else None
-    data = await read_stored(ctx, path, entry)
-    if codec is not None:
-        data = await asyncio.to_thread(
-            codec.decompress, data, path=path, size_bytes=entry.size_bytes
-        )
+    if entry.codec is not None:
+        get_codec(entry.codec, path=path)  # a codec this cairn cannot decode fails before I/O
+    stored = await read_stored(ctx, path, entry)
+    if entry.codec is not None:  # decoded on a worker thread, whatever its stored size
+        return await asyncio.to_thread(_decoded, path, stored, entry, verify)
+    return await off_loop_if_large(stored, _decoded, path, stored, entry, verify)
+
+
+def _decoded(path: str, stored: Buffer, entry: PartitionSnapshotEntry, verify: bool) -> Buffer:
+    """The bytes ``entry`` describes, from its ``stored`` bytes read from ``path``: decoded
+    in memory bounded by the entry (see the module docstring) and, when ``verify``,
+    checked against its digest (an object of ranges range by range)."""
+    data = stored
+    if entry.codec is not None:
+        codec = get_codec(entry.codec, path=path)
+        data = codec.decompress(stored, path=path, size_bytes=entry.size_bytes)
     if verify and entry.index_size_bytes is not None:
-        await off_loop_if_large(
-            data, verify_ranges, path, data, entry.index_size_bytes, entry.sha256
-        )
+        verify_ranges(path, data, entry.index_size_bytes, entry.sha256)
     elif verify:
-        await verify_integrity_async(path, data, entry.sha256)
+        verify_integrity(path, data, entry.sha256)
     return data
 
 
@@ -373,18 +381,8 @@ def _decode_all(
     pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]],
     verify: bool,
 ) -> list[tuple[int, Buffer]]:
-    """Each piece's stored bytes decoded (bounded by its entry, as :func:`read_entry`
-    decodes) and, when ``verify``, checked against its entry's digest."""
-    found: list[tuple[int, Buffer]] = []
-    for index, entry, stored in pieces:
-        data: Buffer = stored
-        if entry.codec is not None:
-            codec = get_codec(entry.codec, path=path)
-            data = codec.decompress(stored, path=path, size_bytes=entry.size_bytes)
-        if verify:
-            verify_integrity(path, data, entry.sha256)
-        found.append((index, data))
-    return found
+    """Each piece's stored bytes :func:`_decoded` (and verified when ``verify``)."""
+    return [(index, _decoded(path, stored, entry, verify)) for index, entry, stored in pieces]
 
 
 def _fetch_link(
