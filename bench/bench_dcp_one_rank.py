@@ -5,7 +5,7 @@ layout, in the same run.
 
 256 MiB of float32 in 16 tensors, saved with ``dcp.save(no_dist=True)`` through
 ``CairnWriter`` (one object of ranges) and through the per-tensor layout (an object per
-tensor of 1 MiB or more: ``bench_torch.PerTensorWriter``), alternating which goes first,
+tensor of 1 MiB or more: ``bench.per_tensor.PerTensorWriter``), alternating which goes first,
 ``harness.settle`` before each; round 0 is a discarded warm-up. Reports the median save
 seconds of each and their ratio.
 """
@@ -29,8 +29,8 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_dcp_one_rank.py``
 import torch  # noqa: E402
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save  # noqa: E402
 
-from bench.bench_torch import PerTensorWriter  # noqa: E402
 from bench.harness import settle, table  # noqa: E402
+from bench.per_tensor import PerTensorWriter  # noqa: E402
 from cairn.torch import CairnWriter  # noqa: E402
 
 

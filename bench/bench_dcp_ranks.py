@@ -136,6 +136,7 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_dcp_ranks.py``
 sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
 from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
+from bench.per_tensor import PerTensorWriter  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
 from cairn.torch import CairnReader, CairnWriter  # noqa: E402
@@ -315,24 +316,10 @@ class StandInLoadPlanner(DefaultLoadPlanner):
         return self.state_dict[index.fqn].__get_tensor_shard__(index)  # type: ignore[no-any-return]
 
 
-LAYOUTS = ("ranges", "per-tensor")
+LAYOUTS: dict[str, type[CairnWriter]] = {"ranges": CairnWriter, "per-tensor": PerTensorWriter}
 """``ranges``: what ``CairnWriter`` writes (one object of ranges per rank);
 ``per-tensor``: the earlier layout (an object per tensor of 1 MiB or more, 8 MiB
 bundles), which the writer still writes for compressed saves, for comparison."""
-
-
-@contextlib.contextmanager
-def writer_layout(name: str) -> Iterator[None]:
-    """Make uncompressed saves inside the block write the layout ``name``."""
-    if name == "ranges":
-        yield
-        return
-    original = CairnWriter._write_rank_objects
-    CairnWriter._write_rank_objects = CairnWriter._write_bundles  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        CairnWriter._write_rank_objects = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -385,13 +372,20 @@ class Run:
     metadata_split: dict[str, float] = field(default_factory=dict)
 
 
-def simulate(raw: ObjectStore, prefix: str, ranks: int, scale: int) -> Run:
-    """One save of every rank's state and one rank's load of it, into ``prefix``."""
+def simulate(
+    raw: ObjectStore,
+    prefix: str,
+    ranks: int,
+    scale: int,
+    writer_class: type[CairnWriter] = CairnWriter,
+) -> Run:
+    """One save of every rank's state through ``writer_class`` and one rank's load of it,
+    into ``prefix``."""
     out = Run(scale=scale)
     model = tensors()
     store = recording.RecordingStore(as_store(raw))
     began = time.perf_counter()
-    writers = [CairnWriter(store, epoch=1, prefix=prefix) for _ in range(ranks)]
+    writers = [writer_class(store, epoch=1, prefix=prefix) for _ in range(ranks)]
     with scaled_knobs(scale) as out.unscaled:
         start = time.perf_counter()
         local_plans: list[SavePlan] = []
@@ -721,8 +715,8 @@ def main() -> None:
                 runs = []
                 for rep in range(reps):
                     began = time.perf_counter()
-                    with writer_layout(layout):
-                        runs.append(simulate(raw, f"run-{next(counter)}/", n, args.scale))
+                    prefix = f"run-{next(counter)}/"
+                    runs.append(simulate(raw, prefix, n, args.scale, LAYOUTS[layout]))
                     print(
                         f"{kind} {layout} {n} ranks, save {rep + 1}/{reps}: "
                         f"{time.perf_counter() - began:.1f}s",

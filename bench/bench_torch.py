@@ -80,6 +80,7 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
 
 from bench.harness import MiB, settle, table  # noqa: E402
+from bench.per_tensor import PerTensorWriter  # noqa: E402
 from cairn.torch import CairnReader, CairnWriter  # noqa: E402
 
 TENSORS = 16
@@ -93,14 +94,6 @@ BASELINES = {
     "shm": ["fs", "fs-nosync", "cairn-per-tensor"],
     "s3": ["fsspec", "cairn-per-tensor"],
 }
-
-
-class PerTensorWriter(CairnWriter):
-    """``CairnWriter`` writing the per-tensor layout it keeps for compressed saves (an
-    object per tensor of 1 MiB or more, 8 MiB bundles): the same-run baseline of its
-    one-object-per-rank layout."""
-
-    _write_rank_objects = CairnWriter._write_bundles
 
 
 def ensure_s3fs() -> None:
