@@ -9,6 +9,7 @@
 {base}{id}/operators/{operator}/partition-{p}.{attempt}.snap   full state
 {base}{id}/operators/{operator}/partition-{p}.{attempt}.delta  incremental delta
 {base}{id}/packs/pack-{n}.{attempt}.pack             small snapshots and deltas, merged
+{base}{id}/parts/part-{sha256}.json                  entries of a large manifest, by digest
 {base}{id}/intent.json                               a save in progress: its lease, its parent
 ```
 
@@ -24,6 +25,11 @@ A pack (:meth:`CheckpointPaths.relative_pack`) holds the stored bytes of many sm
 artifacts of one save, one after the other; each artifact's manifest entry names the
 pack and the byte range its bytes take in it (see :mod:`cairn.manifest`). Pack names
 carry the attempt token too, and nothing else (there is no attempt-less pack name).
+
+A manifest part (:meth:`CheckpointPaths.relative_manifest_part`) holds some of the entries
+of a large manifest (see :mod:`cairn.manifest`). It is named by the SHA-256 of its bytes,
+not by an attempt: two writers that write one part name write the same bytes, so writing
+it again changes nothing a committed manifest names.
 
 Invariants:
 
@@ -111,6 +117,7 @@ _ATTEMPT_ARTIFACT = re.compile(
     rf"|packs/pack-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.pack"
 )
 _PACK = re.compile(rf"packs/pack-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.pack")
+_MANIFEST_PART = re.compile(r"parts/part-[0-9a-f]{64}\.json")
 
 
 def new_attempt() -> str:
@@ -373,6 +380,20 @@ class CheckpointPaths:
     def is_pack(path: object) -> bool:
         """True when relative ``path`` names a pack (:meth:`relative_pack`)."""
         return isinstance(path, str) and _PACK.fullmatch(path) is not None
+
+    @staticmethod
+    def relative_manifest_part(sha256: str) -> str:
+        """The manifest part whose bytes hash to ``sha256``, relative to its checkpoint
+        directory: ``parts/part-{sha256}.json``."""
+        path = f"parts/part-{sha256}.json"
+        if not isinstance(sha256, str) or _MANIFEST_PART.fullmatch(path) is None:
+            raise InvalidInputError(f"not a SHA-256 hex digest: {short_repr(sha256)}")
+        return path
+
+    @staticmethod
+    def is_manifest_part(path: object) -> bool:
+        """True when relative ``path`` names a manifest part (:meth:`relative_manifest_part`)."""
+        return isinstance(path, str) and _MANIFEST_PART.fullmatch(path) is not None
 
     @staticmethod
     def is_file_of(path: str, operator: str, partition: int) -> bool:

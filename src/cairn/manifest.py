@@ -48,6 +48,19 @@ extends. Invariants kept here:
   one of them has an offset and no two of their ranges overlap; ``offset + stored
   length`` is at most :data:`MAX_INT64`. (cairn before packs reads an entry at a pack's
   path as damage, so it skips such a checkpoint and falls back to an older one);
+* a manifest with more than :data:`PART_ENTRIES` artifact entries is stored as a root and
+  parts (:func:`encode_stored`): each operator's entries, in restore order, go into
+  parts of about :data:`PART_ENTRIES` entries each, never splitting one partition's
+  chain, each part a compact JSON object at a path named by its SHA-256
+  (:meth:`CheckpointPaths.relative_manifest_part`). The root is the manifest itself, its
+  operators' entry lists empty, with a ``parts`` list of each part's path, operator,
+  partition range, entry count, size and SHA-256: the root's checksum and signature
+  cover the parts through their digests. :func:`decode_root` checks a root,
+  :func:`decode_part` a part against its record in it, and :func:`assemble` puts the
+  entries back, checking the whole as :func:`decode_manifest` does. A manifest of up to
+  :data:`PART_ENTRIES` entries is stored whole, byte for byte as before parts existed
+  (cairn before parts reads a root as damage, so it skips such a checkpoint and falls
+  back to an older one);
 * an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
   does not know (a newer writer's codec, or damage) makes the manifest unreadable here,
   like an unsupported schema version: :class:`CorruptManifestError`, so readers fall back.
@@ -57,10 +70,13 @@ extends. Invariants kept here:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import re
 import time
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -77,6 +93,7 @@ from cairn.errors import (
 from cairn.ids import CheckpointId
 from cairn.layout import (
     MAX_NAME_BYTES,
+    MAX_PARTITION,
     CheckpointPaths,
     short_repr,
     validate_checkpoint_name,
@@ -95,13 +112,20 @@ __all__ = [
     "CheckpointManifest",
     "CheckpointManifestV2",
     "DirectoryEntry",
+    "EncodedManifest",
     "FileEntry",
+    "ManifestPart",
     "OperatorSnapshotEntry",
     "PartitionSnapshotEntry",
     "SaveStats",
     "SourceOffsetEntry",
+    "assemble",
     "decode_manifest",
+    "decode_part",
+    "decode_root",
     "encode_manifest",
+    "encode_stored",
+    "part_of",
 ]
 
 _Record = TypeVar("_Record")
@@ -118,6 +142,15 @@ some 150,000 restore-chain links: 20,000 partitions with chains of seven. Decodi
 takes about three times its size in memory at peak (its bytes, then the entries:
 190 MiB for 63 MiB, measured); the bound keeps a damaged or hostile manifest from
 costing more, and is checked before any byte is parsed."""
+
+PART_ENTRIES = 4096
+"""The most artifact entries a manifest holds itself, and about the most a part holds.
+
+A larger manifest is stored as a root and parts (see the module docstring), so that a
+reader of one partition reads the root and one part: about 1 MiB of entries, decoded and
+checked in about 40 ms, where 100,000 entries in one manifest (27 MiB) took 1.0 s
+(``python bench/bench_many_partitions.py``). The root of a 100,000-partition checkpoint
+lists 25 parts."""
 
 MAX_INT64 = 2**63 - 1
 """The largest epoch, size, generation or watermark: JSON readers in other languages
@@ -253,6 +286,23 @@ class DirectoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
         return sum(f.size_bytes for f in self.files)
 
 
+class ManifestPart(msgspec.Struct, frozen=True, kw_only=True):
+    """Where some of a large manifest's entries are stored (see :func:`encode_stored`).
+
+    ``path`` (relative to the checkpoint's directory) holds ``entries`` entries of
+    ``operator``, every entry of each partition from ``first_partition`` to
+    ``last_partition`` it has; ``size_bytes`` and ``sha256`` describe the part's bytes.
+    """
+
+    path: str
+    operator: str
+    first_partition: int
+    last_partition: int
+    entries: int
+    size_bytes: int
+    sha256: str
+
+
 class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The commit record of one checkpoint (schema version 2).
 
@@ -276,6 +326,7 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
     stats: SaveStats | None = None
     name: str | None = None
     directories: tuple[DirectoryEntry, ...] = ()
+    parts: tuple[ManifestPart, ...] = ()
 
     @classmethod
     def new(cls, checkpoint_id: CheckpointId, epoch: int) -> CheckpointManifest:
@@ -361,8 +412,13 @@ def dec_hook(kind: type, value: object) -> object:
     if kind is CheckpointId:
         if not isinstance(value, str):
             raise TypeError(f"Expected a checkpoint id string, got `{type(value).__name__}`")
-        return CheckpointId.parse(value)
+        return _parse_id(value)
     raise NotImplementedError(f"cannot decode {kind!r}")  # a type cairn never declares
+
+
+_parse_id = functools.lru_cache(maxsize=1024)(CheckpointId.parse)
+"""CheckpointId.parse, remembered: a manifest names few owners many times (each carried
+entry names its own), and parsing one takes 11 µs, most of decoding 100,000 entries."""
 
 
 _encoder = msgspec.json.Encoder(enc_hook=enc_hook, order="deterministic")
@@ -370,12 +426,128 @@ _decoder = msgspec.json.Decoder(_StoredManifest, dec_hook=dec_hook)
 _probe_decoder = msgspec.json.Decoder(_VersionProbe)
 
 
-def encode_manifest(manifest: CheckpointManifest, keys: SigningKeys | None = None) -> bytes:
-    """Human-readable, deterministic JSON of ``manifest``, ending with its own checksum.
+class EncodedManifest(NamedTuple):
+    """A manifest ready to store: ``root`` at the manifest's path, each of ``parts``
+    (relative path, bytes) in the checkpoint's directory before it, and ``manifest`` as
+    a reader assembles it (entries in restore order, ``parts`` set)."""
 
-    With ``keys``, signed by the first of them (see :mod:`cairn.signing`). Raises
-    :class:`InvalidCheckpointDataError` if it would exceed :data:`MAX_MANIFEST_BYTES`.
+    manifest: CheckpointManifest
+    root: bytes
+    parts: tuple[tuple[str, bytes], ...]
+
+
+def encode_manifest(manifest: CheckpointManifest, keys: SigningKeys | None = None) -> bytes:
+    """The bytes stored at the manifest's path: :func:`encode_stored`'s ``root``.
+
+    For a manifest of up to :data:`PART_ENTRIES` entries that is the whole manifest; a
+    larger one also needs the parts that :func:`encode_stored` returns.
     """
+    return encode_stored(manifest, keys).root
+
+
+def encode_stored(
+    manifest: CheckpointManifest,
+    keys: SigningKeys | None = None,
+    *,
+    part_entries: int | None = None,
+) -> EncodedManifest:
+    """``manifest`` as stored: its root (human-readable, deterministic JSON ending with
+    its own checksum, signed with the first of ``keys`` when given, see
+    :mod:`cairn.signing`) and, when it has more than ``part_entries`` entries
+    (:data:`PART_ENTRIES` unless given), its parts.
+
+    Deterministic: the same manifest gives the same bytes. Raises
+    :class:`InvalidCheckpointDataError` if the root or a part would exceed
+    :data:`MAX_MANIFEST_BYTES`.
+    """
+    if part_entries is None:
+        part_entries = PART_ENTRIES
+    entries = sum(len(op.partitions) for op in manifest.operators.values())
+    if entries <= part_entries:
+        whole = msgspec.structs.replace(manifest, parts=()) if manifest.parts else manifest
+        return EncodedManifest(whole, _encode_root(whole, keys), ())
+    operators: dict[str, OperatorSnapshotEntry] = {}
+    records: list[ManifestPart] = []
+    blobs: list[tuple[str, bytes]] = []
+    for operator, entry in sorted(manifest.operators.items()):
+        ordered = tuple(sorted(entry.partitions, key=chain_order))
+        operators[operator] = OperatorSnapshotEntry(ordered, entry.total_bytes)
+        for chunk in _chunks(ordered, part_entries):
+            body = _part_encoder.encode(_PartBody(manifest.checkpoint_id, operator, chunk)) + b"\n"
+            _check_part_size(manifest, len(body))
+            digest = hashlib.sha256(body).hexdigest()
+            path = CheckpointPaths.relative_manifest_part(digest)
+            records.append(
+                ManifestPart(
+                    path=path,
+                    operator=operator,
+                    first_partition=chunk[0].partition_id,
+                    last_partition=chunk[-1].partition_id,
+                    entries=len(chunk),
+                    size_bytes=len(body),
+                    sha256=digest,
+                )
+            )
+            blobs.append((path, body))
+    parts = tuple(records)
+    root = msgspec.structs.replace(
+        manifest,
+        operators={op: OperatorSnapshotEntry((), e.total_bytes) for op, e in operators.items()},
+        parts=parts,
+    )
+    assembled = msgspec.structs.replace(manifest, operators=operators, parts=parts)
+    return EncodedManifest(assembled, _encode_root(root, keys), tuple(blobs))
+
+
+def _chunks(
+    ordered: tuple[PartitionSnapshotEntry, ...], size: int
+) -> list[tuple[PartitionSnapshotEntry, ...]]:
+    """``ordered`` cut into runs of about ``size`` entries, never inside one partition's
+    chain (a chain longer than ``size`` is a run of its own)."""
+    chunks: list[tuple[PartitionSnapshotEntry, ...]] = []
+    start = 0
+    while start < len(ordered):
+        end = min(start + size, len(ordered))
+        # Back up to the start of the partition the cut would split...
+        while (
+            end < len(ordered)
+            and end > start
+            and (ordered[end].partition_id == ordered[end - 1].partition_id)
+        ):
+            end -= 1
+        if end == start:  # ... unless that partition alone is longer: then past its end
+            end = start + size
+            while end < len(ordered) and ordered[end].partition_id == ordered[end - 1].partition_id:
+                end += 1
+        chunks.append(ordered[start:end])
+        start = end
+    return chunks
+
+
+def _check_part_size(manifest: CheckpointManifest, size: int) -> None:
+    if size > MAX_MANIFEST_BYTES:
+        raise InvalidCheckpointDataError(
+            f"a manifest part of checkpoint {manifest.checkpoint_id} would be {size} bytes, "
+            f"over the limit of {MAX_MANIFEST_BYTES} bytes: one partition's chain is too "
+            "long; save a full snapshot of it to shorten it"
+        )
+
+
+class _PartBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A manifest part as stored: whose entries, of which operator."""
+
+    checkpoint_id: CheckpointId
+    operator: str
+    partitions: tuple[PartitionSnapshotEntry, ...]
+
+
+_part_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
+_part_decoder = msgspec.json.Decoder(_PartBody, dec_hook=dec_hook)
+
+
+def _encode_root(manifest: CheckpointManifest, keys: SigningKeys | None) -> bytes:
+    """Human-readable, deterministic JSON of ``manifest`` as it is, ending with its own
+    checksum; signed when ``keys`` are given."""
     fields = msgspec.structs.asdict(manifest)
     placeholder = None if keys is None else keys.placeholder()
     stored = _StoredManifest(**fields, signature=placeholder, manifest_sha256=_ZERO_DIGEST)
@@ -384,10 +556,17 @@ def encode_manifest(manifest: CheckpointManifest, keys: SigningKeys | None = Non
         body = _sign(body, keys, placeholder)
     if len(body) > MAX_MANIFEST_BYTES:
         entries = sum(len(op.partitions) for op in manifest.operators.values())
+        held = (
+            f"{entries} artifact entries"
+            if not manifest.parts
+            else f"{len(manifest.parts)} parts of {len(manifest.operators)} operator(s)"
+        )
+        files = len(manifest.file_entries())
         raise InvalidCheckpointDataError(
             f"the manifest of checkpoint {manifest.checkpoint_id} would be {len(body)} bytes "
-            f"({entries} artifact entries), over the limit of {MAX_MANIFEST_BYTES} bytes: "
-            "save fewer partitions per checkpoint, or a full snapshot to shorten the chains"
+            f"({held}, {files} directory files, {len(manifest.source_offsets)} sources), "
+            f"over the limit of {MAX_MANIFEST_BYTES} bytes: save fewer partitions or "
+            "directory files per checkpoint, or a full snapshot to shorten the chains"
         )
     zeroed = _checksum_field(_ZERO_DIGEST)
     return body.replace(zeroed, _checksum_field(hashlib.sha256(body).hexdigest()))
@@ -433,8 +612,23 @@ def decode_manifest(path: str, data: Buffer, keys: SigningKeys | None = None) ->
     including one over :data:`MAX_MANIFEST_BYTES` (refused before it is parsed). With
     ``keys``, a valid manifest that is not signed by one of them (unsigned, another key,
     a signature that does not verify) raises :class:`SignatureError`; without, the
-    signature is not looked at.
+    signature is not looked at. A root whose entries are in parts is not a whole
+    manifest: :class:`InvalidInputError` (read it with :func:`decode_root` and
+    :func:`assemble`, or :meth:`cairn.ObjectStoreCheckpointer.load_manifest`).
     """
+    manifest = decode_root(path, data, keys)
+    if manifest.parts:
+        raise InvalidInputError(
+            f"the manifest at {path!r} keeps its entries in {len(manifest.parts)} parts: "
+            "decode it with decode_root and assemble (load_manifest does)"
+        )
+    return manifest
+
+
+def decode_root(path: str, data: Buffer, keys: SigningKeys | None = None) -> CheckpointManifest:
+    """:func:`decode_manifest` of the bytes at a manifest's path, as stored: a root
+    with ``parts`` is returned with its operators' entry lists empty, once its part
+    records are checked (see :func:`assemble`)."""
     size = memoryview(data).nbytes
     if size > MAX_MANIFEST_BYTES:
         raise CorruptManifestError(
@@ -464,10 +658,123 @@ def decode_manifest(path: str, data: Buffer, keys: SigningKeys | None = None) ->
     manifest = CheckpointManifest(**fields)
     try:
         check_manifest(manifest, stored=True)
+        _check_part_records(manifest)
     except InvalidInputError as exc:
         raise CorruptManifestError(path, str(exc)) from None
     if keys is not None:
         _verify_signature(path, data, stored.signature, checksum, keys)
+    return manifest
+
+
+def _check_part_records(root: CheckpointManifest) -> None:
+    """A root's ``parts``: each at its digest's path, of an operator the root lists
+    (whose entry list is then empty), with sizes in bounds, and the parts of one
+    operator in ascending, disjoint partition ranges."""
+    if not root.parts:
+        return
+    if not isinstance(root.parts, tuple | list):
+        raise InvalidInputError("parts must be a list")
+    reach: dict[str, int] = {}
+    for part in root.parts:
+        if not isinstance(part, ManifestPart):
+            raise InvalidInputError(f"expected a ManifestPart, got {short_repr(part)}")
+        if not isinstance(part.sha256, str) or not _SHA256_HEX.fullmatch(part.sha256):
+            raise InvalidInputError(f"not a SHA-256 hex digest for part {short_repr(part.path)}")
+        if part.path != CheckpointPaths.relative_manifest_part(part.sha256):
+            raise InvalidInputError(f"part {short_repr(part.path)} is not at its digest's path")
+        where = f"part {part.path!r}"
+        _check_int(f"size_bytes of {where}", part.size_bytes, 1, MAX_MANIFEST_BYTES)
+        _check_int(f"entries of {where}", part.entries, 1, MAX_MANIFEST_BYTES)
+        _check_int(f"first_partition of {where}", part.first_partition, 0, MAX_PARTITION)
+        _check_int(f"last_partition of {where}", part.last_partition, 0, MAX_PARTITION)
+        operator = root.operators.get(part.operator) if isinstance(part.operator, str) else None
+        if operator is None or operator.partitions:
+            raise InvalidInputError(
+                f"{where} is of {short_repr(part.operator)}, which the root "
+                "does not list with its entries in parts"
+            )
+        if part.last_partition < part.first_partition or part.first_partition < reach.get(
+            part.operator, 0
+        ):
+            raise InvalidInputError(f"{where} overlaps or precedes another part of its operator")
+        reach[part.operator] = part.last_partition + 1
+    if any(entry.partitions for entry in root.operators.values()):
+        raise InvalidInputError("a root with parts lists entries of its own")
+
+
+def decode_part(
+    root: CheckpointManifest, record: ManifestPart, path: str, data: Buffer
+) -> tuple[PartitionSnapshotEntry, ...]:
+    """The entries of the part ``record`` of ``root`` describes, from ``data`` read at
+    store ``path``: exactly its recorded size and digest, of the root's checkpoint and
+    the record's operator, as many entries as recorded, in restore order within its
+    partition range. Anything else is a :class:`CorruptManifestError` naming ``path``."""
+    size = memoryview(data).nbytes
+    if size != record.size_bytes:
+        raise CorruptManifestError(
+            path, f"it is {size} bytes, not the {record.size_bytes} recorded"
+        )
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != record.sha256:
+        raise CorruptManifestError(path, f"part checksum mismatch: {digest} != {record.sha256}")
+    try:
+        body = _part_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptManifestError(path, f"unreadable manifest part: {exc}") from None
+    except RecursionError:
+        raise CorruptManifestError(path, "its JSON is nested too deeply") from None
+    entries = body.partitions
+    if body.checkpoint_id != root.checkpoint_id or body.operator != record.operator:
+        raise CorruptManifestError(
+            path,
+            f"it holds entries of {body.operator!r} in {body.checkpoint_id}, not of "
+            f"{record.operator!r} in {root.checkpoint_id}",
+        )
+    if (
+        len(entries) != record.entries
+        or entries[0].partition_id != record.first_partition
+        or entries[-1].partition_id != record.last_partition
+        or any(chain_order(a) > chain_order(b) for a, b in itertools.pairwise(entries))
+    ):
+        raise CorruptManifestError(
+            path,
+            f"its entries are not the {record.entries} of partitions "
+            f"{record.first_partition}..{record.last_partition} in restore order",
+        )
+    return entries
+
+
+def part_of(root: CheckpointManifest, operator: str, partition: int) -> ManifestPart | None:
+    """The part of ``root`` that holds ``partition`` of ``operator``; None if none does."""
+    for part in root.parts:
+        if part.operator == operator and part.first_partition <= partition <= part.last_partition:
+            return part
+    return None
+
+
+def assemble(
+    path: str,
+    root: CheckpointManifest,
+    entries: Sequence[tuple[ManifestPart, tuple[PartitionSnapshotEntry, ...]]],
+) -> CheckpointManifest:
+    """``root`` (read at ``path``) with the entries of its parts put back, each as
+    :func:`decode_part` returned it, checked as a whole (:class:`CorruptManifestError`
+    naming ``path`` otherwise). Given every part, that is the manifest that was
+    written; given some, a manifest of those parts' partitions alone."""
+    gathered: dict[str, list[PartitionSnapshotEntry]] = {}
+    for record, part_entries in entries:
+        gathered.setdefault(record.operator, []).extend(part_entries)
+    whole = len(entries) == len(root.parts)
+    operators = {
+        op: OperatorSnapshotEntry(tuple(gathered.get(op, ())), entry.total_bytes)
+        for op, entry in root.operators.items()
+        if whole or op in gathered
+    }
+    manifest = msgspec.structs.replace(root, operators=operators)
+    try:
+        check_manifest(manifest, stored=True)
+    except InvalidInputError as exc:
+        raise CorruptManifestError(path, str(exc)) from None
     return manifest
 
 
