@@ -60,7 +60,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "testing",
         },
     ),
-    ("records", {"_pointer", "_lease"}),
+    ("records", {"_pointer", "_lease", "_parts"}),
     (
         "checkpointer parts",
         {

@@ -29,13 +29,13 @@ from typing import TypeVar
 
 import msgspec
 
-from cairn import _dispatch, _lease, _pointer
+from cairn import _dispatch, _lease, _parts, _pointer
 from cairn._buffer import Buffer
 from cairn._concurrency import bounded_gather
 from cairn._context import Context, check_id
 from cairn.errors import CheckpointNotFoundError, CorruptManifestError, IntegrityError
 from cairn.ids import CheckpointId
-from cairn.manifest import CheckpointManifest, dec_hook, decode_manifest
+from cairn.manifest import CheckpointManifest, dec_hook, decode_root
 from cairn.stores import ObjectInfo
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "list_checkpoints",
     "listed_ids",
     "load_manifest",
+    "load_partition_manifest",
     "named_candidates",
     "read_latest",
 ]
@@ -70,13 +71,30 @@ restoring older state silently would hide a missing install).
 
 
 async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> CheckpointManifest:
-    """The checked manifest of ``checkpoint_id``.
+    """The checked manifest of ``checkpoint_id``, every entry in place (a large one's
+    parts read and checked, see :mod:`cairn._parts`).
 
     Raises :class:`CheckpointNotFoundError` if it is not committed,
-    :class:`CorruptManifestError` if the bytes there are not its valid manifest, and,
-    when the context has signing keys, :class:`~cairn.errors.SignatureError` if it is
-    not signed by one of them.
+    :class:`CorruptManifestError` if the bytes there are not its valid manifest (or a
+    part of it is missing or damaged), and, when the context has signing keys,
+    :class:`~cairn.errors.SignatureError` if it is not signed by one of them.
     """
+    path, root = await _load_root(ctx, checkpoint_id)
+    return await _parts.read_whole(ctx.store, ctx.paths, path, root)
+
+
+async def load_partition_manifest(
+    ctx: Context, checkpoint_id: CheckpointId, operator: str, partition: int
+) -> CheckpointManifest:
+    """:func:`load_manifest`, reading of a large manifest's parts only the one that holds
+    ``partition`` of ``operator``: the manifest returned has that partition's entries
+    (and, from a manifest stored whole, every other entry too)."""
+    path, root = await _load_root(ctx, checkpoint_id)
+    return await _parts.read_partition(ctx.store, ctx.paths, path, root, operator, partition)
+
+
+async def _load_root(ctx: Context, checkpoint_id: CheckpointId) -> tuple[str, CheckpointManifest]:
+    """The path of ``checkpoint_id``'s manifest and its checked root."""
     check_id(checkpoint_id)
     path = ctx.paths.manifest(checkpoint_id)
     try:
@@ -85,12 +103,12 @@ async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> Checkpoint
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id}") from None
     if _lease.is_tombstone(blob.data):
         raise CheckpointNotFoundError(path, f"checkpoint {checkpoint_id} (aborted by GC)")
-    manifest = decode_manifest(path, blob.data, ctx.keys)
-    if manifest.checkpoint_id != checkpoint_id:
+    root = decode_root(path, blob.data, ctx.keys)
+    if root.checkpoint_id != checkpoint_id:
         raise CorruptManifestError(
-            path, f"it describes checkpoint {manifest.checkpoint_id}, not {checkpoint_id}"
+            path, f"it describes checkpoint {root.checkpoint_id}, not {checkpoint_id}"
         )
-    return manifest
+    return path, root
 
 
 async def committed(ctx: Context, cid: CheckpointId) -> bool:

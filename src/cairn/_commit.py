@@ -31,7 +31,10 @@ The steps, in order:
    Nothing is visible to any reader yet. A failure removes this attempt's objects and its intent.
 4. **Commit point**: check that every artifact the manifest names is in the store, then
    write ``{base}{id}/manifest.json`` only if absent: **this single write is the
-   commit**; then check the artifacts once more. GC claims an uncommitted id with a
+   commit**; then check the artifacts once more. A manifest of more than
+   :data:`~cairn.manifest.PART_ENTRIES` entries first writes its parts, named by their
+   digests, which the manifest then records with their sizes and digests (see
+   :mod:`cairn.manifest`): still one write commits. GC claims an uncommitted id with a
    tombstone, a create-only write on that very path, so a commit and a claim race for
    one object and the store lets exactly one win.
 5. **Publish**: stop renewing the lease and delete the intent (the protection ends with
@@ -120,6 +123,7 @@ from cairn.manifest import (
     SourceOffsetEntry,
     check_manifest,
     encode_manifest,
+    encode_stored,
 )
 
 __all__ = [
@@ -542,8 +546,8 @@ async def save_manifest(ctx: Context, manifest: CheckpointManifest) -> None:
     the first artifact that is not in the store, and commits nothing then."""
     _check_manifest_input(manifest)
     await _check_before_create(ctx, manifest)
-    await _create_manifest(ctx, manifest)
-    await _check_after_create(ctx, manifest)
+    written = await _create_manifest(ctx, manifest)
+    await _check_after_create(ctx, written)
 
 
 def _check_manifest_input(manifest: CheckpointManifest) -> None:
@@ -555,12 +559,28 @@ def _check_manifest_input(manifest: CheckpointManifest) -> None:
         raise InvalidInputError(f"manifest {manifest.checkpoint_id}: {exc}") from None
 
 
-async def _create_manifest(ctx: Context, manifest: CheckpointManifest) -> None:
-    """Write ``manifest`` only if no manifest exists for its id: the create itself."""
+async def _create_manifest(ctx: Context, manifest: CheckpointManifest) -> CheckpointManifest:
+    """Write ``manifest`` only if no manifest exists for its id: the create itself, after
+    the parts of a large one (see :func:`cairn.manifest.encode_stored`). Returns the
+    manifest as stored, ``parts`` set.
+
+    Parts are named by their digest, so writing one that another writer of the id wrote
+    (or this one, on a retry) writes the same bytes; they are never discarded with an
+    attempt's uploads for that reason, and GC sweeps those no manifest names.
+    """
     _check_manifest_input(manifest)
     await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), ctx.generation)
-    path = ctx.paths.manifest(manifest.checkpoint_id)
-    body = encode_manifest(manifest, ctx.keys)
+    cid = manifest.checkpoint_id
+    path = ctx.paths.manifest(cid)
+    encoded = encode_stored(manifest, ctx.keys)
+    await bounded_gather(
+        ctx.max_concurrent_uploads,
+        [
+            _put_part(ctx, ctx.paths.resolve(cid, relative), data)
+            for relative, data in encoded.parts
+        ],
+    )
+    body = encoded.root
     try:
         await ctx.store.put(path, body, mode="create")
     except NotDurableError:
@@ -576,6 +596,14 @@ async def _create_manifest(ctx: Context, manifest: CheckpointManifest) -> None:
         if bytes(existing.data) != body:
             raise CheckpointExistsError(str(manifest.checkpoint_id), path) from None
         log.info("manifest %s was already written by this commit (retried write)", path)
+    return encoded.manifest
+
+
+def _put_part(ctx: Context, path: str, data: bytes) -> Callable[[], Awaitable[None]]:
+    async def job() -> None:
+        await ctx.store.put(path, data)
+
+    return job
 
 
 Discard = Callable[[CheckpointManifest], Awaitable[None]]
@@ -606,7 +634,7 @@ async def _write_manifest(
         await _check_before_create(ctx, manifest)
         if finish is not None:
             manifest = finish(manifest)
-        await _create_manifest(ctx, manifest)
+        manifest = await _create_manifest(ctx, manifest)
     except (CheckpointExistsError, CheckpointAbortedError):
         if own_discard:  # objects only this attempt wrote: nobody else's commit names them
             await discard_all(manifest)
@@ -619,10 +647,12 @@ async def _write_manifest(
         # bytes at the manifest path mean the commit happened, so go on as committed. (If
         # this read fails too, its error propagates: the outcome is unknown, and nothing
         # is discarded.)
-        if not await _manifest_is(ctx, cid, encode_manifest(manifest, ctx.keys)):
+        encoded = encode_stored(manifest, ctx.keys)
+        if not await _manifest_is(ctx, cid, encoded.root):
             await discard_all(manifest)
             raise
         log.warning("manifest of %s landed although its write failed (%s)", cid, exc)
+        manifest = encoded.manifest
     except BaseException:
         # Only discard when the manifest surely did not land.
         if not await _catalog.committed(ctx, cid):
@@ -709,7 +739,7 @@ async def _check_after_create(
     cid = manifest.checkpoint_id
     path = ctx.paths.manifest(cid)
     try:
-        await _check_artifacts_present(ctx, manifest)
+        await _check_artifacts_present(ctx, manifest, written=True)
     except BrokenChainError as exc:
         log.warning("checkpoint %s lost %s around its commit: rolling it back", cid, exc.link)
         await ctx.store.delete([path])
@@ -731,14 +761,16 @@ async def _check_after_create(
 def _own_upload(ctx: Context, manifest: CheckpointManifest, path: str) -> bool:
     """True when store ``path`` is an artifact ``manifest`` names as its own upload."""
     cid = manifest.checkpoint_id
-    return any(
-        owner is None and ctx.paths.resolve(cid, relative) == path
-        for owner, relative, _ in manifest.stored_objects()
-    )
+    own = [relative for owner, relative, _ in manifest.stored_objects() if owner is None]
+    own += [part.path for part in manifest.parts]
+    return any(ctx.paths.resolve(cid, relative) == path for relative in own)
 
 
-async def _check_artifacts_present(ctx: Context, manifest: CheckpointManifest) -> None:
-    """Raise :class:`BrokenChainError` unless every entry's object is in the store.
+async def _check_artifacts_present(
+    ctx: Context, manifest: CheckpointManifest, written: bool = False
+) -> None:
+    """Raise :class:`BrokenChainError` unless every entry's object (and, once the
+    manifest is ``written``, every part of it) is in the store.
 
     One listing per directory that holds entries (this checkpoint's, and those of the
     checkpoints it carries entries from), sizes checked: a whole object's exactly, a
@@ -751,6 +783,9 @@ async def _check_artifacts_present(ctx: Context, manifest: CheckpointManifest) -
         wanted.setdefault(ctx.paths.checkpoint_dir(owner), {})[
             ctx.paths.resolve(owner, relative)
         ] = (size, ctx.paths.is_pack(relative))
+    for part in manifest.parts if written else ():
+        own = wanted.setdefault(ctx.paths.checkpoint_dir(cid), {})
+        own[ctx.paths.resolve(cid, part.path)] = (part.size_bytes, False)
 
     def check(directory: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:

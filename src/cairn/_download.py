@@ -142,7 +142,7 @@ async def load_chain(
 ) -> list[ChainLink]:
     """The verified links that rebuild one partition: base snapshot, then deltas in order."""
     key = (validate_name("operator", operator), validate_partition(partition))
-    manifest = await _catalog.load_manifest(ctx, checkpoint_id)
+    manifest = await _catalog.load_partition_manifest(ctx, checkpoint_id, operator, partition)
     resolved = await _chains.resolve_chains(ctx, manifest)
     if key not in resolved:
         raise CheckpointNotFoundError(

@@ -26,8 +26,8 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   exactly what a GC with a true clock would (``keep_within`` compares with the
   ``timestamp_ms`` writers record in their manifests, a retention rule, not a safety one);
 * in a committed directory, attempt-named artifacts (:func:`cairn.layout.new_attempt`)
-  that its manifest does not name are the garbage of another writer of the same id that
-  lost the commit: they are swept once older than ``min_age``;
+  and manifest parts that its manifest does not name are the garbage of another writer
+  of the same id that lost the commit: they are swept once older than ``min_age``;
 * reachability is by object path, packs included: a pack (many small artifacts of one
   save, each a byte range of it) is kept whole while any kept checkpoint names a range
   in it, even when the checkpoint that wrote it is deleted and the others no longer
@@ -54,6 +54,7 @@ from cairn._lease import (
     is_tombstone,
     stamp_margin,
 )
+from cairn._parts import read_whole
 from cairn._pointer import LatestPointer, read_pointer
 from cairn._validate import positive_int
 from cairn.errors import (
@@ -65,7 +66,7 @@ from cairn.errors import (
 )
 from cairn.ids import CheckpointId
 from cairn.layout import CheckpointPaths, is_attempt_artifact
-from cairn.manifest import CheckpointManifest, decode_manifest
+from cairn.manifest import CheckpointManifest, decode_root
 from cairn.stores import ObjectInfo, Store
 
 __all__ = [
@@ -521,14 +522,16 @@ def _lost_attempt(
     named: dict[CheckpointId, set[str]],
 ) -> bool:
     """True when ``path``, in committed ``cid``'s directory, is an attempt-named artifact
-    its manifest does not name: a losing writer's upload. ``named`` caches each
-    manifest's own paths."""
+    or a manifest part its manifest does not name: a losing writer's upload. ``named``
+    caches each manifest's own paths."""
     relative = path[len(paths.checkpoint_dir(cid)) :]
-    if not is_attempt_artifact(relative):
+    if not (is_attempt_artifact(relative) or CheckpointPaths.is_manifest_part(relative)):
         return False
     own = named.get(cid)
     if own is None:
-        own = named[cid] = {p for owner, p, _ in manifest.stored_objects() if owner is None}
+        own = {p for owner, p, _ in manifest.stored_objects() if owner is None}
+        own.update(part.path for part in manifest.parts)
+        named[cid] = own
     return relative not in own
 
 
@@ -583,7 +586,8 @@ async def _read_state(
         async def job() -> None:
             path = info.path
             try:
-                manifests[cid] = decode_manifest(path, await _read_listed(store, info))
+                root = decode_root(path, await _read_listed(store, info))
+                manifests[cid] = await read_whole(store, paths, path, root)
             except CheckpointNotFoundError:
                 return  # deleted since the listing
             except IntegrityError as exc:
