@@ -100,13 +100,18 @@ async def plan_files(
     """The epoch of ``cid`` and the files to write, relative paths with their bytes.
 
     Every artifact is loaded and verified (``progress``: called with the bytes of each as
-    it is); the manifest comes last in the list.
+    it is); the manifest comes last in the list, after its parts if it has any.
     """
     loaded = await ckpt.load(cid, verify=True, progress=progress)
     files: dict[str, bytes | memoryview] = dict(sorted((await stored_bytes(ckpt, loaded)).items()))
     for source, entry in sorted(loaded.source_offsets.items()):
         body = msgspec.json.format(msgspec.json.encode(entry), indent=2)
         files[f"{cid}/offsets/{source}.json"] = body
+    for part in loaded.manifest.parts:  # a large manifest's parts, each checked by digest
+        path = ckpt.paths.resolve(cid, part.path)
+        files[f"{cid}/{part.path}"] = memoryview(
+            await ckpt.load_artifact(path, expected_sha256=part.sha256)
+        )
     manifest = await ckpt.load_artifact(ckpt.paths.manifest(cid))
     files[f"{cid}/manifest.json"] = memoryview(manifest)
     return loaded.epoch, list(files.items())
