@@ -52,6 +52,7 @@ from cairn.manifest import (
     MAX_TIMESTAMP_MS,
     decode_manifest,
     encode_manifest,
+    encode_stored,
 )
 from cairn.stores import Store
 
@@ -588,12 +589,32 @@ def test_a_manifest_over_the_limit_is_refused_on_read_before_parsing() -> None:
         decode_manifest("m", padded)
 
 
-def test_a_manifest_over_the_limit_is_refused_on_write() -> None:
+def test_a_manifest_over_the_limit_is_refused_on_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manifest_module, "PART_ENTRIES", 10**9)  # one object, as before parts
     manifest = big_manifest(260_000)
     with pytest.raises(
         InvalidCheckpointDataError, match="260000 artifact entries.*limit of 67108864"
     ):
         encode_manifest(manifest)
+
+
+def test_a_root_or_a_part_over_the_limit_is_refused_on_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(manifest_module, "PART_ENTRIES", 8)
+    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", 8192)
+    assert len(encode_stored(big_manifest(96)).parts) == 12  # 96 entries: parts of 8
+    with pytest.raises(InvalidCheckpointDataError, match=r"200 parts of 100 operator\(s\).*8192"):
+        encode_stored(big_manifest(1600, operators=100))  # the root's records: over
+    delta = PartitionSnapshotEntry(0, True, "operators/op/partition-0.delta", 9, DIGEST)
+    chain = [PartitionSnapshotEntry(0, False, "operators/op/partition-0.snap", 9, DIGEST)]
+    chain += [msgspec.structs.replace(delta, owner=CheckpointId.now()) for _ in range(200)]
+    long_chain = msgspec.structs.replace(
+        CheckpointManifest.new(CheckpointId.now(), 1),
+        operators={"op": OperatorSnapshotEntry.from_partitions(chain)},
+    )
+    with pytest.raises(InvalidCheckpointDataError, match="a manifest part .* too long"):
+        encode_stored(long_chain)
 
 
 async def test_an_oversized_manifest_falls_back_and_a_save_over_the_limit_writes_nothing(
@@ -625,9 +646,13 @@ async def test_show_summarises_a_checkpoint_of_20000_partitions(tmp_path: Path) 
     root.mkdir()
     ckpt = checkpointer(LocalStore(root))
     manifest = big_manifest(20_000, operators=2)
-    # The manifest alone, written as it is stored (save_manifest would refuse it: its
-    # artifacts are absent): show reads nothing else.
-    await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), encode_manifest(manifest))
+    # The manifest alone, written as it is stored, root and parts (save_manifest would
+    # refuse it: its artifacts are absent): show reads nothing else.
+    stored = encode_stored(manifest)
+    assert len(stored.parts) == 6  # 2 operators of 10,000 entries, in parts of 4,096
+    for relative, body in stored.parts:
+        await ckpt.store.put(ckpt.paths.resolve(manifest.checkpoint_id, relative), body)
+    await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), stored.root)
     started = time.monotonic()
     human = cairn_cli("show", "latest", "--store", root.as_uri())
     elapsed = time.monotonic() - started
