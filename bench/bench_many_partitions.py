@@ -10,11 +10,14 @@ over many key groups), then ``load`` of the whole checkpoint (every partition ch
 against what was saved) and ``load_chain`` of one partition (the middle one, checked).
 ``--partitions`` scales it down (``--quick``: 10,000, memory only).
 
-Two layouts: ``packs``, what ``save`` writes (small partitions merged into pack objects
-of up to 64 MiB, each partition a byte range of one), and, as the baseline, ``whole``:
-the same partitions saved with ``save_partitions_concurrent`` then committed, one object
-per partition (the layout before packs). The baseline costs a request per partition, so
-it runs only on ``--baseline-stores`` (default: memory; ``""`` for none).
+Three layouts: ``packs``, what ``save`` writes (small partitions merged into pack objects
+of up to 64 MiB, each partition a byte range of one, and a manifest of more than 4,096
+entries stored as a small root and parts of about 4,096 entries each); ``one-manifest``,
+the same packs with the manifest stored whole (the layout before manifest parts, made by
+raising ``cairn.manifest.PART_ENTRIES`` for the run); and ``whole``: the same partitions
+saved with ``save_partitions_concurrent`` then committed, one object per partition (the
+layout before packs). The ``whole`` baseline costs a request per partition, so it runs
+only on ``--baseline-stores`` (default: memory; ``""`` for none).
 
 Stores: a MemoryStore, and moto's S3 server on a loopback port
 (``tests/support/servers.py``); every store call is counted by wrapping the store in the
@@ -22,8 +25,8 @@ tests' ``RecordingStore`` (``tests/support/recording.py``): one request per call
 
 Reported per store: wall seconds of each step (median over ``--reps`` saves, each into a
 fresh prefix), the objects in the checkpoint's directory, the requests of each step by
-kind, and the manifest's bytes; against the target the layout must meet: <= 64 objects
-per checkpoint, whatever the number of partitions.
+kind, and the bytes of the manifest (its root) and of its parts; against the target the
+layout must meet: <= 64 objects per checkpoint, whatever the number of partitions.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
 from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
 from cairn import CheckpointData, CheckpointId, ObjectStoreCheckpointer  # noqa: E402
+from cairn import manifest as manifest_module  # noqa: E402
 from cairn._commit import assemble_manifest  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
@@ -73,7 +77,7 @@ async def one_run(
     store = recording.RecordingStore(as_store(raw))
     ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
     start = time.perf_counter()
-    if layout == "packs":
+    if layout in ("packs", "one-manifest"):
         manifest = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots))
     else:  # one object per partition, as before packs
         cid = CheckpointId.now()
@@ -108,14 +112,30 @@ async def one_run(
 
     paths = CheckpointPaths(prefix)
     directory, root = paths.checkpoint_dir(cid), paths.manifest(cid)
-    objects, manifest_bytes = 0, 0
+    objects, manifest_bytes, parts, part_bytes = 0, 0, 0, 0
     for chunk in obstore.list(raw, directory, chunk_size=1000):
         for meta in chunk:
             objects += 1
             if meta["path"] == root:
                 manifest_bytes = meta["size"]
+            elif paths.is_manifest_part(meta["path"].removeprefix(directory)):
+                parts, part_bytes = parts + 1, part_bytes + meta["size"]
     out["objects"], out["manifest_bytes"] = objects, manifest_bytes
+    out["parts"], out["part_bytes"] = parts, part_bytes
     return out
+
+
+def run_layout(
+    raw: ObjectStore, prefix: str, partitions: int, size: int, layout: str
+) -> dict[str, Any]:
+    """:func:`one_run` of ``layout``; ``one-manifest`` with manifests never split."""
+    split_above = manifest_module.PART_ENTRIES
+    if layout == "one-manifest":
+        manifest_module.PART_ENTRIES = 2**62
+    try:
+        return asyncio.run(one_run(raw, prefix, partitions, size, layout))
+    finally:
+        manifest_module.PART_ENTRIES = split_above
 
 
 def requests(ops: dict[str, int]) -> str:
@@ -152,14 +172,14 @@ def main() -> None:
         parser.error("--partitions and --reps must be >= 1, --size >= 8")
     rows: list[dict[str, Any]] = []
     for kind in stores:
-        layouts = ["packs", "whole"] if kind in baseline else ["packs"]
+        layouts = ["packs", "one-manifest"] + (["whole"] if kind in baseline else [])
         with memory_or_moto_store(kind, "cairn-bench-partitions") as raw:
             for layout in layouts:
                 runs = []
                 for rep in range(args.reps):
                     began = time.perf_counter()
                     prefix = f"{layout}-{rep}/"
-                    runs.append(asyncio.run(one_run(raw, prefix, partitions, args.size, layout)))
+                    runs.append(run_layout(raw, prefix, partitions, args.size, layout))
                     print(
                         f"{kind}, {layout}, save {rep + 1}/{args.reps}: "
                         f"{time.perf_counter() - began:.1f}s",
@@ -187,6 +207,7 @@ def main() -> None:
         "partitions",
         "objects",
         "manifest MiB",
+        "parts (MiB)",
         "save s",
         "load all s",
         "load one s",
@@ -201,7 +222,8 @@ def main() -> None:
                     r["layout"],
                     f"{r['partitions']:,}",
                     f"{r['objects']:,}",
-                    f"{r['manifest_bytes'] / MiB:.2f}",
+                    f"{r['manifest_bytes'] / MiB:.3f}",
+                    f"{r['parts']} ({r['part_bytes'] / MiB:.1f})" if r["parts"] else "-",
                     f"{r['median_save_s']:.2f}",
                     f"{r['median_load_all_s']:.2f}",
                     f"{r['median_load_one_s']:.3f}",
