@@ -31,7 +31,7 @@ def test_session_options_before_the_command(local: Filled) -> None:
                 local.url,
                 "list",
                 "--prefix",
-                "checkpoints/",
+                "",
                 "--ids",
             ],
             ["--debug", "--json", "--store", local.url, "history"],
@@ -44,7 +44,7 @@ def test_session_options_before_the_command(local: Filled) -> None:
     assert after_wins.code == 0 and after_wins.json()["count"] == 3, after_wins.explain()
     assert other_prefix.code == 0, other_prefix.explain()
     assert "no checkpoints under prefix 'elsewhere/'" in other_prefix.stdout
-    assert "pass --prefix checkpoints/" in other_prefix.stdout
+    assert "pass --prefix '')" in other_prefix.stdout  # the store's root, cairn's default
     assert prefix_after.code == 0 and local.ids[0] in prefix_after.stdout
     assert flags.code == 0 and flags.json()["count"] == 3, flags.explain()
 
