@@ -10,7 +10,8 @@ Prometheus server (or ``curl``) can scrape ``cairn_checkpoints_total``,
 ``cairn_checkpoint_duration_seconds``, ``cairn_store_requests_total`` and the rest.
 
 The checkpoints go to STORE (default ``./checkpoints``), in its root (``--prefix`` to
-put them under a prefix): the store and prefix ``cairn`` reads by default, so ``cairn list`` in the same directory lists them.
+put them under a prefix): the store and prefix ``cairn`` reads by default, so ``cairn
+list`` in the same directory lists them.
 """
 
 from __future__ import annotations
