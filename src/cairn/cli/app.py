@@ -4,8 +4,8 @@ Every command takes ``--store URL`` (or ``$CAIRN_STORE``; default ``./checkpoint
 ``--prefix`` (or ``$CAIRN_PREFIX``; default the store's root, ``checkpoints/`` for a
 store cairn 0.1 wrote, or the newest demo run's, see :mod:`cairn.cli.session`),
 ``--json`` and ``--debug``. Each command checks its arguments first (ids, policy,
-URLs, target directory), then opens the store. Exit codes are documented in :mod:`cairn.cli.errors`; the JSON documents in
-``cairn/cli/schemas/*.schema.json``.
+URLs, target directory), then opens the store. Exit codes are documented in
+:mod:`cairn.cli.errors`; the JSON documents in ``cairn/cli/schemas/*.schema.json``.
 """
 
 from __future__ import annotations
