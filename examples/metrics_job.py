@@ -9,9 +9,9 @@ latest, and keeps serving until interrupted (or for ``--serve-seconds``), so tha
 Prometheus server (or ``curl``) can scrape ``cairn_checkpoints_total``,
 ``cairn_checkpoint_duration_seconds``, ``cairn_store_requests_total`` and the rest.
 
-The checkpoints go to STORE (default ``./checkpoints``) under the prefix
-``checkpoints/`` (``--prefix`` to change it): the store and prefix ``cairn`` reads by
-default, so ``cairn list`` in the same directory lists them.
+The checkpoints go to STORE (default ``./checkpoints``), in its root (``--prefix`` to
+put them under a prefix): the store and prefix ``cairn`` reads by default, so ``cairn
+list`` in the same directory lists them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cairn import CheckpointData, CheckpointPaths, SyncCheckpointer
 
 DEFAULT_STORE = "./checkpoints"
 """The store ``cairn`` reads when given no ``--store``."""
-DEFAULT_PREFIX = "checkpoints/"
+DEFAULT_PREFIX = ""
 """The base prefix ``cairn`` reads when given no ``--prefix``."""
 
 
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prefix",
         default=DEFAULT_PREFIX,
-        help="base prefix of the checkpoints in STORE (default: %(default)s, the one "
+        help="base prefix of the checkpoints in STORE (default: the store's root, the one "
         "`cairn` reads by default)",
     )
     parser.add_argument(

@@ -6,8 +6,8 @@ keyed-count job, lists them, restores the newest with every digest verified, the
 damages one byte of a stored artifact and shows that the damage is caught and that
 ``load_latest`` falls back to the newest intact checkpoint.
 
-The checkpoints go under the prefix ``checkpoints/`` of DIR (``--prefix`` to change
-it), where ``cairn`` looks by default: after ``python examples/quickstart.py
+The checkpoints go in DIR itself, its root (``--prefix`` to put them under a prefix),
+where ``cairn`` looks by default: after ``python examples/quickstart.py
 ./checkpoints``, ``cairn list`` in the same directory lists them. Without DIR they go
 to a temporary directory, deleted at the end.
 """
@@ -32,7 +32,7 @@ from cairn import (
 )
 
 PARTITIONS = 4
-DEFAULT_PREFIX = "checkpoints/"
+DEFAULT_PREFIX = ""
 """The base prefix ``cairn`` reads when given no ``--prefix``."""
 
 
@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prefix",
         default=DEFAULT_PREFIX,
-        help="base prefix of the checkpoints in DIR (default: %(default)s, the one "
+        help="base prefix of the checkpoints in DIR (default: the store's root, the one "
         "`cairn` reads by default)",
     )
     return parser.parse_args(argv)

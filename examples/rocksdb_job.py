@@ -21,7 +21,7 @@ sum must equal what the stream holds (``exactly-once: YES``); ``--verify`` check
 newest checkpoint the same way, restored into a scratch directory.
 
 The checkpoints go to ``--store`` (default ``./checkpoints``) under ``--prefix``
-(default ``checkpoints/``): where ``cairn`` looks by default, so ``cairn list`` in the
+(default: its root): where ``cairn`` looks by default, so ``cairn list`` in the
 same directory lists them. The database lives in ``--workdir``.
 """
 
@@ -47,7 +47,7 @@ from cairn import (
 
 DEFAULT_STORE = "./checkpoints"
 """The store ``cairn`` reads when given no ``--store``."""
-DEFAULT_PREFIX = "checkpoints/"
+DEFAULT_PREFIX = ""
 """The base prefix ``cairn`` reads when given no ``--prefix``."""
 OPERATOR = "per-key-counts"
 """The directory partition's operator name (partition 0)."""
@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prefix",
         default=DEFAULT_PREFIX,
-        help="base prefix of the checkpoints in the store (default: %(default)s, the one "
+        help="base prefix of the checkpoints in the store (default: the store's root, the one "
         "`cairn` reads by default)",
     )
     parser.add_argument(

@@ -23,8 +23,8 @@ failure is shown as torchrun printed it, tracebacks and all.
 The ranks also run under a torchrun of your own, which reports a killed rank its own
 way (``torchrun --standalone --nproc-per-node 2 examples/torch_train.py --store DIR``).
 
-The checkpoints go under the prefix ``checkpoints/`` of the store (``--prefix`` to
-change it), the one ``cairn`` reads by default: ``cairn list --store ./b`` lists them.
+The checkpoints go in the store's root (``--prefix`` to put them under a prefix),
+where ``cairn`` reads by default: ``cairn list --store ./b`` lists them.
 
 ``python examples/torch_train.py --demo`` does all three (an uninterrupted run, a killed
 one, its resumption) in a temporary directory and compares the loss curves.
@@ -50,7 +50,7 @@ from cairn import CheckpointPaths, SyncCheckpointer
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_PREFIX = "checkpoints/"
+DEFAULT_PREFIX = ""
 """The base prefix ``cairn`` reads when given no ``--prefix``."""
 FEATURES = 32
 RANKS = 2
@@ -278,7 +278,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prefix",
         default=DEFAULT_PREFIX,
-        help="base prefix of the checkpoints in the store (default: %(default)s, the one "
+        help="base prefix of the checkpoints in the store (default: the store's root, the one "
         "`cairn` reads by default: `cairn list --store STORE` lists them)",
     )
     parser.add_argument("--steps", type=int, default=40, help="train this many steps")

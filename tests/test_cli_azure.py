@@ -51,7 +51,7 @@ def test_every_command_on_azure(
     assert no_container.json()["error"]["type"] == "StoreNotFoundError"
     assert no_container.error_line() == (
         "error: store failure: the container 'no-such-container' does not exist (the store "
-        "answered 404 ContainerNotFound to list 'checkpoints/'): create it, or correct the "
+        "answered 404 ContainerNotFound to list ''): create it, or correct the "
         "container name in the store URL"
     ), no_container.explain()
     assert bad_url.code == 2 and "az://" in bad_url.error_line(), bad_url.explain()

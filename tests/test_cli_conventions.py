@@ -3,14 +3,16 @@ shell completion, NO_COLOR, gc's rules alone and its reasons, --limit and --sinc
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import importlib.metadata
 import json
+from pathlib import Path
 
 import pytest
-from support.cli import Filled, cairn, cairn_many
+from support.cli import Filled, cairn, cairn_many, fill
 
-from cairn import __version__
+from cairn import CheckpointPaths, ObjectStoreCheckpointer, __version__
 from cairn.cli import session as session_module
 from cairn.cli.maintain import parse_since, window
 from cairn.ids import CheckpointId
@@ -31,7 +33,7 @@ def test_session_options_before_the_command(local: Filled) -> None:
                 local.url,
                 "list",
                 "--prefix",
-                "checkpoints/",
+                "",
                 "--ids",
             ],
             ["--debug", "--json", "--store", local.url, "history"],
@@ -44,15 +46,20 @@ def test_session_options_before_the_command(local: Filled) -> None:
     assert after_wins.code == 0 and after_wins.json()["count"] == 3, after_wins.explain()
     assert other_prefix.code == 0, other_prefix.explain()
     assert "no checkpoints under prefix 'elsewhere/'" in other_prefix.stdout
-    assert "pass --prefix checkpoints/" in other_prefix.stdout
+    assert "pass --prefix '')" in other_prefix.stdout  # the store's root, cairn's default
     assert prefix_after.code == 0 and local.ids[0] in prefix_after.stdout
     assert flags.code == 0 and flags.json()["count"] == 3, flags.explain()
 
 
-def test_an_empty_prefix_before_the_command_is_the_store_root(local: Filled) -> None:
-    run = cairn("--prefix", "", "--store", local.url, "list")
+def test_an_empty_prefix_before_the_command_is_the_store_root(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    old = ObjectStoreCheckpointer(root.as_uri(), CheckpointPaths("checkpoints/"))
+    asyncio.run(fill(old, root.as_uri()))  # where cairn 0.1's default prefix put them
+    run = cairn("--prefix", "", "--store", root.as_uri(), "list")
     assert run.code == 0, run.explain()
-    assert "no checkpoints under prefix ''" in run.stdout
+    assert "no checkpoints under prefix ''" in run.stdout  # given: not second-guessed
+    assert "pass --prefix checkpoints/" in run.stdout
 
 
 def test_help_says_the_options_go_before_the_command_too() -> None:
@@ -163,8 +170,8 @@ def test_history_names_the_prefixes_that_hold_checkpoints(local: Filled) -> None
     )
     assert human.code == 0, human.explain()
     assert "no checkpoints under prefix 'elsewhere/'" in human.stdout
-    assert "pass --prefix checkpoints/" in human.stdout
-    assert json.loads(doc.stdout)["other_prefixes"] == ["checkpoints/"]
+    assert "pass --prefix '')" in human.stdout
+    assert json.loads(doc.stdout)["other_prefixes"] == [""]
 
 
 def test_since_and_window() -> None:

@@ -70,7 +70,7 @@ def test_a_missing_bucket_says_so(gcs_server: GcsServer) -> None:
     assert missing.code == ExitCode.STORE, missing.explain()
     assert missing.error_line() == (
         "error: store failure: the bucket 'no-such-bucket-cairn' does not exist (the "
-        "store answered 404 NoSuchBucket to list 'checkpoints/'): create it, or correct the "
+        "store answered 404 NoSuchBucket to list ''): create it, or correct the "
         "bucket name in the store URL"
     )
 
@@ -93,7 +93,7 @@ def test_missing_credentials_name_what_to_set(
     assert line.startswith(
         f"error: store failure: no GCS credentials are configured, and the GCE metadata "
         f"server ({dead}, only on Google Cloud) gave "
-        "no token: no answer (connect failed) to list 'checkpoints/'; set "
+        "no token: no answer (connect failed) to list ''; set "
         "GOOGLE_SERVICE_ACCOUNT to the path of a service-account key file"
     ), line
     assert run.json()["error"]["type"] == "StoreCredentialsError"

@@ -155,7 +155,7 @@ def test_bare_commands_after_demo_act_on_its_newest_run(tmp_path: Path) -> None:
     )
     for run in (listed, shown, verified, restored, table):
         assert run.code == 0, run.explain()
-        assert run.stderr.startswith("note: nothing under prefix 'checkpoints/'; using the ")
+        assert run.stderr.startswith("note: nothing under prefix ''; using the ")
         assert f"prefix {newer['prefix']!r}" in run.stderr, run.explain()
     assert listed.json()["prefix"] == newer["prefix"]
     assert [c["id"] for c in listed.json()["checkpoints"]] == [row["id"] for row in rows]
@@ -187,7 +187,7 @@ def test_an_empty_prefix_names_the_prefixes_that_hold_checkpoints(tmp_path: Path
         ]
     )
     assert listed.code == 0 and listed.stderr == "", listed.explain()
-    assert "no checkpoints under prefix 'checkpoints/'" in listed.stdout
+    assert "no checkpoints under prefix ''" in listed.stdout
     assert "the store holds checkpoints under prefix 'jobs/a/'" in listed.stdout
     assert "pass --prefix jobs/a/" in listed.stdout
     assert as_json.json()["other_prefixes"] == ["jobs/a/"] and as_json.json()["count"] == 0
@@ -232,7 +232,7 @@ def test_s3_plain_http_and_missing_bucket_each_say_what_to_set(
     assert missing.code == ExitCode.STORE, missing.explain()
     assert missing.error_line() == (
         "error: store failure: the bucket 'no-such-bucket' does not exist (the store "
-        "answered 404 NoSuchBucket to list 'checkpoints/'): create it, or correct the bucket "
+        "answered 404 NoSuchBucket to list ''): create it, or correct the bucket "
         "name in the store URL"
     )
 

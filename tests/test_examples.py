@@ -3,7 +3,7 @@
 Each parses its command line before it touches anything: ``--help`` describes the
 arguments and the store prefix and exits 0, an unknown option exits 2 with argparse's
 message, and neither leaves anything in the working directory. What an example saves is
-where ``cairn list`` looks by default (store ``./checkpoints``, prefix ``checkpoints/``),
+where ``cairn list`` looks by default (store ``./checkpoints``, its root),
 and the example prints the exact command that lists it. The torch example's launcher
 summarises only the injected kill of rank 1 in one line; any other failure keeps its
 traceback (the crash-and-resume run itself is in ``test_torch_example.py``).
@@ -12,6 +12,7 @@ traceback (the crash-and-resume run itself is in ``test_torch_example.py``).
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ def test_help_describes_the_arguments_and_touches_nothing(script: str, tmp_path:
     proc = example(script, "--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: {script}"), proc.stdout
-    assert "--prefix" in proc.stdout and "checkpoints/" in proc.stdout, proc.stdout
+    assert "--prefix" in proc.stdout and "root" in proc.stdout, proc.stdout
     assert proc.stderr == ""
     assert list(tmp_path.iterdir()) == []
 
@@ -72,10 +73,10 @@ def test_quickstart_saves_where_cairn_list_looks(tmp_path: Path) -> None:
     proc = example("quickstart.py", "./checkpoints", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, *_, last = proc.stdout.splitlines()
-    assert first == "store   ./checkpoints, prefix 'checkpoints/'"
-    command = "cairn list --store ./checkpoints --prefix checkpoints/"
+    assert first == "store   ./checkpoints, prefix ''"
+    command = "cairn list --store ./checkpoints --prefix ''"
     assert last == f"inspect {command}"
-    assert listed_epochs(tmp_path, *command.split()[2:]) == [1, 2, 3]
+    assert listed_epochs(tmp_path, *shlex.split(command)[2:]) == [1, 2, 3]
     assert listed_epochs(tmp_path) == [1, 2, 3], "cairn's default store and prefix"
 
 
@@ -92,8 +93,8 @@ def test_metrics_job_saves_where_cairn_list_looks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("serving /metrics on port ")
-    assert lines[1] == "store ./checkpoints, prefix 'checkpoints/'"
-    assert lines[2].endswith("cairn list --store ./checkpoints --prefix checkpoints/")
+    assert lines[1] == "store ./checkpoints, prefix ''"
+    assert lines[2].endswith("cairn list --store ./checkpoints --prefix ''")
     assert listed_epochs(tmp_path) == [1, 2, 3]
 
 
@@ -130,7 +131,7 @@ def test_a_failure_other_than_the_injected_kill_keeps_its_traceback(
 ) -> None:
     saved(tmp_path / "store", 20)
     note = tmp_path / "killed"  # rank 1 never reached its kill: no note
-    expected, report = torch_train.outcome(failed(), note, str(tmp_path / "store"), "checkpoints/")
+    expected, report = torch_train.outcome(failed(), note, str(tmp_path / "store"), "")
     assert (expected, report) == (False, TRACEBACK)
 
 
@@ -140,7 +141,7 @@ def test_the_injected_kill_is_one_line_naming_the_verified_checkpoint(
     saved(tmp_path / "store", 20)
     note = tmp_path / "killed"
     note.write_text("25")
-    expected, report = torch_train.outcome(failed(), note, str(tmp_path / "store"), "checkpoints/")
+    expected, report = torch_train.outcome(failed(), note, str(tmp_path / "store"), "")
     assert expected
     assert report == (
         "rank 1 was killed on purpose after step 25 (--kill-at 25); the newest checkpoint, "
@@ -154,7 +155,7 @@ def test_the_injected_kill_before_any_checkpoint_says_so(
 ) -> None:
     note = tmp_path / "killed"
     note.write_text("5")
-    expected, report = torch_train.outcome(failed(), note, str(tmp_path / "store"), "checkpoints/")
+    expected, report = torch_train.outcome(failed(), note, str(tmp_path / "store"), "")
     assert expected
     assert report == (
         "rank 1 was killed on purpose after step 5 (--kill-at 5), before its first "
@@ -171,4 +172,4 @@ def test_a_damaged_checkpoint_after_the_kill_is_an_error_not_a_summary(
     note = tmp_path / "killed"
     note.write_text("25")
     with pytest.raises(IntegrityMismatchError):
-        torch_train.outcome(failed(), note, str(tmp_path / "store"), "checkpoints/")
+        torch_train.outcome(failed(), note, str(tmp_path / "store"), "")

@@ -24,7 +24,8 @@ def test_layout_matches_the_documented_paths() -> None:
 
 
 def test_default_and_root_bases() -> None:
-    assert CheckpointPaths().latest_pointer() == "checkpoints/_latest"
+    assert CheckpointPaths() == CheckpointPaths("")  # the default is the store's root
+    assert CheckpointPaths("checkpoints").latest_pointer() == "checkpoints/_latest"
     root = CheckpointPaths("")
     assert root.latest_pointer() == "_latest"
     assert root.manifest(CID) == f"{CID}/manifest.json"

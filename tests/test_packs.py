@@ -468,8 +468,8 @@ def test_the_command_line_verifies_shows_copies_restores_and_collects_packs(
     again = cairn("verify", "--all", "--store", target.as_uri())
     assert again.code == 0, again.explain()
     [(_, base_pack, _)] = base.stored_objects()
-    source_pack = root / f"checkpoints/{base.checkpoint_id}/{base_pack}"
-    copied_pack = target / f"checkpoints/{base.checkpoint_id}/{base_pack}"
+    source_pack = root / f"{base.checkpoint_id}/{base_pack}"  # the default: the store's root
+    copied_pack = target / f"{base.checkpoint_id}/{base_pack}"
     assert copied_pack.read_bytes() == source_pack.read_bytes()  # whole, once
     restore_dir = tmp_path / "restored"
     restore = cairn("restore", str(second.checkpoint_id), "--to", str(restore_dir), *store)

@@ -44,6 +44,7 @@ EXPECTED = {
     "ObjectStoreCheckpointer",
     "OperatorSnapshotEntry",
     "OversizedArtifactError",
+    "PathsUnresolvedError",
     "PartitionSnapshotEntry",
     "PartitionUpload",
     "PreconditionFailedError",

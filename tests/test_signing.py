@@ -105,6 +105,7 @@ TODAY = b"""\
 """
 """A manifest as cairn wrote it before signatures existed (every optional field set)."""
 
+
 def keyed(store: ObjectStore, key: object = KEY) -> ObjectStoreCheckpointer:
     return ObjectStoreCheckpointer(store, retry=FAST_RETRY, signing_key=key)  # type: ignore[arg-type]
 

@@ -10,7 +10,10 @@ Invariants:
 * no read of an artifact an entry describes holds more than the entry records: its
   stored bytes are read in one request of their recorded size (``size_bytes``, or
   ``stored_size_bytes`` when compressed) plus one byte, so an object of any other length
-  is an :class:`IntegrityMismatchError` on the size, also unverified; and they are
+  is an :class:`IntegrityMismatchError` on the size, also unverified (a :func:`load`
+  with ``progress`` reads an uncompressed one over :data:`LOAD_PART_BYTES` in ranged
+  parts of that size instead, one after the other, the last one plus one byte, so that
+  progress advances as they arrive: the same bytes, the same checks); and they are
   decoded by the bounded decoder of :mod:`cairn.codecs`, which stops as soon as the
   output passes ``size_bytes`` (holding at most that plus one piece) with an
   :class:`OversizedArtifactError` naming the artifact: a decompression bomb;
@@ -110,6 +113,13 @@ SPAN_GAP_BYTES = 64 * 1024
 to read both with one request (a pack carried from an earlier checkpoint may hold ranges
 this one does not need): less than the bytes a request costs in time on a remote store."""
 
+LOAD_PART_BYTES = 32 * 1024 * 1024
+"""A :func:`load` with ``progress`` reads an uncompressed artifact larger than this in
+ranged parts of this size, one after the other (the read counts as one of the
+``max_concurrent_downloads``), and reports each part once it arrived: a progress bar
+over one large artifact moves while it is read. Large enough that a part's request
+costs little beside its bytes on a remote store."""
+
 _Link = tuple[CheckpointId, PartitionSnapshotEntry]
 
 
@@ -120,7 +130,10 @@ async def load(
     progress: Callable[[int], None] | None = None,
 ) -> LoadedCheckpoint:
     """A committed checkpoint with every artifact of every chain, verified; ``progress``
-    is called with each artifact's size (decoded) once it is read and verified."""
+    is called with each artifact's size (decoded) once it is read and verified, or, for
+    an uncompressed one over :data:`LOAD_PART_BYTES`, with each part's as it arrives
+    (the calls add up to the same total; a part is reported once its read succeeded,
+    so a retried read is never counted twice)."""
     manifest = await _catalog.load_manifest(ctx, checkpoint_id)
     resolved = await _chains.resolve_chains(ctx, manifest)
     flat = [(key, owner, entry) for key, links in resolved.items() for owner, entry in links]
@@ -394,8 +407,14 @@ def _fetch_link(
 ) -> Callable[[], Awaitable[Buffer]]:
     path = ctx.paths.resolve(owner, entry.path)
 
+    in_parts = progress is not None and entry.codec is None and entry.size_bytes > LOAD_PART_BYTES
+
     async def job() -> Buffer:
         try:
+            if in_parts:
+                assert progress is not None
+                stored = await _read_in_parts(ctx, path, entry.size_bytes, progress)
+                return await off_loop_if_large(stored, _decoded, path, stored, entry, verify)
             data = await read_entry(ctx, path, entry, verify)
         except CheckpointNotFoundError:
             raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
@@ -404,6 +423,32 @@ def _fetch_link(
         return data
 
     return job
+
+
+async def _read_in_parts(
+    ctx: Context, path: str, size: int, progress: Callable[[int], None]
+) -> Buffer:
+    """:func:`read_sized` of ``size`` bytes at ``path``, in ranged parts of
+    :data:`LOAD_PART_BYTES` read in turn (the last one asks for one byte more, as
+    :func:`read_sized` does), ``progress`` called with each part's bytes once it is in
+    place. A part the store retries (:class:`~cairn.retry.RetryingStore`) is reported
+    once, after its read succeeded."""
+    whole = bytearray(size)
+    view = memoryview(whole)
+    for start in range(0, size, LOAD_PART_BYTES):
+        end = min(start + LOAD_PART_BYTES, size)
+        if end < size:
+            data = await read_range(ctx, path, start, end - start)
+        else:
+            data = await ctx.store.get_range(path, start, end + 1)
+            got = start + memoryview(data).nbytes
+            if got != size:
+                if got > size:  # longer than written: its whole length, from a HEAD
+                    got = max(got, (await ctx.store.head(path)).size)
+                raise IntegrityMismatchError(path, str(size), str(got), what="size")
+        view[start:end] = memoryview(data).cast("B")
+        progress(end - start)
+    return whole
 
 
 async def load_artifact_to(

@@ -164,6 +164,7 @@ async def begin(
     Raises :class:`~cairn.FencedError` if a newer writer generation has taken over and
     :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is written then.
     """
+    await ckpt.resolve_paths()
     pending = await _commit.start(ckpt.context, checkpoint_id, parent_id)
     return TwoPhaseSave(ckpt, pending)
 

@@ -55,10 +55,11 @@ from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.discover import (
     ManifestOrDamage,
     checkpoint_dirs,
+    default_paths,
     load_manifests,
     resolve_checkpoint_id,
 )
-from cairn.errors import CheckpointNotFoundError, InvalidInputError
+from cairn.errors import CheckpointNotFoundError, InvalidInputError, PathsUnresolvedError
 from cairn.ids import CheckpointId
 from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
@@ -191,11 +192,12 @@ class ObjectStoreCheckpointer(Checkpointer):
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
         retention: RetentionPolicy | None = None,
     ) -> None:
-        self.paths = paths if paths is not None else CheckpointPaths()
+        if paths is not None and not isinstance(paths, CheckpointPaths):
+            raise InvalidInputError(f"paths must be a CheckpointPaths, got {paths!r}")
+        self._paths = paths
+        self._resolving = asyncio.Lock()
         self.signing_keys = signing_keys(signing_key)
         self.codec = get_codec(compression) if compression is not None else None
-        if not isinstance(self.paths, CheckpointPaths):
-            raise InvalidInputError(f"paths must be a CheckpointPaths, got {paths!r}")
         self.max_concurrent_uploads = positive_int("max_concurrent_uploads", max_concurrent_uploads)
         self.max_concurrent_downloads = positive_int(
             "max_concurrent_downloads", max_concurrent_downloads
@@ -225,11 +227,62 @@ class ObjectStoreCheckpointer(Checkpointer):
         self.background_gc = BackgroundGc(self._retention_gc)
 
     def __repr__(self) -> str:
-        return f"ObjectStoreCheckpointer({self.store!r}, {self.paths!r})"
+        shown = "paths not resolved yet" if self._paths is None else repr(self._paths)
+        return f"ObjectStoreCheckpointer({self.store!r}, {shown})"
+
+    @property
+    def paths(self) -> CheckpointPaths:
+        """The layout of the store: the ``paths`` given, or the one :meth:`resolve_paths`
+        chose. Given no ``paths``, the checkpointer chooses on first use, so before any
+        of its coroutines has run this raises :class:`PathsUnresolvedError` (rather than
+        name a prefix that may not be the one it will use)."""
+        if self._paths is None:
+            raise PathsUnresolvedError(
+                "this checkpointer was given no paths and has not yet chosen its base "
+                "prefix from what its store holds: await ckpt.resolve_paths() first"
+            )
+        return self._paths
+
+    async def resolve_paths(self) -> CheckpointPaths:
+        """The layout of the store, chosen on the first call when no ``paths`` was given.
+
+        The default is the store's root (``CheckpointPaths("")``); a store whose root
+        holds no checkpoints but whose ``checkpoints/`` does (cairn 0.1's default) keeps
+        ``checkpoints/``, with a warning (see :func:`cairn.discover.default_paths`).
+        Idempotent and safe to call concurrently: the store is read once, and the choice
+        holds for the checkpointer's life. Every coroutine of the checkpointer calls it
+        before its first store call; an explicit ``paths`` is returned as it is, no I/O.
+        """
+        if self._paths is None:
+            async with self._resolving:
+                if self._paths is None:
+                    chosen = await default_paths(self.store)
+                    if chosen.base_prefix:
+                        log.warning(
+                            "%r holds checkpoints under %r, cairn 0.1's default prefix, and "
+                            "none at its root (the default now): using %r. Pass "
+                            "paths=CheckpointPaths(%r) (with the cairn command line: "
+                            "--prefix %s) to keep it so explicitly",
+                            self.store,
+                            chosen.base_prefix,
+                            chosen.base_prefix,
+                            chosen.base_prefix,
+                            chosen.base_prefix,
+                        )
+                    self._paths = chosen
+        return self._paths
+
+    async def _context(self) -> Context:
+        """:attr:`context`, once the layout is resolved: every coroutine's first step."""
+        await self.resolve_paths()
+        return self.context
 
     @property
     def context(self) -> Context:
-        """What the checkpointer's parts share (store, layout, limits), as set now."""
+        """What the checkpointer's parts share (store, layout, limits), as set now.
+
+        Raises :class:`PathsUnresolvedError` before the layout is resolved (see
+        :attr:`paths`)."""
         return Context(
             self.store,
             self.paths,
@@ -268,7 +321,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     async def _save_now(self, data: CheckpointData) -> CheckpointManifest:
         with _dispatch.watching(self.observers):
-            return self._committed(await _commit.save(self.context, data))
+            return self._committed(await _commit.save(await self._context(), data))
 
     async def save_async(
         self, data: CheckpointData, *, copy: bool = False
@@ -299,7 +352,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             raise InvalidInputError(f"save_async takes a CheckpointData, got {data!r}")
         if copy:
             data = data.copied()
-        context = self.context
+        context = await self._context()
         with _dispatch.watching(self.observers):  # the task copies this context
 
             async def run(in_order: BeforeCommit) -> CheckpointManifest:
@@ -369,7 +422,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         rolled back and :class:`FencedError` raised.
         """
         with _dispatch.watching(self.observers):
-            return self._committed(await _commit.commit(self.context, manifest))
+            return self._committed(await _commit.commit(await self._context(), manifest))
 
     async def save_manifest(self, manifest: CheckpointManifest) -> None:
         """Commit ``manifest``: write it only if no manifest exists for its id.
@@ -378,7 +431,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         (an identical one means this commit already happened), :class:`CheckpointAbortedError`
         if GC claimed the id, and :class:`FencedError` if a newer writer has taken over.
         """
-        await _commit.save_manifest(self.context, manifest)
+        await _commit.save_manifest(await self._context(), manifest)
 
     async def save_snapshot(
         self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
@@ -408,7 +461,7 @@ class ObjectStoreCheckpointer(Checkpointer):
     ) -> str:
         cid = check_id(checkpoint_id)
         [checked] = _upload.check_uploads([upload])
-        entry = await _commit.upload_write_once(self.context, cid, checked)
+        entry = await _commit.upload_write_once(await self._context(), cid, checked)
         return entry.sha256
 
     async def save_partitions_concurrent(
@@ -434,7 +487,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         cid = check_id(checkpoint_id)
         checked = _upload.check_uploads(uploads)
-        return await _commit.upload_partitions(self.context, cid, checked, metadata_key)
+        return await _commit.upload_partitions(await self._context(), cid, checked, metadata_key)
 
     async def delete_checkpoint(
         self, checkpoint_id: CheckpointId | str, *, force: bool = False
@@ -449,7 +502,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         ``_latest`` is moved, by compare-and-swap, to the newest checkpoint that remains
         (or to none). A checkpoint that does not exist is not an error.
         """
-        await _commit.delete_checkpoint(self.context, await self._id(checkpoint_id), force)
+        await _commit.delete_checkpoint(await self._context(), await self._id(checkpoint_id), force)
 
     async def dependents(self, checkpoint_id: CheckpointId | str) -> list[CheckpointId]:
         """What deleting ``checkpoint_id`` would break, oldest first.
@@ -459,7 +512,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         saves in progress that build on it (a live lease). Reads every manifest of the
         store: one listing and one GET each; writes nothing.
         """
-        return await _commit.dependents(self.context, await self._id(checkpoint_id))
+        return await _commit.dependents(await self._context(), await self._id(checkpoint_id))
 
     # -- fencing and the latest pointer (cairn._pointer) ---------------------------------
 
@@ -470,8 +523,9 @@ class ObjectStoreCheckpointer(Checkpointer):
         claims ``_latest`` for it. From then on a checkpointer of an older generation
         cannot commit: its ``save`` raises :class:`FencedError`. Returns the new generation.
         """
+        paths = await self.resolve_paths()
         self.writer_generation = await _pointer.take_over(
-            self.store, self.paths.writer_record(), self.paths.latest_pointer()
+            self.store, paths.writer_record(), paths.latest_pointer()
         )
         return self.writer_generation
 
@@ -484,11 +538,13 @@ class ObjectStoreCheckpointer(Checkpointer):
         whether it moved. Raises :class:`CheckpointNotFoundError` for an uncommitted id
         and :class:`FencedError` when a newer writer owns the store.
         """
-        return await _commit.update_latest(self.context, await self._id(checkpoint_id), force)
+        return await _commit.update_latest(
+            await self._context(), await self._id(checkpoint_id), force
+        )
 
     async def read_latest(self) -> CheckpointId | None:
         """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
-        return await _catalog.read_latest(self.context)
+        return await _catalog.read_latest(await self._context())
 
     # -- what is committed (cairn._catalog) ----------------------------------------------
 
@@ -499,17 +555,17 @@ class ObjectStoreCheckpointer(Checkpointer):
             cid = await self._id(checkpoint_id)
         except CheckpointNotFoundError:
             return False
-        return await _catalog.committed(self.context, cid)
+        return await _catalog.committed(await self._context(), cid)
 
     async def _id(self, checkpoint_id: CheckpointId | str) -> CheckpointId:
         """The id ``checkpoint_id`` names: itself, its text parsed, or the one committed
         checkpoint a short id names (:func:`cairn.discover.resolve_checkpoint_id`)."""
-        context = self.context
+        context = await self._context()
         return await resolve_checkpoint_id(
             checkpoint_id,
             self.list_checkpoint_dirs,
             lambda cid: _catalog.committed(context, cid),
-            where=repr(self.paths.base_prefix),
+            where=repr(context.paths.base_prefix),
         )
 
     async def list_checkpoints(self) -> list[CheckpointId]:
@@ -518,7 +574,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         One delimiter listing of the base, then one HEAD per listed directory for its
         manifest: the cost grows with the number of checkpoints, not of their artifacts.
         """
-        return await _catalog.list_checkpoints(self.context)
+        return await _catalog.list_checkpoints(await self._context())
 
     async def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
         """Load and check the manifest of ``checkpoint_id``.
@@ -526,7 +582,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         Raises :class:`CheckpointNotFoundError` if it is not committed and
         :class:`CorruptManifestError` if the bytes there are not its valid manifest.
         """
-        return await _catalog.load_manifest(self.context, await self._id(checkpoint_id))
+        return await _catalog.load_manifest(await self._context(), await self._id(checkpoint_id))
 
     async def latest_id(self) -> CheckpointId | None:
         """What "latest" means: the checkpoint :meth:`load_latest` tries first, by manifest.
@@ -536,7 +592,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         still the latest here (so ``cairn verify latest`` reports it), while
         :meth:`load_latest` moves on to an older one. None when nothing is committed.
         """
-        return await _catalog.latest_id(self.context)
+        return await _catalog.latest_id(await self._context())
 
     # -- reading, verified (cairn._download) ---------------------------------------------
 
@@ -558,7 +614,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         with _dispatch.watching(self.observers):
             cid = await self._id(checkpoint_id)
             async with _dispatch.observed(None, "load", checkpoint_id=cid) as op:
-                loaded = await _download.load(self.context, cid, verify, progress)
+                loaded = await _download.load(await self._context(), cid, verify, progress)
                 op.manifest = loaded.manifest
                 return loaded
 
@@ -575,7 +631,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         with _dispatch.watching(self.observers):
             async with _dispatch.observed(None, "load_latest") as op:
-                context = self.context
+                context = await self._context()
                 loaded = await _catalog.first_that_loads(
                     context, lambda cid: _download.load(context, cid, True)
                 )
@@ -593,11 +649,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         no state for that partition.
         """
         cid = await self._id(checkpoint_id)
-        return await _download.load_chain(self.context, cid, operator, partition)
+        return await _download.load_chain(await self._context(), cid, operator, partition)
 
     async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
         """The bytes at store ``path``, verified against ``expected_sha256`` when given."""
-        return await _download.load_artifact(self.context, path, expected_sha256)
+        return await _download.load_artifact(await self._context(), path, expected_sha256)
 
     async def load_artifact_to(
         self,
@@ -623,7 +679,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         range as it is read.
         """
         return await _download.load_artifact_to(
-            self.context, path, dest, expected_sha256, chunk_size, codec, progress
+            await self._context(), path, dest, expected_sha256, chunk_size, codec, progress
         )
 
     # -- retention (cairn.retention) -----------------------------------------------------
@@ -646,7 +702,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         with _dispatch.watching(self.observers):
             async with _dispatch.observed(None, "gc") as op:
                 op.gc = await run_gc(
-                    self.store, self.paths, policy, dry_run=dry_run, min_age=min_age
+                    self.store, await self.resolve_paths(), policy, dry_run=dry_run, min_age=min_age
                 )
                 return op.gc
 
@@ -665,7 +721,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """Every checkpoint directory under the base, oldest first, committed or not (a
         save in progress or one that stopped before its commit has one too); see
         :func:`cairn.discover.checkpoint_dirs`. :meth:`list_checkpoints` is the committed."""
-        return await checkpoint_dirs(self.store, self.paths)
+        return await checkpoint_dirs(self.store, await self.resolve_paths())
 
     async def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
         """:meth:`load_manifest` of each of ``ids``, read concurrently, in the order given;
@@ -678,7 +734,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         no more than the size it records (:class:`IntegrityMismatchError` otherwise). Not
         hashed: the digest covers the decoded bytes, which :meth:`load` verifies. For
         copying a checkpoint byte for byte."""
-        return await _download.read_stored(self.context, path, entry)
+        return await _download.read_stored(await self._context(), path, entry)
 
     async def load_pack(self, path: str, entries: Sequence[PartitionSnapshotEntry]) -> Buffer:
         """The whole pack at ``path`` as stored (the object that several entries with an
@@ -687,7 +743,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         bytes that no entry names are not verified. Raises
         :class:`IntegrityMismatchError` for a range that does not verify or runs past
         the object's end."""
-        return await _download.read_pack(self.context, path, entries)
+        return await _download.read_pack(await self._context(), path, entries)
 
     # -- directory partitions (cairn._directories) ---------------------------------------
 
@@ -713,5 +769,5 @@ class ObjectStoreCheckpointer(Checkpointer):
         with _dispatch.watching(self.observers):
             async with _dispatch.observed(None, "restore_directory", checkpoint_id=checkpoint_id):
                 return await _directories.restore_directory(
-                    self.context, checkpoint_id, operator, partition, dest
+                    await self._context(), checkpoint_id, operator, partition, dest
                 )

@@ -8,6 +8,8 @@ too. Whether it is committed is its manifest's business
 
 * :func:`checkpoint_dirs`: every checkpoint directory under one base prefix
   (:meth:`~cairn.ObjectStoreCheckpointer.list_checkpoint_dirs` on a checkpointer);
+* :func:`default_paths`: the layout of a checkpointer given no ``paths``: the store's
+  root, unless only the old default ``checkpoints/`` holds checkpoints;
 * :func:`checkpoint_prefixes`: the base prefixes of a store that hold checkpoint
   directories, found by a bounded walk from the store's root, for tools that help a
   user who named the wrong prefix;
@@ -25,7 +27,8 @@ too. Whether it is committed is its manifest's business
 * :func:`short_ids`: the shortest such prefix of each of some ids that tells it apart
   from the others, for tables a user reads and pastes from.
 
-Invariants: nothing here writes; the walk of :func:`checkpoint_prefixes` costs at
+Invariants: nothing here writes; :func:`default_paths` costs at most two one-level
+listings; the walk of :func:`checkpoint_prefixes` costs at
 most ``max_listings`` one-level listings, whatever the size of the store; resolving a
 short id costs one listing and one HEAD per directory whose name starts with it.
 """
@@ -43,7 +46,7 @@ from cairn.errors import (
     InvalidInputError,
 )
 from cairn.ids import CheckpointId
-from cairn.layout import CheckpointPaths
+from cairn.layout import LEGACY_BASE_PREFIX, CheckpointPaths
 from cairn.manifest import CheckpointManifest
 from cairn.stores import Store
 
@@ -57,6 +60,8 @@ __all__ = [
     "checkpoint_counts",
     "checkpoint_dirs",
     "checkpoint_prefixes",
+    "default_paths",
+    "holds_checkpoints",
     "is_short_id",
     "load_manifests",
     "matching_ids",
@@ -92,6 +97,31 @@ async def checkpoint_dirs(store: Store, paths: CheckpointPaths) -> list[Checkpoi
     return sorted(
         cid for child in listing.prefixes if (cid := paths.parse_checkpoint_dir(child)) is not None
     )
+
+
+async def holds_checkpoints(store: Store, paths: CheckpointPaths) -> bool:
+    """True when ``paths``' base prefix holds a checkpoint directory (committed or not) or
+    a store-wide record (``_latest``, ``_writer``); other names are ignored. One listing."""
+    listing = await store.list_dir(paths.base_prefix)
+    return any(paths.parse_checkpoint_dir(child) is not None for child in listing.prefixes) or any(
+        paths.is_record(info.path) for info in listing.objects
+    )
+
+
+async def default_paths(store: Store) -> CheckpointPaths:
+    """The layout a checkpointer given no ``paths`` uses in ``store``.
+
+    The store's root (``CheckpointPaths("")``), unless the root holds no checkpoints and
+    the old default :data:`~cairn.layout.LEGACY_BASE_PREFIX` (``checkpoints/``) does
+    (:func:`holds_checkpoints`): then that, so that a job written by cairn 0.1 keeps its
+    checkpoints instead of starting again from nothing. An empty store gets the root.
+    At most two listings.
+    """
+    root = CheckpointPaths("")
+    if await holds_checkpoints(store, root):
+        return root
+    legacy = CheckpointPaths(LEGACY_BASE_PREFIX)
+    return legacy if await holds_checkpoints(store, legacy) else root
 
 
 async def checkpoint_prefixes(

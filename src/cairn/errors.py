@@ -29,6 +29,8 @@ CheckpointerError
 │       └── SpecialFileError       a directory to save holds a link or special file
 ├── CodecError                     an artifact needs a codec this reader lacks
 ├── SyncInAsyncContextError        (also RuntimeError) a blocking call inside an event loop
+├── PathsUnresolvedError           (also RuntimeError) a checkpointer's default prefix is
+│                                  read before it was resolved against its store
 └── StoreError                     the object store failed (path and operation attached)
     ├── TransientStoreError        a failure worth retrying (timeout, connection, 5xx)
     ├── ObjectNotFoundError        (also CheckpointNotFoundError) no object at that path
@@ -73,6 +75,7 @@ __all__ = [
     "ObjectExistsError",
     "ObjectNotFoundError",
     "OversizedArtifactError",
+    "PathsUnresolvedError",
     "PreconditionFailedError",
     "SignatureError",
     "SpecialFileError",
@@ -381,6 +384,12 @@ class CodecError(CheckpointerError):
 class SyncInAsyncContextError(CheckpointerError, RuntimeError):
     """A blocking cairn call (:class:`~cairn.SyncCheckpointer`) was made inside a running
     event loop, which it would deadlock: await the async API there instead."""
+
+
+class PathsUnresolvedError(CheckpointerError, RuntimeError):
+    """``ObjectStoreCheckpointer.paths`` was read before the checkpointer, given no
+    ``paths``, chose its base prefix from what its store holds: await
+    ``resolve_paths()`` (any of its coroutines does) first, or pass ``paths``."""
 
 
 class StoreError(CheckpointerError):

@@ -59,6 +59,7 @@ from cairn.errors import InvalidInputError, InvalidNameError
 from cairn.ids import CheckpointId
 
 __all__ = [
+    "LEGACY_BASE_PREFIX",
     "MAX_CHECKPOINT_NAME_BYTES",
     "MAX_NAME_BYTES",
     "MAX_PARTITION",
@@ -99,6 +100,10 @@ _NAME_LIMITS = {"source": MAX_SOURCE_NAME_BYTES}
 
 MAX_CHECKPOINT_NAME_BYTES = 1024
 """The longest checkpoint name (a label recorded in a manifest), in UTF-8 bytes."""
+
+LEGACY_BASE_PREFIX = "checkpoints/"
+"""The default base prefix of cairn 0.1; a checkpointer given no ``paths`` still finds
+checkpoints there (see :func:`cairn.discover.default_paths`)."""
 
 MANIFEST_NAME = "manifest.json"
 LATEST_NAME = "_latest"
@@ -276,12 +281,15 @@ def _id_of_directory(name: str) -> CheckpointId | None:
 class CheckpointPaths:
     """The object paths of a checkpoint store rooted at ``base_prefix``.
 
-    A missing trailing ``/`` on the base is added; ``""`` means the store root.
+    A missing trailing ``/`` on the base is added; ``""``, the default, means the store
+    root: the store (a directory, a bucket path) is where the checkpoints are, as with
+    torch DCP and orbax. (cairn 0.1 defaulted to ``"checkpoints/"``,
+    :data:`LEGACY_BASE_PREFIX`.)
     """
 
     __slots__ = ("_base",)
 
-    def __init__(self, base_prefix: str = "checkpoints/") -> None:
+    def __init__(self, base_prefix: str = "") -> None:
         self._base = _normalize_base(base_prefix)
 
     @property
@@ -297,6 +305,11 @@ class CheckpointPaths:
 
     def __hash__(self) -> int:
         return hash(self._base)
+
+    def is_record(self, path: str) -> bool:
+        """True when ``path`` is one of the store-wide records under the base
+        (``_latest``, ``_writer``)."""
+        return path in (self.latest_pointer(), self.writer_record())
 
     def latest_pointer(self) -> str:
         """The ``_latest`` pointer object."""

@@ -224,8 +224,13 @@ class SyncCheckpointer:
 
     @property
     def paths(self) -> CheckpointPaths:
-        """The layout of the store."""
-        return self.async_checkpointer.paths
+        """The layout of the store: :meth:`resolve_paths`, so it reads the store on its
+        first use when no ``paths`` was given."""
+        return self.resolve_paths()
+
+    def resolve_paths(self) -> CheckpointPaths:
+        """See :meth:`ObjectStoreCheckpointer.resolve_paths`."""
+        return _runner.run(self.async_checkpointer.resolve_paths())
 
     def save_manifest(self, manifest: CheckpointManifest) -> None:
         """See :meth:`ObjectStoreCheckpointer.save_manifest`."""

@@ -38,7 +38,8 @@ from .servers import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server
 
 CLI = [sys.executable, "-m", "cairn.cli"]
 PARALLEL = 4
-PREFIX = "checkpoints/"
+PREFIX = ""
+"""Where :func:`fill_store` saves: cairn's default, the store's root."""
 
 
 # -- running the command line --------------------------------------------------------------

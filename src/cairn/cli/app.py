@@ -1,11 +1,11 @@
 """The ``cairn`` commands: typer definitions that parse options and call the operations.
 
 Every command takes ``--store URL`` (or ``$CAIRN_STORE``; default ``./checkpoints``),
-``--prefix`` (or ``$CAIRN_PREFIX``; default ``checkpoints/``, or the newest demo run's,
-see :mod:`cairn.cli.session`), ``--json`` and ``--debug``. Each command checks its
-arguments first (ids, policy, URLs, target directory), then opens the store. Exit codes
-are documented in :mod:`cairn.cli.errors`; the JSON documents in
-``cairn/cli/schemas/*.schema.json``.
+``--prefix`` (or ``$CAIRN_PREFIX``; default the store's root, ``checkpoints/`` for a
+store cairn 0.1 wrote, or the newest demo run's, see :mod:`cairn.cli.session`),
+``--json`` and ``--debug``. Each command checks its arguments first (ids, policy,
+URLs, target directory), then opens the store. Exit codes are documented in
+:mod:`cairn.cli.errors`; the JSON documents in ``cairn/cli/schemas/*.schema.json``.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ PrefixOption = Annotated[
         "--prefix",
         envvar="CAIRN_PREFIX",
         metavar="PREFIX",
-        help="Base prefix of the checkpoints in the store. \\[default: checkpoints/, or the "
-        "newest `cairn demo` run when nothing is there]",
+        help="Base prefix of the checkpoints in the store. \\[default: the store's root "
+        "(checkpoints/ for a store cairn 0.1 wrote), or the newest `cairn demo` run when "
+        "nothing is there]",
         show_default=False,
     ),
 ]

@@ -7,9 +7,12 @@ must be a well-formed URL (:func:`cairn.stores.store_url`, the library's own par
 their credentials, region, endpoint and options from the usual environment
 (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``).
 
-The base prefix is ``--prefix``, else ``$CAIRN_PREFIX``, else ``checkpoints/``, with
-one exception that makes the README's first steps work: when neither is given, nothing
-is under ``checkpoints/`` and the store holds runs of ``cairn demo`` (each under
+The base prefix is ``--prefix``, else ``$CAIRN_PREFIX``, else the library's default
+(:meth:`cairn.ObjectStoreCheckpointer.resolve_paths`): the store's root, or
+``checkpoints/`` for a store that holds checkpoints there and none at its root (cairn
+0.1's default; a ``warning:`` on stderr says to pass ``--prefix checkpoints/``). One
+exception makes the README's first steps work: when neither is given, nothing is
+under that default and the store holds runs of ``cairn demo`` (each under
 ``demo/<run>/``), the newest run's prefix is used, and a ``note:`` on stderr says so.
 "Newest" is the run holding the newest checkpoint id (ids are time-ordered).
 
@@ -56,7 +59,6 @@ from cairn.signing import parse_hex_keys
 from cairn.stores import Store, store_url
 
 __all__ = [
-    "DEFAULT_PREFIX",
     "DEFAULT_STORE_DIR",
     "DEMO_PREFIX",
     "SIGNING_KEY_ENV",
@@ -73,7 +75,6 @@ SIGNING_KEY_ENV = "CAIRN_SIGNING_KEY"
 """The environment variable holding the command's signing keys (hex, comma-separated)."""
 
 DEFAULT_STORE_DIR = "checkpoints"
-DEFAULT_PREFIX = "checkpoints/"
 DEMO_PREFIX = "demo/"
 """Where ``cairn demo`` puts its runs: ``demo/<time>-<random>/``."""
 
@@ -146,8 +147,9 @@ def other_prefixes_hint(prefixes: list[str]) -> str:
 class Session:
     """One command's store (URL and base prefix), output streams and debug flag.
 
-    ``url`` and ``prefix`` are known once :meth:`open` has run (``prefix`` may be the
-    newest demo run's, see the module docstring).
+    ``url`` and ``prefix`` are known once :meth:`open` has run (``prefix``, when not
+    given, is the library's default for the store, or the newest demo run's: see the
+    module docstring).
     """
 
     store_option: str | None
@@ -182,7 +184,7 @@ class Session:
     def parse(self) -> str:
         """The store URL (no I/O): raises :class:`cairn.InvalidStoreUrlError` if malformed."""
         self.url = cli_store_url(self.store_option)
-        self.prefix = DEFAULT_PREFIX if self.prefix_option is None else self.prefix_option
+        self.prefix = "" if self.prefix_option is None else self.prefix_option
         CheckpointPaths(self.prefix)  # a malformed prefix is bad input, found before any I/O
         return self.url
 
@@ -197,11 +199,12 @@ class Session:
         hint = " (the default store: pass --store URL or set CAIRN_STORE)"
         ckpt = open_checkpointer(
             self.url,
-            self.prefix,
+            self.prefix_option,
             create=create,
             hint=hint if self.default_store else "",
             signing_key=self.signing_key,
         )
+        self.prefix = (await ckpt.resolve_paths()).base_prefix
         if self.prefix_option is None and not await ckpt.list_checkpoint_dirs():
             run_prefix = await newest_demo_run(ckpt.store)
             if run_prefix is not None:
@@ -229,13 +232,14 @@ class Session:
 
 def open_checkpointer(
     url: str,
-    prefix: str,
+    prefix: str | None,
     *,
     create: bool,
     hint: str = "",
     signing_key: list[bytes] | None = None,
 ) -> ObjectStoreCheckpointer:
-    """An :class:`ObjectStoreCheckpointer` over ``url`` with base ``prefix``.
+    """An :class:`ObjectStoreCheckpointer` over ``url`` with base ``prefix`` (None: the
+    library's default, chosen from what the store holds on first use).
 
     Unless ``create``, a local directory that does not exist raises :class:`CliError`
     (exit 3), with ``hint`` appended to the message. ``signing_key``: its keys (see
@@ -247,9 +251,8 @@ def open_checkpointer(
         raise CliError(
             f"store unreachable: local directory {directory} {what}{hint}", ExitCode.STORE
         )
-    return ObjectStoreCheckpointer(
-        open_store(url), CheckpointPaths(prefix), signing_key=signing_key
-    )
+    paths = None if prefix is None else CheckpointPaths(prefix)
+    return ObjectStoreCheckpointer(open_store(url), paths, signing_key=signing_key)
 
 
 class _OneLine(logging.Formatter):

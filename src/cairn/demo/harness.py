@@ -47,7 +47,6 @@ from cairn.cli.limits import at_least, check_seconds, integer
 from cairn.cli.output import Col, human_size, make_table
 from cairn.cli.progress import Transfer
 from cairn.cli.session import (
-    DEFAULT_PREFIX,
     DEMO_PREFIX,
     Session,
     newest_demo_run,
@@ -64,7 +63,7 @@ from cairn.demo.job import (
     restore_pipeline,
     restored_offset,
 )
-from cairn.discover import checkpoint_counts, short_ids
+from cairn.discover import checkpoint_counts, checkpoint_dirs, default_paths, short_ids
 
 __all__ = ["DemoSettings", "demo_command", "run_demo"]
 
@@ -319,7 +318,7 @@ async def _inspect_hint(ckpt: ObjectStoreCheckpointer, settings: DemoSettings) -
     if not settings.default_store:
         command += f" --store {settings.url}"
     found_alone = (
-        not (await ckpt.store.list_dir(DEFAULT_PREFIX)).prefixes
+        not await checkpoint_dirs(ckpt.store, await default_paths(ckpt.store))
         and await newest_demo_run(ckpt.store) == settings.prefix
     )
     if not found_alone:

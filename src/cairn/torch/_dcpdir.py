@@ -99,7 +99,7 @@ from cairn.torch._format import (
 )
 from cairn.torch._rankobject import ItemRanges
 from cairn.torch._reader import Opened, open_dcp, verified_pieces
-from cairn.torch._runtime import StoreArg, make_checkpointer, run
+from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run
 from cairn.torch._target import Target, interpret
 from cairn.torch._writer import (
     COPY_BUDGET,
@@ -696,7 +696,7 @@ def _checkpointer(
         return source, source.store
     ckpt = make_checkpointer(
         source,
-        "checkpoints/" if prefix is None else prefix,
+        prefix,
         max_concurrent_uploads=concurrency,
         max_concurrent_downloads=concurrency,
         signing_key=signing_key,
@@ -719,7 +719,8 @@ def export_dcp(
     ``checkpoint_id`` is read as ``dcp.load`` reads it through a
     :class:`~cairn.torch.CairnReader` (an id, or a name: the newest committed checkpoint
     with it); None exports the latest DCP checkpoint. ``source`` is a store (with
-    ``prefix``, default ``checkpoints/``, and ``signing_key``) or a checkpointer. Every
+    ``prefix``, default: the store's root, or ``checkpoints/`` where only that holds
+    checkpoints, and ``signing_key``) or a checkpointer. Every
     byte is verified on the way out; ``dest`` must be missing or an empty directory and
     appears whole or not at all. Raises :class:`~cairn.CheckpointNotFoundError`,
     :class:`~cairn.IntegrityError` (a damaged item: nothing is written),
@@ -729,7 +730,9 @@ def export_dcp(
     target = (
         None
         if checkpoint_id is None
-        else interpret(checkpoint_id, store, ckpt.paths, "export_dcp's checkpoint_id")
+        else interpret(
+            checkpoint_id, store, known_paths(ckpt, "export_dcp"), "export_dcp's checkpoint_id"
+        )
     )
     where = Path(os.path.abspath(dest))
     return run(export_dcp_async(ckpt, target, where, store=store), "export_dcp")
@@ -750,7 +753,8 @@ def import_dcp(
 
     The checkpoint gets a new id, ``epoch``, and ``name`` (default: the directory's
     name, such as ``step-100``, so that ``CairnReader(checkpoint_id="step-100")`` loads
-    it). ``dest`` is a store (with ``prefix``, default ``checkpoints/``, and
+    it). ``dest`` is a store (with ``prefix``, default: the store's root, or
+    ``checkpoints/`` where only that holds checkpoints, and
     ``signing_key``) or a checkpointer. What is checked on the way in, and what cannot
     be, is in the module docstring; a directory that fails a check commits nothing and
     raises :class:`~cairn.IntegrityError` (a missing, short or damaged file) or

@@ -33,7 +33,7 @@ def load_latest(
     state_dict: dict[str, Any],
     store: StoreArg,
     *,
-    prefix: str = "checkpoints/",
+    prefix: str | None = None,
     max_concurrent_downloads: int = 8,
     process_group: Any = None,
     planner: LoadPlanner | None = None,

@@ -50,7 +50,7 @@ from cairn.torch._format import (
     tensor_from_bytes,
 )
 from cairn.torch._planner import check_byte_item, unpickles_safely
-from cairn.torch._runtime import StoreArg, make_checkpointer, run
+from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run
 from cairn.torch._target import Target, interpret, store_location, well_formed
 from cairn.torch._writer import METADATA_OPERATOR
 
@@ -102,7 +102,7 @@ class CairnReader(StorageReader):
         store: StoreArg,
         *,
         checkpoint_id: CheckpointId | str | os.PathLike[str] | None = None,
-        prefix: str = "checkpoints/",
+        prefix: str | None = None,
         max_concurrent_downloads: int = 8,
         skip: Iterable[CheckpointId] = (),
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
@@ -144,7 +144,7 @@ class CairnReader(StorageReader):
         return self._requested if isinstance(self._requested, str) else None
 
     def _interpret(self, checkpoint_id: object, what: str) -> Target:
-        return interpret(checkpoint_id, self._store, self._ckpt.paths, what)
+        return interpret(checkpoint_id, self._store, known_paths(self._ckpt, what), what)
 
     # -- StorageReader -------------------------------------------------------------------
 
@@ -302,6 +302,7 @@ async def open_dcp(
     damaged; when none is left, :class:`CheckpointNotFoundError` says what was searched
     (``store`` names it) and what was found instead.
     """
+    await ckpt.resolve_paths()
     if isinstance(target, CheckpointId):
         try:
             return await _open_one(ckpt, target)

@@ -22,13 +22,14 @@ from obstore.store import MemoryStore, ObjectStore
 
 from cairn._integration import DEFAULT_LEASE, positive_int, run_blocking
 from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.errors import InvalidInputError, SyncInAsyncContextError
+from cairn.errors import InvalidInputError, PathsUnresolvedError, SyncInAsyncContextError
 from cairn.layout import CheckpointPaths
 from cairn.signing import SigningKey
 from cairn.stores import Store
 
 __all__ = [
     "StoreArg",
+    "known_paths",
     "make_checkpointer",
     "run",
     "travels",
@@ -55,7 +56,7 @@ def run(coro: Coroutine[Any, Any, T], what: str) -> T:
 
 def make_checkpointer(
     store: StoreArg,
-    prefix: str,
+    prefix: str | None,
     *,
     max_concurrent_uploads: int = 8,
     max_concurrent_downloads: int = 8,
@@ -63,18 +64,29 @@ def make_checkpointer(
     lease: dt.timedelta = DEFAULT_LEASE,
     signing_key: SigningKey | Sequence[SigningKey] | None = None,
 ) -> ObjectStoreCheckpointer:
-    """The checkpointer a writer or reader works through (arguments checked here)."""
+    """The checkpointer a writer or reader works through (arguments checked here);
+    ``prefix`` None: the library's default, chosen from the store on first use (see
+    :meth:`~cairn.ObjectStoreCheckpointer.resolve_paths`)."""
     positive_int("max_concurrent_uploads", max_concurrent_uploads)
     positive_int("max_concurrent_downloads", max_concurrent_downloads)
     return ObjectStoreCheckpointer(
         store,
-        CheckpointPaths(prefix),
+        None if prefix is None else CheckpointPaths(prefix),
         max_concurrent_uploads,
         max_concurrent_downloads=max_concurrent_downloads,
         compression=compression,
         lease=lease,
         signing_key=signing_key,
     )
+
+
+def known_paths(ckpt: ObjectStoreCheckpointer, what: str) -> CheckpointPaths:
+    """``ckpt.paths``, for a caller outside the event loop: resolved first (reading the
+    store, once per checkpointer) when ``ckpt`` was given no prefix."""
+    try:
+        return ckpt.paths
+    except PathsUnresolvedError:
+        return run(ckpt.resolve_paths(), what)
 
 
 def travels(store: StoreArg, what: str) -> None:

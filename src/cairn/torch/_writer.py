@@ -30,6 +30,7 @@ from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.errors import IncompleteCheckpointError, InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
+from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.signing import SigningKey
 from cairn.torch._carry import Carried, Parent, carried_items, open_parent
@@ -41,7 +42,7 @@ from cairn.torch._format import (
     dump_metadata,
 )
 from cairn.torch._rankobject import RANK_OBJECT_BYTES, Resolved, Written, rank_uploads
-from cairn.torch._runtime import StoreArg, make_checkpointer, run, travels
+from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run, travels
 from cairn.torch._target import Target, interpret, well_formed
 
 __all__ = [
@@ -142,7 +143,9 @@ class CairnWriter(StorageWriter):
     """A DCP ``StorageWriter`` that saves each ``dcp.save`` as one cairn checkpoint.
 
     ``store`` is anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
-    path, an obstore store); ``prefix`` is the checkpoint base inside it. ``epoch`` is
+    path, an obstore store); ``prefix`` is the checkpoint base inside it (default: the
+    store's root, or ``checkpoints/`` of a store that holds checkpoints only there, as
+    :meth:`~cairn.ObjectStoreCheckpointer.resolve_paths` chooses). ``epoch`` is
     recorded in the manifest (the training step, say). Each rank uploads at most
     ``max_concurrent_uploads`` artifacts at a time; ``compression="zstd"`` stores them
     compressed. ``writer_generation`` is the generation this job holds after
@@ -171,7 +174,7 @@ class CairnWriter(StorageWriter):
         store: StoreArg,
         *,
         epoch: int,
-        prefix: str = "checkpoints/",
+        prefix: str | None = None,
         max_concurrent_uploads: int = 8,
         compression: str | None = None,
         writer_generation: int = 0,
@@ -205,7 +208,7 @@ class CairnWriter(StorageWriter):
         self._parent: Target | None = (
             None
             if parent is None
-            else interpret(parent, store, self.checkpointer.paths, "CairnWriter's parent")
+            else interpret(parent, store, self._paths("CairnWriter"), "CairnWriter's parent")
         )
         self._built_on: CheckpointId | None = None
         self._requested: Target | None = None
@@ -241,6 +244,9 @@ class CairnWriter(StorageWriter):
         self._ckpt.writer_generation = self.writer_generation
         return self._ckpt
 
+    def _paths(self, what: str) -> CheckpointPaths:
+        return known_paths(self.checkpointer, what)
+
     @property
     def checkpoint_id(self) -> CheckpointId | None:
         """The id of the checkpoint being saved (or last saved); None before planning."""
@@ -269,7 +275,10 @@ class CairnWriter(StorageWriter):
             None
             if checkpoint_id is None
             else interpret(
-                checkpoint_id, self._store, self.checkpointer.paths, "dcp.save's checkpoint_id"
+                checkpoint_id,
+                self._store,
+                self._paths("CairnWriter.reset"),
+                "dcp.save's checkpoint_id",
             )
         )
         self._reset_save()
