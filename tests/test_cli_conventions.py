@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,58 @@ def test_since_and_window() -> None:
     assert window(ids, None, None) == ids
     assert window(ids, 2, None) == ids[2:]
     assert window(ids, None, ids[1].timestamp_ms + 10**9) == []
+
+
+def test_dash_o_names_the_output_format_of_every_command_with_a_table(local: Filled) -> None:
+    store = ["--store", local.url]
+    newest = str(local.newest)
+    commands = [
+        ["list"],
+        ["history"],
+        ["show", newest],
+        ["verify", newest],
+        ["gc", "--keep-last", "2", "--dry-run"],
+    ]
+    runs = cairn_many(
+        [[*c, *store, "-o", "json"] for c in commands] + [[*c, *store, "--json"] for c in commands]
+    )
+    by_flag, by_option = runs[len(commands) :], runs[: len(commands)]
+    for flag, option in zip(by_flag, by_option, strict=True):
+        assert option.code == flag.code == 0, option.explain()
+        assert option.json() == flag.json(), option.explain()
+    formats = ("table", "wide", "ids", "WIDE")
+    runs = cairn_many(
+        [["list", *store, "-o", fmt] for fmt in formats]
+        + [["list", *store, *flag] for flag in ([], ["--wide"], ["--ids"])],
+        env={"COLUMNS": "200"},
+    )
+    for run in runs:
+        assert run.code == 0, run.explain()
+    table, wide, ids, upper, plain, wide_flag, ids_flag = (ages_masked(r.stdout) for r in runs)
+    assert (table, wide, ids, upper) == (plain, wide_flag, ids_flag, wide_flag)
+    assert newest not in table and newest[:8] in table  # short ids
+    assert newest in wide and newest in ids
+
+
+def ages_masked(text: str) -> str:
+    """``text`` with the ages a table shows ("3 s ago", "just now") replaced, and each
+    run of spaces made one (an age of another length pads its column otherwise)."""
+    return re.sub(r" +", " ", re.sub(r"\d+ [smhd] ago|just now", "AGE", text))
+
+
+def test_dash_o_and_a_flag_that_ask_for_other_output_are_a_usage_error(local: Filled) -> None:
+    store = ["--store", local.url]
+    clash, early, agree, unknown = cairn_many(
+        [
+            ["list", *store, "-o", "json", "--wide"],
+            ["--json", "list", *store, "-o", "table"],
+            ["list", *store, "-o", "wide", "--ids", "--wide"],
+            ["list", *store, "-o", "xml"],
+        ]
+    )
+    assert clash.code == 2 and "-o json and --wide" in clash.stderr, clash.explain()
+    assert clash.stdout == ""
+    assert early.code == 2 and "-o table and --json" in early.stdout, early.explain()
+    assert early.json()["error"]["type"] == "UsageError"  # --json given: the error is JSON
+    assert agree.code == 0 and str(local.newest) in agree.stdout, agree.explain()
+    assert unknown.code == 2 and "'xml' is not one of" in unknown.stderr, unknown.explain()

@@ -39,6 +39,7 @@ from cairn.cli.catalog import (
 from cairn.cli.copy import Copied, copy_checkpoints
 from cairn.cli.errors import EXIT_CODES_HELP, CliError, ExitCode
 from cairn.cli.files import check_target_dir
+from cairn.cli.formats import OutputOption, apply_output
 from cairn.cli.help import CairnCommand, CairnGroup
 from cairn.cli.history import Point, history_chart, history_doc
 from cairn.cli.limits import at_least
@@ -166,21 +167,36 @@ def _session_values(given: dict[str, Any]) -> list[Any]:
     return values
 
 
+_OUTPUT = inspect.Parameter(
+    "output", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=OutputOption
+)
+"""``-o/--output``, which every command with a table (a ``wide`` parameter) takes."""
+
+
 def command(name: str) -> Callable[[Command], Command]:
-    """Register ``async func(session, ...)`` as the command ``name``: its own parameters,
-    then :data:`_SESSION_OPTIONS`, from which the :class:`Session` it is called with is
-    made (given after the command or before it); :func:`run` runs it and turns its
-    outcome into the exit code."""
+    """Register ``async func(session, ...)`` as the command ``name``: its own parameters
+    (and :data:`_OUTPUT` when it has a table), then :data:`_SESSION_OPTIONS`, from which
+    the :class:`Session` it is called with is made (given after the command or before
+    it); :func:`run` runs it and turns its outcome into the exit code."""
 
     def register(func: Command) -> Command:
         own = list(inspect.signature(func, eval_str=True).parameters.values())[1:]
+        tabular = any(p.name == "wide" for p in own)
 
         @functools.wraps(func)
         def cli(**given: Any) -> None:
-            session = Session.create(*_session_values(given))
-            run(session, lambda: func(session, **given))
+            output = given.pop(_OUTPUT.name) if tabular else None
+            store, prefix, json_mode, debug = _session_values(given)
+            clash = None
+            if output is not None:
+                json_mode, clash = apply_output(output, json_mode, given)
+            session = Session.create(store, prefix, json_mode, debug)
+            if clash is not None:
+                run(session, functools.partial(_refuse, clash))
+            else:
+                run(session, lambda: func(session, **given))
 
-        params = [_CONTEXT, *own, *_SESSION_OPTIONS]
+        params = [_CONTEXT, *own, *([_OUTPUT] if tabular else []), *_SESSION_OPTIONS]
         # typer reads a command's parameters from its signature and type hints.
         cli.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
         cli.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
@@ -188,6 +204,10 @@ def command(name: str) -> Callable[[Command], Command]:
         return func
 
     return register
+
+
+async def _refuse(message: str) -> None:
+    raise CliError(message, ExitCode.USAGE)
 
 
 def _version(value: bool) -> None:
