@@ -223,8 +223,10 @@ def test_dash_o_names_the_output_format_of_every_command_with_a_table(local: Fil
 
 def ages_masked(text: str) -> str:
     """``text`` with the ages a table shows ("3 s ago", "just now") replaced, and each
-    run of spaces made one (an age of another length pads its column otherwise)."""
-    return re.sub(r" +", " ", re.sub(r"\d+ [smhd] ago|just now", "AGE", text))
+    run of spaces or of a rule's dashes made one (an age of another length pads its
+    column otherwise)."""
+    masked = re.sub(r"\d+ [smhd] ago|just now", "AGE", text)
+    return re.sub(r"─+", "─", re.sub(r" +", " ", masked))
 
 
 def test_dash_o_and_a_flag_that_ask_for_other_output_are_a_usage_error(local: Filled) -> None:

@@ -391,7 +391,7 @@ async def test_a_damaged_writer_record_without_a_pointer_is_repaired_from_the_cl
     raw: ObjectStore,
 ) -> None:
     ckpt = checkpointer(raw)
-    await ckpt.store.put(ckpt.paths.writer_record(), b'{"generation": -3}')
+    await ckpt.store.put((await ckpt.resolve_paths()).writer_record(), b'{"generation": -3}')
     before = time.time_ns() // 10**6
     generation = await ckpt.take_over()
     assert before < generation <= time.time_ns() // 10**6 + 1
@@ -650,8 +650,9 @@ async def test_show_summarises_a_checkpoint_of_20000_partitions(tmp_path: Path) 
     # refuse it: its artifacts are absent): show reads nothing else.
     stored = encode_stored(manifest)
     assert len(stored.parts) == 6  # 2 operators of 10,000 entries, in parts of 4,096
+    paths = await ckpt.resolve_paths()
     for relative, body in stored.parts:
-        await ckpt.store.put(ckpt.paths.resolve(manifest.checkpoint_id, relative), body)
+        await ckpt.store.put(paths.resolve(manifest.checkpoint_id, relative), body)
     await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), stored.root)
     started = time.monotonic()
     human = cairn_cli("show", "latest", "--store", root.as_uri())

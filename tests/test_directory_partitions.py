@@ -87,7 +87,7 @@ TREE = {
 
 
 async def stored_paths(ckpt: ObjectStoreCheckpointer) -> set[str]:
-    return {info.path for info in await ckpt.store.list(ckpt.paths.base_prefix)}
+    return {info.path for info in await ckpt.store.list((await ckpt.resolve_paths()).base_prefix)}
 
 
 async def test_restore_is_bit_exact(dckpt: ObjectStoreCheckpointer, tmp_path: Path) -> None:

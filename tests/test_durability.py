@@ -107,7 +107,7 @@ def test_a_save_fsyncs_every_artifact_before_the_manifest_that_names_them(
     ckpt = ObjectStoreCheckpointer(str(root))
     data = CheckpointData(epoch=1, snapshots={("op", 0): b"a" * 100, ("op", 1): b"b"})
     manifest = asyncio.run(ckpt.save(data))
-    base = root / "checkpoints"
+    base = root / ckpt.paths.base_prefix  # the store's root, the default
     directory = base / str(manifest.checkpoint_id)
     artifacts = [str((directory / e.path).resolve()) for _, e in manifest.partition_entries()]
     manifest_file = str((directory / "manifest.json").resolve())

@@ -405,7 +405,7 @@ async def test_the_fast_gc_plan_is_the_reference_plan(seed: int) -> None:
     rng = random.Random(seed)
     inner = ObstoreStore(MemoryStore())
     ckpt = make_checkpointer(inner)
-    paths = ckpt.paths
+    paths = await ckpt.resolve_paths()
     parent = None
     for epoch in range(rng.randint(3, 9)):
         delta = parent is not None and rng.random() < 0.5

@@ -453,7 +453,7 @@ def test_cli_restore_delete_and_gc_never_follow_links(
     at_the_name = (tmp_path / "at-the-name").resolve()
     (at_the_name / str(new)).mkdir(parents=True)
     (at_the_name / str(new) / "manifest.json").symlink_to(outside.root / "manifest.json")
-    store = ["--store", root.as_uri()]
+    store = ["--store", root.as_uri(), "--prefix", PREFIX]
 
     way, name = cairn_many(
         [

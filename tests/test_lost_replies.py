@@ -492,7 +492,7 @@ async def assert_saved_exactly(
     """``manifest`` is committed as returned, loads the bytes of ``sample(epoch)``, and
     its directory holds exactly its artifacts and its manifest."""
     cid = manifest.checkpoint_id
-    paths = reader.paths
+    paths = await reader.resolve_paths()
     stored = bytes((await reader.store.get(paths.manifest(cid))).data)
     assert stored == encode_manifest(manifest)
     loaded = await reader.load(cid)
@@ -516,7 +516,7 @@ async def test_lost_reply_of_the_manifest_create(
     reader = make_checkpointer(inner)
     assert manifest.checkpoint_id == data.id and manifest.epoch == 1
     assert outcomes(fault) == [*fired, "refused: ObjectExistsError"]
-    assert puts_to(faulty, reader.paths.manifest(data.id)) == len(fired) + 1
+    assert puts_to(faulty, (await reader.resolve_paths()).manifest(data.id)) == len(fired) + 1
     await assert_saved_exactly(reader, manifest, 1)
     pointer, _, _ = await read_pointer(inner, LATEST_PATH)
     assert pointer == LatestPointer(data.id, 1, 0)

@@ -18,6 +18,7 @@ from support.servers import s3_store_options
 
 from cairn import (
     CheckpointData,
+    CheckpointPaths,
     ObjectStoreCheckpointer,
     RetryPolicy,
     TransientStoreError,
@@ -46,7 +47,9 @@ def proxied_options(proxy: FaultProxy) -> dict[str, Any]:
 
 
 def checkpointer(proxy: FaultProxy, bucket: str) -> ObjectStoreCheckpointer:
-    return ObjectStoreCheckpointer(S3Store(bucket, **proxied_options(proxy)), retry=POLICY)
+    return ObjectStoreCheckpointer(
+        S3Store(bucket, **proxied_options(proxy)), CheckpointPaths(""), retry=POLICY
+    )
 
 
 def sample(epoch: int) -> CheckpointData:

@@ -127,7 +127,7 @@ def in_flight_save(lines: list[Line]) -> CheckpointId | None:
 
 async def look(reader: ObjectStoreCheckpointer, saving: CheckpointId) -> tuple[object, ...]:
     """What a killed save could still change: its directory, and ``_latest``."""
-    directory = await reader.store.list(reader.paths.checkpoint_dir(saving))
+    directory = await reader.store.list((await reader.resolve_paths()).checkpoint_dir(saving))
     base = await reader.store.list_dir(reader.paths.base_prefix)
     return (
         sorted((i.path, i.size, i.e_tag) for i in directory),

@@ -114,7 +114,7 @@ def test_a_killed_rocksdb_job_restarts_exactly_once_from_incremental_checkpoints
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.splitlines()[-1] == "exactly-once: YES"
 
-    ckpt = SyncCheckpointer(str(tmp_path / "store"), CheckpointPaths("checkpoints/"))
+    ckpt = SyncCheckpointer(str(tmp_path / "store"), CheckpointPaths(""))
     try:
         ids = ckpt.list_checkpoints()
         manifests = [ckpt.load(cid, verify=False).manifest for cid in ids]

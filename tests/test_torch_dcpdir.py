@@ -395,7 +395,7 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
         "import-dcp", str(tmp_path / "step-4"), "--store", str(other), "--epoch", "9", "--json"
     )
     doc = document("import-dcp", imported)
-    assert doc["name"] == "step-4" and doc["epoch"] == 9 and doc["prefix"] == "checkpoints/"
+    assert doc["name"] == "step-4" and doc["epoch"] == 9 and doc["prefix"] == ""
     assert doc["tensor_items"] > 0 and doc["byte_items"] > 0 and doc["unchecked_items"] == 0
     loaded = make_state(BLANK_SEED)
     reader = CairnReader(str(other))

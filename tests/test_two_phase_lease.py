@@ -151,7 +151,7 @@ def test_a_dcp_save_whose_commit_comes_later_than_its_lease_commits() -> None:
     from cairn.torch import CairnWriter
 
     store = memory()
-    collector = SyncCheckpointer(store, CheckpointPaths("checkpoints/"), retry=FAST_RETRY)
+    collector = SyncCheckpointer(store, CheckpointPaths(""), retry=FAST_RETRY)
     runs: list[GcResult] = []
 
     class LateCoordinator(CairnWriter):
