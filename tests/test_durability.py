@@ -18,11 +18,13 @@ import fcntl
 import os
 import re
 import sys
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from cairn import CheckpointData, ObjectStoreCheckpointer
+from cairn import CheckpointData, ObjectStoreCheckpointer, _localstore
 from cairn.errors import NotDurableError, PreconditionFailedError
 from cairn.stores import IfMatch, ObstoreStore, open_store
 
@@ -260,3 +262,59 @@ def test_a_local_put_fsyncs_the_bytes_before_its_name_holds_them(
     asyncio.run(store.put("_latest", b"new"))
     assert at_name == [b"old"], "the name held the new bytes before they were fsynced"
     assert pointer.read_bytes() == b"new"
+
+
+def _chunks(count: int, size: int) -> Callable[[], AsyncIterator[bytes]]:
+    async def chunks() -> AsyncIterator[bytes]:
+        for index in range(count):
+            yield bytes([index]) * size
+
+    return chunks
+
+
+def test_a_streamed_put_flushes_what_it_wrote_while_the_rest_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsynced: list[str]
+) -> None:
+    monkeypatch.setattr(_localstore, "WRITEBACK_BYTES", 3000)
+    flushed: list[str] = []
+    started = threading.Event()
+    real_fdatasync = os.fdatasync
+
+    def recording_fdatasync(fd: int) -> None:
+        flushed.append(_named(fd))
+        started.set()
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for index in range(9):
+            yield bytes([index]) * 1000
+        # The last chunk waits for a flush: one must have begun while the stream runs.
+        assert await asyncio.to_thread(started.wait, 10), "no flush before the stream ended"
+        yield bytes([9]) * 1000
+
+    store = _store(tmp_path / "store")
+    asyncio.run(store.put_stream("dir/object", chunks))
+    target = str((tmp_path / "store" / "dir" / "object").resolve())
+    assert (tmp_path / "store" / "dir" / "object").read_bytes() == b"".join(
+        bytes([i]) * 1000 for i in range(10)
+    )
+    assert flushed and all(name == target for name in flushed)
+    assert fsynced[0] == target  # and the final fsync, as for every put
+
+
+def test_a_streamed_put_whose_early_flush_fails_is_not_durable_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_localstore, "WRITEBACK_BYTES", 3000)
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    store = _store(tmp_path / "store")
+    with pytest.raises(NotDurableError) as caught:
+        asyncio.run(store.put_stream("dir/object", _chunks(10, 1000)))
+    assert caught.value.path == "dir/object" and "not made durable" in str(caught.value)
+    assert [p.name for p in (tmp_path / "store").rglob("*") if p.is_file()] == []
