@@ -302,7 +302,7 @@ async def test_list_checkpoints_answers_as_heads_do_with_the_fewest_calls(
     # The newest directory (a save in progress) has no manifest: the next one tells the
     # size of a checkpoint. Small: the recursive listing decides the rest.
     if artifacts == 1:
-        assert calls == {"list_dir": 1, "head": 2, "list": 1}
+        assert calls == {"list_dir": 1, "head": 2, "get": 1, "list": 1}
     else:  # large: a HEAD per directory (13: 12 saved, 1 in progress)
         assert calls == {"list_dir": 1, "head": 13}
 

@@ -32,6 +32,7 @@ from cairn import (
     ObjectStoreCheckpointer,
     RetentionPolicy,
     SignatureError,
+    _upload,
 )
 from cairn import manifest as manifest_module
 from cairn.layout import CheckpointPaths
@@ -411,3 +412,20 @@ def test_the_command_line_verifies_copies_and_restores_a_large_manifest(tmp_path
         )
 
     assert asyncio.run(reload()) == saved
+
+
+async def test_list_checkpoints_counts_a_roots_parts_and_asks_a_head_each(
+    small_parts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_upload, "PACK_ENTRY_BYTES", 0)  # an object per partition
+    store = RecordingStore(as_store(MemoryStore()))
+    ckpt = make_checkpointer(store, PATHS, max_concurrent_downloads=2)
+    saved = []
+    for epoch in range(6):  # 40 partitions in parts: small roots, but 40+ objects each
+        snapshots = {("op", p): bytes([p]) for p in range(40)}
+        manifest = await ckpt.save(CheckpointData(epoch=epoch, snapshots=snapshots))
+        saved.append(manifest.checkpoint_id)
+    store.ops.clear()
+    assert await ckpt.list_checkpoints() == saved
+    assert "list" not in store.ops, store.ops  # not a recursive listing of 240 objects
+    assert store.ops["head"] == 6

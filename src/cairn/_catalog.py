@@ -154,24 +154,27 @@ async def list_checkpoints(ctx: Context) -> list[CheckpointId]:
     One delimiter listing names the directories; the newest ones' manifests are read
     with a HEAD each (up to :data:`_SIZE_PROBES`, until one is committed). Then, if that
     manifest's size says checkpoints are small (at most :data:`LISTING_DECIDES_OBJECTS`
-    objects each), one recursive listing decides the rest (a directory is committed when
-    its ``manifest.json`` is listed and is not a tombstone); otherwise, or when no probe
-    found a manifest, one HEAD per directory does. Both answer the same question: the
-    listing costs pages of objects, the HEADs one request per checkpoint.
+    objects each; a manifest that small is read once to count the entries of its parts,
+    should it be the root of a large one), one recursive listing decides the rest (a
+    directory is committed when its ``manifest.json`` is listed and is not a tombstone);
+    otherwise, or when no probe found a manifest, one HEAD per directory does. Both
+    answer the same question: the listing costs pages of objects, the HEADs one request
+    per checkpoint.
     """
     candidates = await listed_ids(ctx)
     rest = list(candidates)
     probed: list[bool] = []
-    size = None
-    while rest and len(probed) < _SIZE_PROBES and size is None:
-        info = await _manifest_info(ctx, rest.pop())
+    objects = None
+    while rest and len(probed) < _SIZE_PROBES and objects is None:
+        cid = rest.pop()
+        info = await _manifest_info(ctx, cid)
         probed.append(info is not None)
         if info is not None:
-            size = info.size
+            objects = await _objects_of(ctx, cid, info)
     if (
-        size is not None
+        objects is not None
         and len(rest) > ctx.max_concurrent_downloads
-        and (2 + size // _MANIFEST_BYTES_PER_OBJECT <= LISTING_DECIDES_OBJECTS)
+        and objects <= LISTING_DECIDES_OBJECTS
     ):
         found = await _committed_by_listing(ctx, rest)
     else:
@@ -181,6 +184,33 @@ async def list_checkpoints(ctx: Context) -> list[CheckpointId]:
 
         found = await bounded_gather(ctx.max_concurrent_downloads, map(probe, rest))
     return [cid for cid, ok in zip(candidates, found + probed[::-1], strict=True) if ok]
+
+
+async def _objects_of(ctx: Context, cid: CheckpointId, info: ObjectInfo) -> int:
+    """At least how many objects checkpoint ``cid`` has, from the HEAD of its manifest
+    (``info``): its size bounds them from above, unless it is a root whose entries are
+    in parts (see :mod:`cairn.manifest`), so a manifest small enough to decide for the
+    listing is read to count its parts' entries."""
+    objects = 2 + info.size // _MANIFEST_BYTES_PER_OBJECT
+    if objects > LISTING_DECIDES_OBJECTS:
+        return objects
+    try:
+        blob = await ctx.store.get(info.path)
+        parts = _parts_decoder.decode(blob.data).parts
+    except (CheckpointNotFoundError, msgspec.DecodeError, RecursionError):
+        return objects  # gone or damaged since the HEAD: the listing tells
+    return objects + sum(part.entries for part in parts)
+
+
+class _PartCount(msgspec.Struct):
+    entries: int = 0
+
+
+class _PartsOnly(msgspec.Struct):
+    parts: list[_PartCount] = []
+
+
+_parts_decoder = msgspec.json.Decoder(_PartsOnly)
 
 
 async def _manifest_info(ctx: Context, cid: CheckpointId) -> ObjectInfo | None:
