@@ -510,8 +510,8 @@ def census(raw: ObjectStore, paths: CheckpointPaths, cid: Any, scale: int, out: 
             relative = path[len(directory) :]
             if path == root:
                 kind = "manifest"
-            elif "manifest" in relative.rsplit("/", 1)[-1]:
-                kind = "sub-manifest"
+            elif paths.is_manifest_part(relative):
+                kind = "sub-manifest"  # a part of a manifest of more than 4,096 entries
             elif relative.startswith("operators/rank-"):
                 kind = "data"
                 size *= scale
