@@ -717,12 +717,7 @@ def decode_part(
     digest = hashlib.sha256(data).hexdigest()
     if digest != record.sha256:
         raise CorruptManifestError(path, f"part checksum mismatch: {digest} != {record.sha256}")
-    try:
-        body = _part_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise CorruptManifestError(path, f"unreadable manifest part: {exc}") from None
-    except RecursionError:
-        raise CorruptManifestError(path, "its JSON is nested too deeply") from None
+    body = decode_record(_part_decoder, path, data, "manifest part", MAX_MANIFEST_BYTES)
     entries = body.partitions
     if body.checkpoint_id != root.checkpoint_id or body.operator != record.operator:
         raise CorruptManifestError(
