@@ -182,23 +182,25 @@ async def load_artifact(ctx: Context, path: str, expected_sha256: str | None) ->
     return blob.data
 
 
-async def read_sized(ctx: Context, path: str, size: int) -> Buffer:
-    """The bytes at ``path``, which must be exactly ``size`` bytes, in one request.
+async def read_sized(ctx: Context, path: str, size: int, start: int = 0) -> Buffer:
+    """The bytes at ``path`` from ``start`` on, the object being exactly ``size`` bytes,
+    in one request.
 
     A GET is two round trips through obstore (the response, then its body), a ranged
     read one: with many small artifacts that halves the calls. Asking for one byte more
     than expected tells a longer object from the right one, so nothing is hidden that a
     whole read would have shown, and no more than that byte is read: any other length
-    is an :class:`IntegrityMismatchError` on the size. An empty object is checked by a
-    HEAD (an empty range reads nothing).
+    is an :class:`IntegrityMismatchError` on the size. With nothing to read (an empty
+    object, or ``start`` at its size) a HEAD checks the size: an empty range reads
+    nothing.
     """
-    if size == 0:
+    if size == start:
         got = (await ctx.store.head(path)).size
-        if got != 0:
-            raise IntegrityMismatchError(path, "0", str(got), what="size")
+        if got != size:
+            raise IntegrityMismatchError(path, str(size), str(got), what="size")
         return b""
-    data = await ctx.store.get_range(path, 0, size + 1)
-    got = memoryview(data).nbytes
+    data = await ctx.store.get_range(path, start, size + 1)
+    got = start + memoryview(data).nbytes
     if got != size:
         if got > size:  # longer than written: its whole length, for the error, from a HEAD
             got = max(got, (await ctx.store.head(path)).size)
@@ -440,12 +442,7 @@ async def _read_in_parts(
         if end < size:
             data = await read_range(ctx, path, start, end - start)
         else:
-            data = await ctx.store.get_range(path, start, end + 1)
-            got = start + memoryview(data).nbytes
-            if got != size:
-                if got > size:  # longer than written: its whole length, from a HEAD
-                    got = max(got, (await ctx.store.head(path)).size)
-                raise IntegrityMismatchError(path, str(size), str(got), what="size")
+            data = await read_sized(ctx, path, size, start)
         view[start:end] = memoryview(data).cast("B")
         progress(end - start)
     return whole
