@@ -88,6 +88,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -576,7 +577,7 @@ async def _create_manifest(ctx: Context, manifest: CheckpointManifest) -> Checkp
     await bounded_gather(
         ctx.max_concurrent_uploads,
         [
-            _put_part(ctx, ctx.paths.resolve(cid, relative), data)
+            functools.partial(ctx.store.put, ctx.paths.resolve(cid, relative), data)
             for relative, data in encoded.parts
         ],
     )
@@ -597,13 +598,6 @@ async def _create_manifest(ctx: Context, manifest: CheckpointManifest) -> Checkp
             raise CheckpointExistsError(str(manifest.checkpoint_id), path) from None
         log.info("manifest %s was already written by this commit (retried write)", path)
     return encoded.manifest
-
-
-def _put_part(ctx: Context, path: str, data: bytes) -> Callable[[], Awaitable[None]]:
-    async def job() -> None:
-        await ctx.store.put(path, data)
-
-    return job
 
 
 Discard = Callable[[CheckpointManifest], Awaitable[None]]
