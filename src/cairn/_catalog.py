@@ -196,21 +196,10 @@ async def _objects_of(ctx: Context, cid: CheckpointId, info: ObjectInfo) -> int:
         return objects
     try:
         blob = await ctx.store.get(info.path)
-        parts = _parts_decoder.decode(blob.data).parts
+        parts = _header_decoder.decode(blob.data).parts
     except (CheckpointNotFoundError, msgspec.DecodeError, RecursionError):
         return objects  # gone or damaged since the HEAD: the listing tells
     return objects + sum(part.entries for part in parts)
-
-
-class _PartCount(msgspec.Struct):
-    entries: int = 0
-
-
-class _PartsOnly(msgspec.Struct):
-    parts: list[_PartCount] = []
-
-
-_parts_decoder = msgspec.json.Decoder(_PartsOnly)
 
 
 async def _manifest_info(ctx: Context, cid: CheckpointId) -> ObjectInfo | None:
@@ -341,14 +330,21 @@ async def _pointer_is_current(
     return True
 
 
+class _PartCount(msgspec.Struct, frozen=True):
+    """How many entries a part of a large manifest holds (see :mod:`cairn.manifest`)."""
+
+    entries: int = 0
+
+
 class _ManifestHeader(msgspec.Struct, frozen=True):
-    """The fields of a manifest that rank it, and its name; decoding skips the rest (no
-    checks)."""
+    """The fields of a manifest that rank it, its name, and its parts' entry counts;
+    decoding skips the rest (no checks)."""
 
     checkpoint_id: CheckpointId
     epoch: int
     writer_generation: int | None = None
     name: str | None = None
+    parts: tuple[_PartCount, ...] = ()
 
 
 _header_decoder = msgspec.json.Decoder(_ManifestHeader, dec_hook=dec_hook)
