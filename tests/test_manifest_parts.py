@@ -305,16 +305,9 @@ async def test_a_missing_or_damaged_part_makes_the_checkpoint_damaged_and_latest
     assert caught.value.path == part
     loaded = await ckpt.load_latest()
     assert loaded is not None and loaded.checkpoint_id == first.checkpoint_id
-    body = bytes(
-        (
-            await obstore.get_async(raw, PATHS.resolve(first.checkpoint_id, first.parts[0].path))
-        ).bytes()
-    )
-    await obstore.put_async(
-        raw,
-        PATHS.resolve(first.checkpoint_id, first.parts[0].path),
-        body.replace(b"agg", b"agh", 1),
-    )
+    first_part = PATHS.resolve(first.checkpoint_id, first.parts[0].path)
+    body = bytes((await obstore.get_async(raw, first_part)).bytes())
+    await obstore.put_async(raw, first_part, body.replace(b"agg", b"agh", 1))
     with pytest.raises(CorruptManifestError, match="part checksum mismatch"):
         await ckpt.load(first.checkpoint_id)
     assert await ckpt.load_latest() is None

@@ -94,17 +94,7 @@ async def test_new_saves_build_on_old_ones_and_gc_keeps_what_they_carry(old_stor
 def test_the_command_line_verifies_copies_and_restores_old_checkpoints(
     old_store: Path, tmp_path: Path
 ) -> None:
-    store = ["--store", old_store.as_uri()]
-    verified = cairn("verify", "--all", *store)
-    assert verified.code == 0, verified.explain()
-    target = tmp_path / "copied"
-    copied = cairn("copy", "--all", "--to", target.as_uri(), *store)
-    assert copied.code == 0, copied.explain()
-    again = cairn("verify", "--all", "--store", target.as_uri())
-    assert again.code == 0, again.explain()
-    restore_dir = tmp_path / "restored"
-    restore = cairn("restore", str(INCREMENTAL), "--to", str(restore_dir), *store)
-    assert restore.code == 0, restore.explain()
+    _, restore_dir = verify_copy_restore(old_store, INCREMENTAL, tmp_path)
     delta = restore_dir / str(INCREMENTAL) / "operators/agg/partition-0.delta"
     assert delta.read_bytes() == b"+agg-0 delta"
 
@@ -193,6 +183,20 @@ def test_the_command_line_lists_verifies_copies_and_restores_unpacked_checkpoint
     assert listed.code == 0, listed.explain()
     rows = {row["id"]: row for row in listed.json()["checkpoints"]}
     assert (rows[str(U_BASE)]["artifacts"], rows[str(U_INCREMENTAL)]["artifacts"]) == (3, 4)
+    target, restore_dir = verify_copy_restore(unpacked_store, U_INCREMENTAL, tmp_path)
+    copied_base = target / f"checkpoints/{U_BASE}/operators/agg/partition-0.ccec11089e25.snap"
+    assert copied_base.read_bytes() == b"agg-0 base"
+    delta = restore_dir / str(U_INCREMENTAL) / "operators/agg/partition-0.ff877a491506.delta"
+    assert delta.read_bytes() == b"+agg-0 delta"
+
+
+def verify_copy_restore(
+    store_root: Path, restored: CheckpointId, tmp_path: Path
+) -> tuple[Path, Path]:
+    """``cairn verify --all`` of the store at ``store_root``, ``copy --all`` to a new
+    store, ``verify --all`` there, and ``restore`` of ``restored``, each succeeding; the
+    copy's root and the restore directory."""
+    store = ["--store", store_root.as_uri()]
     verified = cairn("verify", "--all", *store)
     assert verified.code == 0, verified.explain()
     target = tmp_path / "copied"
@@ -200,10 +204,7 @@ def test_the_command_line_lists_verifies_copies_and_restores_unpacked_checkpoint
     assert copied.code == 0, copied.explain()
     again = cairn("verify", "--all", "--store", target.as_uri())
     assert again.code == 0, again.explain()
-    copied_base = target / f"checkpoints/{U_BASE}/operators/agg/partition-0.ccec11089e25.snap"
-    assert copied_base.read_bytes() == b"agg-0 base"
     restore_dir = tmp_path / "restored"
-    restore = cairn("restore", str(U_INCREMENTAL), "--to", str(restore_dir), *store)
+    restore = cairn("restore", str(restored), "--to", str(restore_dir), *store)
     assert restore.code == 0, restore.explain()
-    delta = restore_dir / str(U_INCREMENTAL) / "operators/agg/partition-0.ff877a491506.delta"
-    assert delta.read_bytes() == b"+agg-0 delta"
+    return target, restore_dir
