@@ -116,7 +116,7 @@ import torch
 from obstore.store import ObjectStore
 from torch.distributed.checkpoint import default_planner
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
@@ -140,9 +140,11 @@ from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E
 from bench.per_tensor import PerTensorWriter  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
-from cairn.torch import CairnReader, CairnWriter  # noqa: E402
+from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner  # noqa: E402
+from cairn.torch._itemtable import with_plain_chunks  # noqa: E402
 
 recording: Any = importlib.import_module("support.recording")
+dcp_support: Any = importlib.import_module("support.dcp")
 
 # -- the model ------------------------------------------------------------------------
 
@@ -300,10 +302,11 @@ class StandInSavePlanner(DefaultSavePlanner):
         return self.state_dict[index.fqn].__get_tensor_shard__(index)
 
 
-class StandInLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, resolving an item on its :class:`ShardStandIn`, and
-    set up without ``_init_state_dict`` (which materializes meta tensors, and replaces
-    any value that is not a tensor with None)."""
+class StandInLoadPlanner(SafeLoadPlanner):
+    """cairn's load planner (DCP's default one, planning against a chunk table in time
+    proportional to the rank's own chunks), resolving an item on its
+    :class:`ShardStandIn`, and set up without ``_init_state_dict`` (which materializes
+    meta tensors, and replaces any value that is not a tensor with None)."""
 
     def set_up_planner(
         self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False
@@ -422,7 +425,10 @@ def simulate(
         out.finish_s = time.perf_counter() - start
     cid = writers[0].checkpoint_id
     assert cid is not None
-    del plans, results, metadata, writers
+    # What dcp.save leaves behind is garbage once it returns; freed here (the planners
+    # hold every rank's plan), so that the load's collections do not walk the save's.
+    del plans, results, metadata, writers, coordinator, planner
+    gc.collect()
     out.ops = dict(store.ops)
     load_store = recording.RecordingStore(as_store(raw))
     out.load_plan_s, out.metadata_s, out.read_s = load_one_rank(
@@ -443,8 +449,9 @@ def metadata_split(store: Any, prefix: str, cid: str, ranks: int) -> dict[str, f
     (the median of three)."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    metadata = CairnReader(store, prefix=prefix, checkpoint_id=cid).read_metadata()
-    records = metadata.storage_data
+    reader = CairnReader(store, prefix=prefix, checkpoint_id=cid)
+    records = {index: record.stored() for index, record in dcp_support.item_records(reader).items()}
+    metadata = with_plain_chunks(reader.read_metadata())  # every chunk, as DCP builds it
     metadata.storage_data = metadata.storage_meta = None
     file_records = {
         index: _StorageInfo(f"__{number % ranks}_0.distcp", record[1], record[2])
@@ -475,12 +482,12 @@ def load_one_rank(
 ) -> tuple[float, float, float]:
     """Rank 0's load: seconds of planning (all), of ``read_metadata`` (part of it), and
     of ``read_data``; raises if a value read differs from the one saved."""
+    state = rank_state(model, ranks, 0, scale, False)  # the state dict a load fills
     start = time.perf_counter()
     reader = CairnReader(store, prefix=prefix, checkpoint_id=cid)
     reader.reset(cid)
     metadata: Metadata = reader.read_metadata()
     metadata_s = time.perf_counter() - start
-    state = rank_state(model, ranks, 0, scale, False)
     planner = StandInLoadPlanner()
     planner.set_up_planner(state, metadata, True)
     reader.set_up_storage_reader(metadata, True, rank=0, use_collectives=True)

@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 import torch
 from obstore.store import LocalStore, MemoryStore
+from support.dcp import item_records
 from support.recording import RecordingStore
 from support.torch_worker import BLANK_SEED, digests, make_state
 from torch.distributed.checkpoint.api import CheckpointException
@@ -54,13 +55,12 @@ from cairn import (
 )
 from cairn.integrity import sha256_hex
 from cairn.manifest import encode_manifest
-from cairn.ranges import index_size
+from cairn.ranges import decode_index, encode_index, index_size
 from cairn.stores import ForwardingStore, ObstoreStore, Store
 from cairn.torch import (
     METADATA_OPERATOR,
     CairnReader,
     CairnWriter,
-    _format,
     _rankobject,
     _reader,
     _writer,
@@ -180,7 +180,7 @@ def test_every_kind_of_tensor_and_value_round_trips_bit_exactly(
     assert all(p.codec == compression for _, p in manifest.partition_entries())
     if compression is None:
         # One object of ranges holds every item of the rank.
-        items = reader.read_metadata().storage_data
+        items = item_records(reader)
         [entry] = parts
         assert entry.index_size_bytes == index_size(len(items))
         assert {r[0] for r in items.values()} == {entry.path}
@@ -344,10 +344,7 @@ def test_a_flipped_byte_in_a_bundled_item_fails_that_item_only(tmp_path: Path) -
     state = {"a": torch.arange(100.0), "b": torch.arange(100.0) * 2, "c": "text"}
     cid = save(str(tmp_path), state)
     reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
-    metadata = reader.read_metadata()
-    records = {
-        index.fqn: _format.parse_record("", rec) for index, rec in metadata.storage_data.items()
-    }
+    records = {index.fqn: record for index, record in item_records(reader).items()}
     bundle = records["b"].artifact
     assert records["a"].artifact == bundle, "small items share a bundle"
     flip_byte(tmp_path, f"{PREFIX}{cid}/{bundle}", records["b"].offset + 5)
@@ -394,12 +391,16 @@ def test_the_metadata_is_verified_before_it_is_unpickled(tmp_path: Path) -> None
     [entry] = sync(str(tmp_path)).load_manifest(cid).operators[METADATA_OPERATOR].partitions
     path = f"{PREFIX}{cid}/{entry.path}"
     marker = tmp_path / "pwned"
-    # As long as the real metadata, so its digest is what tells it apart (bytes of
-    # another length are refused on their size, before anything is hashed).
+    # The metadata object is ranges, then their index; the pickle is range 0. A hostile
+    # pickle as long as it, the index left as it is: range 0's digest tells it apart.
+    stored = (tmp_path / path).read_bytes()
+    assert entry.index_size_bytes is not None
+    split = len(stored) - entry.index_size_bytes
+    head = decode_index(path, stored[split:], split)[0]
     hostile = pickle.dumps(_Exploit(str(marker)))
-    assert len(hostile) < entry.size_bytes
-    hostile = hostile.ljust(entry.size_bytes, b"\0")
-    (tmp_path / path).write_bytes(hostile)
+    assert len(hostile) < head.length
+    hostile = hostile.ljust(head.length, b"\0")
+    (tmp_path / path).write_bytes(hostile + stored[head.length :])
     reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
     with pytest.raises(IntegrityMismatchError) as info:
         reader.read_metadata()
@@ -424,20 +425,36 @@ def test_verified_metadata_may_still_import_only_dcp_types(tmp_path: Path) -> No
     [entry] = manifest.operators[METADATA_OPERATOR].partitions
     marker = tmp_path / "pwned"
     hostile = pickle.dumps(_Exploit(str(marker)))
-    forged_entry = msgspec.structs.replace(
-        entry, sha256=sha256_hex(hostile), size_bytes=len(hostile)
-    )
-    operators = dict(manifest.operators)
-    operators[METADATA_OPERATOR] = msgspec.structs.replace(
-        operators[METADATA_OPERATOR], partitions=(forged_entry,)
-    )
-    forged = msgspec.structs.replace(manifest, operators=operators)
-    (tmp_path / f"{PREFIX}{cid}/{entry.path}").write_bytes(hostile)
-    (tmp_path / f"{PREFIX}{cid}/manifest.json").write_bytes(encode_manifest(forged))
-    reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
-    with pytest.raises(CorruptManifestError, match=r"posix\.system|os\.system"):
-        reader.read_metadata()
-    assert not marker.exists()
+    index = encode_index([(len(hostile), sha256_hex(hostile))])
+    # Forged both ways: as a plain metadata object, and as an object of ranges (the
+    # hostile pickle as its range 0, with a consistent index).
+    forgeries = [
+        (
+            hostile,
+            {"sha256": sha256_hex(hostile), "size_bytes": len(hostile), "index_size_bytes": None},
+        ),
+        (
+            hostile + index,
+            {
+                "sha256": sha256_hex(index),
+                "size_bytes": len(hostile) + len(index),
+                "index_size_bytes": len(index),
+            },
+        ),
+    ]
+    for body, fields in forgeries:
+        forged_entry = msgspec.structs.replace(entry, **fields)
+        operators = dict(manifest.operators)
+        operators[METADATA_OPERATOR] = msgspec.structs.replace(
+            operators[METADATA_OPERATOR], partitions=(forged_entry,)
+        )
+        forged = msgspec.structs.replace(manifest, operators=operators)
+        (tmp_path / f"{PREFIX}{cid}/{entry.path}").write_bytes(body)
+        (tmp_path / f"{PREFIX}{cid}/manifest.json").write_bytes(encode_manifest(forged))
+        reader = CairnReader(str(tmp_path), checkpoint_id=cid, prefix=PREFIX)
+        with pytest.raises(CorruptManifestError, match=r"posix\.system|os\.system"):
+            reader.read_metadata()
+        assert not marker.exists()
 
 
 class _Exploit:

@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 
 import msgspec
 import torch
+from support.dcp import item_records
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -113,8 +114,8 @@ def uploaded_bytes(root: Path, cid: CheckpointId) -> int:
 
 
 def records_of(root: Path, cid: CheckpointId) -> dict[str, _format.ItemRecord]:
-    metadata = CairnReader(str(root), checkpoint_id=cid, prefix=PREFIX).read_metadata()
-    return {i.fqn: _format.parse_record("", r) for i, r in metadata.storage_data.items()}
+    reader = CairnReader(str(root), checkpoint_id=cid, prefix=PREFIX)
+    return {index.fqn: record for index, record in item_records(reader).items()}
 
 
 def test_a_frozen_base_is_carried_and_only_the_adapter_is_uploaded(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")  # the torch extra
 
 import torch
+from support.dcp import item_records
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
@@ -25,7 +26,6 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from cairn import CheckpointPaths, SignatureError, SyncCheckpointer
 from cairn.signing import read_signature
 from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner, load_latest
-from cairn.torch._format import load_metadata, parse_record
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
@@ -70,10 +70,8 @@ def stored_item(store: str, fqn: str) -> bytes:
     ckpt = SyncCheckpointer(store, CheckpointPaths(PREFIX))
     loaded = ckpt.load_latest()
     assert loaded is not None
-    body = bytes(loaded.artifacts[("dcp-metadata", 0)])
-    metadata = load_metadata("m", body)
-    [value] = [v for i, v in metadata.storage_data.items() if i.fqn == fqn]
-    record = parse_record("m", value)
+    reader = CairnReader(store, prefix=PREFIX, checkpoint_id=str(loaded.manifest.checkpoint_id))
+    [record] = [r for i, r in item_records(reader).items() if i.fqn == fqn]
     partition = int(record.artifact.rsplit("-", 1)[1].split(".")[0])
     data = bytes(loaded.artifacts[("rank-0", partition)])
     return data[record.offset : record.offset + record.length]

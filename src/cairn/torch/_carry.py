@@ -83,7 +83,7 @@ async def open_parent(ckpt: ObjectStoreCheckpointer, target: Target | None) -> P
 
     An explicit ``target`` that is not there raises :class:`CheckpointNotFoundError`.
     """
-    from cairn.torch._reader import open_dcp  # the reader imports the writer's names
+    from cairn.torch._reader import load_records, open_dcp  # the reader imports the writer
 
     try:
         opened = await open_dcp(ckpt, target)
@@ -91,6 +91,7 @@ async def open_parent(ckpt: ObjectStoreCheckpointer, target: Target | None) -> P
         if target is not None:
             raise
         return None
+    await load_records(ckpt, opened, None)
     cid, manifest = opened.checkpoint_id, opened.manifest
     located: dict[str, tuple[str, PartitionSnapshotEntry]] = {}
     last = -1

@@ -97,8 +97,9 @@ from cairn.torch._format import (
     tensor_bytes,
     tensor_from_bytes,
 )
+from cairn.torch._itemtable import with_plain_chunks
 from cairn.torch._rankobject import ItemRanges
-from cairn.torch._reader import Opened, open_dcp, verified_pieces
+from cairn.torch._reader import Opened, load_records, open_dcp, verified_pieces
 from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run
 from cairn.torch._target import Target, interpret
 from cairn.torch._writer import (
@@ -634,6 +635,7 @@ async def export_dcp_async(
     final = _absolute(dest)
     await asyncio.to_thread(_check_dest, final)
     opened = await open_dcp(ckpt, target, skip, store)
+    await load_records(ckpt, opened, None)
     operators = {entry.path: op for op, entry in opened.manifest.partition_entries()}
     per_artifact: dict[str, list[tuple[MetadataIndex, ItemRecord]]] = {}
     for index, record in opened.records.items():
@@ -658,7 +660,7 @@ async def export_dcp_async(
 
     try:
         await bounded_gather(ckpt.max_concurrent_downloads, [job(a) for a in per_artifact])
-        metadata = copy.copy(opened.metadata)
+        metadata = with_plain_chunks(opened.metadata)
         metadata.storage_data = storage
         metadata.version = CURRENT_DCP_VERSION
         save_id = opened.metadata.storage_meta.save_id if opened.metadata.storage_meta else None

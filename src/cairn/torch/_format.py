@@ -6,7 +6,9 @@ rank (:mod:`cairn.torch._rankobject`), or, in a compressed save, a tensor of at 
 tensor memory, and smaller tensors and DCP's byte items (pickled non-tensor values)
 packed, in plan order, into bundles of up to :data:`BUNDLE_BYTES`. Each item is
 described by an :class:`ItemRecord` (where its bytes are, their SHA-256, and for a
-tensor its dtype and shape), stored as a plain tuple in DCP's ``Metadata.storage_data``.
+tensor its dtype and shape): in a block of its rank's records
+(:mod:`cairn.torch._itemtable`), or, in a compressed save, as a plain tuple in DCP's
+``Metadata.storage_data``.
 
 Invariants:
 

@@ -40,7 +40,7 @@ from cairn.errors import (
 from cairn.ids import CheckpointId
 from cairn.integrity import off_loop_if_large, sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.ranges import group_spans
+from cairn.ranges import StoredRange, decode_index, group_spans
 from cairn.signing import SigningKey
 from cairn.torch._format import (
     ItemRecord,
@@ -49,25 +49,41 @@ from cairn.torch._format import (
     parse_record,
     tensor_from_bytes,
 )
+from cairn.torch._itemtable import ItemTable, decode_block, decode_table, has_table
 from cairn.torch._planner import check_byte_item, unpickles_safely
 from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run
 from cairn.torch._target import Target, interpret, store_location, well_formed
 from cairn.torch._writer import METADATA_OPERATOR
 
-__all__ = ["CairnReader", "Opened", "open_dcp", "verified_pieces"]
+__all__ = ["Blocks", "CairnReader", "Opened", "load_records", "open_dcp", "verified_pieces"]
 
 log = logging.getLogger("cairn")
 
 
 @dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Where the item records of metadata stored as a chunk table are
+    (:mod:`cairn.torch._itemtable`): block ``b`` is range ``ranges[b + 1]`` of the
+    metadata object at ``path``; ``loaded`` the blocks read so far."""
+
+    path: str
+    table: ItemTable
+    ranges: list[StoredRange]
+    loaded: set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
 class Opened:
-    """A checkpoint chosen for loading: its manifest, entries by path, and DCP metadata."""
+    """A checkpoint chosen for loading: its manifest, entries by path, DCP metadata and
+    item records (with a chunk table, only those of the blocks read so far: see
+    :func:`load_records`)."""
 
     checkpoint_id: CheckpointId
     manifest: CheckpointManifest
     entries: dict[str, PartitionSnapshotEntry]
     metadata: Metadata
     records: dict[MetadataIndex, ItemRecord]
+    blocks: Blocks | None = None
 
 
 class _NotDcp(Exception):
@@ -219,6 +235,8 @@ class CairnReader(StorageReader):
         compressed artifact is read whole and decompressed, once.
         """
         opened = self._require_opened()
+        wanted = [item.storage_index for item in plan.items]
+        run(load_records(self._ckpt, opened, wanted), "CairnReader.read_data")
         per_artifact: dict[str, list[tuple[ItemRecord, ReadItem]]] = {}
         for item in plan.items:
             record = opened.records.get(item.storage_index)
@@ -387,10 +405,89 @@ async def _open_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Opened:
         raise _NotDcp(ctx.paths.checkpoint_dir(cid) + "operators/" + METADATA_OPERATOR)
     entry = meta_entries.partitions[0]
     path = ctx.paths.resolve(entry.owner or cid, entry.path)
+    if entry.index_size_bytes is not None:
+        metadata, blocks = await _open_table(ckpt, path, entry)
+        return Opened(cid, manifest, entries, metadata, {}, blocks)
     body = await _fetch_whole(ckpt, path, entry)
     metadata = await asyncio.to_thread(load_metadata, path, body)
     records = _check_records(path, metadata, entries)
     return Opened(cid, manifest, entries, metadata, records)
+
+
+async def _open_table(
+    ckpt: ObjectStoreCheckpointer, path: str, entry: PartitionSnapshotEntry
+) -> tuple[Metadata, Blocks]:
+    """The DCP metadata stored as a chunk table at ``path`` (an object of ranges), its
+    index and range 0 read and verified; the blocks are left for :func:`load_records`."""
+    index_bytes = entry.index_size_bytes or 0
+    if entry.codec is not None or not 0 < index_bytes <= entry.size_bytes:
+        raise CorruptManifestError(path, "a DCP metadata object of ranges must be stored as is")
+    split = entry.size_bytes - index_bytes
+    index = await _read_exactly(ckpt, path, split, entry.size_bytes)
+    _check_digest(path, index, entry.sha256, "sha256 of its range index")
+    ranges = decode_index(path, index, split)
+    if not ranges:
+        raise CorruptManifestError(path, "a DCP metadata object of ranges holds no metadata")
+    head = ranges[0]
+    data = await _read_exactly(ckpt, path, head.offset, head.offset + head.length)
+    await off_loop_if_large(data, _check_digest, path, data, head.sha256, "sha256 of range 0")
+    metadata = await asyncio.to_thread(load_metadata, path, data)
+    if not has_table(metadata):
+        raise CorruptManifestError(path, "a DCP metadata object of ranges without a chunk table")
+    table = await asyncio.to_thread(decode_table, path, metadata, len(ranges) - 1)
+    return metadata, Blocks(path, table, ranges)
+
+
+async def load_records(
+    ckpt: ObjectStoreCheckpointer, opened: Opened, indices: Iterable[MetadataIndex] | None
+) -> None:
+    """Read into ``opened.records`` the blocks holding the records of ``indices`` (None:
+    every block), each verified against its digest and checked against the table and
+    the manifest. Nothing to do for metadata stored whole (all records are there)."""
+    blocks = opened.blocks
+    if blocks is None:
+        return
+    table = blocks.table
+    if indices is None:
+        wanted = set(range(table.blocks))
+    else:
+        wanted = {b for b in map(table.block_of, indices) if b is not None}
+    wanted -= blocks.loaded
+
+    def job(block: int) -> Callable[[], Awaitable[None]]:
+        async def read() -> None:
+            where = blocks.ranges[block + 1]
+            data = await _read_exactly(ckpt, blocks.path, where.offset, where.offset + where.length)
+            what = f"sha256 of block {block} of item records"
+            await off_loop_if_large(data, _check_digest, blocks.path, data, where.sha256, what)
+            records = decode_block(blocks.path, table, block, bytes(data))
+            for index, value in records.items():
+                opened.records[index] = _checked_record(blocks.path, index, value, opened.entries)
+            blocks.loaded.add(block)
+
+        return read
+
+    await bounded_gather(ckpt.max_concurrent_downloads, [job(b) for b in sorted(wanted)])
+
+
+async def _read_exactly(ckpt: ObjectStoreCheckpointer, path: str, start: int, end: int) -> Buffer:
+    """Bytes ``start`` to ``end`` of ``path``, which must all be there."""
+    try:
+        data = await ckpt.store.get_range(path, start, end)
+    except CheckpointNotFoundError:
+        raise BrokenChainError(path, "the DCP metadata object is gone") from None
+    got = memoryview(data).nbytes
+    if got != end - start:
+        raise IntegrityMismatchError(
+            path, str(end - start), str(got), what=f"size of bytes {start}..{end}"
+        )
+    return data
+
+
+def _check_digest(path: str, data: Buffer, expected: str, what: str) -> None:
+    actual = sha256_hex(data)
+    if actual != expected:
+        raise IntegrityMismatchError(path, expected, actual, what=what)
 
 
 async def verified_pieces(
@@ -510,18 +607,26 @@ def _check_records(
     for index, value in stored.items():
         if not isinstance(index, MetadataIndex):
             raise CorruptManifestError(path, f"an item record is keyed by {index!r:.100}")
-        record = parse_record(path, value)
-        entry = entries.get(record.artifact)
-        if entry is None:
-            raise CorruptManifestError(
-                path, f"item {index.fqn!r} is in {record.artifact!r}, which the manifest lacks"
-            )
-        data_bytes = entry.size_bytes - (entry.index_size_bytes or 0)  # not into an index
-        if record.offset + record.length > data_bytes:
-            raise CorruptManifestError(
-                path,
-                f"item {index.fqn!r} ends at byte {record.offset + record.length} of "
-                f"{record.artifact!r}, which has {data_bytes} bytes of items",
-            )
-        records[index] = record
+        records[index] = _checked_record(path, index, value, entries)
     return records
+
+
+def _checked_record(
+    path: str, index: MetadataIndex, value: object, entries: dict[str, PartitionSnapshotEntry]
+) -> ItemRecord:
+    """The record ``value`` of item ``index``, naming an artifact of the manifest and
+    lying within it; :class:`CorruptManifestError` naming ``path`` otherwise."""
+    record = parse_record(path, value)
+    entry = entries.get(record.artifact)
+    if entry is None:
+        raise CorruptManifestError(
+            path, f"item {index.fqn!r} is in {record.artifact!r}, which the manifest lacks"
+        )
+    data_bytes = entry.size_bytes - (entry.index_size_bytes or 0)  # not into an index
+    if record.offset + record.length > data_bytes:
+        raise CorruptManifestError(
+            path,
+            f"item {index.fqn!r} ends at byte {record.offset + record.length} of "
+            f"{record.artifact!r}, which has {data_bytes} bytes of items",
+        )
+    return record

@@ -9,7 +9,7 @@ import functools
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
@@ -32,6 +32,7 @@ from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.ranges import Range, RangeSource
 from cairn.signing import SigningKey
 from cairn.torch._carry import Carried, Parent, carried_items, open_parent
 from cairn.torch._format import (
@@ -41,6 +42,7 @@ from cairn.torch._format import (
     ItemRecord,
     dump_metadata,
 )
+from cairn.torch._itemtable import RankItems, StoredTable, build_table, rank_items
 from cairn.torch._rankobject import RANK_OBJECT_BYTES, Resolved, Written, rank_uploads
 from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run, travels
 from cairn.torch._target import Target, interpret, well_formed
@@ -400,7 +402,7 @@ class CairnWriter(StorageWriter):
             entries = run(upload, "CairnWriter.write_data")
             for (_, source), entry in zip(uploads, entries, strict=True):
                 results += source.results(operator, entry)
-        return results
+        return _as_rank_items(operator, plan.items, results)
 
     def _carry_equal(
         self,
@@ -571,6 +573,21 @@ async def upload_batch(upload: Upload, operator: str, batch: _Batch) -> list[Wri
     return results
 
 
+def _as_rank_items(
+    operator: str, items: Sequence[WriteItem], results: list[WriteResult]
+) -> list[WriteResult]:
+    """``results`` (one per item, each carrying its :class:`Written`) with the rank's
+    :class:`RankItems` as every result's ``storage_data`` instead: what the coordinator
+    stores as the rank's block of the chunk table (:mod:`cairn.torch._itemtable`)."""
+    written = []
+    for result in results:
+        data = result.storage_data
+        assert isinstance(data, Written)  # made just above, by this rank
+        written.append((result.index, data.record, data.operator, data.entry))
+    summary = rank_items(operator, items, written)
+    return [WriteResult(r.index, r.size_in_bytes, summary) for r in results]
+
+
 def _digests(parts: list[memoryview]) -> list[str]:
     return [sha256_hex(part) for part in parts]
 
@@ -587,13 +604,24 @@ async def commit_dcp(
 ) -> CheckpointManifest:
     """Store DCP's ``metadata`` (with every rank's item records) as an artifact of
     ``save``, then commit its manifest naming it and every rank's artifacts (those
-    carried from ``parent_id``, the checkpoint an incremental save built on, included)."""
+    carried from ``parent_id``, the checkpoint an incremental save built on, included).
+
+    Ranks that handed in :class:`RankItems` (an uncompressed save) get the chunk table
+    and their blocks (:mod:`cairn.torch._itemtable`); results with a record each (a
+    compressed save, an import) get the metadata pickled whole with those records."""
     cid = save.checkpoint_id
-    records, entries = _collect(results)
-    metadata.storage_data = records
     metadata.version = CURRENT_DCP_VERSION
     metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
-    body = dump_metadata(metadata)
+    per_rank = _rank_items(results)
+    body: bytes | RangeSource
+    if per_rank is not None:
+        stored = await asyncio.to_thread(build_table, metadata, per_rank)
+        entries = stored.entries
+        body = await asyncio.to_thread(_MetadataRanges.of, stored)
+    else:
+        records, entries = _collect(results)
+        metadata.storage_data = records
+        body = dump_metadata(metadata)
     uploaded = await save.upload([(METADATA_OPERATOR, 0, False, body)])
     manifest = assemble_manifest(
         cid,
@@ -607,6 +635,59 @@ async def commit_dcp(
     named = f" named {name!r}" if name is not None else ""
     log.info("DCP checkpoint %s%s committed (epoch %d)", cid, named, epoch)
     return committed
+
+
+class _MetadataRanges(RangeSource):
+    """The metadata object of a save with a chunk table: range 0 the pickled metadata,
+    then each rank's block, with the digest its rank computed."""
+
+    def __init__(self, ranges: list[Range]) -> None:
+        self._ranges = ranges
+
+    @classmethod
+    def of(cls, stored: StoredTable) -> _MetadataRanges:
+        """The ranges of ``stored`` (the metadata pickled and hashed here)."""
+        head = dump_metadata(stored.metadata)
+        blocks = [Range(block, digest) for block, digest in stored.blocks]
+        return cls([Range(head, sha256_hex(head)), *blocks])
+
+    async def _each(self) -> AsyncIterator[Range]:
+        for each in self._ranges:
+            yield each
+
+    def open(self) -> AsyncIterator[Range]:
+        """The same ranges on every attempt."""
+        return self._each()
+
+
+def _rank_items(results: Sequence[Sequence[WriteResult]]) -> list[RankItems] | None:
+    """The :class:`RankItems` of each rank that wrote items, in rank order, when their
+    results carry them; None when they carry a record each (a compressed save)."""
+    per_rank: list[RankItems] = []
+    per_item = False
+    for rank_results in results:
+        if not rank_results:
+            continue
+        first = rank_results[0].storage_data
+        if not isinstance(first, RankItems):
+            per_item = True
+            continue
+        for result in rank_results:
+            data = result.storage_data
+            same = data is first or (
+                isinstance(data, RankItems) and data.block_sha256 == first.block_sha256
+            )
+            if not same:
+                raise IncompleteCheckpointError(
+                    f"the write results of {first.operator} carry another rank's items"
+                )
+        per_rank.append(first)
+    if per_rank and per_item:
+        raise IncompleteCheckpointError(
+            "some ranks' write results carry a rank's block of records, others a record "
+            "per item: the ranks ran different CairnWriter settings or versions"
+        )
+    return per_rank or None
 
 
 def _collect(

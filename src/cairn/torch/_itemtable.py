@@ -1,0 +1,520 @@
+"""DCP metadata at rank scale: one chunk table, and item records in one block per rank.
+
+DCP's ``Metadata`` lists every chunk of every tensor, and cairn keeps a record
+(:class:`~cairn.torch._format.ItemRecord`) per item: 2.2 million of each for a 70B
+model's training state over 1,024 ranks. Pickled whole, as DCP's own writers store
+them, every rank unpickles all of them to load its own two thousand. An uncompressed
+save therefore stores its metadata as one object of ranges (:mod:`cairn.ranges`):
+
+* range 0 is DCP's ``Metadata`` with every tensor's chunk list left empty; its
+  ``storage_data`` is the *chunk table* (:data:`FORMAT`): the offsets and sizes of every
+  chunk, and the block that holds its record, as one packed integer array, with the
+  rows of each tensor;
+* range ``1 + b`` is block ``b``: the item records of rank ``b``'s items (MessagePack).
+
+A reader unpickles range 0 (an object per tensor, and the array), gives each tensor a
+:class:`ChunkList` over its rows, and reads only the blocks of the items it loads: a rank
+that loads what it saved reads one block. :class:`~cairn.torch.SafeLoadPlanner` finds the
+saved chunks a rank's chunk overlaps with one vectorized step per tensor
+(:meth:`ChunkList.overlapping`); any other planner sees an ordinary sequence of DCP
+chunks. No I/O here.
+
+Invariants:
+
+* every rank encodes its own block and chunk rows (:func:`rank_items`), so the
+  coordinator's :func:`build_table` does work per rank and per tensor, not per item;
+* the table is checked against the DCP metadata it is stored with (:func:`decode_table`:
+  a tensor's rows are exactly its chunks, every block number exists), and a block
+  against the table (:func:`decode_block`: it holds exactly the items the table places
+  in it); anything else is :class:`~cairn.errors.CorruptManifestError` naming the object;
+* a :class:`ChunkList` pickles as a plain list of DCP's ``ChunkStorageMetadata``, so
+  metadata handed on (an export) is DCP's own.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import msgspec
+import numpy as np
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+
+from cairn.errors import CorruptManifestError, IncompleteCheckpointError
+from cairn.integrity import sha256_hex
+from cairn.manifest import PartitionSnapshotEntry
+
+__all__ = [
+    "FORMAT",
+    "ChunkList",
+    "ItemTable",
+    "RankItems",
+    "StoredTable",
+    "build_table",
+    "decode_block",
+    "decode_table",
+    "has_table",
+    "overlapping",
+    "rank_items",
+    "with_plain_chunks",
+]
+
+FORMAT = "cairn-dcp-chunk-table-v1"
+"""The ``format`` of a chunk table: the marker of metadata stored as a table and blocks."""
+
+StoredRecord = tuple[str, int, int, str, str, tuple[int, ...]]
+"""An item record as DCP's ``storage_data`` holds it (:meth:`ItemRecord.stored`)."""
+
+
+class _Record(msgspec.Struct, array_like=True, frozen=True):
+    """One item record in a block: its key (fqn, chunk offsets or None for a byte
+    item), then :class:`~cairn.torch._format.ItemRecord`'s fields (digest as bytes)."""
+
+    fqn: str
+    offsets: list[int] | None
+    artifact: str
+    offset: int
+    length: int
+    sha256: bytes
+    dtype: str
+    shape: list[int]
+
+
+_BLOCK_DECODER = msgspec.msgpack.Decoder(list[_Record])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RankItems:
+    """What one rank's ``write_data`` hands the coordinator, as the ``storage_data`` of
+    every one of its ``WriteResult`` s (one object: pickled once per rank).
+
+    ``rows`` are the chunks of the rank's tensor items as native ``int64``, one row of
+    ``1 + 2 * dims`` per chunk: the number of its tensor in ``fqns``, its offsets, its
+    sizes (each padded with zeros to ``dims``). ``block`` is the rank's records, encoded.
+    """
+
+    operator: str
+    entries: tuple[tuple[str, PartitionSnapshotEntry], ...]
+    block: bytes
+    block_sha256: str
+    fqns: tuple[str, ...]
+    rows: bytes
+    dims: int
+    byte_fqns: tuple[str, ...]
+
+
+def rank_items(
+    operator: str,
+    items: Sequence[WriteItem],
+    written: Sequence[tuple[MetadataIndex, StoredRecord, str, PartitionSnapshotEntry]],
+) -> RankItems:
+    """The :class:`RankItems` of a rank whose plan holds ``items``, stored as ``written``:
+    each item's key, record, and the operator and entry of the artifact holding it."""
+    records: list[_Record] = []
+    entries: dict[tuple[str, int], tuple[str, PartitionSnapshotEntry]] = {}
+    for index, (artifact, offset, length, digest, dtype, shape), owner, entry in written:
+        offsets = None if index.offset is None else [int(n) for n in index.offset]
+        raw = bytes.fromhex(digest)
+        records.append(
+            _Record(index.fqn, offsets, artifact, offset, length, raw, dtype, list(shape))
+        )
+        entries.setdefault((owner, entry.partition_id), (owner, entry))
+    block = msgspec.msgpack.encode(records)
+    numbers: dict[str, int] = {}
+    chunks: list[tuple[int, list[int], list[int]]] = []
+    byte_fqns: list[str] = []
+    for item in items:
+        data = item.tensor_data
+        if item.type == WriteItemType.BYTE_IO or data is None:
+            byte_fqns.append(item.index.fqn)
+            continue
+        number = numbers.setdefault(item.index.fqn, len(numbers))
+        chunks.append((number, list(data.chunk.offsets), list(data.chunk.sizes)))
+    dims = max((len(offsets) for _, offsets, _ in chunks), default=0)
+    rows = np.zeros((len(chunks), 1 + 2 * dims), dtype=np.int64)
+    for row, (number, starts, sizes) in zip(rows, chunks, strict=True):
+        row[0] = number
+        row[1 : 1 + len(starts)] = starts
+        row[1 + dims : 1 + dims + len(sizes)] = sizes
+    return RankItems(
+        operator,
+        tuple(entries.values()),
+        block,
+        sha256_hex(block),
+        tuple(numbers),
+        rows.tobytes(),
+        dims,
+        tuple(byte_fqns),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTable:
+    """What the coordinator stores: range 0 (``metadata``, its ``storage_data`` the
+    chunk table), the blocks (bytes and SHA-256, in rank order), and the entries of
+    every artifact a record names (once each)."""
+
+    metadata: Metadata
+    blocks: list[tuple[bytes, str]]
+    entries: list[tuple[str, PartitionSnapshotEntry]]
+
+
+def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTable:
+    """The chunk table of a save whose DCP ``metadata`` is given and whose ranks handed
+    in ``per_rank`` (in rank order); ``metadata`` itself is left as it is.
+
+    Raises :class:`IncompleteCheckpointError` when the ranks' items are not the chunks
+    and byte items ``metadata`` lists.
+    """
+    tensors = {
+        fqn: md
+        for fqn, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata)
+    }
+    number_of = {fqn: number for number, fqn in enumerate(tensors)}
+    dims = max((len(md.size) for md in tensors.values()), default=0)
+    width = 2 + 2 * dims
+    mapped: dict[tuple[str, ...], np.ndarray] = {}
+    parts: list[np.ndarray] = []
+    byte_blocks: dict[str, int] = {}
+    entries: dict[tuple[str, int], tuple[str, PartitionSnapshotEntry]] = {}
+    for block, rank in enumerate(per_rank):
+        numbers = mapped.get(rank.fqns)
+        if numbers is None:
+            missing = [fqn for fqn in rank.fqns if fqn not in number_of]
+            if missing:
+                raise IncompleteCheckpointError(
+                    f"{rank.operator} wrote tensor {missing[0]!r}, which DCP's metadata lacks"
+                )
+            numbers = np.array([number_of[fqn] for fqn in rank.fqns], dtype=np.int64)
+            mapped[rank.fqns] = numbers
+        rows = np.frombuffer(rank.rows, dtype=np.int64).reshape(-1, 1 + 2 * rank.dims)
+        part = np.zeros((len(rows), width), dtype=np.int64)
+        part[:, 0] = numbers[rows[:, 0]] if len(rows) else 0
+        part[:, 1] = block
+        part[:, 2 : 2 + rank.dims] = rows[:, 1 : 1 + rank.dims]
+        part[:, 2 + dims : 2 + dims + rank.dims] = rows[:, 1 + rank.dims :]
+        parts.append(part)
+        for fqn in rank.byte_fqns:
+            if byte_blocks.setdefault(fqn, block) != block:
+                raise IncompleteCheckpointError(f"byte item {fqn!r} was written by two ranks")
+        for key, (owner, entry) in zip(
+            ((op, e.partition_id) for op, e in rank.entries), rank.entries, strict=True
+        ):
+            if entries.setdefault(key, (owner, entry))[1] != entry:
+                raise IncompleteCheckpointError(
+                    f"artifact {entry.path!r} of {owner!r} was reported with two different entries"
+                )
+    table = np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.int64)
+    table = table[np.argsort(table[:, 0], kind="stable")]
+    counts = np.bincount(table[:, 0], minlength=len(tensors)) if len(table) else np.zeros(0)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    spans: dict[str, tuple[int, int]] = {}
+    for fqn, number in number_of.items():
+        count = int(counts[number]) if number < len(counts) else 0
+        if count != len(tensors[fqn].chunks):
+            raise IncompleteCheckpointError(
+                f"tensor {fqn!r}: DCP's metadata has {len(tensors[fqn].chunks)} chunks, "
+                f"the ranks wrote {count}"
+            )
+        spans[fqn] = (int(starts[number]), count)
+    expected = _byte_items(metadata)
+    if set(byte_blocks) != expected:
+        odd = sorted(set(byte_blocks) ^ expected)
+        raise IncompleteCheckpointError(
+            f"byte item {odd[0]!r} is in DCP's metadata or in the ranks' items, not both"
+        )
+    body = table[:, 1:]
+    small = not len(body) or (int(body.max()) < 2**31 and int(body.min()) >= 0)
+    stored = body.astype(np.int32 if small else np.int64)
+    skeleton = copy.copy(metadata)
+    skeleton.state_dict_metadata = {
+        fqn: TensorStorageMetadata(md.properties, md.size, [])
+        if isinstance(md, TensorStorageMetadata)
+        else md
+        for fqn, md in metadata.state_dict_metadata.items()
+    }
+    skeleton.storage_data = {
+        "format": FORMAT,
+        "dtype": "int32" if small else "int64",
+        "dims": dims,
+        "rows": stored.astype(stored.dtype.newbyteorder("<")).tobytes(),
+        "tensors": spans,
+        "bytes": byte_blocks,
+        "blocks": len(per_rank),
+    }
+    blocks = [(rank.block, rank.block_sha256) for rank in per_rank]
+    return StoredTable(skeleton, blocks, list(entries.values()))
+
+
+def _byte_items(metadata: Metadata) -> set[str]:
+    return {
+        fqn
+        for fqn, md in metadata.state_dict_metadata.items()
+        if isinstance(md, BytesStorageMetadata)
+    }
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+class ChunkList(Sequence[ChunkStorageMetadata]):
+    """A tensor's saved chunks: rows ``start`` to ``start + count`` of the chunk table
+    ``table`` (block, offsets, sizes; ``dims`` of each, the tensor's own ``ndim`` first).
+    DCP's chunk objects are made only when asked for (once); :func:`overlapping` finds
+    chunks without them."""
+
+    def __init__(self, table: np.ndarray, start: int, count: int, ndim: int, dims: int) -> None:
+        self.table, self.start, self.ndim, self.dims = table, start, ndim, dims
+        rows = table[start : start + count]
+        self._blocks = rows[:, 0]
+        self._offsets = rows[:, 1 : 1 + ndim]
+        self._sizes = rows[:, 1 + dims : 1 + dims + ndim]
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @overload
+    def __getitem__(self, position: int) -> ChunkStorageMetadata: ...
+    @overload
+    def __getitem__(self, position: slice) -> list[ChunkStorageMetadata]: ...
+    def __getitem__(self, position: int | slice) -> Any:
+        return self._chunks[position]
+
+    def __iter__(self) -> Iterator[ChunkStorageMetadata]:
+        return iter(self._chunks)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (self._chunks,))
+
+    @functools.cached_property
+    def _chunks(self) -> list[ChunkStorageMetadata]:
+        return [
+            ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+            for offsets, sizes in zip(self._offsets.tolist(), self._sizes.tolist(), strict=True)
+        ]
+
+    def chunk(self, position: int) -> ChunkStorageMetadata:
+        """The chunk at ``position``, made alone (not the whole list)."""
+        offsets, sizes = self._offsets[position].tolist(), self._sizes[position].tolist()
+        return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+
+    def position(self, offsets: Sequence[int], hint: int | None = None) -> int | None:
+        """The position of the chunk at ``offsets`` (``hint`` is tried first); None if none."""
+        if (
+            hint is not None
+            and 0 <= hint < len(self)
+            and self._offsets[hint].tolist() == list(offsets)
+        ):
+            return hint
+        want = np.asarray(list(offsets), dtype=np.int64)
+        found = np.flatnonzero((self._offsets == want).all(axis=1))
+        return int(found[0]) if len(found) else None
+
+    def block(self, position: int) -> int:
+        """The block holding the record of the chunk at ``position``."""
+        return int(self._blocks[position])
+
+
+def overlapping(
+    queries: Sequence[tuple[ChunkList, ChunkStorageMetadata]],
+) -> list[list[int]]:
+    """For each ``(saved, chunk)`` of ``queries``, the positions in ``saved`` of the chunks
+    that share an element with ``chunk`` (DCP's rule: an empty saved chunk shares none),
+    all queries in one vectorized pass over the rows they name."""
+    if not queries:
+        return []
+    table = queries[0][0].table
+    if any(saved.table is not table for saved, _ in queries):
+        return [overlapping([query])[0] for query in queries]
+    dims = queries[0][0].dims
+    count = len(queries)
+    low = np.zeros((count, dims), dtype=np.int64)
+    high = np.zeros((count, dims), dtype=np.int64)
+    counted = np.zeros((count, dims), dtype=bool)  # the dimensions a query's tensor has
+    for number, (saved, chunk) in enumerate(queries):
+        ndim = saved.ndim
+        low[number, :ndim] = chunk.offsets
+        high[number, :ndim] = [o + n for o, n in zip(chunk.offsets, chunk.sizes, strict=True)]
+        counted[number, :ndim] = True
+    lengths = np.array([len(saved) for saved, _ in queries], dtype=np.int64)
+    starts = np.array([saved.start for saved, _ in queries], dtype=np.int64)
+    query = np.repeat(np.arange(count), lengths)
+    position = np.arange(len(query)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    rows = table[starts[query] + position]
+    offsets, sizes = rows[:, 1 : 1 + dims], rows[:, 1 + dims : 1 + 2 * dims]
+    shared = (offsets < high[query]) & (low[query] < offsets + sizes)
+    hit = (shared | ~counted[query]).all(axis=1)
+    found = np.split(position[hit], np.cumsum(np.bincount(query[hit], minlength=count))[:-1])
+    return [part.tolist() for part in found]
+
+
+def with_plain_chunks(metadata: Metadata) -> Metadata:
+    """A shallow copy of ``metadata`` whose tensors' chunk lists are plain lists (what
+    DCP's own writers pickle), made from any :class:`ChunkList`."""
+    plain = copy.copy(metadata)
+    plain.state_dict_metadata = {
+        fqn: TensorStorageMetadata(md.properties, md.size, list(md.chunks))
+        if isinstance(md, TensorStorageMetadata) and isinstance(md.chunks, ChunkList)
+        else md
+        for fqn, md in metadata.state_dict_metadata.items()
+    }
+    return plain
+
+
+def has_table(metadata: Metadata) -> bool:
+    """True when ``metadata``'s ``storage_data`` is a chunk table (this module's format)."""
+    data = metadata.storage_data
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemTable:
+    """A decoded chunk table: which block holds each item's record."""
+
+    path: str
+    blocks: int
+    chunk_lists: dict[str, ChunkList]
+    byte_blocks: dict[str, int]
+    chunks_per_block: np.ndarray
+
+    def block_of(self, index: MetadataIndex) -> int | None:
+        """The block that holds the record of ``index``; None when no item has that key."""
+        if index.offset is None:
+            return self.byte_blocks.get(index.fqn)
+        chunks = self.chunk_lists.get(index.fqn)
+        if chunks is None:
+            return None
+        position = chunks.position(index.offset, index.index)
+        return None if position is None else chunks.block(position)
+
+    def count_in(self, block: int) -> int:
+        """How many items have their record in ``block``."""
+        own = int(self.chunks_per_block[block])
+        return own + sum(1 for found in self.byte_blocks.values() if found == block)
+
+
+def decode_table(path: str, metadata: Metadata, blocks: int) -> ItemTable:
+    """The chunk table of ``metadata`` (read from range 0 of the object at ``path``, which
+    holds ``blocks`` blocks after it), checked; every tensor's chunk list is set to its
+    :class:`ChunkList`. Raises :class:`CorruptManifestError` naming ``path``."""
+    data = metadata.storage_data
+
+    def bad(reason: str) -> CorruptManifestError:
+        return CorruptManifestError(path, f"DCP chunk table: {reason}")
+
+    if not isinstance(data, dict) or set(data) != {
+        "format",
+        "dtype",
+        "dims",
+        "rows",
+        "tensors",
+        "bytes",
+        "blocks",
+    }:
+        raise bad("not the fields of one")
+    dims, raw, spans, byte_blocks = data["dims"], data["rows"], data["tensors"], data["bytes"]
+    if data["dtype"] not in ("int32", "int64") or type(dims) is not int or dims < 0:
+        raise bad(f"dtype {data['dtype']!r} with {dims!r} dimensions")
+    if data["blocks"] != blocks:
+        raise bad(f"it names {data['blocks']!r} blocks, the object holds {blocks}")
+    if (
+        not isinstance(raw, bytes)
+        or not isinstance(spans, dict)
+        or not isinstance(byte_blocks, dict)
+    ):
+        raise bad("malformed rows, tensors or byte items")
+    itemsize = 4 if data["dtype"] == "int32" else 8
+    width = 1 + 2 * dims
+    if len(raw) % (itemsize * width):
+        raise bad(f"{len(raw)} bytes are not rows of {width} values")
+    stored = np.frombuffer(raw, dtype=np.dtype(data["dtype"]).newbyteorder("<"))
+    rows = stored.astype(np.int64).reshape(-1, width)
+    if len(rows) and (int(rows.min()) < 0 or int(rows[:, 0].max()) >= blocks):
+        raise bad("a negative value, or a block the object does not hold")
+    tensors = {
+        fqn: md
+        for fqn, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata)
+    }
+    if set(spans) != set(tensors):
+        raise bad("its tensors are not the metadata's")
+    chunk_lists: dict[str, ChunkList] = {}
+    for fqn, md in tensors.items():
+        span = spans[fqn]
+        ok = (
+            isinstance(span, tuple)
+            and len(span) == 2
+            and all(type(n) is int and n >= 0 for n in span)
+            and span[0] + span[1] <= len(rows)
+            and len(md.size) <= dims
+            and not md.chunks
+        )
+        if not ok:
+            raise bad(f"tensor {fqn!r} has rows {span!r:.80} of {len(rows)}")
+        start, count = span
+        chunks = ChunkList(rows, start, count, len(md.size), dims)
+        md.chunks = chunks  # type: ignore[assignment]  # a Sequence, which DCP only iterates
+        chunk_lists[fqn] = chunks
+    covered = 0
+    for start, count in sorted(spans.values()):
+        if start != covered:
+            raise bad(f"rows {covered}..{start} belong to no tensor, or to two")
+        covered += count
+    if covered != len(rows):
+        raise bad(f"rows {covered}..{len(rows)} belong to no tensor")
+    expected = _byte_items(metadata)
+    if set(byte_blocks) != expected or not all(
+        type(b) is int and 0 <= b < blocks for b in byte_blocks.values()
+    ):
+        raise bad("its byte items are not the metadata's")
+    per_block = np.bincount(rows[:, 0], minlength=blocks)
+    return ItemTable(path, blocks, chunk_lists, byte_blocks, per_block)
+
+
+def decode_block(
+    path: str, table: ItemTable, block: int, data: bytes
+) -> dict[MetadataIndex, StoredRecord]:
+    """The records of block ``block`` (its bytes ``data``, already verified), keyed by
+    item; each must be an item the table places in that block, and every such item must
+    be there. Raises :class:`CorruptManifestError` naming ``path``."""
+    try:
+        decoded = _BLOCK_DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptManifestError(path, f"block {block} of item records: {exc}") from None
+    records: dict[MetadataIndex, StoredRecord] = {}
+    for record in decoded:
+        offsets = None if record.offsets is None else torch.Size(record.offsets)
+        index = MetadataIndex(record.fqn, offsets)
+        if table.block_of(index) != block or index in records:
+            raise CorruptManifestError(
+                path,
+                f"block {block} holds a record of {index}, which the table places elsewhere",
+            )
+        stored = (
+            record.artifact,
+            record.offset,
+            record.length,
+            record.sha256.hex(),
+            record.dtype,
+            tuple(record.shape),
+        )
+        records[index] = stored
+    if len(records) != table.count_in(block):
+        raise CorruptManifestError(
+            path,
+            f"block {block} holds {len(records)} records, the table places "
+            f"{table.count_in(block)} items there",
+        )
+    return records

@@ -1,0 +1,240 @@
+"""DCP metadata stored as a chunk table with one block of item records per rank.
+
+Several ranks are played in one process (``support.dcp``), each saving a real slice of
+every global tensor, so every load here is checked bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import obstore
+import torch
+from obstore.store import MemoryStore
+from support.dcp import (
+    DefaultShardLoadPlanner,
+    Shard,
+    item_records,
+    load_rank,
+    plan_and_write,
+    plan_rank,
+    save_ranks,
+    sharded,
+)
+from support.recording import RecordingStore
+from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+from cairn import CorruptManifestError, IncompleteCheckpointError, IntegrityMismatchError
+from cairn.ids import CheckpointId
+from cairn.ranges import StoredRange, decode_index
+from cairn.stores import as_store
+from cairn.sync import SyncCheckpointer
+from cairn.torch import METADATA_OPERATOR, CairnReader
+from cairn.torch import _itemtable as itemtable
+
+RANKS = 4
+
+
+def whole_state() -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(7)
+    return {
+        "w": torch.randn(10, 6, generator=generator),  # 3 rows a rank, the last rank 1
+        "b": torch.randn(7, generator=generator),
+        # Ranks 2 and 3 hold no row of it: one empty chunk at [2, 0], which DCP keeps once.
+        "e": torch.randn(2, 3, generator=generator),
+        "step": 12,  # a byte item: DCP keeps one rank's
+    }
+
+
+@dataclasses.dataclass
+class Saved:
+    raw: MemoryStore
+    store: RecordingStore
+    cid: CheckpointId
+    whole: dict[str, Any]
+
+    def reader(self) -> CairnReader:
+        return CairnReader(self.store, checkpoint_id=str(self.cid))
+
+    def metadata_object(self) -> tuple[str, bytes, list[StoredRange]]:
+        """The metadata object's path, bytes, and ranges (range 0, then the blocks)."""
+        ckpt = SyncCheckpointer(self.store)
+        [entry] = ckpt.load_manifest(self.cid).operators[METADATA_OPERATOR].partitions
+        assert entry.index_size_bytes is not None
+        path = f"{self.cid}/{entry.path}"
+        data = bytes(obstore.get(self.raw, path).bytes())
+        split = len(data) - entry.index_size_bytes
+        return path, data, decode_index(path, data[split:], split)
+
+
+@pytest.fixture
+def saved() -> Saved:
+    raw = MemoryStore()
+    store = RecordingStore(as_store(raw))
+    whole = whole_state()
+    cid = save_ranks(store, [sharded(whole, RANKS, r) for r in range(RANKS)])
+    return Saved(raw, store, cid, whole)
+
+
+def assert_loaded(state: dict[str, Any], whole: dict[str, Any], ranks: int, rank: int) -> None:
+    expected = sharded(whole, ranks, rank)
+    for fqn, value in state.items():
+        if isinstance(value, Shard):
+            assert torch.equal(value.local, expected[fqn].local), fqn
+
+
+def test_the_metadata_is_a_table_and_one_block_per_rank(saved: Saved) -> None:
+    _, _, ranges = saved.metadata_object()
+    assert len(ranges) == 1 + RANKS
+    manifest = SyncCheckpointer(saved.store).load_manifest(saved.cid)
+    assert sorted(manifest.operators) == sorted(
+        [METADATA_OPERATOR, *(f"rank-{r}" for r in range(RANKS))]
+    )
+    metadata = saved.reader().read_metadata()
+    chunks = metadata.state_dict_metadata["w"]
+    assert isinstance(chunks, TensorStorageMetadata)
+    assert isinstance(chunks.chunks, itemtable.ChunkList) and len(chunks.chunks) == RANKS
+    assert [list(c.offsets) for c in chunks.chunks] == [[0, 0], [3, 0], [6, 0], [9, 0]]
+    assert [list(c.sizes) for c in chunks.chunks] == [[3, 6], [3, 6], [3, 6], [1, 6]]
+    # Every item has a record: 4 chunks of w and of b, 3 of e, the byte item.
+    records = item_records(saved.reader())
+    assert len(records) == 4 + 4 + 3 + 1
+
+
+@pytest.mark.parametrize("rank", range(RANKS))
+def test_a_rank_reads_the_table_and_its_own_block_only(saved: Saved, rank: int) -> None:
+    path, _, _ = saved.metadata_object()
+    byte_block = itemtable.decode_table("m", table_metadata(saved), RANKS).byte_blocks["step"]
+    saved.store.log.clear()
+    state = sharded(saved.whole, RANKS, rank, blank=True)
+    load_rank(saved.reader(), state)
+    assert_loaded(state, saved.whole, RANKS, rank)
+    reads = [p for op, p in saved.store.log if op == "get_range" and p == path]
+    # The index, range 0 and this rank's block; and the block of the one byte item,
+    # which DCP left to one rank.
+    assert len(reads) == 3 + (byte_block != rank)
+
+
+@pytest.mark.parametrize("ranks", [1, 3, 7])
+def test_a_load_over_another_rank_count_is_bit_exact(saved: Saved, ranks: int) -> None:
+    for rank in range(ranks):
+        state = sharded(saved.whole, ranks, rank, blank=True)
+        load_rank(saved.reader(), state)
+        assert_loaded(state, saved.whole, ranks, rank)
+
+
+@pytest.mark.parametrize("ranks", [1, 3, 4, 7])
+def test_cairns_plan_is_dcps_default_plan(saved: Saved, ranks: int) -> None:
+    """Narrowed to the chunks a rank overlaps, the plan is the one DCP's own planner
+    makes over every chunk, storage indices (positions) included."""
+    for rank in range(ranks):
+        state = sharded(saved.whole, ranks, rank, blank=True)
+        _, ours, _ = plan_rank(saved.reader(), state)
+        _, dcps, _ = plan_rank(saved.reader(), state, DefaultShardLoadPlanner())
+        assert ours.items == dcps.items
+        assert [i.storage_index.index for i in ours.items] == [
+            i.storage_index.index for i in dcps.items
+        ]
+
+
+def test_a_flipped_byte_in_a_block_is_caught_naming_it(saved: Saved) -> None:
+    path, data, ranges = saved.metadata_object()
+    block = ranges[1 + 2]
+    damaged = bytearray(data)
+    damaged[block.offset + block.length // 2] ^= 0x01
+    obstore.put(saved.raw, path, bytes(damaged))
+    state = sharded(saved.whole, RANKS, 2, blank=True)
+    with pytest.raises(IntegrityMismatchError, match="block 2 of item records") as info:
+        load_rank(saved.reader(), state)
+    assert info.value.path == path
+    # Rank 1's block is whole: rank 1 still loads.
+    state = sharded(saved.whole, RANKS, 1, blank=True)
+    load_rank(saved.reader(), state)
+    assert_loaded(state, saved.whole, RANKS, 1)
+
+
+def test_the_chunk_list_pickles_as_dcps_own_list(saved: Saved) -> None:
+    metadata = saved.reader().read_metadata()
+    plain = itemtable.with_plain_chunks(metadata)
+    md = plain.state_dict_metadata["w"]
+    assert isinstance(md, TensorStorageMetadata) and type(md.chunks) is list
+    original = metadata.state_dict_metadata["w"]
+    assert isinstance(original, TensorStorageMetadata)
+    assert pickle.loads(pickle.dumps(original.chunks)) == md.chunks
+
+
+# -- what the table and a block must be ------------------------------------------------
+
+
+def table_metadata(saved: Saved) -> Any:
+    """Range 0 of the saved metadata object, unpickled (its table not yet decoded)."""
+    _, data, ranges = saved.metadata_object()
+    head = ranges[0]
+    return pickle.loads(data[head.offset : head.offset + head.length])
+
+
+def test_the_saved_table_decodes_and_places_every_item(saved: Saved) -> None:
+    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    assert sum(table.count_in(b) for b in range(RANKS)) == 4 + 4 + 3 + 1
+    assert table.block_of(MetadataIndex("w", torch.Size([6, 0]))) == 2
+    assert table.block_of(MetadataIndex("w", torch.Size([5, 0]))) is None
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda d: d.update(blocks=RANKS + 1),
+        lambda d: d.update(rows=d["rows"][:-4]),
+        lambda d: d.update(rows=d["rows"] + d["rows"][-4 * (1 + 2 * d["dims"]) :]),
+        lambda d: d.update(tensors={**d["tensors"], "w": (0, 3)}),
+        lambda d: d.update(tensors={k: v for k, v in d["tensors"].items() if k != "b"}),
+        lambda d: d.update(bytes={}),
+        lambda d: d.update(bytes={"step": RANKS}),
+        lambda d: d.update(dtype="float32"),
+        lambda d: d.pop("dims"),
+    ],
+    ids=[
+        "more-blocks",
+        "a-short-row",
+        "an-extra-row",
+        "rows-shared",
+        "a-tensor-missing",
+        "a-byte-item-missing",
+        "a-block-out-of-range",
+        "a-float-table",
+        "a-field-missing",
+    ],
+)
+def test_a_forged_table_is_refused(saved: Saved, forge: Any) -> None:
+    metadata = table_metadata(saved)
+    forge(metadata.storage_data)
+    with pytest.raises(CorruptManifestError, match="chunk table"):
+        itemtable.decode_table("m", metadata, RANKS)
+
+
+def test_a_block_with_another_ranks_record_is_refused(saved: Saved) -> None:
+    _, data, ranges = saved.metadata_object()
+    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    one, two = (data[r.offset : r.offset + r.length] for r in ranges[2:4])
+    assert itemtable.decode_block("m", table, 1, one)
+    with pytest.raises(CorruptManifestError, match="places elsewhere"):
+        itemtable.decode_block("m", table, 1, two)
+
+
+def test_a_commit_without_one_ranks_results_commits_nothing() -> None:
+    store = as_store(MemoryStore())
+    whole = whole_state()
+    writers, metadata, results = plan_and_write(
+        store, [sharded(whole, RANKS, r) for r in range(RANKS)]
+    )
+    with pytest.raises(
+        IncompleteCheckpointError, match="DCP's metadata has 4 chunks, the ranks wrote 3"
+    ):
+        writers[0].finish(metadata, results[:-1])
+    assert SyncCheckpointer(store).list_checkpoints() == []
