@@ -2,7 +2,8 @@
 
     python bench/bench_dcp_ranks.py [--quick] [--ranks 8,64] [--stores memory,s3]
                                     [--layouts ranges,per-tensor] [--reps 3]
-                                    [--scale 4096] [--json out.json]
+                                    [--scale 4096] [--no-split]
+                                    [--skip-dcp-plan-check] [--json out.json]
 
 One process plays every rank of a ``dcp.save`` and of one rank's ``dcp.load``, calling
 the storage protocol in the order ``torch.distributed.checkpoint`` does
@@ -38,17 +39,19 @@ Every rank saves one item per tensor, an empty shard included, as DTensor's
 What is real, what is shrunk:
 
 * real: every item of every rank, its chunk metadata (offsets and sizes within the
-  global tensor), DCP's global plan and ``Metadata`` (built by ``DefaultSavePlanner``
-  and ``DefaultLoadPlanner``, unmodified but for the lookup below), every
-  ``WriteResult``, every record and digest cairn makes, every object it writes, the
-  manifest and the metadata object, and the load plan of a rank (``DefaultLoadPlanner``
-  matches the rank's chunks against every saved chunk of every tensor);
+  global tensor), DCP's global plan and ``Metadata`` (built by ``DefaultSavePlanner``,
+  unmodified but for the lookup below), every ``WriteResult``, every record and digest
+  cairn makes, every object it writes, the manifest and the metadata object, and the
+  load plan of a rank (``cairn.torch.SafeLoadPlanner``, which is DCP's
+  ``DefaultLoadPlanner`` handed, per tensor, the saved chunks that overlap the rank's;
+  against metadata without a chunk table, such as the per-tensor layout's, it is
+  DCP's planner matching the rank's chunks against every saved chunk);
 * shrunk: the payload. A rank's shard of a tensor is a stand-in object
   (:class:`ShardStandIn`) that tells DCP the real chunk and resolves to a tiny fp32
   tensor of ``numel / scale`` elements (:func:`stand_in_shape`: same number of
   dimensions, none larger than the real chunk's, so DCP's narrowing leaves it whole on
   both sides). The two
-  planners differ from DCP's defaults only in looking an item up on the stand-in
+  planners differ from theirs only in looking an item up on the stand-in
   (DCP's ``find_state_dict_object`` wants a ``torch.Tensor``), and the load planner's
   set-up in skipping ``_init_state_dict`` (for meta tensors; it would drop stand-ins).
 
@@ -382,6 +385,7 @@ def simulate(
     ranks: int,
     scale: int,
     writer_class: type[CairnWriter] = CairnWriter,
+    split: bool = True,
 ) -> Run:
     """One save of every rank's state through ``writer_class`` and one rank's load of it,
     into ``prefix``."""
@@ -437,7 +441,8 @@ def simulate(
     out.load_ops = dict(load_store.ops)
     out.total_s = time.perf_counter() - began
     census(raw, CheckpointPaths(prefix), cid, scale, out)
-    out.metadata_split = metadata_split(as_store(raw), prefix, str(cid), ranks)
+    if split:
+        out.metadata_split = metadata_split(as_store(raw), prefix, str(cid), ranks)
     return out
 
 
@@ -641,11 +646,6 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         for r in rows
     ]
     print(table(headers, body))
-    print(
-        "\nThe DCP metadata in parts, each unpickled alone (s) and its size (MiB): DCP's "
-        "own chunks\nof every tensor, cairn's item records, and FileSystemWriter's records "
-        "of the same items."
-    )
     split_rows = [
         [
             r["store"],
@@ -654,10 +654,16 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
             *(_split_cell(r["metadata_split"], part) for part in ("dcp", "cairn", "fs")),
         ]
         for r in rows
+        if r["metadata_split"]
     ]
-    print(
-        table(["store", "layout", "ranks", "DCP's own", "cairn records", "FS records"], split_rows)
-    )
+    if split_rows:
+        print(
+            "\nThe DCP metadata as one pickle would hold it, in parts, each unpickled alone "
+            "(s) and its size\n(MiB): DCP's own chunks of every tensor, cairn's item "
+            "records, and FileSystemWriter's records\nof the same items."
+        )
+        headers = ["store", "layout", "ranks", "DCP's own", "cairn records", "FS records"]
+        print(table(headers, split_rows))
     at_target = [r for r in rows if r["ranks"] == TARGET_RANKS and r["layout"] == "ranges"]
     print()
     if not at_target:
@@ -708,6 +714,12 @@ def main() -> None:
         help="skip DCP's own check of the global save plan (quadratic in ranks for a tensor "
         "sharded along a dimension shorter than another: hours at 4,096 ranks)",
     )
+    parser.add_argument(
+        "--no-split",
+        action="store_true",
+        help="skip the table of what the metadata would cost pickled whole (minutes of "
+        "unpickling from 1,024 ranks on)",
+    )
     parser.add_argument("--quick", action="store_true", help="8 ranks, memory, one save")
     parser.add_argument("--json", metavar="PATH", help="also write the JSON report here")
     args = parser.parse_args()
@@ -732,7 +744,8 @@ def main() -> None:
                 for rep in range(reps):
                     began = time.perf_counter()
                     prefix = f"run-{next(counter)}/"
-                    runs.append(simulate(raw, prefix, n, args.scale, LAYOUTS[layout]))
+                    writer = LAYOUTS[layout]
+                    runs.append(simulate(raw, prefix, n, args.scale, writer, not args.no_split))
                     print(
                         f"{kind} {layout} {n} ranks, save {rep + 1}/{reps}: "
                         f"{time.perf_counter() - began:.1f}s",

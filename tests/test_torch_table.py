@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import msgspec
 import obstore
 import torch
 from obstore.store import MemoryStore
@@ -35,7 +36,7 @@ from cairn.ids import CheckpointId
 from cairn.ranges import StoredRange, decode_index
 from cairn.stores import as_store
 from cairn.sync import SyncCheckpointer
-from cairn.torch import METADATA_OPERATOR, CairnReader
+from cairn.torch import METADATA_OPERATOR, CairnReader, _reader
 from cairn.torch import _itemtable as itemtable
 
 RANKS = 4
@@ -108,7 +109,10 @@ def test_the_metadata_is_a_table_and_one_block_per_rank(saved: Saved) -> None:
 
 
 @pytest.mark.parametrize("rank", range(RANKS))
-def test_a_rank_reads_the_table_and_its_own_block_only(saved: Saved, rank: int) -> None:
+def test_a_rank_reads_the_table_and_its_own_block_only(
+    saved: Saved, rank: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_reader, "WHOLE_METADATA_BYTES", 0)  # as a large one is read
     path, _, _ = saved.metadata_object()
     byte_block = itemtable.decode_table("m", table_metadata(saved), RANKS).byte_blocks["step"]
     saved.store.log.clear()
@@ -119,6 +123,15 @@ def test_a_rank_reads_the_table_and_its_own_block_only(saved: Saved, rank: int) 
     # The index, range 0 and this rank's block; and the block of the one byte item,
     # which DCP left to one rank.
     assert len(reads) == 3 + (byte_block != rank)
+
+
+def test_a_small_metadata_object_is_read_in_one_request(saved: Saved) -> None:
+    path, _, _ = saved.metadata_object()
+    saved.store.log.clear()
+    state = sharded(saved.whole, RANKS, 1, blank=True)
+    load_rank(saved.reader(), state)
+    assert_loaded(state, saved.whole, RANKS, 1)
+    assert [op for op, p in saved.store.log if p == path] == ["get_range"]
 
 
 @pytest.mark.parametrize("ranks", [1, 3, 7])
@@ -238,3 +251,13 @@ def test_a_commit_without_one_ranks_results_commits_nothing() -> None:
     ):
         writers[0].finish(metadata, results[:-1])
     assert SyncCheckpointer(store).list_checkpoints() == []
+
+
+def test_a_block_naming_a_string_it_lacks_is_refused(saved: Saved) -> None:
+    _, data, ranges = saved.metadata_object()
+    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    one = data[ranges[2].offset : ranges[2].offset + ranges[2].length]
+    block = msgspec.msgpack.decode(one)
+    block[0] = block[0][:1]  # the names list cut to its first string
+    with pytest.raises(CorruptManifestError, match="names string"):
+        itemtable.decode_block("m", table, 1, msgspec.msgpack.encode(block))

@@ -10,7 +10,8 @@ save therefore stores its metadata as one object of ranges (:mod:`cairn.ranges`)
   ``storage_data`` is the *chunk table* (:data:`FORMAT`): the offsets and sizes of every
   chunk, and the block that holds its record, as one packed integer array, with the
   rows of each tensor;
-* range ``1 + b`` is block ``b``: the item records of rank ``b``'s items (MessagePack).
+* range ``1 + b`` is block ``b``: the item records of the ``b``-th rank that wrote items
+  (MessagePack; each fqn, artifact path and dtype name stored once).
 
 A reader unpickles range 0 (an object per tensor, and the array), gives each tensor a
 :class:`ChunkList` over its rows, and reads only the blocks of the items it loads: a rank
@@ -78,20 +79,30 @@ StoredRecord = tuple[str, int, int, str, str, tuple[int, ...]]
 
 
 class _Record(msgspec.Struct, array_like=True, frozen=True):
-    """One item record in a block: its key (fqn, chunk offsets or None for a byte
-    item), then :class:`~cairn.torch._format.ItemRecord`'s fields (digest as bytes)."""
+    """One item record in a block: its key (the number of its fqn in the block's
+    ``names``, chunk offsets or None for a byte item), then
+    :class:`~cairn.torch._format.ItemRecord`'s fields, the artifact and dtype as numbers
+    in ``names`` too, the digest as bytes."""
 
-    fqn: str
+    fqn: int
     offsets: list[int] | None
-    artifact: str
+    artifact: int
     offset: int
     length: int
     sha256: bytes
-    dtype: str
+    dtype: int
     shape: list[int]
 
 
-_BLOCK_DECODER = msgspec.msgpack.Decoder(list[_Record])
+class _Block(msgspec.Struct, array_like=True, frozen=True):
+    """A rank's item records; each string they share (fqn, artifact, dtype) is stored
+    once, in ``names``."""
+
+    names: list[str]
+    records: list[_Record]
+
+
+_BLOCK_DECODER = msgspec.msgpack.Decoder(_Block)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -122,15 +133,19 @@ def rank_items(
     """The :class:`RankItems` of a rank whose plan holds ``items``, stored as ``written``:
     each item's key, record, and the operator and entry of the artifact holding it."""
     records: list[_Record] = []
+    names: dict[str, int] = {}
     entries: dict[tuple[str, int], tuple[str, PartitionSnapshotEntry]] = {}
     for index, (artifact, offset, length, digest, dtype, shape), owner, entry in written:
         offsets = None if index.offset is None else [int(n) for n in index.offset]
+        fqn_n, artifact_n, dtype_n = (
+            names.setdefault(name, len(names)) for name in (index.fqn, artifact, dtype)
+        )
         raw = bytes.fromhex(digest)
         records.append(
-            _Record(index.fqn, offsets, artifact, offset, length, raw, dtype, list(shape))
+            _Record(fqn_n, offsets, artifact_n, offset, length, raw, dtype_n, list(shape))
         )
         entries.setdefault((owner, entry.partition_id), (owner, entry))
-    block = msgspec.msgpack.encode(records)
+    block = msgspec.msgpack.encode(_Block(list(names), records))
     numbers: dict[str, int] = {}
     chunks: list[tuple[int, list[int], list[int]]] = []
     byte_fqns: list[str] = []
@@ -184,9 +199,10 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
     }
     number_of = {fqn: number for number, fqn in enumerate(tensors)}
     dims = max((len(md.size) for md in tensors.values()), default=0)
-    width = 2 + 2 * dims
     mapped: dict[tuple[str, ...], np.ndarray] = {}
-    parts: list[np.ndarray] = []
+    numbered: list[np.ndarray] = []  # each rank's rows' tensor numbers, offsets, sizes
+    offsets: list[np.ndarray] = []
+    sizes: list[np.ndarray] = []
     byte_blocks: dict[str, int] = {}
     entries: dict[tuple[str, int], tuple[str, PartitionSnapshotEntry]] = {}
     for block, rank in enumerate(per_rank):
@@ -199,45 +215,54 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
                 )
             numbers = np.array([number_of[fqn] for fqn in rank.fqns], dtype=np.int64)
             mapped[rank.fqns] = numbers
+        if rank.dims > dims:
+            raise IncompleteCheckpointError(
+                f"{rank.operator} wrote chunks of {rank.dims} dimensions; no tensor of "
+                f"DCP's metadata has more than {dims}"
+            )
         rows = np.frombuffer(rank.rows, dtype=np.int64).reshape(-1, 1 + 2 * rank.dims)
-        part = np.zeros((len(rows), width), dtype=np.int64)
-        part[:, 0] = numbers[rows[:, 0]] if len(rows) else 0
-        part[:, 1] = block
-        part[:, 2 : 2 + rank.dims] = rows[:, 1 : 1 + rank.dims]
-        part[:, 2 + dims : 2 + dims + rank.dims] = rows[:, 1 + rank.dims :]
-        parts.append(part)
+        numbered.append(numbers[rows[:, 0]])
+        offsets.append(_padded(rows[:, 1 : 1 + rank.dims], dims))
+        sizes.append(_padded(rows[:, 1 + rank.dims :], dims))
         for fqn in rank.byte_fqns:
             if byte_blocks.setdefault(fqn, block) != block:
                 raise IncompleteCheckpointError(f"byte item {fqn!r} was written by two ranks")
-        for key, (owner, entry) in zip(
-            ((op, e.partition_id) for op, e in rank.entries), rank.entries, strict=True
-        ):
-            if entries.setdefault(key, (owner, entry))[1] != entry:
+        for owner, entry in rank.entries:
+            if entries.setdefault((owner, entry.partition_id), (owner, entry))[1] != entry:
                 raise IncompleteCheckpointError(
                     f"artifact {entry.path!r} of {owner!r} was reported with two different entries"
                 )
-    table = np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.int64)
-    table = table[np.argsort(table[:, 0], kind="stable")]
-    counts = np.bincount(table[:, 0], minlength=len(tensors)) if len(table) else np.zeros(0)
+    tensor = np.concatenate([np.zeros(0, dtype=np.int64), *numbered])
+    counts = np.bincount(tensor, minlength=len(tensors))
     starts = np.concatenate(([0], np.cumsum(counts)))
     spans: dict[str, tuple[int, int]] = {}
     for fqn, number in number_of.items():
-        count = int(counts[number]) if number < len(counts) else 0
-        if count != len(tensors[fqn].chunks):
+        if int(counts[number]) != len(tensors[fqn].chunks):
             raise IncompleteCheckpointError(
                 f"tensor {fqn!r}: DCP's metadata has {len(tensors[fqn].chunks)} chunks, "
-                f"the ranks wrote {count}"
+                f"the ranks wrote {int(counts[number])}"
             )
-        spans[fqn] = (int(starts[number]), count)
+        spans[fqn] = (int(starts[number]), int(counts[number]))
     expected = _byte_items(metadata)
     if set(byte_blocks) != expected:
         odd = sorted(set(byte_blocks) ^ expected)
         raise IncompleteCheckpointError(
             f"byte item {odd[0]!r} is in DCP's metadata or in the ranks' items, not both"
         )
-    body = table[:, 1:]
-    small = not len(body) or (int(body.max()) < 2**31 and int(body.min()) >= 0)
-    stored = body.astype(np.int32 if small else np.int64)
+    # Rows in tensor order, each tensor's in rank order: a stable sort, which numpy does
+    # as a radix sort for keys of 16 bits.
+    key = tensor.astype(np.uint16) if len(tensors) <= 1 << 16 else tensor
+    order = np.argsort(key, kind="stable")
+    blocks_of = np.repeat(np.arange(len(per_rank)), [len(n) for n in numbered])[order]
+    offsets_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *offsets])[order]
+    sizes_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *sizes])[order]
+    extremes = [int(a.min()) for a in (offsets_of, sizes_of) if a.size]
+    extremes += [int(a.max()) for a in (offsets_of, sizes_of) if a.size]
+    small = all(0 <= n < 2**31 for n in extremes) and len(per_rank) < 2**31
+    rows = np.empty((len(order), 1 + 2 * dims), dtype="<i4" if small else "<i8")
+    rows[:, 0] = blocks_of
+    rows[:, 1 : 1 + dims] = offsets_of
+    rows[:, 1 + dims :] = sizes_of
     skeleton = copy.copy(metadata)
     skeleton.state_dict_metadata = {
         fqn: TensorStorageMetadata(md.properties, md.size, [])
@@ -249,13 +274,20 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
         "format": FORMAT,
         "dtype": "int32" if small else "int64",
         "dims": dims,
-        "rows": stored.astype(stored.dtype.newbyteorder("<")).tobytes(),
+        "rows": rows.tobytes(),
         "tensors": spans,
         "bytes": byte_blocks,
         "blocks": len(per_rank),
     }
     blocks = [(rank.block, rank.block_sha256) for rank in per_rank]
     return StoredTable(skeleton, blocks, list(entries.values()))
+
+
+def _padded(columns: np.ndarray, dims: int) -> np.ndarray:
+    """``columns`` with zero columns added up to ``dims``."""
+    if columns.shape[1] == dims:
+        return columns
+    return np.pad(columns, ((0, 0), (0, dims - columns.shape[1])))
 
 
 def _byte_items(metadata: Metadata) -> set[str]:
@@ -493,21 +525,28 @@ def decode_block(
         decoded = _BLOCK_DECODER.decode(data)
     except msgspec.DecodeError as exc:
         raise CorruptManifestError(path, f"block {block} of item records: {exc}") from None
+    names = decoded.names
+
+    def name(number: int) -> str:
+        if not 0 <= number < len(names):
+            raise CorruptManifestError(path, f"block {block} names string {number} of {len(names)}")
+        return names[number]
+
     records: dict[MetadataIndex, StoredRecord] = {}
-    for record in decoded:
+    for record in decoded.records:
         offsets = None if record.offsets is None else torch.Size(record.offsets)
-        index = MetadataIndex(record.fqn, offsets)
+        index = MetadataIndex(name(record.fqn), offsets)
         if table.block_of(index) != block or index in records:
             raise CorruptManifestError(
                 path,
                 f"block {block} holds a record of {index}, which the table places elsewhere",
             )
         stored = (
-            record.artifact,
+            name(record.artifact),
             record.offset,
             record.length,
             record.sha256.hex(),
-            record.dtype,
+            name(record.dtype),
             tuple(record.shape),
         )
         records[index] = stored

@@ -69,6 +69,7 @@ class Blocks:
     path: str
     table: ItemTable
     ranges: list[StoredRange]
+    whole: Buffer | None = None  # the object's bytes, when it was read whole
     loaded: set[int] = dataclasses.field(default_factory=set)
 
 
@@ -423,19 +424,22 @@ async def _open_table(
     if entry.codec is not None or not 0 < index_bytes <= entry.size_bytes:
         raise CorruptManifestError(path, "a DCP metadata object of ranges must be stored as is")
     split = entry.size_bytes - index_bytes
-    index = await _read_exactly(ckpt, path, split, entry.size_bytes)
+    whole = None
+    if entry.size_bytes <= WHOLE_METADATA_BYTES:
+        whole = await _read_exactly(ckpt, path, 0, entry.size_bytes)
+    index = await _bytes_of(ckpt, path, whole, split, entry.size_bytes)
     _check_digest(path, index, entry.sha256, "sha256 of its range index")
     ranges = decode_index(path, index, split)
     if not ranges:
         raise CorruptManifestError(path, "a DCP metadata object of ranges holds no metadata")
     head = ranges[0]
-    data = await _read_exactly(ckpt, path, head.offset, head.offset + head.length)
+    data = await _bytes_of(ckpt, path, whole, head.offset, head.offset + head.length)
     await off_loop_if_large(data, _check_digest, path, data, head.sha256, "sha256 of range 0")
     metadata = await asyncio.to_thread(load_metadata, path, data)
     if not has_table(metadata):
         raise CorruptManifestError(path, "a DCP metadata object of ranges without a chunk table")
     table = await asyncio.to_thread(decode_table, path, metadata, len(ranges) - 1)
-    return metadata, Blocks(path, table, ranges)
+    return metadata, Blocks(path, table, ranges, whole)
 
 
 async def load_records(
@@ -457,7 +461,8 @@ async def load_records(
     def job(block: int) -> Callable[[], Awaitable[None]]:
         async def read() -> None:
             where = blocks.ranges[block + 1]
-            data = await _read_exactly(ckpt, blocks.path, where.offset, where.offset + where.length)
+            end = where.offset + where.length
+            data = await _bytes_of(ckpt, blocks.path, blocks.whole, where.offset, end)
             what = f"sha256 of block {block} of item records"
             await off_loop_if_large(data, _check_digest, blocks.path, data, where.sha256, what)
             records = decode_block(blocks.path, table, block, bytes(data))
@@ -468,6 +473,20 @@ async def load_records(
         return read
 
     await bounded_gather(ckpt.max_concurrent_downloads, [job(b) for b in sorted(wanted)])
+
+
+WHOLE_METADATA_BYTES = 8 << 20
+"""A DCP metadata object of ranges up to this size is read in one request, its blocks
+with it; a larger one as its index, its range 0, then the blocks a load needs."""
+
+
+async def _bytes_of(
+    ckpt: ObjectStoreCheckpointer, path: str, whole: Buffer | None, start: int, end: int
+) -> Buffer:
+    """Bytes ``start`` to ``end`` of ``path``: from ``whole`` if it was read, else read."""
+    if whole is not None:
+        return memoryview(whole).cast("B")[start:end]
+    return await _read_exactly(ckpt, path, start, end)
 
 
 async def _read_exactly(ckpt: ObjectStoreCheckpointer, path: str, start: int, end: int) -> Buffer:
