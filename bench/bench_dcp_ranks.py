@@ -118,7 +118,6 @@ import obstore
 import torch
 from obstore.store import ObjectStore
 from torch.distributed.checkpoint import default_planner
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
@@ -143,7 +142,7 @@ from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E
 from bench.per_tensor import PerTensorWriter  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
-from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner  # noqa: E402
+from cairn.torch import CairnReader, CairnWriter  # noqa: E402
 from cairn.torch._itemtable import with_plain_chunks  # noqa: E402
 
 recording: Any = importlib.import_module("support.recording")
@@ -303,24 +302,6 @@ class StandInSavePlanner(DefaultSavePlanner):
 
     def lookup_object(self, index: MetadataIndex) -> Any:
         return self.state_dict[index.fqn].__get_tensor_shard__(index)
-
-
-class StandInLoadPlanner(SafeLoadPlanner):
-    """cairn's load planner (DCP's default one, planning against a chunk table in time
-    proportional to the rank's own chunks), resolving an item on its
-    :class:`ShardStandIn`, and set up without ``_init_state_dict`` (which materializes
-    meta tensors, and replaces any value that is not a tensor with None)."""
-
-    def set_up_planner(
-        self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False
-    ) -> None:
-        self.original_state_dict = state_dict
-        self.state_dict, self.mappings = flatten_state_dict(state_dict)
-        self.metadata = metadata
-        self.is_coordinator = is_coordinator
-
-    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        return self.state_dict[index.fqn].__get_tensor_shard__(index)  # type: ignore[no-any-return]
 
 
 LAYOUTS: dict[str, type[CairnWriter]] = {"ranges": CairnWriter, "per-tensor": PerTensorWriter}
@@ -493,7 +474,9 @@ def load_one_rank(
     reader.reset(cid)
     metadata: Metadata = reader.read_metadata()
     metadata_s = time.perf_counter() - start
-    planner = StandInLoadPlanner()
+    # cairn's SafeLoadPlanner, resolving an item on its stand-in, set up without DCP's
+    # _init_state_dict (which materializes meta tensors, and turns stand-ins into None).
+    planner = dcp_support.ShardLoadPlanner()
     planner.set_up_planner(state, metadata, True)
     reader.set_up_storage_reader(metadata, True, rank=0, use_collectives=True)
     plan = reader.prepare_local_plan(planner.create_local_plan())

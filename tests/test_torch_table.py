@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 import msgspec
+import numpy as np
 import obstore
 import torch
 from obstore.store import MemoryStore
@@ -261,3 +262,25 @@ def test_a_block_naming_a_string_it_lacks_is_refused(saved: Saved) -> None:
     block[0] = block[0][:1]  # the names list cut to its first string
     with pytest.raises(CorruptManifestError, match="names string"):
         itemtable.decode_block("m", table, 1, msgspec.msgpack.encode(block))
+
+
+def test_the_table_is_the_same_whatever_order_the_ranks_wrote_their_items_in() -> None:
+    """One chunk of every tensor per rank, in the metadata's order, is packed without a
+    sort; ranks that listed their tensors in another order get the same table."""
+    whole = {k: v for k, v in whole_state().items() if k in ("w", "b")}
+    states = [sharded(whole, RANKS, r) for r in range(RANKS)]
+    writers, metadata, results = plan_and_write(as_store(MemoryStore()), states)
+    per_rank = [r[0].storage_data for r in results]
+    assert all(isinstance(r, itemtable.RankItems) for r in per_rank)
+    in_order = itemtable.build_table(metadata, per_rank)
+
+    def reordered(rank: itemtable.RankItems) -> itemtable.RankItems:
+        width = 1 + 2 * rank.dims
+        rows = np.frombuffer(rank.rows, dtype=np.int64).reshape(-1, width)[::-1].copy()
+        rows[:, 0] = len(rank.fqns) - 1 - rows[:, 0]  # the fqns listed the other way round
+        return dataclasses.replace(rank, fqns=rank.fqns[::-1], rows=rows.tobytes())
+
+    shuffled = itemtable.build_table(metadata, [reordered(r) for r in per_rank])
+    assert shuffled.metadata.storage_data == in_order.metadata.storage_data
+    assert in_order.metadata.storage_data["tensors"] == {"w": (0, 4), "b": (4, 4)}
+    writers[0].reset()  # the save is not committed

@@ -99,8 +99,9 @@ class ShardSavePlanner(DefaultSavePlanner):
 
 
 class _ShardLoading(DefaultLoadPlanner):
-    """Resolves an item on its :class:`Shard`, and is set up without DCP's
-    ``_init_state_dict`` (which turns any value that is not a tensor into None)."""
+    """Resolves an item on its value's ``__get_tensor_shard__`` (a :class:`Shard`, or a
+    benchmark's stand-in), and is set up without DCP's ``_init_state_dict`` (which
+    turns any value that is not a tensor into None)."""
 
     def set_up_planner(
         self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False

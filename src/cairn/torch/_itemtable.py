@@ -249,17 +249,24 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
         raise IncompleteCheckpointError(
             f"byte item {odd[0]!r} is in DCP's metadata or in the ranks' items, not both"
         )
-    # Rows in tensor order, each tensor's in rank order: a stable sort, which numpy does
-    # as a radix sort for keys of 16 bits.
-    key = tensor.astype(np.uint16) if len(tensors) <= 1 << 16 else tensor
-    order = np.argsort(key, kind="stable")
-    blocks_of = np.repeat(np.arange(len(per_rank)), [len(n) for n in numbered])[order]
-    offsets_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *offsets])[order]
-    sizes_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *sizes])[order]
+    # Rows in tensor order, each tensor's in rank order.
+    every = np.arange(len(tensors))
+    if numbered and all(len(n) == len(every) and np.array_equal(n, every) for n in numbered):
+        # Each rank wrote one chunk of every tensor, in the metadata's order (what FSDP
+        # makes): the table is the ranks' rows transposed.
+        blocks_of = np.tile(np.arange(len(per_rank)), len(every))
+        offsets_of = np.stack(offsets, axis=1).reshape(-1, dims)
+        sizes_of = np.stack(sizes, axis=1).reshape(-1, dims)
+    else:  # a stable sort, which numpy does as a radix sort for keys of 16 bits
+        key = tensor.astype(np.uint16) if len(tensors) <= 1 << 16 else tensor
+        order = np.argsort(key, kind="stable")
+        blocks_of = np.repeat(np.arange(len(per_rank)), [len(n) for n in numbered])[order]
+        offsets_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *offsets])[order]
+        sizes_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *sizes])[order]
     extremes = [int(a.min()) for a in (offsets_of, sizes_of) if a.size]
     extremes += [int(a.max()) for a in (offsets_of, sizes_of) if a.size]
     small = all(0 <= n < 2**31 for n in extremes) and len(per_rank) < 2**31
-    rows = np.empty((len(order), 1 + 2 * dims), dtype="<i4" if small else "<i8")
+    rows = np.empty((len(blocks_of), 1 + 2 * dims), dtype="<i4" if small else "<i8")
     rows[:, 0] = blocks_of
     rows[:, 1 : 1 + dims] = offsets_of
     rows[:, 1 + dims :] = sizes_of
