@@ -16,9 +16,9 @@ save therefore stores its metadata as one object of ranges (:mod:`cairn.ranges`)
 A reader unpickles range 0 (an object per tensor, and the array), gives each tensor a
 :class:`ChunkList` over its rows, and reads only the blocks of the items it loads: a rank
 that loads what it saved reads one block. :class:`~cairn.torch.SafeLoadPlanner` finds the
-saved chunks a rank's chunk overlaps with one vectorized step per tensor
-(:meth:`ChunkList.overlapping`); any other planner sees an ordinary sequence of DCP
-chunks. No I/O here.
+saved chunks a rank's chunks overlap, for all its tensors in one vectorized pass
+(:func:`overlapping`); any other planner sees an ordinary sequence of DCP chunks. No
+I/O here.
 
 Invariants:
 
@@ -444,6 +444,10 @@ class ItemTable:
         return own + sum(1 for found in self.byte_blocks.values() if found == block)
 
 
+_TABLE_FIELDS = frozenset({"format", "dtype", "dims", "rows", "tensors", "bytes", "blocks"})
+"""The keys of a chunk table (what :func:`build_table` stores)."""
+
+
 def decode_table(path: str, metadata: Metadata, blocks: int) -> ItemTable:
     """The chunk table of ``metadata`` (read from range 0 of the object at ``path``, which
     holds ``blocks`` blocks after it), checked; every tensor's chunk list is set to its
@@ -453,15 +457,7 @@ def decode_table(path: str, metadata: Metadata, blocks: int) -> ItemTable:
     def bad(reason: str) -> CorruptManifestError:
         return CorruptManifestError(path, f"DCP chunk table: {reason}")
 
-    if not isinstance(data, dict) or set(data) != {
-        "format",
-        "dtype",
-        "dims",
-        "rows",
-        "tensors",
-        "bytes",
-        "blocks",
-    }:
+    if not isinstance(data, dict) or set(data) != _TABLE_FIELDS:
         raise bad("not the fields of one")
     dims, raw, spans, byte_blocks = data["dims"], data["rows"], data["tensors"], data["bytes"]
     if data["dtype"] not in ("int32", "int64") or type(dims) is not int or dims < 0:

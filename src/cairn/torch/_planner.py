@@ -17,9 +17,10 @@ Invariants:
 * :class:`~cairn.torch.CairnReader` hands a byte item to any other planner only after
   it passed the same weights-only load (:func:`check_byte_item`), so no planner loading
   through cairn unpickles arbitrary objects;
-* against a chunk table (:mod:`cairn.torch._itemtable`), its plan is the one DCP's
-  default planner makes (the same read items, storage positions included): it only
-  hands DCP's planner, for each tensor, the saved chunks that overlap this rank's.
+* against a chunk table (:mod:`cairn.torch._itemtable`), its plan has the read items
+  DCP's default planner makes (storage positions included; their order within a tensor
+  may differ when DCP's sweep would choose another dimension): it only hands DCP's
+  planner, for each tensor, the saved chunks that overlap this rank's.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         """DCP's default local plan. Against metadata stored as a chunk table
         (:mod:`cairn.torch._itemtable`), each tensor's chunks are first narrowed to those
-        this rank's chunks overlap, in one vectorized step per tensor, so planning takes
-        time in proportion to this rank's items, not to every rank's."""
+        this rank's chunks overlap, all tensors in one vectorized pass, so planning
+        takes time in proportion to this rank's items, not to every rank's."""
         metadata = self.metadata
         if metadata is None:
             return super().create_local_plan()
