@@ -283,4 +283,4 @@ def test_the_table_is_the_same_whatever_order_the_ranks_wrote_their_items_in() -
     shuffled = itemtable.build_table(metadata, [reordered(r) for r in per_rank])
     assert shuffled.metadata.storage_data == in_order.metadata.storage_data
     assert in_order.metadata.storage_data["tensors"] == {"w": (0, 4), "b": (4, 4)}
-    writers[0].reset()  # the save is not committed
+    writers[0].reset()  # ends the lease of the save, which was never to commit
