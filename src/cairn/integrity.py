@@ -55,19 +55,22 @@ async def sha256_hex_async(data: Buffer) -> str:
     return await off_loop_if_large(data, sha256_hex, data)
 
 
-async def verify_integrity_async(path: str, data: Buffer, expected_sha256: str) -> None:
+async def verify_integrity_async(
+    path: str, data: Buffer, expected_sha256: str, *, what: str = "sha256"
+) -> None:
     """:func:`verify_integrity`, off the event loop for buffers larger than INLINE_HASH_LIMIT."""
-    await off_loop_if_large(data, verify_integrity, path, data, expected_sha256)
+    await off_loop_if_large(data, verify_integrity, path, data, expected_sha256, what)
 
 
-def verify_integrity(path: str, data: Buffer, expected_sha256: str) -> None:
+def verify_integrity(path: str, data: Buffer, expected_sha256: str, what: str = "sha256") -> None:
     """Raise :class:`IntegrityMismatchError` unless SHA-256 of ``data`` is ``expected_sha256``.
 
-    The error carries ``path``, ``expected`` and ``actual``.
+    The error carries ``path``, ``expected`` and ``actual``; its message names ``what``
+    was checked (the digest of which part of the object, where there are several).
     """
     actual = sha256_hex(data)
     if actual != expected_sha256.lower():
-        raise IntegrityMismatchError(path, expected_sha256, actual)
+        raise IntegrityMismatchError(path, expected_sha256, actual, what=what)
 
 
 class StreamHasher:

@@ -38,7 +38,7 @@ from cairn.errors import (
     UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
-from cairn.integrity import off_loop_if_large, sha256_hex
+from cairn.integrity import off_loop_if_large, verify_integrity, verify_integrity_async
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.ranges import StoredRange, decode_index, group_spans
 from cairn.signing import SigningKey
@@ -428,13 +428,13 @@ async def _open_table(
     if entry.size_bytes <= WHOLE_METADATA_BYTES:
         whole = await _read_exactly(ckpt, path, 0, entry.size_bytes)
     index = await _bytes_of(ckpt, path, whole, split, entry.size_bytes)
-    _check_digest(path, index, entry.sha256, "sha256 of its range index")
+    verify_integrity(path, index, entry.sha256, "sha256 of its range index")
     ranges = decode_index(path, index, split)
     if not ranges:
         raise CorruptManifestError(path, "a DCP metadata object of ranges holds no metadata")
     head = ranges[0]
     data = await _bytes_of(ckpt, path, whole, head.offset, head.offset + head.length)
-    await off_loop_if_large(data, _check_digest, path, data, head.sha256, "sha256 of range 0")
+    await verify_integrity_async(path, data, head.sha256, what="sha256 of range 0")
     metadata = await asyncio.to_thread(load_metadata, path, data)
     if not has_table(metadata):
         raise CorruptManifestError(path, "a DCP metadata object of ranges without a chunk table")
@@ -464,7 +464,7 @@ async def load_records(
             end = where.offset + where.length
             data = await _bytes_of(ckpt, blocks.path, blocks.whole, where.offset, end)
             what = f"sha256 of block {block} of item records"
-            await off_loop_if_large(data, _check_digest, blocks.path, data, where.sha256, what)
+            await verify_integrity_async(blocks.path, data, where.sha256, what=what)
             records = decode_block(blocks.path, table, block, bytes(data))
             for index, value in records.items():
                 opened.records[index] = _checked_record(blocks.path, index, value, opened.entries)
@@ -501,12 +501,6 @@ async def _read_exactly(ckpt: ObjectStoreCheckpointer, path: str, start: int, en
             path, str(end - start), str(got), what=f"size of bytes {start}..{end}"
         )
     return data
-
-
-def _check_digest(path: str, data: Buffer, expected: str, what: str) -> None:
-    actual = sha256_hex(data)
-    if actual != expected:
-        raise IntegrityMismatchError(path, expected, actual, what=what)
 
 
 async def verified_pieces(
@@ -546,7 +540,9 @@ async def verified_pieces(
                 path, str(record.length), str(piece.nbytes), what=f"size of {index.fqn!r}"
             )
         if index not in verified:
-            await off_loop_if_large(piece, _verify_item, path, index, record, piece)
+            end = record.offset + record.length
+            what = f"sha256 of item {index.fqn!r} (bytes {record.offset}..{end})"
+            await verify_integrity_async(path, piece, record.sha256, what=what)
             verified.add(index)
         pieces.append(piece)
     return pieces
@@ -563,18 +559,6 @@ async def _fetch_whole(
         raise IntegrityMismatchError(
             path, entry.sha256, f"undecodable {entry.codec} data ({exc.reason})"
         ) from None
-
-
-def _verify_item(path: str, index: MetadataIndex, record: ItemRecord, piece: memoryview) -> None:
-    actual = sha256_hex(piece)
-    if actual != record.sha256:
-        raise IntegrityMismatchError(
-            path,
-            record.sha256,
-            actual,
-            what=f"sha256 of item {index.fqn!r} (bytes {record.offset}.."
-            f"{record.offset + record.length})",
-        )
 
 
 async def _deliver(
