@@ -177,12 +177,10 @@ def rank_items(
 @dataclasses.dataclass(frozen=True)
 class StoredTable:
     """What the coordinator stores: range 0 (``metadata``, its ``storage_data`` the
-    chunk table), the blocks (bytes and SHA-256, in rank order), and the entries of
-    every artifact a record names (once each)."""
+    chunk table), then the blocks (bytes and SHA-256, in rank order)."""
 
     metadata: Metadata
     blocks: list[tuple[bytes, str]]
-    entries: list[tuple[str, PartitionSnapshotEntry]]
 
 
 def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTable:
@@ -204,7 +202,6 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
     offsets: list[np.ndarray] = []
     sizes: list[np.ndarray] = []
     byte_blocks: dict[str, int] = {}
-    entries: dict[tuple[str, int], tuple[str, PartitionSnapshotEntry]] = {}
     for block, rank in enumerate(per_rank):
         numbers = mapped.get(rank.fqns)
         if numbers is None:
@@ -227,11 +224,6 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
         for fqn in rank.byte_fqns:
             if byte_blocks.setdefault(fqn, block) != block:
                 raise IncompleteCheckpointError(f"byte item {fqn!r} was written by two ranks")
-        for owner, entry in rank.entries:
-            if entries.setdefault((owner, entry.partition_id), (owner, entry))[1] != entry:
-                raise IncompleteCheckpointError(
-                    f"artifact {entry.path!r} of {owner!r} was reported with two different entries"
-                )
     tensor = np.concatenate([np.zeros(0, dtype=np.int64), *numbered])
     counts = np.bincount(tensor, minlength=len(tensors))
     starts = np.concatenate(([0], np.cumsum(counts)))
@@ -287,7 +279,7 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
         "blocks": len(per_rank),
     }
     blocks = [(rank.block, rank.block_sha256) for rank in per_rank]
-    return StoredTable(skeleton, blocks, list(entries.values()))
+    return StoredTable(skeleton, blocks)
 
 
 def _padded(columns: np.ndarray, dims: int) -> np.ndarray:

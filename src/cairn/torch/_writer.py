@@ -616,7 +616,7 @@ async def commit_dcp(
     body: bytes | RangeSource
     if per_rank is not None:
         stored = await asyncio.to_thread(build_table, metadata, per_rank)
-        entries = stored.entries
+        entries = _distinct_entries(pair for rank in per_rank for pair in rank.entries)
         body = await asyncio.to_thread(_MetadataRanges.of, stored)
     else:
         records, entries = _collect(results)
@@ -693,7 +693,7 @@ def _collect(
 ) -> tuple[dict[Any, tuple[Any, ...]], list[tuple[str, PartitionSnapshotEntry]]]:
     """Every rank's item records, and the entries of the artifacts they name (once each)."""
     records: dict[Any, tuple[Any, ...]] = {}
-    entries: dict[tuple[str, int], PartitionSnapshotEntry] = {}
+    named: list[tuple[str, PartitionSnapshotEntry]] = []
     for rank_results in results:
         for result in rank_results:
             written = result.storage_data
@@ -704,10 +704,19 @@ def _collect(
             if result.index in records:
                 raise IncompleteCheckpointError(f"item {result.index} was written twice")
             records[result.index] = written.record
-            key = (written.operator, written.entry.partition_id)
-            if entries.setdefault(key, written.entry) != written.entry:
-                raise IncompleteCheckpointError(
-                    f"artifact {written.entry.path!r} of {written.operator!r} was reported "
-                    "with two different entries"
-                )
-    return records, [(op, entry) for (op, _), entry in entries.items()]
+            named.append((written.operator, written.entry))
+    return records, _distinct_entries(named)
+
+
+def _distinct_entries(
+    named: Iterable[tuple[str, PartitionSnapshotEntry]],
+) -> list[tuple[str, PartitionSnapshotEntry]]:
+    """The artifacts ``named`` (operator and entry), each once, in order; an artifact
+    reported with two different entries is :class:`IncompleteCheckpointError`."""
+    entries: dict[tuple[str, int], PartitionSnapshotEntry] = {}
+    for operator, entry in named:
+        if entries.setdefault((operator, entry.partition_id), entry) != entry:
+            raise IncompleteCheckpointError(
+                f"artifact {entry.path!r} of {operator!r} was reported with two different entries"
+            )
+    return [(operator, entry) for (operator, _), entry in entries.items()]
