@@ -16,8 +16,9 @@ named here, so this list is the whole of their coupling to cairn's internals:
 * :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`) and
   directory partitions (:class:`~cairn.manifest.DirectoryEntry`);
 * reading as ``load_latest`` does: :data:`DAMAGE`, :func:`latest_candidates`,
-  :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`, and
-  :func:`read_entry` (an artifact's bytes, verified);
+  :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`,
+  :func:`read_entry` (an artifact's bytes, verified) and :func:`read_sized` (the bytes
+  from an offset to the end of an object of known size);
 * :func:`run_blocking`, which runs a coroutine on the event-loop thread the blocking
   API (:mod:`cairn.sync`) keeps;
 * settings and checks: :data:`DEFAULT_LEASE`, :func:`is_int`, :func:`positive_int`,
@@ -45,7 +46,7 @@ from cairn._catalog import (
 )
 from cairn._commit import assemble_manifest
 from cairn._concurrency import bounded_gather
-from cairn._download import read_entry
+from cairn._download import read_entry, read_sized
 from cairn._lease import DEFAULT_LEASE
 from cairn._upload import Entry, PartitionUpload
 from cairn._urls import _REMOTE_SCHEMES
@@ -73,6 +74,7 @@ __all__ = [
     "named_candidates",
     "positive_int",
     "read_entry",
+    "read_sized",
     "run_blocking",
 ]
 

@@ -27,6 +27,7 @@ from cairn._integration import (
     load_manifest,
     named_candidates,
     read_entry,
+    read_sized,
 )
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import (
@@ -424,10 +425,10 @@ async def _open_table(
     if entry.codec is not None or not 0 < index_bytes <= entry.size_bytes:
         raise CorruptManifestError(path, "a DCP metadata object of ranges must be stored as is")
     split = entry.size_bytes - index_bytes
-    whole = None
-    if entry.size_bytes <= WHOLE_METADATA_BYTES:
-        whole = await _read_exactly(ckpt, path, 0, entry.size_bytes)
-    index = await _bytes_of(ckpt, path, whole, split, entry.size_bytes)
+    start = 0 if entry.size_bytes <= WHOLE_METADATA_BYTES else split  # whole, or the index
+    tail = await read_sized(ckpt.context, path, entry.size_bytes, start)
+    whole = tail if start == 0 else None
+    index = memoryview(tail).cast("B")[split - start :]
     verify_integrity(path, index, entry.sha256, "sha256 of its range index")
     ranges = decode_index(path, index, split)
     if not ranges:
