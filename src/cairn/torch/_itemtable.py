@@ -414,7 +414,6 @@ def has_table(metadata: Metadata) -> bool:
 class ItemTable:
     """A decoded chunk table: which block holds each item's record."""
 
-    path: str
     blocks: int
     chunk_lists: dict[str, ChunkList]
     byte_blocks: dict[str, int]
@@ -507,7 +506,7 @@ def decode_table(path: str, metadata: Metadata, blocks: int) -> ItemTable:
     ):
         raise bad("its byte items are not the metadata's")
     per_block = np.bincount(rows[:, 0], minlength=blocks)
-    return ItemTable(path, blocks, chunk_lists, byte_blocks, per_block)
+    return ItemTable(blocks, chunk_lists, byte_blocks, per_block)
 
 
 def decode_block(

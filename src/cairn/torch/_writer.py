@@ -612,7 +612,7 @@ async def commit_dcp(
     cid = save.checkpoint_id
     metadata.version = CURRENT_DCP_VERSION
     metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
-    per_rank = _rank_items(results)
+    per_rank = _handed_in(results)
     body: bytes | RangeSource
     if per_rank is not None:
         stored = await asyncio.to_thread(build_table, metadata, per_rank)
@@ -660,7 +660,7 @@ class _MetadataRanges(RangeSource):
         return self._each()
 
 
-def _rank_items(results: Sequence[Sequence[WriteResult]]) -> list[RankItems] | None:
+def _handed_in(results: Sequence[Sequence[WriteResult]]) -> list[RankItems] | None:
     """The :class:`RankItems` of each rank that wrote items, in rank order, when their
     results carry them; None when they carry a record each (a compressed save)."""
     per_rank: list[RankItems] = []
