@@ -284,3 +284,78 @@ def test_the_table_is_the_same_whatever_order_the_ranks_wrote_their_items_in() -
     assert shuffled.metadata.storage_data == in_order.metadata.storage_data
     assert in_order.metadata.storage_data["tensors"] == {"w": (0, 4), "b": (4, 4)}
     writers[0].reset()  # ends the lease of the save, which was never to commit
+
+
+def _synthetic_save(
+    shapes: dict[str, tuple[int, ...]], ranks: int, reverse: bool, absent: tuple[str, int] | None
+) -> tuple[Any, list[itemtable.RankItems]]:
+    """DCP metadata and each rank's RankItems for ``shapes`` sharded along dim 0 over
+    ``ranks`` (no bytes: the table only places chunks); with ``reverse`` every rank
+    lists its tensors backwards, and with ``absent`` (fqn, rank) that rank holds none
+    of that tensor: either takes the sorting path."""
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        TensorProperties,
+    )
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+    from cairn.manifest import PartitionSnapshotEntry
+
+    chunks: dict[str, list[ChunkStorageMetadata]] = {fqn: [] for fqn in shapes}
+    per_rank = []
+    for rank in range(ranks):
+        items, written = [], []
+        entry = PartitionSnapshotEntry(
+            partition_id=0, is_delta=False, path=f"r{rank}", size_bytes=1, sha256="0" * 64
+        )
+        for fqn in reversed(shapes) if reverse else shapes:
+            if (fqn, rank) == absent:
+                continue
+            shape = shapes[fqn]
+            rows = -(-shape[0] // ranks)
+            start = min(rank * rows, shape[0])
+            size = torch.Size([min(rows, shape[0] - start), *shape[1:]])
+            offsets = torch.Size([start, *(0 for _ in shape[1:])])
+            chunk = ChunkStorageMetadata(offsets, size)
+            chunks[fqn].append(chunk)
+            data = TensorWriteData(chunk, TensorProperties(dtype=torch.float32), torch.Size(shape))
+            index = MetadataIndex(fqn, offsets)
+            items.append(WriteItem(index, WriteItemType.SHARD, tensor_data=data))
+            record = (f"r{rank}", 0, 0, "0" * 64, "float32", tuple(size))
+            written.append((index, record, f"rank-{rank}", entry))
+        per_rank.append(itemtable.rank_items(f"rank-{rank}", items, written))
+    state = {
+        fqn: TensorStorageMetadata(
+            TensorProperties(dtype=torch.float32), torch.Size(shapes[fqn]), chunks[fqn]
+        )
+        for fqn in shapes
+    }
+    return Metadata(state), per_rank
+
+
+@pytest.mark.parametrize(
+    ("reverse", "absent"),
+    [(False, None), (True, None), (False, ("cube", 1)), (False, ("mat", 1))],
+    ids=["in-order", "reversed", "rank-1-is-1-D-and-2-D", "rank-1-lacks-mat"],
+)
+@pytest.mark.parametrize("rows", [12, 3 << 31], ids=["int32", "int64"])
+def test_the_table_places_every_chunk_whatever_its_size_and_dimensions(
+    rows: int, reverse: bool, absent: tuple[str, int] | None
+) -> None:
+    """Offsets past 2**31 make an int64 table; a rank's rows narrower than the widest
+    tensor's are padded. Either packing gives back DCP's chunks exactly."""
+    shapes = {"flat": (rows,), "cube": (rows, 2, 3), "mat": (5, 4)}
+    metadata, per_rank = _synthetic_save(shapes, 3, reverse, absent)
+    if absent == ("cube", 1):
+        assert per_rank[1].dims == 2  # narrower than the table's 3
+    stored = itemtable.build_table(metadata, per_rank)
+    assert stored.metadata.storage_data["dtype"] == ("int32" if rows < 2**31 else "int64")
+    table = itemtable.decode_table("m", stored.metadata, len(per_rank))
+    for fqn, md in metadata.state_dict_metadata.items():
+        decoded = table.chunk_lists[fqn]
+        assert [(list(c.offsets), list(c.sizes)) for c in decoded] == [
+            (list(c.offsets), list(c.sizes)) for c in md.chunks
+        ]
+        holders = [r for r in range(3) if (fqn, r) != absent]
+        assert [decoded.block(n) for n in range(len(decoded))] == holders

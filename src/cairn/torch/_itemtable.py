@@ -195,73 +195,35 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
         for fqn, md in metadata.state_dict_metadata.items()
         if isinstance(md, TensorStorageMetadata)
     }
-    number_of = {fqn: number for number, fqn in enumerate(tensors)}
     dims = max((len(md.size) for md in tensors.values()), default=0)
-    mapped: dict[tuple[str, ...], np.ndarray] = {}
-    numbered: list[np.ndarray] = []  # each rank's rows' tensor numbers, offsets, sizes
-    offsets: list[np.ndarray] = []
-    sizes: list[np.ndarray] = []
+    ranks = _RankRows.of_each(per_rank, list(tensors), dims)
     byte_blocks: dict[str, int] = {}
     for block, rank in enumerate(per_rank):
-        numbers = mapped.get(rank.fqns)
-        if numbers is None:
-            missing = [fqn for fqn in rank.fqns if fqn not in number_of]
-            if missing:
-                raise IncompleteCheckpointError(
-                    f"{rank.operator} wrote tensor {missing[0]!r}, which DCP's metadata lacks"
-                )
-            numbers = np.array([number_of[fqn] for fqn in rank.fqns], dtype=np.int64)
-            mapped[rank.fqns] = numbers
-        if rank.dims > dims:
-            raise IncompleteCheckpointError(
-                f"{rank.operator} wrote chunks of {rank.dims} dimensions; no tensor of "
-                f"DCP's metadata has more than {dims}"
-            )
-        rows = np.frombuffer(rank.rows, dtype=np.int64).reshape(-1, 1 + 2 * rank.dims)
-        numbered.append(numbers[rows[:, 0]])
-        offsets.append(_padded(rows[:, 1 : 1 + rank.dims], dims))
-        sizes.append(_padded(rows[:, 1 + rank.dims :], dims))
         for fqn in rank.byte_fqns:
             if byte_blocks.setdefault(fqn, block) != block:
                 raise IncompleteCheckpointError(f"byte item {fqn!r} was written by two ranks")
-    tensor = np.concatenate([np.zeros(0, dtype=np.int64), *numbered])
-    counts = np.bincount(tensor, minlength=len(tensors))
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    spans: dict[str, tuple[int, int]] = {}
-    for fqn, number in number_of.items():
-        if int(counts[number]) != len(tensors[fqn].chunks):
-            raise IncompleteCheckpointError(
-                f"tensor {fqn!r}: DCP's metadata has {len(tensors[fqn].chunks)} chunks, "
-                f"the ranks wrote {int(counts[number])}"
-            )
-        spans[fqn] = (int(starts[number]), int(counts[number]))
     expected = _byte_items(metadata)
     if set(byte_blocks) != expected:
         odd = sorted(set(byte_blocks) ^ expected)
         raise IncompleteCheckpointError(
             f"byte item {odd[0]!r} is in DCP's metadata or in the ranks' items, not both"
         )
-    # Rows in tensor order, each tensor's in rank order.
-    every = np.arange(len(tensors))
-    if numbered and all(len(n) == len(every) and np.array_equal(n, every) for n in numbered):
+    if all(rank.one_chunk_each for rank in ranks):
         # Each rank wrote one chunk of every tensor, in the metadata's order (what FSDP
-        # makes): the table is the ranks' rows transposed.
-        blocks_of = np.tile(np.arange(len(per_rank)), len(every))
-        offsets_of = np.stack(offsets, axis=1).reshape(-1, dims)
-        sizes_of = np.stack(sizes, axis=1).reshape(-1, dims)
-    else:  # a stable sort, which numpy does as a radix sort for keys of 16 bits
-        key = tensor.astype(np.uint16) if len(tensors) <= 1 << 16 else tensor
-        order = np.argsort(key, kind="stable")
-        blocks_of = np.repeat(np.arange(len(per_rank)), [len(n) for n in numbered])[order]
-        offsets_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *offsets])[order]
-        sizes_of = np.concatenate([np.zeros((0, dims), dtype=np.int64), *sizes])[order]
-    extremes = [int(a.min()) for a in (offsets_of, sizes_of) if a.size]
-    extremes += [int(a.max()) for a in (offsets_of, sizes_of) if a.size]
-    small = all(0 <= n < 2**31 for n in extremes) and len(per_rank) < 2**31
-    rows = np.empty((len(blocks_of), 1 + 2 * dims), dtype="<i4" if small else "<i8")
-    rows[:, 0] = blocks_of
-    rows[:, 1 : 1 + dims] = offsets_of
-    rows[:, 1 + dims :] = sizes_of
+        # makes): the table is the ranks' rows transposed, filled in place.
+        counts = np.full(len(tensors), len(ranks), dtype=np.int64)
+        rows, small = _transposed(ranks, len(tensors), dims)
+    else:
+        counts, rows, small = _sorted(ranks, len(tensors), dims)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    spans: dict[str, tuple[int, int]] = {}
+    for number, (fqn, md) in enumerate(tensors.items()):
+        if int(counts[number]) != len(md.chunks):
+            raise IncompleteCheckpointError(
+                f"tensor {fqn!r}: DCP's metadata has {len(md.chunks)} chunks, "
+                f"the ranks wrote {int(counts[number])}"
+            )
+        spans[fqn] = (int(starts[number]), int(counts[number]))
     skeleton = copy.copy(metadata)
     skeleton.state_dict_metadata = {
         fqn: TensorStorageMetadata(md.properties, md.size, [])
@@ -280,6 +242,94 @@ def build_table(metadata: Metadata, per_rank: Sequence[RankItems]) -> StoredTabl
     }
     blocks = [(rank.block, rank.block_sha256) for rank in per_rank]
     return StoredTable(skeleton, blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankRows:
+    """One rank's chunk rows as :func:`build_table` reads them: ``tensors`` (the number of
+    each row's tensor in the metadata), ``offsets`` and ``sizes`` (``dims`` columns
+    each, views of the rank's own bytes), and whether every value fits an int32."""
+
+    tensors: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    fits_int32: bool
+    one_chunk_each: bool  # one row per tensor of the metadata, in its order
+
+    @classmethod
+    def of_each(cls, per_rank: Sequence[RankItems], fqns: list[str], dims: int) -> list[_RankRows]:
+        """The rows of each rank, checked against the metadata's tensors ``fqns``."""
+        number_of = {fqn: number for number, fqn in enumerate(fqns)}
+        every = np.arange(len(fqns), dtype=np.int64)
+        mapped: dict[tuple[str, ...], tuple[np.ndarray, bool]] = {}
+        ranks: list[_RankRows] = []
+        for rank in per_rank:
+            known = mapped.get(rank.fqns)
+            if known is None:
+                missing = [fqn for fqn in rank.fqns if fqn not in number_of]
+                if missing:
+                    raise IncompleteCheckpointError(
+                        f"{rank.operator} wrote tensor {missing[0]!r}, which DCP's metadata lacks"
+                    )
+                numbers = np.array([number_of[fqn] for fqn in rank.fqns], dtype=np.int64)
+                known = mapped[rank.fqns] = numbers, np.array_equal(numbers, every)
+            numbers, all_in_order = known
+            if rank.dims > dims:
+                raise IncompleteCheckpointError(
+                    f"{rank.operator} wrote chunks of {rank.dims} dimensions; no tensor of "
+                    f"DCP's metadata has more than {dims}"
+                )
+            rows = np.frombuffer(rank.rows, dtype=np.int64).reshape(-1, 1 + 2 * rank.dims)
+            values = rows[:, 1:]
+            fits = not values.size or (int(values.min()) >= 0 and int(values.max()) < 2**31)
+            in_order = all_in_order and np.array_equal(rows[:, 0], every)
+            ranks.append(
+                cls(
+                    every if in_order else numbers[rows[:, 0]],
+                    _padded(rows[:, 1 : 1 + rank.dims], dims),
+                    _padded(rows[:, 1 + rank.dims :], dims),
+                    fits,
+                    in_order,
+                )
+            )
+        return ranks
+
+
+def _table_dtype(ranks: Sequence[_RankRows]) -> tuple[str, bool]:
+    """The row dtype of a table of ``ranks``: int32 when every value fits (``small``)."""
+    small = all(rank.fits_int32 for rank in ranks) and len(ranks) < 2**31
+    return ("<i4" if small else "<i8"), small
+
+
+def _transposed(ranks: Sequence[_RankRows], count: int, dims: int) -> tuple[np.ndarray, bool]:
+    """The table of ranks that each wrote one chunk of each of ``count`` tensors, in
+    order: tensor by tensor, each tensor's rows in rank order; and whether it is int32."""
+    dtype, small = _table_dtype(ranks)
+    table = np.empty((count, len(ranks), 1 + 2 * dims), dtype=dtype)
+    table[:, :, 0] = np.arange(len(ranks))
+    for block, rank in enumerate(ranks):
+        table[:, block, 1 : 1 + dims] = rank.offsets
+        table[:, block, 1 + dims :] = rank.sizes
+    return table.reshape(-1, 1 + 2 * dims), small
+
+
+def _sorted(
+    ranks: Sequence[_RankRows], count: int, dims: int
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The rows of ``ranks`` in tensor order, each tensor's in rank order, by a stable
+    sort (which numpy does as a radix sort for keys of 16 bits); the rows per tensor
+    (``count`` of them), the table, and whether it is int32."""
+    tensor = np.concatenate([np.zeros(0, dtype=np.int64), *(rank.tensors for rank in ranks)])
+    counts = np.bincount(tensor, minlength=count)
+    key = tensor.astype(np.uint16) if count <= 1 << 16 else tensor
+    order = np.argsort(key, kind="stable")
+    empty = np.zeros((0, dims), dtype=np.int64)
+    dtype, small = _table_dtype(ranks)
+    table = np.empty((len(tensor), 1 + 2 * dims), dtype=dtype)
+    table[:, 0] = np.repeat(np.arange(len(ranks)), [len(rank.tensors) for rank in ranks])[order]
+    table[:, 1 : 1 + dims] = np.concatenate([empty, *(rank.offsets for rank in ranks)])[order]
+    table[:, 1 + dims :] = np.concatenate([empty, *(rank.sizes for rank in ranks)])[order]
+    return counts, table, small
 
 
 def _padded(columns: np.ndarray, dims: int) -> np.ndarray:
