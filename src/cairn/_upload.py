@@ -342,9 +342,11 @@ def upload_job(
     return job
 
 
-COALESCE_BELOW = 1024 * 1024
+COALESCE_BELOW = 128 * 1024
 """Ranges smaller than this are copied together into chunks of up to READ_CHUNK bytes;
-larger ones are sent from their own memory."""
+larger ones are sent from their own memory. Each chunk handed to obstore costs about
+0.1 ms, so below about 128 KiB a copy is cheaper than a chunk of its own, and above it
+the copy costs more (``bench/bench_range_chunks.py``)."""
 
 
 def _ranges_job(
