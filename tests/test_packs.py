@@ -487,4 +487,4 @@ def test_the_command_line_verifies_shows_copies_restores_and_collects_packs(
     assert gc["pack_bytes"] > gc["pack_range_bytes"] > 0
     assert source_pack.exists()
     table = cairn("gc", "--keep-last", "1", "--min-age", "0s", "--dry-run", *store)
-    assert "packs kept:" in table.stdout, table.explain()
+    assert "shared objects kept:" in table.stdout, table.explain()

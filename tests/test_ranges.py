@@ -120,6 +120,25 @@ def test_a_manifest_entry_of_ranges_is_checked() -> None:
         check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "codec": "zstd"}))
 
 
+def test_used_bytes_are_checked_on_a_carried_whole_object_only() -> None:
+    owner = CheckpointId.now()
+    entry = PartitionSnapshotEntry(
+        partition_id=0,
+        is_delta=False,
+        path="operators/op/partition-0.snap",
+        size_bytes=100,
+        sha256="0" * 64,
+        owner=owner,
+        index_size_bytes=index_size(2),
+        used_bytes=40,
+    )
+    check_entry("op", entry)
+    with pytest.raises(InvalidInputError, match="used_bytes of .* out of range"):
+        check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "used_bytes": 101}))
+    with pytest.raises(InvalidInputError, match="only a whole, uncompressed object carried"):
+        check_entry("op", PartitionSnapshotEntry(**{**_fields(entry), "owner": None}))
+
+
 def _fields(entry: PartitionSnapshotEntry) -> dict[str, Any]:
     return {f: getattr(entry, f) for f in entry.__struct_fields__}
 

@@ -212,6 +212,37 @@ def test_gc_keeps_what_the_retained_checkpoint_carries(tmp_path: Path) -> None:
     assert_same(loaded, fourth_state)
 
 
+def test_gc_reports_the_space_a_partly_carried_rank_object_keeps(tmp_path: Path) -> None:
+    """Once the parent is deleted, its rank object stays whole for the tensors the child
+    carried: GC's space report counts the object against the bytes the child uses."""
+    first = save(tmp_path, state_at(1))
+    base = frozen_base()
+    base["layer1.weight"] = base["layer1.weight"] + 1  # uploaded again; the rest carried
+    second = save(tmp_path, state_at(2, base), epoch=2, incremental=True)
+    parent_records, records = records_of(tmp_path, first), records_of(tmp_path, second)
+    carried = {fqn: r for fqn, r in records.items() if r == parent_records[fqn]}
+    assert "base.layer1.weight" not in carried and "base.layer0.weight" in carried
+    [(_, entry)] = [
+        (op, e) for op, e in sync(tmp_path).load_manifest(second).partition_entries() if e.owner
+    ]
+    assert entry.owner == first
+    assert entry.used_bytes == sum(r.length for r in carried.values())
+    object_size = (tmp_path / PREFIX / str(first) / entry.path).stat().st_size
+    assert entry.used_bytes < object_size - 512 * 512 * 4
+
+    result = sync(tmp_path).gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert result.deleted == [first] and result.retained == [second]
+    own = [p for p in (tmp_path / PREFIX / str(second) / "operators").rglob("*") if p.is_file()]
+    # The second's own objects of ranges (its rank object, its DCP metadata) are used
+    # whole; the first's rank object only for what the second carried of it.
+    own_bytes = sum(p.stat().st_size for p in own)
+    assert result.pack_bytes == own_bytes + object_size
+    assert result.pack_range_bytes == own_bytes + entry.used_bytes
+    loaded = blank(state_at(2, base))
+    load(tmp_path, loaded, second)
+    assert_same(loaded, state_at(2, base))
+
+
 def test_cairn_verify_and_copy_work_on_an_incremental_checkpoint(tmp_path: Path) -> None:
     store, target = tmp_path / "store", tmp_path / "copy"
     store.mkdir()

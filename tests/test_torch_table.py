@@ -37,7 +37,7 @@ from cairn.ids import CheckpointId
 from cairn.ranges import StoredRange, decode_index
 from cairn.stores import as_store
 from cairn.sync import SyncCheckpointer
-from cairn.torch import METADATA_OPERATOR, CairnReader, _reader
+from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter, _reader
 from cairn.torch import _itemtable as itemtable
 
 RANKS = 4
@@ -294,6 +294,7 @@ def _synthetic_save(
     lists its tensors backwards, and with ``absent`` (fqn, rank) that rank holds none
     of that tensor: either takes the sorting path."""
     from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
         ChunkStorageMetadata,
         Metadata,
         TensorProperties,
@@ -325,7 +326,7 @@ def _synthetic_save(
             record = (f"r{rank}", 0, 0, "0" * 64, "float32", tuple(size))
             written.append((index, record, f"rank-{rank}", entry))
         per_rank.append(itemtable.rank_items(f"rank-{rank}", items, written))
-    state = {
+    state: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
         fqn: TensorStorageMetadata(
             TensorProperties(dtype=torch.float32), torch.Size(shapes[fqn]), chunks[fqn]
         )
@@ -359,3 +360,66 @@ def test_the_table_places_every_chunk_whatever_its_size_and_dimensions(
         ]
         holders = [r for r in range(3) if (fqn, r) != absent]
         assert [decoded.block(n) for n in range(len(decoded))] == holders
+
+
+def test_ranks_carrying_one_object_report_the_sum_of_the_bytes_they_use() -> None:
+    """Two ranks that carry tensors of one parent object each count their own bytes of
+    it; the manifest gets one entry with the sum. Any other difference is refused."""
+    from cairn.manifest import PartitionSnapshotEntry
+    from cairn.torch._writer import _distinct_entries
+
+    owner = CheckpointId.now()
+    base = PartitionSnapshotEntry(
+        partition_id=0,
+        is_delta=False,
+        path="operators/rank-0/partition-0.snap",
+        size_bytes=1000,
+        sha256="0" * 64,
+        owner=owner,
+        index_size_bytes=56,
+    )
+    one, two = (msgspec.structs.replace(base, used_bytes=n) for n in (300, 200))
+    [(operator, merged)] = _distinct_entries([("rank-0", one), ("rank-0", two)])
+    assert operator == "rank-0" and merged == msgspec.structs.replace(base, used_bytes=500)
+    other = msgspec.structs.replace(two, sha256="1" * 64)
+    with pytest.raises(IncompleteCheckpointError, match="two different entries"):
+        _distinct_entries([("rank-0", one), ("rank-0", other)])
+
+
+def test_each_rank_of_an_incremental_save_reads_its_own_block_of_the_parent(
+    saved: Saved, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator opens the parent (index and range 0); each rank reads the block
+    of the records it may carry, no other; everything unchanged is carried."""
+    monkeypatch.setattr(_reader, "WHOLE_METADATA_BYTES", 0)  # as a large one is read
+    path, _, _ = saved.metadata_object()
+    reads: dict[str, list[int]] = {"prepare_global_plan": [], "write_data": []}
+
+    def counted(name: str) -> None:
+        method = getattr(CairnWriter, name)
+
+        def wrapper(self: CairnWriter, *args: Any) -> Any:
+            before = len(saved.store.log)
+            out = method(self, *args)
+            log = saved.store.log[before:]
+            reads[name].append(sum(1 for op, p in log if op == "get_range" and p == path))
+            return out
+
+        monkeypatch.setattr(CairnWriter, name, wrapper)
+
+    counted("prepare_global_plan")
+    counted("write_data")
+    states = [sharded(saved.whole, RANKS, r) for r in range(RANKS)]
+    writers, metadata, results = plan_and_write(saved.store, states, incremental=True)
+    writers[0].finish(metadata, results)
+    assert reads == {"prepare_global_plan": [2], "write_data": [3] * RANKS}
+    child = writers[0].checkpoint_id
+    assert child is not None
+    manifest = SyncCheckpointer(saved.store).load_manifest(child)
+    assert manifest.parent_id == saved.cid
+    ranks = [e for op, e in manifest.partition_entries() if op != METADATA_OPERATOR]
+    assert len(ranks) == RANKS and all(e.owner == saved.cid for e in ranks)
+    for rank in range(RANKS):
+        state = sharded(saved.whole, RANKS, rank, blank=True)
+        load_rank(CairnReader(saved.store, checkpoint_id=child), state)
+        assert_loaded(state, saved.whole, RANKS, rank)

@@ -174,6 +174,13 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     ``index_size_bytes`` is set on an object of ranges (:mod:`cairn.ranges`, a DCP
     rank's tensors): its last ``index_size_bytes`` bytes are an index of the ranges
     before them, each with its own SHA-256, and ``sha256`` is the digest of that index.
+
+    ``used_bytes`` is set on an uncompressed entry carried from another checkpoint
+    (``owner`` set) whose items this checkpoint reads as ranges of it (a DCP save that
+    carried some of a parent's tensors): how many of its ``size_bytes`` those ranges
+    take. It only
+    informs the space report of GC (:attr:`~cairn.retention.GcPlan.pack_bytes`); the
+    object is kept whole, and verified whole, whatever it says.
     """
 
     partition_id: int
@@ -186,6 +193,7 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     stored_size_bytes: int | None = None
     offset: int | None = None
     index_size_bytes: int | None = None
+    used_bytes: int | None = None
 
     @property
     def stored_length(self) -> int:
@@ -880,8 +888,9 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
     Its path must be the layout's path for its partition and kind (with an ``offset``: a
     pack's path, the offset in 0..:data:`MAX_INT64`, the range ending there at the
     latest, and a stored size recorded if it is encoded), its sizes in
-    0..:data:`MAX_INT64`, its digest a SHA-256 hex digest, its codec a known one, and
-    its owner another checkpoint than ``checkpoint_id``.
+    0..:data:`MAX_INT64`, its digest a SHA-256 hex digest, its codec a known one, its
+    owner another checkpoint than ``checkpoint_id``, and ``used_bytes`` (if set) on a
+    whole, uncompressed object carried from another checkpoint, at most its size.
     """
     if not isinstance(part, PartitionSnapshotEntry):
         raise InvalidInputError(
@@ -921,6 +930,13 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
         )
     if part.index_size_bytes is not None:
         _check_index(where, part)
+    if part.used_bytes is not None:
+        if part.owner is None or part.offset is not None or part.codec is not None:
+            raise InvalidInputError(
+                f"entry {where} has used_bytes: only a whole, uncompressed object carried "
+                "from another checkpoint has"
+            )
+        _check_int(f"used_bytes of {where}", part.used_bytes, 0, part.size_bytes)
 
 
 def _check_index(where: str, part: PartitionSnapshotEntry) -> None:

@@ -31,9 +31,11 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
 * reachability is by object path, packs included: a pack (many small artifacts of one
   save, each a byte range of it) is kept whole while any kept checkpoint names a range
   in it, even when the checkpoint that wrote it is deleted and the others no longer
-  need most of it. The plan reports what that costs: the bytes of the packs kept for
-  kept checkpoints against the bytes of the ranges those still name
-  (:attr:`GcPlan.pack_bytes`, :attr:`GcPlan.pack_range_bytes`).
+  need most of it. So is a DCP rank object (one object of ranges, a tensor each) that a
+  later incremental save carries some tensors of. The plan reports what that costs:
+  the bytes of the packs and carried objects kept for kept checkpoints against the
+  bytes of them those still use (:attr:`GcPlan.pack_bytes`,
+  :attr:`GcPlan.pack_range_bytes`).
 """
 
 from __future__ import annotations
@@ -205,10 +207,16 @@ class GcPlan:
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in order."""
     pack_bytes: int = field(default=0, compare=False)
-    """The bytes of the packs kept that a retained checkpoint names a range of."""
+    """The bytes of the shared objects kept for retained checkpoints: each pack a
+    retained checkpoint names a range of, and each object of ranges (a DCP rank's
+    tensors) one names, its own checkpoint's or carried by an incremental save."""
     pack_range_bytes: int = field(default=0, compare=False)
-    """The bytes of the ranges of those packs that retained checkpoints name (each range
-    once): ``pack_bytes`` over this is the space packs keep alive per byte still needed."""
+    """The bytes of those objects that retained checkpoints use: of a pack, the ranges
+    they name (each once); of an object of ranges, all of it while its own checkpoint is
+    retained, else the most that one retained checkpoint carried of it (the entries'
+    ``used_bytes``; a lower bound when two carry different tensors of it; an entry
+    without it, from an older cairn, counts as all). ``pack_bytes`` over this is the
+    space shared objects keep alive per byte still needed."""
 
 
 KEPT_REASONS = (
@@ -243,10 +251,11 @@ class GcResult:
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each of ``retained`` is kept (:attr:`GcPlan.reasons`)."""
     pack_bytes: int = 0
-    """The bytes of the packs kept for the retained checkpoints (:attr:`GcPlan.pack_bytes`)."""
+    """The bytes of the packs and carried objects kept for the retained checkpoints
+    (:attr:`GcPlan.pack_bytes`)."""
     pack_range_bytes: int = 0
-    """The bytes of those packs that the retained checkpoints name
-    (:attr:`GcPlan.pack_range_bytes`); the rest is kept only because it shares a pack."""
+    """The bytes of those that the retained checkpoints use
+    (:attr:`GcPlan.pack_range_bytes`); the rest is kept only because it shares an object."""
 
 
 def _reachable(
@@ -496,22 +505,38 @@ def _plan(
 def _pack_amplification(
     paths: CheckpointPaths, state: StoreState, whole: set[CheckpointId], gone: set[str]
 ) -> tuple[int, int]:
-    """The bytes of the packs that checkpoints in ``whole`` name ranges of and that stay
-    (listed, not in ``gone``), and the bytes of those ranges, each range counted once."""
+    """The bytes of the shared objects that checkpoints in ``whole`` name and that stay
+    (listed, not in ``gone``), and the bytes of them those use (see
+    :attr:`GcPlan.pack_range_bytes`): packs' ranges counted once each, objects of ranges
+    whole or by their entries' ``used_bytes``."""
     ranges: dict[str, set[tuple[int, int]]] = {}
+    used: dict[str, int | None] = {}  # objects of ranges: the most one checkpoint uses (None: all)
     for cid in whole:
         manifest = state.manifests.get(cid)
         if manifest is None:
             continue
         for _, entry in manifest.partition_entries():
+            path = paths.resolve(entry.owner or cid, entry.path)
             if entry.offset is not None:
-                path = paths.resolve(entry.owner or cid, entry.path)
                 ranges.setdefault(path, set()).add((entry.offset, entry.stored_length))
-    if not ranges:
+            elif entry.index_size_bytes is not None or entry.used_bytes is not None:
+                before = used.get(path, 0)
+                now = None if entry.owner is None else entry.used_bytes
+                used[path] = None if before is None or now is None else max(before, now)
+    if not ranges and not used:
         return 0, 0
-    sizes = {info.path: info.size for info in state.objects if info.path in ranges}
+    sizes = {
+        info.path: info.size for info in state.objects if info.path in ranges or info.path in used
+    }
     kept = [path for path in sizes if path not in gone]
-    return sum(sizes[p] for p in kept), sum(n for p in kept for _, n in ranges[p])
+    kept_bytes = sum(sizes[p] for p in kept)
+    packed = sum(n for p in kept if p in ranges for _, n in ranges[p])
+    carried = 0
+    for path in kept:
+        if path in used:
+            part = used[path]
+            carried += sizes[path] if part is None else min(part, sizes[path])
+    return kept_bytes, packed + carried
 
 
 def _lost_attempt(

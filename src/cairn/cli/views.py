@@ -733,7 +733,7 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
     )
     if result.pack_bytes > result.pack_range_bytes:
         summary.append(
-            f"; packs kept: {human_size(result.pack_bytes)} for "
+            f"; shared objects kept: {human_size(result.pack_bytes)} for "
             f"{human_size(result.pack_range_bytes)} that kept checkpoints still use"
         )
     if not (result.deleted or result.retained or result.failures):

@@ -18,8 +18,11 @@ Invariants:
 * the new checkpoint's own partitions are numbered after every partition of the
   parent (:attr:`Parent.first_partition`), so its entries never collide with a carried
   one in the same operator;
-* the coordinator reads the parent once and hands each rank only the records of the
-  items in that rank's plan, inside the plan: no rank reads the parent itself.
+* the coordinator opens the parent (its manifest and DCP metadata, verified) and hands
+  every rank its id in the plan; each rank reads the parent's records of its own items
+  (:func:`carry_for`: with a chunk table, only the blocks holding them; a rank saving
+  what it saved before reads one), so no process does work per item of the whole
+  checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Sequence
 
 import msgspec
 from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.planner import WriteItem
 
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import CheckpointNotFoundError
@@ -40,7 +43,15 @@ from cairn.integrity import sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.torch._target import Target
 
-__all__ = ["HASH_THREADS", "Carried", "Parent", "carried_if_equal", "carried_items", "open_parent"]
+__all__ = [
+    "HASH_THREADS",
+    "Carried",
+    "Parent",
+    "carried_if_equal",
+    "carried_items",
+    "carry_for",
+    "open_parent",
+]
 
 HASH_THREADS = min(8, os.cpu_count() or 1)
 """Threads that hash a rank's items against the parent's at once (hashlib releases the
@@ -60,21 +71,11 @@ class Carried:
 
 @dataclasses.dataclass(frozen=True)
 class Parent:
-    """The checkpoint an incremental save builds on, as the coordinator read it."""
+    """The checkpoint an incremental save builds on, as the coordinator opened it."""
 
     checkpoint_id: CheckpointId
     manifest: CheckpointManifest
-    items: dict[MetadataIndex, Carried]
     first_partition: int
-
-    def for_plan(self, plan: SavePlan) -> dict[MetadataIndex, Carried]:
-        """The parent's records of the items in ``plan`` (those it holds)."""
-        found: dict[MetadataIndex, Carried] = {}
-        for item in plan.items:
-            carried = self.items.get(item.index)
-            if carried is not None:
-                found[item.index] = carried
-        return found
 
 
 async def open_parent(ckpt: ObjectStoreCheckpointer, target: Target | None) -> Parent | None:
@@ -83,7 +84,7 @@ async def open_parent(ckpt: ObjectStoreCheckpointer, target: Target | None) -> P
 
     An explicit ``target`` that is not there raises :class:`CheckpointNotFoundError`.
     """
-    from cairn.torch._reader import load_records, open_dcp  # the reader imports the writer
+    from cairn.torch._reader import open_dcp  # the reader imports the writer
 
     try:
         opened = await open_dcp(ckpt, target)
@@ -91,19 +92,35 @@ async def open_parent(ckpt: ObjectStoreCheckpointer, target: Target | None) -> P
         if target is not None:
             raise
         return None
-    await load_records(ckpt, opened, None)
-    cid, manifest = opened.checkpoint_id, opened.manifest
+    manifest = opened.manifest
+    last = max((entry.partition_id for _, entry in manifest.partition_entries()), default=-1)
+    return Parent(opened.checkpoint_id, manifest, last + 1)
+
+
+async def carry_for(
+    ckpt: ObjectStoreCheckpointer, parent_id: CheckpointId, items: Sequence[WriteItem]
+) -> dict[MetadataIndex, Carried]:
+    """The parent's records of ``items`` (those it holds), each with the entry of the
+    artifact holding it, owner set: what a rank saving ``items`` may carry. The parent is
+    opened and verified again (its id is fixed; its manifest, written create-only, is
+    the one the coordinator checked), and only the blocks holding these records read."""
+    from cairn.torch._reader import load_records, open_dcp  # the reader imports the writer
+
+    opened = await open_dcp(ckpt, parent_id)
+    indices = [item.index for item in items]
+    await load_records(ckpt, opened, indices)
     located: dict[str, tuple[str, PartitionSnapshotEntry]] = {}
-    last = -1
-    for operator, entry in manifest.partition_entries():
-        last = max(last, entry.partition_id)
-        owned = entry if entry.owner is not None else msgspec.structs.replace(entry, owner=cid)
+    for operator, entry in opened.manifest.partition_entries():
+        # The bytes this checkpoint uses of it are counted anew (rank_items).
+        owned = msgspec.structs.replace(entry, owner=entry.owner or parent_id, used_bytes=None)
         located[entry.path] = (operator, owned)
-    items: dict[MetadataIndex, Carried] = {}
-    for index, record in opened.records.items():
-        operator, entry = located[record.artifact]
-        items[index] = Carried(record.stored(), operator, entry)
-    return Parent(cid, manifest, items, last + 1)
+    found: dict[MetadataIndex, Carried] = {}
+    for index in indices:
+        record = opened.records.get(index)
+        if record is not None:
+            operator, entry = located[record.artifact]
+            found[index] = Carried(record.stored(), operator, entry)
+    return found
 
 
 def carried_if_equal(

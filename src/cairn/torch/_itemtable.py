@@ -63,6 +63,7 @@ __all__ = [
     "RankItems",
     "StoredTable",
     "build_table",
+    "carries_ranges",
     "decode_block",
     "decode_table",
     "has_table",
@@ -113,6 +114,8 @@ class RankItems:
     ``rows`` are the chunks of the rank's tensor items as native ``int64``, one row of
     ``1 + 2 * dims`` per chunk: the number of its tensor in ``fqns``, its offsets, its
     sizes (each padded with zeros to ``dims``). ``block`` is the rank's records, encoded.
+    ``entries`` are the artifacts they name, each carried one (:func:`carries_ranges`)
+    with the bytes of the rank's records in it as its ``used_bytes``.
     """
 
     operator: str
@@ -125,6 +128,12 @@ class RankItems:
     byte_fqns: tuple[str, ...]
 
 
+def carries_ranges(entry: PartitionSnapshotEntry) -> bool:
+    """True when ``entry`` is an artifact carried from another checkpoint whose items are
+    read as ranges of it, so that its ``used_bytes`` are recorded (uncompressed)."""
+    return entry.owner is not None and entry.codec is None and entry.offset is None
+
+
 def rank_items(
     operator: str,
     items: Sequence[WriteItem],
@@ -135,6 +144,7 @@ def rank_items(
     records: list[_Record] = []
     names: dict[str, int] = {}
     entries: dict[tuple[str, int], tuple[str, PartitionSnapshotEntry]] = {}
+    used: dict[tuple[str, int], int] = {}  # bytes of each carried object the records name
     for index, (artifact, offset, length, digest, dtype, shape), owner, entry in written:
         offsets = None if index.offset is None else [int(n) for n in index.offset]
         fqn_n, artifact_n, dtype_n = (
@@ -144,7 +154,10 @@ def rank_items(
         records.append(
             _Record(fqn_n, offsets, artifact_n, offset, length, raw, dtype_n, list(shape))
         )
-        entries.setdefault((owner, entry.partition_id), (owner, entry))
+        key = (owner, entry.partition_id)
+        entries.setdefault(key, (owner, entry))
+        if carries_ranges(entry):
+            used[key] = used.get(key, 0) + length
     block = msgspec.msgpack.encode(_Block(list(names), records))
     numbers: dict[str, int] = {}
     chunks: list[tuple[int, list[int], list[int]]] = []
@@ -164,7 +177,10 @@ def rank_items(
         row[1 + dims : 1 + dims + len(sizes)] = sizes
     return RankItems(
         operator,
-        tuple(entries.values()),
+        tuple(
+            (owner, msgspec.structs.replace(entry, used_bytes=used[key]) if key in used else entry)
+            for key, (owner, entry) in entries.items()
+        ),
         block,
         sha256_hex(block),
         tuple(numbers),

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import msgspec
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
@@ -34,7 +35,7 @@ from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.ranges import Range, RangeSource
 from cairn.signing import SigningKey
-from cairn.torch._carry import Carried, Parent, carried_items, open_parent
+from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
 from cairn.torch._format import (
     BUNDLE_BYTES,
     OWN_ARTIFACT_BYTES,
@@ -42,7 +43,13 @@ from cairn.torch._format import (
     ItemRecord,
     dump_metadata,
 )
-from cairn.torch._itemtable import RankItems, StoredTable, build_table, rank_items
+from cairn.torch._itemtable import (
+    RankItems,
+    StoredTable,
+    build_table,
+    carries_ranges,
+    rank_items,
+)
 from cairn.torch._rankobject import RANK_OBJECT_BYTES, Resolved, Written, rank_uploads
 from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run, travels
 from cairn.torch._target import Target, interpret, well_formed
@@ -74,13 +81,13 @@ def rank_operator(rank: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class _PlanData:
     """What the coordinator tells every rank in the global plan: the checkpoint (its id
-    and name), the rank, and for an incremental save the parent's records of this
-    rank's items and the first partition number the checkpoint's own artifacts take."""
+    and name), the rank, and for an incremental save the parent's id and the first
+    partition number the checkpoint's own artifacts take."""
 
     checkpoint_id: str
     rank: int
     name: str | None = None
-    carry: dict[Any, Carried] = dataclasses.field(default_factory=dict)
+    parent: str | None = None
     first_partition: int = 0
 
 
@@ -336,7 +343,7 @@ class CairnWriter(StorageWriter):
         self._built_on = parent_id
         self._name = requested if isinstance(requested, str) else None
         return [
-            dataclasses.replace(plan, storage_data=self._plan_data(cid, rank, plan, parent))
+            dataclasses.replace(plan, storage_data=self._plan_data(cid, rank, parent))
             for rank, plan in enumerate(plans)
         ]
 
@@ -348,23 +355,22 @@ class CairnWriter(StorageWriter):
             log.info("incremental save with no DCP checkpoint to build on: a full save")
         return parent
 
-    def _plan_data(
-        self, cid: CheckpointId, rank: int, plan: SavePlan, parent: Parent | None
-    ) -> _PlanData:
+    def _plan_data(self, cid: CheckpointId, rank: int, parent: Parent | None) -> _PlanData:
         if parent is None:
             return _PlanData(str(cid), rank, self._name)
-        carry = parent.for_plan(plan)
-        return _PlanData(str(cid), rank, self._name, carry, parent.first_partition)
+        parent_id = str(parent.checkpoint_id)
+        return _PlanData(str(cid), rank, self._name, parent_id, parent.first_partition)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Upload this rank's items into the checkpoint; their records.
 
         The items go into one object of ranges (:mod:`cairn.torch._rankobject`; one per
         :data:`RANK_OBJECT_BYTES`), each item resolved as the upload reaches it and
-        hashed once. In an incremental save, the items the parent holds are first hashed
-        (in parallel, at most :data:`COPY_BUDGET` bytes of copies at a time) and those
-        equal to the parent's carried (:mod:`cairn.torch._carry`). With compression, the
-        layout of one artifact per tensor and bundles is kept (:meth:`_write_bundles`).
+        hashed once. In an incremental save, the rank reads the parent's records of its
+        items; the items the parent holds are first hashed (in parallel, at most
+        :data:`COPY_BUDGET` bytes of copies at a time) and those equal to the parent's
+        carried (:mod:`cairn.torch._carry`). With compression, the layout of one artifact
+        per tensor and bundles is kept (:meth:`_write_bundles`).
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
@@ -375,10 +381,15 @@ class CairnWriter(StorageWriter):
         self._checkpoint_id = cid
         self._name = data.name
         operator = rank_operator(data.rank)
+        carry: dict[Any, Carried] = {}
+        if data.parent is not None:
+            parent_id = CheckpointId.parse(data.parent)
+            reading = carry_for(self.checkpointer, parent_id, plan.items)
+            carry = run(reading, "CairnWriter.write_data")
         if self._settings["compression"] is not None:
-            results = self._write_bundles(cid, operator, data, plan, planner)
+            results = self._write_bundles(cid, operator, data, carry, plan, planner)
         else:
-            results = self._write_rank_objects(cid, operator, data, plan, planner)
+            results = self._write_rank_objects(cid, operator, data, carry, plan, planner)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -388,14 +399,16 @@ class CairnWriter(StorageWriter):
         cid: CheckpointId,
         operator: str,
         data: _PlanData,
+        carry: dict[Any, Carried],
         plan: SavePlan,
         planner: SavePlanner,
     ) -> list[WriteResult]:
-        """The rank's items carried or uploaded as objects of ranges; their results."""
+        """The rank's items carried (those equal to ``carry``'s) or uploaded as objects of
+        ranges; their results."""
         results: list[WriteResult] = []
         items = list(plan.items)
-        if data.carry:
-            items = self._carry_equal(data.carry, items, planner, results)
+        if carry:
+            items = self._carry_equal(carry, items, planner, results)
         uploads = rank_uploads(operator, items, planner, data.first_partition, RANK_OBJECT_BYTES)
         if uploads:
             upload = self.checkpointer.save_partitions_concurrent(cid, [u for u, _ in uploads])
@@ -444,6 +457,7 @@ class CairnWriter(StorageWriter):
         cid: CheckpointId,
         operator: str,
         data: _PlanData,
+        carry: dict[Any, Carried],
         plan: SavePlan,
         planner: SavePlanner,
     ) -> list[WriteResult]:
@@ -460,9 +474,9 @@ class CairnWriter(StorageWriter):
             window.append((item, resolved))
             held += resolved.view.nbytes if resolved.copied else 0
             if held + batch.copied > COPY_BUDGET:
-                batch = self._lay_out(cid, operator, data.carry, window, batch, results)
+                batch = self._lay_out(cid, operator, carry, window, batch, results)
                 window, held = [], 0
-        batch = self._lay_out(cid, operator, data.carry, window, batch, results)
+        batch = self._lay_out(cid, operator, carry, window, batch, results)
         results += self._upload(cid, operator, batch)
         return results
 
@@ -704,7 +718,10 @@ def _collect(
             if result.index in records:
                 raise IncompleteCheckpointError(f"item {result.index} was written twice")
             records[result.index] = written.record
-            named.append((written.operator, written.entry))
+            entry = written.entry
+            if carries_ranges(entry):
+                entry = msgspec.structs.replace(entry, used_bytes=written.record[2])
+            named.append((written.operator, entry))
     return records, _distinct_entries(named)
 
 
@@ -712,10 +729,23 @@ def _distinct_entries(
     named: Iterable[tuple[str, PartitionSnapshotEntry]],
 ) -> list[tuple[str, PartitionSnapshotEntry]]:
     """The artifacts ``named`` (operator and entry), each once, in order; an artifact
-    reported with two different entries is :class:`IncompleteCheckpointError`."""
+    reported with two different entries is :class:`IncompleteCheckpointError`. A carried
+    artifact reported several times (by several ranks, or once per item) gets the sum of
+    their ``used_bytes``: each names other ranges of it."""
     entries: dict[tuple[str, int], PartitionSnapshotEntry] = {}
     for operator, entry in named:
-        if entries.setdefault((operator, entry.partition_id), entry) != entry:
+        key = (operator, entry.partition_id)
+        known = entries.setdefault(key, entry)
+        if known is entry:
+            continue
+        if known.used_bytes is not None and entry.used_bytes is not None:
+            unused = msgspec.structs.replace(entry, used_bytes=known.used_bytes)
+            if unused == known:
+                # Distinct items are distinct ranges; capped in case two share one.
+                used = min(known.used_bytes + entry.used_bytes, known.size_bytes)
+                entries[key] = msgspec.structs.replace(known, used_bytes=used)
+                continue
+        if known != entry:
             raise IncompleteCheckpointError(
                 f"artifact {entry.path!r} of {operator!r} was reported with two different entries"
             )
