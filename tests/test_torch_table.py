@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import obstore
 import torch
+import zstandard
 from obstore.store import MemoryStore
 from support.dcp import (
     DefaultShardLoadPlanner,
@@ -33,6 +34,7 @@ from support.recording import RecordingStore
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
 from cairn import CorruptManifestError, IncompleteCheckpointError, IntegrityMismatchError
+from cairn.codecs import get_codec
 from cairn.ids import CheckpointId
 from cairn.ranges import StoredRange, decode_index
 from cairn.stores import as_store
@@ -200,18 +202,36 @@ def test_the_saved_table_decodes_and_places_every_item(saved: Saved) -> None:
     assert table.block_of(MetadataIndex("w", torch.Size([5, 0]))) is None
 
 
+def zstd(data: bytes) -> bytes:
+    return get_codec("zstd").compress(data)
+
+
+def unzstd(data: bytes) -> bytes:
+    return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(data))
+
+
+def rows_as(d: dict[str, Any], change: Any) -> None:
+    """The table ``d`` with its rows, decoded, changed by ``change``, then compressed."""
+    d["rows"] = zstd(change(unzstd(d["rows"])))
+
+
 @pytest.mark.parametrize(
     "forge",
     [
         lambda d: d.update(blocks=RANKS + 1),
-        lambda d: d.update(rows=d["rows"][:-4]),
-        lambda d: d.update(rows=d["rows"] + d["rows"][-4 * (1 + 2 * d["dims"]) :]),
+        lambda d: rows_as(d, lambda rows: rows[:-4]),
+        lambda d: rows_as(d, lambda rows: rows + rows[-4 * (1 + 2 * d["dims"]) :]),
         lambda d: d.update(tensors={**d["tensors"], "w": (0, 3)}),
         lambda d: d.update(tensors={k: v for k, v in d["tensors"].items() if k != "b"}),
         lambda d: d.update(bytes={}),
         lambda d: d.update(bytes={"step": RANKS}),
         lambda d: d.update(dtype="float32"),
         lambda d: d.pop("dims"),
+        lambda d: rows_as(d, lambda rows: rows * 10_000),
+        lambda d: d.update(rows=d["rows"][:-3]),
+        lambda d: d.update(block_sizes=d["block_sizes"][:-1]),
+        lambda d: d.update(block_sizes=[-1] * RANKS),
+        lambda d: d.update(format=itemtable.FORMAT_V1),
     ],
     ids=[
         "more-blocks",
@@ -223,6 +243,11 @@ def test_the_saved_table_decodes_and_places_every_item(saved: Saved) -> None:
         "a-block-out-of-range",
         "a-float-table",
         "a-field-missing",
+        "rows-that-inflate-past-their-count",
+        "rows-cut-short",
+        "a-block-size-missing",
+        "a-negative-block-size",
+        "the-first-version-with-the-second-fields",
     ],
 )
 def test_a_forged_table_is_refused(saved: Saved, forge: Any) -> None:
@@ -237,8 +262,21 @@ def test_a_block_with_another_ranks_record_is_refused(saved: Saved) -> None:
     table = itemtable.decode_table("m", table_metadata(saved), RANKS)
     one, two = (data[r.offset : r.offset + r.length] for r in ranges[2:4])
     assert itemtable.decode_block("m", table, 1, one)
+    assert table.block_sizes is not None
+    sizes = [*table.block_sizes]
+    sizes[1] = len(unzstd(two))  # block 2's bytes, decoding to the size the table says
+    forged = dataclasses.replace(table, block_sizes=sizes)
     with pytest.raises(CorruptManifestError, match="places elsewhere"):
+        itemtable.decode_block("m", forged, 1, two)
+    with pytest.raises(CorruptManifestError, match="does not decode to"):
         itemtable.decode_block("m", table, 1, two)
+
+
+def test_a_block_that_inflates_past_its_size_is_refused_unread(saved: Saved) -> None:
+    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    bomb = zstd(b"\0" * (64 << 20))  # 64 MiB of zeros in a few KB
+    with pytest.raises(CorruptManifestError, match="does not decode to"):
+        itemtable.decode_block("m", table, 1, bomb)
 
 
 def test_a_commit_without_one_ranks_results_commits_nothing() -> None:
@@ -257,11 +295,15 @@ def test_a_commit_without_one_ranks_results_commits_nothing() -> None:
 def test_a_block_naming_a_string_it_lacks_is_refused(saved: Saved) -> None:
     _, data, ranges = saved.metadata_object()
     table = itemtable.decode_table("m", table_metadata(saved), RANKS)
-    one = data[ranges[2].offset : ranges[2].offset + ranges[2].length]
+    one = unzstd(data[ranges[2].offset : ranges[2].offset + ranges[2].length])
     block = msgspec.msgpack.decode(one)
     block[0] = block[0][:1]  # the names list cut to its first string
+    forged = msgspec.msgpack.encode(block)
+    assert table.block_sizes is not None
+    sizes = [*table.block_sizes]
+    sizes[1] = len(forged)
     with pytest.raises(CorruptManifestError, match="names string"):
-        itemtable.decode_block("m", table, 1, msgspec.msgpack.encode(block))
+        itemtable.decode_block("m", dataclasses.replace(table, block_sizes=sizes), 1, zstd(forged))
 
 
 def test_the_table_is_the_same_whatever_order_the_ranks_wrote_their_items_in() -> None:

@@ -21,6 +21,7 @@ import torch
 from support.cli import cairn
 from support.dcp import Shard, load_rank, save_ranks, sharded
 from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from cairn import CheckpointPaths, SyncCheckpointer
@@ -71,7 +72,8 @@ def assert_rank_loads(root: Path, name: str, whole: dict[str, Any], ranks: int) 
 
 def test_the_fixture_is_a_first_version_chunk_table(old_store: Path) -> None:
     metadata = reader(old_store, "step-2").read_metadata()
-    assert isinstance(metadata.state_dict_metadata["w"].chunks, itemtable.ChunkList)
+    md = metadata.state_dict_metadata["w"]
+    assert isinstance(md, TensorStorageMetadata) and isinstance(md.chunks, itemtable.ChunkList)
     ckpt = SyncCheckpointer(str(old_store), CheckpointPaths(PREFIX))
     latest = ckpt.read_latest()
     assert latest is not None
@@ -121,4 +123,6 @@ def test_old_table_checkpoints_verify_copy_and_export(old_store: Path, tmp_path:
     expected = whole_state(2)
     assert whole["step"] == 2
     for key in ("w", "b", "e"):
-        assert torch.equal(whole[key], expected[key]), key
+        loaded, saved = whole[key], expected[key]
+        assert isinstance(loaded, torch.Tensor) and isinstance(saved, torch.Tensor)
+        assert torch.equal(loaded, saved), key
