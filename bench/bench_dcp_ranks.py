@@ -3,7 +3,8 @@
     python bench/bench_dcp_ranks.py [--quick] [--ranks 8,64] [--stores memory,s3]
                                     [--layouts ranges,per-tensor] [--reps 3]
                                     [--scale 4096] [--no-split]
-                                    [--skip-dcp-plan-check] [--json out.json]
+                                    [--skip-dcp-plan-check] [--incremental]
+                                    [--json out.json]
 
 One process plays every rank of a ``dcp.save`` and of one rank's ``dcp.load``, calling
 the storage protocol in the order ``torch.distributed.checkpoint`` does
@@ -88,8 +89,13 @@ root manifest bytes, sub-manifest bytes (a column only when the store holds obje
 named ``*manifest*`` besides the root manifest), DCP metadata bytes, the median over
 ``--reps`` saves of the coordinator's ``finish`` and of one rank's load planning
 (``read_metadata`` through ``finish_plan``), and the wall time of one whole save+load.
-Then the targets the layout must meet at 1,024 ranks (objects <= ranks + 4, root manifest
-<= 1 MiB, finish <= 2 s, one rank's load planning <= 1 s), pass or fail.
+With ``--incremental``, each save is followed by a second save of the same state with
+``CairnWriter(..., incremental=True)``, which carries every item from the first: its
+items uploaded (0 expected), PUT requests, the coordinator's ``prepare_global_plan``
+(where it opens the parent), the slowest rank's ``write_data`` (where each rank reads
+the parent's records of its own items and hashes its stand-ins against them), and
+``finish``. Then the targets the layout must meet at 1,024 ranks (objects <= ranks + 4,
+root manifest <= 1 MiB, finish <= 2 s, one rank's load planning <= 1 s), pass or fail.
 
 Scale: items grow as 2,169 x ranks (2.2 million at 1,024), and so does the memory of the
 coordinator's plans, results and metadata. S3 is moto's server on a loopback port
@@ -114,6 +120,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import obstore
 import torch
 from obstore.store import ObjectStore
@@ -140,10 +147,11 @@ sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
 from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
 from bench.per_tensor import PerTensorWriter  # noqa: E402
+from cairn.codecs import get_codec  # noqa: E402
 from cairn.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
 from cairn.torch import CairnReader, CairnWriter  # noqa: E402
-from cairn.torch._itemtable import with_plain_chunks  # noqa: E402
+from cairn.torch._itemtable import CODEC, RankItems, with_plain_chunks  # noqa: E402
 
 recording: Any = importlib.import_module("support.recording")
 dcp_support: Any = importlib.import_module("support.dcp")
@@ -358,6 +366,103 @@ class Run:
     unscaled: list[str] = field(default_factory=list)
     scale: int = 1
     metadata_split: dict[str, float] = field(default_factory=dict)
+    incremental: Saved | None = None  # the second save, built on the first (--incremental)
+
+
+@dataclass
+class Saved:
+    """What one save of every rank measured, and what the load and census need."""
+
+    plan_s: float = 0.0  # every rank's planning and the coordinator's global plan
+    prepare_global_s: float = 0.0  # of it, the writer's prepare_global_plan
+    write_s: float = 0.0  # every rank's write_data, one after another
+    slowest_write_s: float = 0.0  # the slowest rank's write_data
+    finish_s: float = 0.0
+    items: int = 0
+    uploaded: int = 0  # items uploaded (not carried from a parent)
+    puts: int = 0  # store puts during the save
+
+
+def save_all(
+    store: recording.RecordingStore,
+    prefix: str,
+    model: list[tuple[str, tuple[int, ...]]],
+    ranks: int,
+    scale: int,
+    writer_class: type[CairnWriter],
+    incremental: bool = False,
+) -> tuple[Saved, Any]:
+    """One save of every rank's state, in DCP's order of calls (see the module
+    docstring); what it measured, and the id it committed."""
+    out = Saved()
+    puts = store.ops.get("put", 0)
+    writers = [
+        writer_class(store, epoch=1, prefix=prefix, incremental=incremental) for _ in range(ranks)
+    ]
+    start = time.perf_counter()
+    local_plans: list[SavePlan] = []
+    for rank, writer in enumerate(writers):
+        writer.reset()
+        planner = StandInSavePlanner()
+        planner.set_up_planner(
+            rank_state(model, ranks, rank, scale, True), writer.storage_meta(), rank == 0
+        )
+        writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
+        local_plans.append(writer.prepare_local_plan(planner.create_local_plan()))
+        if rank == 0:
+            coordinator = planner
+    plans, metadata = coordinator.create_global_plan(local_plans)
+    began = time.perf_counter()
+    plans = writers[0].prepare_global_plan(plans)
+    out.prepare_global_s = time.perf_counter() - began
+    out.items = sum(len(p.items) for p in plans)
+    del local_plans
+    out.plan_s = time.perf_counter() - start
+    start = time.perf_counter()
+    results: list[list[WriteResult]] = []
+    for rank, writer in enumerate(writers):
+        planner = coordinator if rank == 0 else StandInSavePlanner()
+        if rank:
+            planner.set_up_planner(
+                rank_state(model, ranks, rank, scale, True), writer.storage_meta(), False
+            )
+        began = time.perf_counter()
+        future = writer.write_data(planner.finish_plan(plans[rank]), planner)
+        future.wait()
+        out.slowest_write_s = max(out.slowest_write_s, time.perf_counter() - began)
+        results.append(future.value())
+    out.write_s = time.perf_counter() - start
+    out.uploaded = uploaded_items(results)
+    start = time.perf_counter()
+    writers[0].finish(metadata, results)
+    out.finish_s = time.perf_counter() - start
+    out.puts = store.ops.get("put", 0) - puts
+    cid = writers[0].checkpoint_id
+    assert cid is not None
+    # What dcp.save leaves behind is garbage once it returns; freed here (the planners
+    # hold every rank's plan), so that what follows does not walk the save's objects.
+    del plans, results, metadata, writers, coordinator, planner
+    gc.collect()
+    return out, cid
+
+
+def uploaded_items(results: list[list[WriteResult]]) -> int:
+    """Items of ``results`` stored in artifacts of the checkpoint being saved (the others
+    were carried from its parent), from each rank's block of records; every item of a
+    layout without blocks."""
+    own = 0
+    for rank_results in results:
+        summary = rank_results[0].storage_data if rank_results else None
+        if not isinstance(summary, RankItems):
+            own += len(rank_results)
+            continue
+        fresh = {entry.path for _, entry in summary.entries if entry.owner is None}
+        encoded = get_codec(CODEC).decompress(
+            summary.block, path=summary.operator, size_bytes=summary.block_size
+        )
+        names, records = msgspec.msgpack.decode(encoded)
+        own += sum(1 for record in records if names[record[2]] in fresh)
+    return own
 
 
 def simulate(
@@ -367,53 +472,19 @@ def simulate(
     scale: int,
     writer_class: type[CairnWriter] = CairnWriter,
     split: bool = True,
+    incremental: bool = False,
 ) -> Run:
     """One save of every rank's state through ``writer_class`` and one rank's load of it,
-    into ``prefix``."""
+    into ``prefix``; with ``incremental``, then a second save of the same state built on
+    the first."""
     out = Run(scale=scale)
     model = tensors()
     store = recording.RecordingStore(as_store(raw))
     began = time.perf_counter()
-    writers = [writer_class(store, epoch=1, prefix=prefix) for _ in range(ranks)]
     with scaled_knobs(scale) as out.unscaled:
-        start = time.perf_counter()
-        local_plans: list[SavePlan] = []
-        for rank, writer in enumerate(writers):
-            writer.reset()
-            planner = StandInSavePlanner()
-            planner.set_up_planner(
-                rank_state(model, ranks, rank, scale, True), writer.storage_meta(), rank == 0
-            )
-            writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
-            local_plans.append(writer.prepare_local_plan(planner.create_local_plan()))
-            if rank == 0:
-                coordinator = planner
-        plans, metadata = coordinator.create_global_plan(local_plans)
-        plans = writers[0].prepare_global_plan(plans)
-        out.items = sum(len(p.items) for p in plans)
-        del local_plans
-        out.plan_s = time.perf_counter() - start
-        start = time.perf_counter()
-        results: list[list[WriteResult]] = []
-        for rank, writer in enumerate(writers):
-            planner = coordinator if rank == 0 else StandInSavePlanner()
-            if rank:
-                planner.set_up_planner(
-                    rank_state(model, ranks, rank, scale, True), writer.storage_meta(), False
-                )
-            future = writer.write_data(planner.finish_plan(plans[rank]), planner)
-            future.wait()
-            results.append(future.value())
-        out.write_s = time.perf_counter() - start
-        start = time.perf_counter()
-        writers[0].finish(metadata, results)
-        out.finish_s = time.perf_counter() - start
-    cid = writers[0].checkpoint_id
-    assert cid is not None
-    # What dcp.save leaves behind is garbage once it returns; freed here (the planners
-    # hold every rank's plan), so that the load's collections do not walk the save's.
-    del plans, results, metadata, writers, coordinator, planner
-    gc.collect()
+        saved, cid = save_all(store, prefix, model, ranks, scale, writer_class)
+    out.plan_s, out.write_s, out.finish_s = saved.plan_s, saved.write_s, saved.finish_s
+    out.items = saved.items
     out.ops = dict(store.ops)
     load_store = recording.RecordingStore(as_store(raw))
     out.load_plan_s, out.metadata_s, out.read_s = load_one_rank(
@@ -424,6 +495,11 @@ def simulate(
     census(raw, CheckpointPaths(prefix), cid, scale, out)
     if split:
         out.metadata_split = metadata_split(as_store(raw), prefix, str(cid), ranks)
+    if incremental:
+        with scaled_knobs(scale):
+            out.incremental, _ = save_all(
+                store, prefix, model, ranks, scale, writer_class, incremental=True
+            )
     return out
 
 
@@ -552,6 +628,21 @@ def summarize(store: str, layout: str, ranks: int, runs: list[Run]) -> dict[str,
         "metadata_split": first.metadata_split,
         "finish_s": [r.finish_s for r in runs],
         "load_plan_s": [r.load_plan_s for r in runs],
+        "incremental": _incremental_row(runs),
+    }
+
+
+def _incremental_row(runs: list[Run]) -> dict[str, Any] | None:
+    """Medians of the incremental saves of ``runs`` (counts from the first); None if none."""
+    saves = [r.incremental for r in runs if r.incremental is not None]
+    if not saves:
+        return None
+    times = ("prepare_global_s", "slowest_write_s", "write_s", "finish_s")
+    return {
+        "items": saves[0].items,
+        "uploaded": saves[0].uploaded,
+        "puts": saves[0].puts,
+        **{f"median_{k}": statistics.median(getattr(r, k) for r in saves) for k in times},
     }
 
 
@@ -647,6 +738,33 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         )
         headers = ["store", "layout", "ranks", "DCP's own", "cairn records", "FS records"]
         print(table(headers, split_rows))
+    incremental = [r for r in rows if r["incremental"]]
+    if incremental:
+        print(
+            "\nA second save of the same state, incremental=True (built on the first): the "
+            "coordinator's\nprepare_global_plan (it opens the parent), the slowest rank's "
+            "write_data (it reads the\nparent's records of its items and hashes them), all "
+            "ranks' write_data one after another, finish."
+        )
+        headers = ["store", "layout", "ranks", "items", "uploaded", "PUT requests"]
+        headers += ["prepare_global s", "slowest rank s", "write s", "finish s"]
+        inc_rows = [
+            [
+                r["store"],
+                r["layout"],
+                f"{r['ranks']:,}",
+                f"{i['items']:,}",
+                f"{i['uploaded']:,}",
+                f"{i['puts']:,}",
+                f"{i['median_prepare_global_s']:.2f}",
+                f"{i['median_slowest_write_s']:.2f}",
+                f"{i['median_write_s']:.2f}",
+                f"{i['median_finish_s']:.2f}",
+            ]
+            for r in incremental
+            for i in [r["incremental"]]
+        ]
+        print(table(headers, inc_rows))
     at_target = [r for r in rows if r["ranks"] == TARGET_RANKS and r["layout"] == "ranges"]
     print()
     if not at_target:
@@ -703,6 +821,11 @@ def main() -> None:
         help="skip the table of what the metadata would cost pickled whole (minutes of "
         "unpickling from 1,024 ranks on)",
     )
+    parser.add_argument(
+        "--incremental",
+        action="store_true",
+        help="after each save, save the same state again with incremental=True (all carried)",
+    )
     parser.add_argument("--quick", action="store_true", help="8 ranks, memory, one save")
     parser.add_argument("--json", metavar="PATH", help="also write the JSON report here")
     args = parser.parse_args()
@@ -728,7 +851,8 @@ def main() -> None:
                     began = time.perf_counter()
                     prefix = f"run-{next(counter)}/"
                     writer = LAYOUTS[layout]
-                    runs.append(simulate(raw, prefix, n, args.scale, writer, not args.no_split))
+                    split, incremental = not args.no_split, args.incremental
+                    runs.append(simulate(raw, prefix, n, args.scale, writer, split, incremental))
                     print(
                         f"{kind} {layout} {n} ranks, save {rep + 1}/{reps}: "
                         f"{time.perf_counter() - began:.1f}s",

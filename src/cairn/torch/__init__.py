@@ -31,7 +31,10 @@ Incremental saves: ``CairnWriter(..., incremental=True)`` builds on the latest D
 checkpoint (or ``parent=``) and carries by reference every item whose bytes (SHA-256),
 dtype and shape equal the parent's item of the same key, instead of uploading it; the
 manifest names the parent and lists the parent's artifacts it carries with their
-``owner``, so GC, ``dependents`` and copies see them (see :mod:`cairn.torch._carry`).
+``owner`` and the bytes of them it uses, so GC (which reports what a partly carried
+object keeps), ``dependents`` and copies see them. Each rank reads the parent's
+records of its own items, the coordinator only the parent's manifest and chunk table
+(see :mod:`cairn.torch._carry`).
 
 Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
 checkpoints (see :mod:`cairn.signing`): a reader with the key refuses, or passes over
@@ -75,8 +78,8 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
    ``operators/dcp-metadata/partition-0.snap``. In an uncompressed save it is an object
    of ranges: range 0 is DCP's ``Metadata`` with each tensor's chunk list replaced by
    one *chunk table* (every chunk's offsets, sizes and the block of its record, one
-   packed array), then one range per rank's block; the coordinator's work grows with
-   ranks and tensors, not items. In a compressed save it is the ``Metadata`` pickled
+   packed array, zstd-compressed), then one range per rank's block (compressed by its
+   rank); the coordinator's work grows with ranks and tensors, not items. In a compressed save it is the ``Metadata`` pickled
    whole with every record in its ``storage_data``, as DCP's own writers store theirs.
    Then it commits one manifest naming every
    rank's artifacts and the metadata, with their sizes and SHA-256, through
