@@ -79,10 +79,10 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
    of ranges: range 0 is DCP's ``Metadata`` with each tensor's chunk list replaced by
    one *chunk table* (every chunk's offsets, sizes and the block of its record, one
    packed array, zstd-compressed), then one range per rank's block (compressed by its
-   rank); the coordinator's work grows with ranks and tensors, not items. In a compressed save it is the ``Metadata`` pickled
-   whole with every record in its ``storage_data``, as DCP's own writers store theirs.
-   Then it commits one manifest naming every
-   rank's artifacts and the metadata, with their sizes and SHA-256, through
+   rank); the coordinator's work grows with ranks and tensors, not items. In a
+   compressed save it is the ``Metadata`` pickled whole with every record in its
+   ``storage_data``, as DCP's own writers store theirs. Then it commits one manifest
+   naming every rank's artifacts and the metadata, with their sizes and SHA-256, through
    :meth:`~cairn.ObjectStoreCheckpointer.commit`: every artifact is checked present,
    the manifest is written create-only (the commit point), the lease ends and
    ``_latest`` advances (or the commit is rolled back if the writer was fenced).
