@@ -629,10 +629,18 @@ def _decoded_rows(path: str, stored: bytes, spans: Any, row_bytes: int, bad: Any
     size = sum(counts) * row_bytes
     if size > _MAX_DECODED:
         raise bad(f"{sum(counts)} rows claimed")
+    return _decompressed(path, stored, size, "DCP chunk table: its row array")
+
+
+def _decompressed(path: str, stored: bytes, size: int, what: str) -> bytes:
+    """``stored`` (``what``, in the object at ``path``) decoded to exactly ``size``
+    bytes, bounded by them; else :class:`CorruptManifestError` naming ``path``."""
     try:
         return get_codec(CODEC, path=path).decompress(stored, path=path, size_bytes=size)
     except (UndecodableArtifactError, OversizedArtifactError, IntegrityMismatchError) as exc:
-        raise bad(f"its rows do not decode to {size} bytes ({exc})") from None
+        raise CorruptManifestError(
+            path, f"{what} does not decode to {size} bytes ({exc})"
+        ) from None
 
 
 def decode_block(
@@ -642,12 +650,8 @@ def decode_block(
     item; each must be an item the table places in that block, and every such item must
     be there. Raises :class:`CorruptManifestError` naming ``path``."""
     if table.block_sizes is not None:
-        size = table.block_sizes[block]
-        try:
-            data = get_codec(CODEC, path=path).decompress(data, path=path, size_bytes=size)
-        except (UndecodableArtifactError, OversizedArtifactError, IntegrityMismatchError) as exc:
-            reason = f"block {block} of item records does not decode to {size} bytes ({exc})"
-            raise CorruptManifestError(path, reason) from None
+        what = f"block {block} of item records"
+        data = _decompressed(path, data, table.block_sizes[block], what)
     try:
         decoded = _BLOCK_DECODER.decode(data)
     except msgspec.DecodeError as exc:
