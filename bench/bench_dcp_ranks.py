@@ -232,18 +232,29 @@ def stand_in_shape(sizes: Sequence[int], scale: int) -> tuple[int, ...]:
 
 class ShardStandIn:
     """One rank's shard of a global tensor, as DCP sees it (the real chunk), holding a
-    tiny tensor in place of its bytes (see the module docstring)."""
+    tiny tensor in place of its bytes (see the module docstring), made the first time it
+    is asked for: planning needs only the chunk."""
 
     def __init__(
         self,
         size: tuple[int, ...],
         offsets: tuple[int, ...],
         sizes: tuple[int, ...],
-        local: torch.Tensor,
+        local_shape: tuple[int, ...],
+        value: float,
     ) -> None:
         self.global_size = torch.Size(size)
         self.chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-        self.local = local
+        self._local_shape = local_shape
+        self._value = value
+        self._local: torch.Tensor | None = None
+
+    @property
+    def local(self) -> torch.Tensor:
+        """The tiny fp32 tensor standing in for the shard, filled with its value."""
+        if self._local is None:
+            self._local = torch.full(self._local_shape, self._value, dtype=torch.float32)
+        return self._local
 
     def size(self) -> torch.Size:
         """The global tensor's size (what DCP's load planner compares with the metadata)."""
@@ -256,7 +267,7 @@ class ShardStandIn:
                 type=WriteItemType.SHARD,
                 tensor_data=TensorWriteData(
                     chunk=self.chunk,
-                    properties=TensorProperties.create_from_tensor(self.local),
+                    properties=TensorProperties(dtype=torch.float32),
                     size=self.global_size,
                 ),
             )
@@ -278,9 +289,15 @@ def rank_state(
         start, rows = shard_rows(shape[0], ranks, rank)
         sizes = (rows, *shape[1:])
         value = float(item_value(number, rank, len(model))) if fill else 0.0
-        local = torch.full(stand_in_shape(sizes, scale), value, dtype=torch.float32)
-        state[fqn] = ShardStandIn(shape, (start, *([0] * (len(shape) - 1))), sizes, local)
+        offsets = (start, *([0] * (len(shape) - 1)))
+        state[fqn] = ShardStandIn(shape, offsets, sizes, stand_in_shape(sizes, scale), value)
     return state
+
+
+def made(state: dict[str, Any]) -> None:
+    """Make every stand-in's tensor of ``state``: a rank's tensors exist before it writes."""
+    for stand_in in state.values():
+        _ = stand_in.local
 
 
 def rounding(model: list[tuple[str, tuple[int, ...]]], ranks: int, scale: int) -> tuple[int, int]:
@@ -404,13 +421,12 @@ def save_all(
     for rank, writer in enumerate(writers):
         writer.reset()
         planner = StandInSavePlanner()
-        planner.set_up_planner(
-            rank_state(model, ranks, rank, scale, True), writer.storage_meta(), rank == 0
-        )
+        state = rank_state(model, ranks, rank, scale, True)
+        planner.set_up_planner(state, writer.storage_meta(), rank == 0)
         writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
         local_plans.append(writer.prepare_local_plan(planner.create_local_plan()))
         if rank == 0:
-            coordinator = planner
+            coordinator, coordinator_state = planner, state
     plans, metadata = coordinator.create_global_plan(local_plans)
     began = time.perf_counter()
     plans = writers[0].prepare_global_plan(plans)
@@ -420,18 +436,22 @@ def save_all(
     out.plan_s = time.perf_counter() - start
     start = time.perf_counter()
     results: list[list[WriteResult]] = []
+    # Each rank writes in a process of its own, whose heap holds its own state and plan,
+    # not every rank's: the collector is kept off what exists before the writes.
+    gc.freeze()
     for rank, writer in enumerate(writers):
         planner = coordinator if rank == 0 else StandInSavePlanner()
+        state = coordinator_state if rank == 0 else rank_state(model, ranks, rank, scale, True)
+        made(state)
         if rank:
-            planner.set_up_planner(
-                rank_state(model, ranks, rank, scale, True), writer.storage_meta(), False
-            )
+            planner.set_up_planner(state, writer.storage_meta(), False)
         began = time.perf_counter()
         future = writer.write_data(planner.finish_plan(plans[rank]), planner)
         future.wait()
         out.slowest_write_s = max(out.slowest_write_s, time.perf_counter() - began)
         results.append(future.value())
     out.write_s = time.perf_counter() - start
+    gc.unfreeze()  # the coordinator does hold every rank's plan and results in ``finish``
     out.uploaded = uploaded_items(results)
     start = time.perf_counter()
     writers[0].finish(metadata, results)
@@ -441,7 +461,7 @@ def save_all(
     assert cid is not None
     # What dcp.save leaves behind is garbage once it returns; freed here (the planners
     # hold every rank's plan), so that what follows does not walk the save's objects.
-    del plans, results, metadata, writers, coordinator, planner
+    del plans, results, metadata, writers, coordinator, coordinator_state, planner, state
     gc.collect()
     return out, cid
 

@@ -200,6 +200,16 @@ def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
     assert copied and bytes(view) == strided.contiguous().numpy().tobytes()
     with pytest.raises(InvalidInputError, match="'sparse'.*dense"):
         tensor_bytes(torch.eye(3).to_sparse(), "'sparse'")
+    trained = torch.randn(8, requires_grad=True)  # its memory, without the autograd graph
+    view, owner, copied = tensor_bytes(trained, "t")
+    assert not copied and owner.data_ptr() == trained.data_ptr() and not owner.requires_grad
+    lazy = torch.randn(4, 3, dtype=torch.complex64)
+    for tensor in (lazy.conj(), torch.randn(4, 3, dtype=torch.complex64).conj().imag):
+        view, owner, copied = tensor_bytes(tensor, "t")  # a lazy conjugate or negative bit
+        assert copied and bytes(view) == tensor.resolve_conj().resolve_neg().numpy().tobytes()
+    f8 = torch.randn(16).to(torch.float8_e4m3fn)  # no numpy dtype: reinterpreted by torch
+    view, owner, copied = tensor_bytes(f8, "t")
+    assert not copied and bytes(view) == f8.view(torch.uint8).numpy().tobytes()
     # End to end: the rank object's chunks are views of the tensor's own memory.
     store = _ChunkStore(ObstoreStore(MemoryStore()))
     big = torch.randn(256, 1024)
@@ -245,26 +255,66 @@ class _RecordingPlanner(DefaultSavePlanner):
         return super().resolve_data(write_item)
 
 
-@pytest.mark.parametrize(("ahead_items", "ahead_bytes"), [(4, 64 << 20), (8, 5 << 20)])
+@pytest.mark.parametrize(
+    ("ahead_runs", "run_items", "ahead_bytes", "run_bytes"),
+    [
+        (4, 1, 64 << 20, 16 << 20),  # four items ahead
+        (8, 64, 5 << 20, 1 << 20),  # bounded by bytes: three items ahead
+        (2, 2, 64 << 20, 64 << 20),  # runs of two items, two runs ahead
+        (4, 64, 8 << 20, 4 << 20),  # runs of two items by their bytes, two runs ahead
+    ],
+)
 def test_items_are_resolved_a_bounded_distance_ahead_of_the_upload(
-    monkeypatch: pytest.MonkeyPatch, ahead_items: int, ahead_bytes: int
+    monkeypatch: pytest.MonkeyPatch,
+    ahead_runs: int,
+    run_items: int,
+    ahead_bytes: int,
+    run_bytes: int,
 ) -> None:
-    """A rank's copies are not all held at once: item k is resolved only once the bytes
-    of the items more than the bound ahead of it (AHEAD_ITEMS items, AHEAD_BYTES bytes)
+    """A rank's copies are not all held at once: item k is resolved only once the items
+    of the runs more than the bound ahead of it (AHEAD_RUNS runs, AHEAD_BYTES bytes)
     have gone to the store."""
-    monkeypatch.setattr(_rankobject, "AHEAD_ITEMS", ahead_items)
+    monkeypatch.setattr(_rankobject, "AHEAD_RUNS", ahead_runs)
     monkeypatch.setattr(_rankobject, "AHEAD_BYTES", ahead_bytes)
+    monkeypatch.setattr(_rankobject, "RUN_ITEMS", run_items)
+    monkeypatch.setattr(_rankobject, "RUN_BYTES", run_bytes)
     store = _ChunkStore(ObstoreStore(MemoryStore()))
     state = {f"t{i}": torch.randn(1024, 1024)[:, ::2] for i in range(12)}  # 2 MiB copies
     planner = _RecordingPlanner(store)
     writer = CairnWriter(store, epoch=1, prefix=PREFIX)
     dcp_save(state, storage_writer=writer, planner=planner, no_dist=True)
     size = 1024 * 512 * 4
-    window = min(ahead_items, -(-ahead_bytes // size))  # items resolved ahead, at most
+    per_run = min(run_items, max(1, run_bytes // size))
+    runs_ahead = min(ahead_runs, -(-ahead_bytes // (per_run * size)))
+    # Unsent when item k is resolved: the run being sent, the runs ahead, k's own run.
+    window = (runs_ahead + 1) * per_run - 1
     assert len(planner.resolved_at) == 12
     for k, consumed in enumerate(planner.resolved_at):
-        assert consumed >= max(0, k - window) * size, (k, planner.resolved_at)
+        assert consumed >= max(0, k - window) * size, (k, window, planner.resolved_at)
     blank = {k: torch.zeros(1024, 512) for k in state}
+    load(store, blank)
+    assert_same(blank, state)
+
+
+def test_small_items_are_handed_to_worker_threads_in_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Items hashed off the event loop go to a worker thread a run at a time (up to
+    RUN_BYTES), not one hand-off each."""
+    handed: list[str] = []
+    real = asyncio.to_thread
+
+    async def counting(function: Any, /, *args: Any) -> Any:
+        handed.append(getattr(function, "__qualname__", ""))
+        return await real(function, *args)
+
+    monkeypatch.setattr(_rankobject.asyncio, "to_thread", counting)
+    state = {f"t{i:02}": torch.full((128, 1024), float(i)) for i in range(40)}  # 512 KiB
+    store = MemoryStore()
+    save(store, state)
+    # 32 items fill a run of RUN_BYTES (16 MiB), the other 8 make the second.
+    assert [h for h in handed if "prepare" in h] == ["ItemRanges._ranges.<locals>.prepare"] * 2
+    blank = {k: torch.zeros(128, 1024) for k in state}
     load(store, blank)
     assert_same(blank, state)
 

@@ -465,7 +465,9 @@ async def _import_into(
             for item in items
         ]
         if ranged:  # the file becomes one object of ranges, as a rank's save does
-            source = ItemRanges(writes, resolve, off_loop=True)
+            source = ItemRanges(
+                writes, resolve, off_loop=True, size_of=lambda w: by_index[w.index].length
+            )
             [entry] = await save.upload([(operator, partition, False, source)])
             results += source.results(operator, entry)
             next_partition[operator] = partition + 1

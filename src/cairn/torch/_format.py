@@ -133,6 +133,24 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+"""The dtypes ``Tensor.numpy()`` takes as they are (bfloat16 and float8 it refuses)."""
+
+
 def tensor_bytes(tensor: torch.Tensor, what: str) -> tuple[memoryview, torch.Tensor, bool]:
     """The tensor's bytes as a flat view, the tensor that owns them, and whether they are
     a copy.
@@ -141,22 +159,29 @@ def tensor_bytes(tensor: torch.Tensor, what: str) -> tuple[memoryview, torch.Ten
     device, non-contiguous, or with a lazy conjugate or negative bit is copied to a
     contiguous CPU tensor first. A sparse or quantized tensor is refused with
     :class:`InvalidInputError` naming ``what``.
+
+    The common case, a contiguous CPU tensor, costs only attribute reads and one
+    ``numpy()``: torch's operators release the GIL, and a rank resolves items on several
+    threads at once, where every release can wait a switch interval to get it back.
     """
     if tensor.layout != torch.strided or tensor.is_quantized:
         raise InvalidInputError(
             f"{what}: a {tensor.layout} {'quantized ' if tensor.is_quantized else ''}tensor "
             "cannot be stored as raw bytes; convert it to a dense tensor first"
         )
-    owner = tensor.detach()
+    owner = tensor.detach() if tensor.requires_grad else tensor
     copied = False
-    if owner.device.type != "cpu":
+    if not owner.is_cpu:
         owner, copied = owner.cpu(), True
     if owner.is_conj() or owner.is_neg():
         owner, copied = owner.resolve_conj().resolve_neg(), True
     if not owner.is_contiguous():
         owner, copied = owner.contiguous(), True
-    flat = owner.reshape(-1).view(torch.uint8)
-    return flat.numpy().data, owner, copied
+    if owner.dtype in _NUMPY_DTYPES:
+        array = owner.numpy()
+    else:  # reinterpreted as bytes by torch first
+        array = owner.reshape(-1).view(torch.uint8).numpy()
+    return array.reshape(-1).view(np.uint8).data, owner, copied
 
 
 def tensor_from_bytes(data: Buffer, dtype_str: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -13,8 +13,10 @@ Invariants:
 * an item is resolved (``planner.resolve_data``) only shortly before the upload
   reaches it, and hashed once, before its bytes are sent: a contiguous CPU tensor is
   sent from its own memory; a copy (from a device, or made contiguous) lives only until
-  it is sent, with at most :data:`AHEAD_ITEMS` items (and :data:`AHEAD_BYTES`, or one
-  item) resolved ahead, so what a rank holds is bounded whatever its size;
+  it is sent, with at most :data:`AHEAD_RUNS` runs of items (and :data:`AHEAD_BYTES`,
+  or one run) resolved ahead, so what a rank holds is bounded whatever its size;
+  consecutive small items are resolved and hashed as one run, so that a rank of many
+  items pays a hand-off to a worker thread per run, not per item;
 * the records are those of the upload attempt that succeeded: a retried upload
   resolves and hashes its items again, and the index and records describe what was
   sent last;
@@ -29,6 +31,7 @@ import asyncio
 import collections
 import dataclasses
 import io
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -46,8 +49,10 @@ from cairn.torch._format import ItemRecord, dtype_name, tensor_bytes
 
 __all__ = [
     "AHEAD_BYTES",
-    "AHEAD_ITEMS",
+    "AHEAD_RUNS",
     "RANK_OBJECT_BYTES",
+    "RUN_BYTES",
+    "RUN_ITEMS",
     "ItemRanges",
     "Resolved",
     "Written",
@@ -56,12 +61,20 @@ __all__ = [
     "split_into_objects",
 ]
 
-AHEAD_ITEMS = 4
-"""Items resolved and hashed ahead of the one being sent, at most (in worker threads,
-which hash in parallel: hashlib releases the GIL)..."""
+AHEAD_RUNS = 4
+"""Runs of items resolved and hashed ahead of the one being sent, at most (in worker
+threads, which hash in parallel: hashlib releases the GIL)..."""
 
 AHEAD_BYTES = 64 << 20
-"""... and at most this many bytes of them (one item, however large, always)."""
+"""... and at most this many bytes of them (one run, however large, always)."""
+
+RUN_ITEMS = 64
+"""Consecutive tensor items resolved and hashed together, in one step on one worker
+thread, at most: a hand-off per item would cost more than a small item's hashing..."""
+
+RUN_BYTES = AHEAD_BYTES // AHEAD_RUNS
+"""... and at most this many bytes of them (an item larger than this is a run of its
+own), so that several runs in flight still hash in parallel."""
 
 RANK_OBJECT_BYTES = 16 << 30
 """A rank's items go into one object up to this many bytes (16 GiB), into one more per
@@ -74,11 +87,7 @@ def estimated_size(item: WriteItem) -> int:
     data = item.tensor_data
     if item.type == WriteItemType.BYTE_IO or data is None:
         return 0
-    count = 1
-    for n in data.chunk.sizes:
-        count *= int(n)
-    element: int = torch.empty((), dtype=data.properties.dtype).element_size()
-    return count * element
+    return math.prod(int(n) for n in data.chunk.sizes) * data.properties.dtype.itemsize
 
 
 def split_into_objects(items: Sequence[WriteItem], limit: int) -> list[list[WriteItem]]:
@@ -147,18 +156,59 @@ Resolve = Callable[[WriteItem], Any]
 """``planner.resolve_data``: an item's value (a tensor, or a ``BytesIO`` of a byte item)."""
 
 
+Size = Callable[[WriteItem], int]
+"""An item's bytes as far as known before it is resolved (:func:`estimated_size`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """Consecutive items resolved and hashed in one step, and their bytes as estimated."""
+
+    items: list[WriteItem]
+    size: int
+
+
+def _runs(items: Sequence[WriteItem], size_of: Size) -> list[_Run]:
+    """``items``, in order, in runs of at most :data:`RUN_ITEMS` tensor items and
+    :data:`RUN_BYTES` bytes; a byte item, whose size is known only once resolved, and a
+    tensor item larger than :data:`RUN_BYTES` are runs of their own."""
+    runs: list[_Run] = []
+    items_of_run: list[WriteItem] = []
+    size = 0
+    for item in items:
+        grows = size_of(item)
+        alone = item.type == WriteItemType.BYTE_IO or grows > RUN_BYTES
+        if items_of_run and (alone or len(items_of_run) >= RUN_ITEMS or size + grows > RUN_BYTES):
+            runs.append(_Run(items_of_run, size))
+            items_of_run, size = [], 0
+        items_of_run.append(item)
+        size += grows
+        if alone:
+            runs.append(_Run(items_of_run, size))
+            items_of_run, size = [], 0
+    if items_of_run:
+        runs.append(_Run(items_of_run, size))
+    return runs
+
+
 class ItemRanges(RangeSource):
     """The ranges of one rank object: ``items`` resolved through ``resolve`` as the
     upload reaches them, each hashed just before it is sent.
 
-    An item is resolved and hashed in a worker thread when its tensor is larger than
-    :data:`~cairn.integrity.INLINE_HASH_LIMIT`, or always with ``off_loop`` (a
-    ``resolve`` that reads files)."""
+    Items are resolved and hashed in runs (:data:`RUN_ITEMS`, :data:`RUN_BYTES`), a run
+    in a worker thread when its items are larger than
+    :data:`~cairn.integrity.INLINE_HASH_LIMIT` together, or always with ``off_loop`` (a
+    ``resolve`` that reads files). ``size_of`` gives an item's bytes before it is
+    resolved (:func:`estimated_size`, by default)."""
 
     def __init__(
-        self, items: Sequence[WriteItem], resolve: Resolve, off_loop: bool = False
+        self,
+        items: Sequence[WriteItem],
+        resolve: Resolve,
+        off_loop: bool = False,
+        size_of: Size = estimated_size,
     ) -> None:
-        self._items = list(items)
+        self._runs = _runs(items, size_of)
         self._resolve = resolve
         self._off_loop = off_loop
         self.placed: list[_Placed] = []
@@ -168,48 +218,51 @@ class ItemRanges(RangeSource):
         return self._ranges()
 
     async def _ranges(self) -> AsyncIterator[Range]:
-        def prepare(item: WriteItem) -> tuple[Resolved, str]:
-            resolved = Resolved.of(item, self._resolve(item))
-            return resolved, sha256_hex(resolved.view)
+        def prepare(run: _Run) -> collections.deque[tuple[WriteItem, Resolved, str]]:
+            prepared: collections.deque[tuple[WriteItem, Resolved, str]] = collections.deque()
+            for item in run.items:
+                resolved = Resolved.of(item, self._resolve(item))
+                prepared.append((item, resolved, sha256_hex(resolved.view)))
+            return prepared
 
-        async def prepared(item: WriteItem) -> tuple[Resolved, str]:
-            if self._off_loop or estimated_size(item) > INLINE_HASH_LIMIT:
-                return await asyncio.to_thread(prepare, item)
-            return prepare(item)
+        async def prepared(run: _Run) -> collections.deque[tuple[WriteItem, Resolved, str]]:
+            if self._off_loop or run.size > INLINE_HASH_LIMIT:
+                return await asyncio.to_thread(prepare, run)
+            return prepare(run)
 
         self.placed = []
         offset = 0
-        upcoming = iter(self._items)
-        ahead: collections.deque[tuple[WriteItem, int, asyncio.Future[tuple[Resolved, str]]]]
-        ahead = collections.deque()
-        held = 0  # estimated bytes of the items resolved ahead
+        upcoming = iter(self._runs)
+        ahead: collections.deque[tuple[_Run, asyncio.Future[Any]]] = collections.deque()
+        held = 0  # estimated bytes of the runs resolved ahead
 
         def resolve_ahead() -> None:  # hashed on worker threads while earlier ones are sent
             nonlocal held
-            while len(ahead) < AHEAD_ITEMS and (not ahead or held < AHEAD_BYTES):
-                item = next(upcoming, None)
-                if item is None:
+            while len(ahead) < AHEAD_RUNS and (not ahead or held < AHEAD_BYTES):
+                run = next(upcoming, None)
+                if run is None:
                     return
-                size = estimated_size(item)
-                ahead.append((item, size, asyncio.ensure_future(prepared(item))))
-                held += size
+                ahead.append((run, asyncio.ensure_future(prepared(run))))
+                held += run.size
 
         try:
             resolve_ahead()
             while ahead:
-                item, size, future = ahead.popleft()
-                held -= size
-                resolved, digest = await future
+                run, future = ahead.popleft()
+                held -= run.size
+                items = await future
                 resolve_ahead()
-                length = resolved.view.nbytes
-                self.placed.append(
-                    _Placed(item, offset, length, digest, resolved.dtype, resolved.shape)
-                )
-                yield Range(resolved.view, digest)
-                offset += length
-                del resolved
+                while items:
+                    item, resolved, digest = items.popleft()
+                    length = resolved.view.nbytes
+                    self.placed.append(
+                        _Placed(item, offset, length, digest, resolved.dtype, resolved.shape)
+                    )
+                    yield Range(resolved.view, digest)
+                    offset += length
+                    del resolved
         finally:
-            for _, _, future in ahead:
+            for _, future in ahead:
                 future.cancel()
 
     def results(self, operator: str, entry: Entry) -> list[WriteResult]:
