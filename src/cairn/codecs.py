@@ -135,18 +135,21 @@ class Decoder:
         limit: int | None,
         piece_size: int,
     ) -> None:
-        self.size = 0
         self._codec = codec
-        self._sink = sink
         self._path = path
-        self._limit = limit
         self._error: type[Exception] = module.ZstdError
-        # stream_writer hands each piece to our write() as soon as it is decoded, in at
+        self._outlet = _Outlet(sink, path, codec, limit)
+        # stream_writer hands each piece to the outlet as soon as it is decoded, in at
         # most write_size bytes; the frame's declared content size plays no part in it.
         decompressor = module.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE)
         self._writer = decompressor.stream_writer(
-            _Outlet(self._take), write_size=piece_size, closefd=False
+            self._outlet, write_size=piece_size, closefd=False
         )
+
+    @property
+    def size(self) -> int:
+        """Bytes decoded so far."""
+        return self._outlet.size
 
     def feed(self, data: Buffer) -> None:
         """Decode ``data``, the next stored bytes, into the sink (from a worker thread:
@@ -156,21 +159,30 @@ class Decoder:
         except self._error as exc:
             raise UndecodableArtifactError(self._path, self._codec, str(exc)) from None
 
-    def _take(self, piece: bytes) -> None:
+
+class _Outlet:
+    """What zstandard's ``stream_writer`` writes decoded pieces to: it counts them,
+    refuses the one past the limit, and hands the others to the sink.
+
+    It holds no reference back to its :class:`Decoder`: the ``stream_writer`` that holds
+    it is opaque to Python's cycle collector, so a cycle through it would never be
+    freed, and with it every piece the sink keeps."""
+
+    def __init__(
+        self, sink: Callable[[bytes], object], path: str, codec: str, limit: int | None
+    ) -> None:
+        self.size = 0
+        self._sink = sink
+        self._path = path
+        self._codec = codec
+        self._limit = limit
+
+    def write(self, piece: bytes) -> int:
+        """Take one decoded piece; its length (what ``stream_writer`` expects)."""
         self.size += len(piece)
         if self._limit is not None and self.size > self._limit:
             raise OversizedArtifactError(self._path, self._codec, self._limit)
         self._sink(piece)
-
-
-class _Outlet:
-    """What zstandard's ``stream_writer`` writes decoded pieces to."""
-
-    def __init__(self, take: Callable[[bytes], None]) -> None:
-        self._take = take
-
-    def write(self, piece: bytes) -> int:
-        self._take(piece)
         return len(piece)
 
 
