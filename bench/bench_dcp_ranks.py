@@ -82,7 +82,11 @@ per 5 MiB part, complete), which tiny payloads never trigger. ``PUT est.`` adds 
 from each data object's real size (its stored size times ``scale``). Times exclude moving
 and hashing the real bytes: they are the per-item and per-object costs (planning,
 records, digests of tiny buffers, requests, the manifest and metadata, which are full
-size).
+size). A rank's stand-ins make their tiny tensors before its ``write_data``, as a rank's
+tensors exist before it writes; while the ranks write, the objects made before (every
+rank's plan) are kept out of the cycle collector's passes (``gc.freeze``), since a
+rank's own process would not hold them, and back in them for ``finish``, since the
+coordinator does.
 
 Reported per rank count and store: objects in the checkpoint directory, PUT requests,
 root manifest bytes, sub-manifest bytes (a column only when the store holds objects

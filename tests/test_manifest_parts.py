@@ -145,6 +145,41 @@ def test_a_larger_manifest_is_a_small_root_and_parts_that_assemble_to_it_exactly
         decode_manifest("m", encoded.root)
 
 
+def test_many_small_operators_are_stored_whole_not_as_a_part_each() -> None:
+    """A DCP save of many ranks: an operator of one entry per rank. Parts of one entry
+    would cost an object each and shrink nothing, so the manifest is stored whole."""
+    ops = {f"rank-{r}": entries_of(f"rank-{r}", {0: 1}) for r in range(40)}
+    manifest = manifest_of(ops)
+    encoded = encode_stored(manifest, part_entries=16)
+    assert encoded.parts == () and encoded.root == encode_manifest(manifest)
+    assert decode_manifest("m", encoded.root) == manifest
+
+
+def test_small_operators_stay_in_a_root_whose_large_ones_are_in_parts() -> None:
+    small = {f"rank-{r}": entries_of(f"rank-{r}", {0: 1, 1: 2}) for r in range(12)}  # 3 each
+    large = {"agg": entries_of("agg", dict.fromkeys(range(40), 1))}
+    manifest = manifest_of(small | large)
+    encoded = encode_stored(manifest, part_entries=16)
+    root = decode_root("m", encoded.root)
+    assert {r.operator for r in root.parts} == {"agg"} and len(root.parts) == 3
+    assert root.operators["agg"].partitions == ()
+    assert root.operators["rank-3"] == manifest.operators["rank-3"]
+    assert assemble("m", root, parts_read(root, encoded)) == encoded.manifest
+    assert encoded.manifest.partition_entries() == manifest.partition_entries()
+    # One part read: its partitions, and the operators the root holds itself.
+    one = assemble("m", root, parts_read(root, encoded)[:1])
+    assert sorted(one.operators) == sorted(["agg", *small])
+    assert len(one.operators["agg"].partitions) == root.parts[0].entries
+    # An operator whose entries are in parts lists none of its own in the root.
+    doc = msgspec.json.decode(encoded.root)
+    doc["operators"]["agg"]["partitions"] = [
+        msgspec.to_builtins(manifest.operators["agg"].partitions[0])
+    ]
+    del doc["manifest_sha256"]
+    with pytest.raises(CorruptManifestError, match="does not list with its entries in parts"):
+        decode_root("m", msgspec.json.encode(doc))
+
+
 def test_a_chain_longer_than_a_part_is_a_part_of_its_own() -> None:
     manifest = manifest_of({"agg": entries_of("agg", {0: 2, 1: 40, 2: 2})})
     encoded = encode_stored(manifest, part_entries=16)
@@ -270,6 +305,28 @@ async def test_a_large_save_writes_parts_and_loads_lists_and_chains_through_them
     read = [path for op, path in store.log if op in ("get", "get_range")]
     assert read == [PATHS.manifest(cid), PATHS.resolve(cid, part.path), read[-1]]
     assert "/parts/" not in read[-1]
+
+
+async def test_a_save_of_many_small_and_one_large_operator_parts_only_the_large_one(
+    small_parts: None,
+) -> None:
+    raw = MemoryStore()
+    store = RecordingStore(as_store(raw))
+    ckpt = make_checkpointer(store, PATHS)
+    snapshots = {(f"rank-{r}", 0): state(r) for r in range(30)}
+    snapshots |= {("agg", p): state(p) for p in range(40)}
+    saved = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots))
+    cid = saved.checkpoint_id
+    assert {part.operator for part in saved.parts} == {"agg"}
+    assert await ckpt.load_manifest(cid) == saved
+    loaded = await ckpt.load(cid)
+    assert {k: bytes(v) for k, v in loaded.artifacts.items()} == snapshots
+    # A small operator's partition: the root holds its entry, so no part is read.
+    store.log.clear()
+    [link] = await ckpt.load_chain(cid, "rank-7", 0)
+    assert bytes(link.data) == state(7)
+    read = [path for op, path in store.log if op in ("get", "get_range")]
+    assert read[0] == PATHS.manifest(cid) and not any("/parts/" in path for path in read)
 
 
 async def test_an_increment_of_a_large_parent_carries_its_chains(small_parts: None) -> None:

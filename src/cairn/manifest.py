@@ -51,16 +51,18 @@ extends. Invariants kept here:
 * a manifest with more than :data:`PART_ENTRIES` artifact entries is stored as a root and
   parts (:func:`encode_stored`): each operator's entries, in restore order, go into
   parts of about :data:`PART_ENTRIES` entries each, never splitting one partition's
-  chain, each part a compact JSON object at a path named by its SHA-256
-  (:meth:`CheckpointPaths.relative_manifest_part`). The root is the manifest itself, its
-  operators' entry lists empty, with a ``parts`` list of each part's path, operator,
+  chain (an operator of fewer than :data:`INLINE_BELOW` entries keeps them in the
+  root), each part a compact JSON object at a path named by its SHA-256
+  (:meth:`CheckpointPaths.relative_manifest_part`). The root is the manifest itself, the
+  entry lists of its operators in parts empty, with a ``parts`` list of each part's path, operator,
   partition range, entry count, size and SHA-256: the root's checksum and signature
   cover the parts through their digests. :func:`decode_root` checks a root,
   :func:`decode_part` a part against its record in it, and :func:`assemble` puts the
   entries back, checking the whole as :func:`decode_manifest` does. A manifest of up to
-  :data:`PART_ENTRIES` entries is stored whole, byte for byte as before parts existed
-  (cairn before parts reads a root as damage, so it skips such a checkpoint and falls
-  back to an older one);
+  :data:`PART_ENTRIES` entries, or whose every operator stays in the root, is stored
+  whole, byte for byte as before parts existed (cairn before parts reads a root as
+  damage, so it skips such a checkpoint and falls back to an older one; cairn before
+  :data:`INLINE_BELOW` reads so a root that holds some operators' entries itself);
 * an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
   does not know (a newer writer's codec, or damage) makes the manifest unreadable here,
   like an unsupported schema version: :class:`CorruptManifestError`, so readers fall back.
@@ -142,6 +144,13 @@ some 150,000 restore-chain links: 20,000 partitions with chains of seven. Decodi
 takes about three times its size in memory at peak (its bytes, then the entries:
 190 MiB for 63 MiB, measured); the bound keeps a damaged or hostile manifest from
 costing more, and is checked before any byte is parsed."""
+
+INLINE_BELOW = 64
+"""An operator with fewer entries than this (or than the part size, if smaller) keeps
+them in the root of a manifest stored in parts: a part of its own would cost an object
+to write, list and read, and its record in the root about as many bytes as an entry. A
+DCP save of 4,096 ranks (an operator of one entry per rank) is so stored whole, not as
+4,097 parts of one entry."""
 
 PART_ENTRIES = 4096
 """The most artifact entries a manifest holds itself, and about the most a part holds.
@@ -477,9 +486,12 @@ def encode_stored(
     operators: dict[str, OperatorSnapshotEntry] = {}
     records: list[ManifestPart] = []
     blobs: list[tuple[str, bytes]] = []
+    inline_below = min(INLINE_BELOW, part_entries)
     for operator, entry in sorted(manifest.operators.items()):
         ordered = tuple(sorted(entry.partitions, key=chain_order))
         operators[operator] = OperatorSnapshotEntry(ordered, entry.total_bytes)
+        if len(ordered) < inline_below:
+            continue  # stays in the root
         for chunk in _chunks(ordered, part_entries):
             body = _part_encoder.encode(_PartBody(manifest.checkpoint_id, operator, chunk)) + b"\n"
             _check_part_size(manifest, len(body))
@@ -497,10 +509,17 @@ def encode_stored(
                 )
             )
             blobs.append((path, body))
+    if not records:  # every operator stays in the root: the manifest is stored whole
+        whole = msgspec.structs.replace(manifest, operators=operators, parts=())
+        return EncodedManifest(whole, _encode_root(whole, keys), ())
     parts = tuple(records)
+    parted = {record.operator for record in records}
     root = msgspec.structs.replace(
         manifest,
-        operators={op: OperatorSnapshotEntry((), e.total_bytes) for op, e in operators.items()},
+        operators={
+            op: OperatorSnapshotEntry(() if op in parted else e.partitions, e.total_bytes)
+            for op, e in operators.items()
+        },
         parts=parts,
     )
     assembled = msgspec.structs.replace(manifest, operators=operators, parts=parts)
@@ -676,8 +695,9 @@ def decode_root(path: str, data: Buffer, keys: SigningKeys | None = None) -> Che
 
 def _check_part_records(root: CheckpointManifest) -> None:
     """A root's ``parts``: each at its digest's path, of an operator the root lists
-    (whose entry list is then empty), with sizes in bounds, and the parts of one
-    operator in ascending, disjoint partition ranges."""
+    (whose entry list is then empty: an operator's entries are all in the root or all
+    in parts), with sizes in bounds, and the parts of one operator in ascending,
+    disjoint partition ranges."""
     if not root.parts:
         return
     if not isinstance(root.parts, tuple | list):
@@ -706,8 +726,6 @@ def _check_part_records(root: CheckpointManifest) -> None:
         ):
             raise InvalidInputError(f"{where} overlaps or precedes another part of its operator")
         reach[part.operator] = part.last_partition + 1
-    if any(entry.partitions for entry in root.operators.values()):
-        raise InvalidInputError("a root with parts lists entries of its own")
 
 
 def decode_part(
@@ -763,15 +781,16 @@ def assemble(
     """``root`` (read at ``path``) with the entries of its parts put back, each as
     :func:`decode_part` returned it, checked as a whole (:class:`CorruptManifestError`
     naming ``path`` otherwise). Given every part, that is the manifest that was
-    written; given some, a manifest of those parts' partitions alone."""
+    written; given some, a manifest of those parts' partitions and of the operators
+    the root holds itself."""
     gathered: dict[str, list[PartitionSnapshotEntry]] = {}
     for record, part_entries in entries:
         gathered.setdefault(record.operator, []).extend(part_entries)
     whole = len(entries) == len(root.parts)
     operators = {
-        op: OperatorSnapshotEntry(tuple(gathered.get(op, ())), entry.total_bytes)
+        op: OperatorSnapshotEntry(tuple(gathered.get(op, entry.partitions)), entry.total_bytes)
         for op, entry in root.operators.items()
-        if whole or op in gathered
+        if whole or op in gathered or entry.partitions
     }
     manifest = msgspec.structs.replace(root, operators=operators)
     try:
