@@ -308,7 +308,7 @@ def test_small_items_are_handed_to_worker_threads_in_runs(
         handed.append(getattr(function, "__qualname__", ""))
         return await real(function, *args)
 
-    monkeypatch.setattr(_rankobject.asyncio, "to_thread", counting)
+    monkeypatch.setattr(asyncio, "to_thread", counting)
     state = {f"t{i:02}": torch.full((128, 1024), float(i)) for i in range(40)}  # 512 KiB
     store = MemoryStore()
     save(store, state)
