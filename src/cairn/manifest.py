@@ -61,8 +61,9 @@ extends. Invariants kept here:
   entries back, checking the whole as :func:`decode_manifest` does. A manifest of up to
   :data:`PART_ENTRIES` entries, or whose every operator stays in the root, is stored
   whole, byte for byte as before parts existed (cairn before parts reads a root as
-  damage, so it skips such a checkpoint and falls back to an older one; cairn before
-  :data:`INLINE_BELOW` reads so a root that holds some operators' entries itself);
+  damage, so it skips such a checkpoint and falls back to an older one; cairn from
+  before :data:`INLINE_BELOW` does the same with a root that holds some operators'
+  entries itself);
 * an entry's ``codec`` is one this cairn knows (:data:`cairn.codecs.CODECS`). A name it
   does not know (a newer writer's codec, or damage) makes the manifest unreadable here,
   like an unsupported schema version: :class:`CorruptManifestError`, so readers fall back.
