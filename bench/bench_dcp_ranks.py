@@ -59,11 +59,11 @@ What is real, what is shrunk:
 Where size decides the layout: the writer puts a rank's items into one object of
 ranges, one more per 16 GiB (``RANK_OBJECT_BYTES``), judged by the items' chunk
 metadata, which is real here, so the object count is a real save's. The earlier
-layout (``--layouts per-tensor``; the writer keeps it for compressed saves) made a
+layout (``--layouts per-tensor``, ``bench/per_tensor.py``) made a
 tensor of >= 1 MiB an object of its own and packed smaller ones into 8 MiB bundles,
 judged by the resolved bytes: for it the script divides the writer's size thresholds
 by ``--scale`` while it saves (:data:`SIZE_KNOBS`, module constants of
-``cairn.torch._writer``: the one place the script knows an internal), so the writer
+``bench.per_tensor``), so the writer
 decides on the sizes the real shards have. With ``--scale`` a power of two up to
 4,096, every 2-D shard divides exactly (a row is 8,192 or 28,672 = 7 x 4,096 fp32):
 its stand-in is exactly 1/scale of it, and own objects and the entries and records of
@@ -165,8 +165,8 @@ dcp_support: Any = importlib.import_module("support.dcp")
 LAYERS, HIDDEN, FFN, VOCAB, KV = 80, 8192, 28672, 128_256, 8 * 128
 
 SIZE_KNOBS: tuple[tuple[str, str], ...] = (
-    ("cairn.torch._writer", "OWN_ARTIFACT_BYTES"),
-    ("cairn.torch._writer", "BUNDLE_BYTES"),
+    ("bench.per_tensor", "OWN_ARTIFACT_BYTES"),
+    ("bench.per_tensor", "BUNDLE_BYTES"),
 )
 """Byte sizes by which the writer lays out objects: divided by ``--scale`` during a save."""
 
@@ -336,7 +336,7 @@ class StandInSavePlanner(DefaultSavePlanner):
 LAYOUTS: dict[str, type[CairnWriter]] = {"ranges": CairnWriter, "per-tensor": PerTensorWriter}
 """``ranges``: what ``CairnWriter`` writes (one object of ranges per rank);
 ``per-tensor``: the earlier layout (an object per tensor of 1 MiB or more, 8 MiB
-bundles), which the writer still writes for compressed saves, for comparison."""
+bundles, ``bench/per_tensor.py``), for comparison."""
 
 
 @contextlib.contextmanager

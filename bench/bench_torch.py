@@ -13,8 +13,8 @@ Stores and variants:
 
 * ``local`` (a directory on the disk) and ``shm`` (tmpfs, where the disk cannot hide
   CPU costs): ``cairn`` (CairnWriter/CairnReader: SHA-256 of every byte, atomic
-  commit, one object per rank), ``cairn-per-tensor`` (the same writer in the layout it
-  keeps for compressed saves: an object per tensor of 1 MiB or more), ``fs``
+  commit, one object per rank), ``cairn-per-tensor`` (the same writer in the earlier
+  layout, ``bench/per_tensor.py``: an object per tensor of 1 MiB or more), ``fs``
   (FileSystemWriter/Reader, defaults: fsyncs each file, no digests),
   ``fs-nosync`` (the same without fsync, as obstore's local store writes);
 * ``s3`` (moto's server on a loopback port): ``cairn``, ``cairn-per-tensor``,

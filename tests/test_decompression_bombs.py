@@ -28,7 +28,14 @@ from obstore.store import ObjectStore
 from support import bombs
 from support.artifacts import artifact_path
 from support.backends import make_checkpointer
-from support.bombs import RECORDED, STATE, Discard, make_bomb, plant_bomb
+from support.bombs import (
+    RECORDED,
+    STATE,
+    Discard,
+    make_bomb,
+    plant_bomb,
+    plant_bomb_in_dcp_item,
+)
 from support.cli import PREFIX, Run, base_env
 
 from cairn import (
@@ -195,10 +202,10 @@ async def test_a_hand_made_entry_without_a_stored_size_is_still_bounded(
 # -- DCP (cairn.torch) -----------------------------------------------------------------------
 
 
-def dcp_bombed(raw_store: ObjectStore, operator: str) -> tuple[list[CheckpointId], str, int]:
-    """Two DCP checkpoints saved compressed; ``operator``'s artifact of the second bombed:
-    the ids, its path and the size its entry records."""
-    import torch
+def dcp_bombed(raw_store: ObjectStore) -> tuple[list[CheckpointId], str, int]:
+    """Two DCP checkpoints saved compressed (each item a zstd frame of its rank's object),
+    the second's one item bombed (:func:`plant_bomb_in_dcp_item`): the ids, the object's
+    path and the item's recorded length."""
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     from cairn.torch import CairnWriter
@@ -206,13 +213,18 @@ def dcp_bombed(raw_store: ObjectStore, operator: str) -> tuple[list[CheckpointId
     ids: list[CheckpointId] = []
     for epoch in (1, 2):
         writer = CairnWriter(raw_store, epoch=epoch, prefix="dcp/", compression="zstd")
-        dcp_save({"w": torch.ones(300) * epoch}, storage_writer=writer, no_dist=True)
+        dcp_save({"w": weights(epoch)}, storage_writer=writer, no_dist=True)
         assert writer.checkpoint_id is not None
         ids.append(writer.checkpoint_id)
-    ckpt = make_checkpointer(raw_store, CheckpointPaths("dcp/"))
-    path = asyncio.run(plant_bomb(ckpt, ids[1], operator, make_bomb(SMALL_BOMB)))
-    [entry] = asyncio.run(ckpt.load_manifest(ids[1])).operators[operator].partitions
-    return ids, path, entry.size_bytes
+    path, recorded = plant_bomb_in_dcp_item(raw_store, "dcp/", ids[1], make_bomb(SMALL_BOMB))
+    return ids, path, recorded
+
+
+def weights(epoch: int) -> object:
+    """The tensor a DCP save of ``epoch`` holds: random, so that it barely compresses."""
+    import torch
+
+    return torch.randn(100_000, generator=torch.Generator().manual_seed(epoch))
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -220,7 +232,7 @@ def test_dcp_reads_stop_past_the_recorded_size(
     raw_store: ObjectStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("torch")
-    ids, path, recorded = dcp_bombed(raw_store, "rank-0")
+    ids, path, recorded = dcp_bombed(raw_store)
     import torch
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -229,25 +241,41 @@ def test_dcp_reads_stop_past_the_recorded_size(
 
     reader = CairnReader(raw_store, checkpoint_id=ids[1], prefix="dcp/")
     with pytest.raises(CheckpointException) as info:
-        dcp_load({"w": torch.zeros(300)}, storage_reader=reader, no_dist=True)
+        dcp_load({"w": torch.zeros(100_000)}, storage_reader=reader, no_dist=True)
     [(error, _)] = info.value.failures.values()
     assert_bomb_error(error, path, recorded)
-    state = {"w": torch.zeros(300)}
+    state = {"w": torch.zeros(100_000)}
     with caplog.at_level(logging.WARNING, logger="cairn"):
         assert load_latest(state, raw_store, prefix="dcp/") == ids[0]
-    assert torch.equal(state["w"], torch.ones(300))
+    assert torch.equal(state["w"], weights(1))
     assert path in caplog.text and f"more than the {recorded} bytes" in caplog.text
+    # cairn's own verification of the object decodes each range in the same bound.
+    with pytest.raises(OversizedArtifactError) as verified:
+        asyncio.run(make_checkpointer(raw_store, CheckpointPaths("dcp/")).load(ids[1]))
+    assert_bomb_error(verified.value, path, recorded)
+
+
+OLD_COMPRESSED_DCP = Path(__file__).parent / "data" / "dcp-store-per-tensor-zstd"
+"""DCP saves by an earlier writer with ``compression="zstd"``: every object, the metadata
+included, compressed whole (see ``tests/test_torch_old_layout.py``)."""
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
-def test_dcp_metadata_stops_past_the_recorded_size(raw_store: ObjectStore) -> None:
+def test_old_dcp_metadata_stops_past_the_recorded_size(raw_store: ObjectStore) -> None:
     pytest.importorskip("torch")
     from cairn.torch import METADATA_OPERATOR, CairnReader
 
-    ids, path, recorded = dcp_bombed(raw_store, METADATA_OPERATOR)
+    ckpt = make_checkpointer(raw_store, CheckpointPaths("dcp/"))
+    for file in sorted(OLD_COMPRESSED_DCP.rglob("*")):
+        if file.is_file():
+            key = file.relative_to(OLD_COMPRESSED_DCP).as_posix()
+            asyncio.run(ckpt.store.put(key, file.read_bytes()))
+    latest = asyncio.run(ckpt.list_checkpoints())[-1]
+    path = asyncio.run(plant_bomb(ckpt, latest, METADATA_OPERATOR, make_bomb(SMALL_BOMB)))
+    [entry] = asyncio.run(ckpt.load_manifest(latest)).operators[METADATA_OPERATOR].partitions
     with pytest.raises(OversizedArtifactError) as info:
-        CairnReader(raw_store, checkpoint_id=ids[1], prefix="dcp/").read_metadata()
-    assert_bomb_error(info.value, path, recorded)
+        CairnReader(raw_store, checkpoint_id=latest, prefix="dcp/").read_metadata()
+    assert_bomb_error(info.value, path, entry.size_bytes)
 
 
 # -- the command line (local store) -----------------------------------------------------------

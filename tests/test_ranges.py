@@ -8,23 +8,29 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import zstandard
 from obstore.store import MemoryStore
 from support.backends import make_checkpointer
 
 from cairn import CheckpointData, CheckpointId, InvalidInputError, ObjectStoreCheckpointer
 from cairn.errors import (
     IntegrityMismatchError,
+    OversizedArtifactError,
     TransientStoreError,
     UndecodableArtifactError,
 )
 from cairn.manifest import PartitionSnapshotEntry, check_entry
 from cairn.ranges import (
+    COMPRESSED_INDEX_MAGIC,
     Range,
     RangeSource,
     decode_index,
+    decode_range,
+    encode_compressed_index,
     encode_index,
     group_spans,
     index_size,
+    is_index_size,
     verify_ranges,
 )
 from cairn.stores import ForwardingStore, ObstoreStore, Store
@@ -228,3 +234,104 @@ def test_group_spans_cuts_by_size_and_gap_in_offset_order() -> None:
     assert spans == [[(0, 10), (10, 10), (25, 5)], [(50, 10)], [(100, 40)], [(141, 1)]]
     assert group_spans([], lambda m: m, 40, 5) == []
     assert group_spans([(0, 100)], lambda m: m, 40, 5) == [[(0, 100)]]
+
+
+# -- ranges stored as zstd frames --------------------------------------------------------
+
+
+class Frames(RangeSource):
+    """Ranges of given bytes, each stored as a zstd frame; ``decoded`` overrides the
+    decoded size a range reports (by position), to forge one."""
+
+    codec = "zstd"
+
+    def __init__(self, *pieces: bytes, decoded: dict[int, int | None] | None = None) -> None:
+        self.pieces = pieces
+        self.decoded = decoded or {}
+
+    def open(self) -> AsyncIterator[Range]:
+        return self._ranges()
+
+    async def _ranges(self) -> AsyncIterator[Range]:
+        for number, piece in enumerate(self.pieces):
+            frame = zstandard.ZstdCompressor().compress(piece)
+            size = self.decoded.get(number, len(piece))
+            yield Range(frame, hashlib.sha256(piece).hexdigest(), size)
+
+
+async def test_ranges_stored_as_frames_save_load_and_decode_alone(
+    ckpt: ObjectStoreCheckpointer,
+) -> None:
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): Frames(*PIECES)}))
+    [(_, entry)] = manifest.partition_entries()
+    assert entry.index_size_bytes == index_size(len(PIECES), "zstd") and entry.codec is None
+    loaded = await ckpt.load(manifest.checkpoint_id)  # every frame decoded and checked
+    stored = bytes(loaded.artifacts[("op", 0)])
+    split = len(stored) - entry.index_size_bytes
+    assert stored[split:].startswith(COMPRESSED_INDEX_MAGIC) and split < len(b"".join(PIECES))
+    ranges = decode_index("x", stored[split:], split)
+    assert [r.decoded_size for r in ranges] == [len(p) for p in PIECES]
+    decoded = [decode_range("x", stored[r.offset : r.offset + r.length], r) for r in ranges]
+    assert [bytes(d) for d in decoded] == list(PIECES)
+
+
+async def test_a_damaged_frame_fails_the_load_naming_the_object() -> None:
+    store = ObstoreStore(MemoryStore())
+    ckpt = make_checkpointer(store)
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): Frames(*PIECES)}))
+    [(_, entry)] = manifest.partition_entries()
+    path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
+    stored = bytearray((await store.get(path)).data)
+    stored[len(stored) - entry.index_size_bytes - 3] ^= 1  # inside the last frame
+    await store.put(path, bytes(stored))
+    with pytest.raises((IntegrityMismatchError, UndecodableArtifactError)) as info:
+        await ckpt.load(manifest.checkpoint_id)
+    assert info.value.path == path  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "error"), [(10, OversizedArtifactError), (99_999, IntegrityMismatchError)]
+)
+async def test_a_frame_that_does_not_decode_to_its_recorded_size_fails(
+    recorded: int, error: type[Exception]
+) -> None:
+    ckpt = make_checkpointer(ObstoreStore(MemoryStore()))
+    source = Frames(*PIECES, decoded={2: recorded})  # the 70,000-byte range
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): source}))
+    with pytest.raises(error):  # a frame inflating past 10 bytes stops there: a bomb
+        await ckpt.load(manifest.checkpoint_id)
+
+
+async def test_a_compressed_source_must_mark_every_range_and_commits_nothing_if_not() -> None:
+    ckpt = make_checkpointer(ObstoreStore(MemoryStore()))
+    with pytest.raises(InvalidInputError, match="not marked zstd"):
+        await ckpt.save(
+            CheckpointData(epoch=1, snapshots={("op", 0): Frames(b"a", decoded={0: None})})
+        )
+    assert await ckpt.list_checkpoints() == []
+    with pytest.raises(InvalidInputError, match="has a decoded size"):
+        await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): _Marked(b"a")}))
+    assert await ckpt.list_checkpoints() == []
+    with pytest.raises(InvalidInputError, match="cannot be stored with codec"):
+        encode_compressed_index([(1, 1, "0" * 64)], "lz4")
+
+
+class _Marked(Pieces):
+    """An uncompressed source whose ranges claim a decoded size."""
+
+    async def _ranges(self) -> AsyncIterator[Range]:
+        for piece in self.pieces:
+            yield Range(piece, hashlib.sha256(piece).hexdigest(), len(piece))
+
+
+def test_a_manifest_entry_of_compressed_ranges_is_checked() -> None:
+    entry = PartitionSnapshotEntry(
+        partition_id=0,
+        is_delta=False,
+        path="operators/op/partition-0.snap",
+        size_bytes=200,
+        sha256="0" * 64,
+        index_size_bytes=index_size(3, "zstd"),
+    )
+    check_entry("op", entry)
+    assert not is_index_size(len(COMPRESSED_INDEX_MAGIC) + 47)

@@ -66,7 +66,7 @@ from cairn.torch import (
     _writer,
     load_latest,
 )
-from cairn.torch._format import BUNDLE_BYTES, ConcatReader, tensor_bytes
+from cairn.torch._format import tensor_bytes
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
@@ -177,17 +177,13 @@ def test_every_kind_of_tensor_and_value_round_trips_bit_exactly(
     manifest = sync(store).load_manifest(cid)
     assert manifest.epoch == 3 and sorted(manifest.operators) == [METADATA_OPERATOR, "rank-0"]
     parts = manifest.operators["rank-0"].partitions
-    assert all(p.codec == compression for _, p in manifest.partition_entries())
-    if compression is None:
-        # One object of ranges holds every item of the rank.
-        items = item_records(reader)
-        [entry] = parts
-        assert entry.index_size_bytes == index_size(len(items))
-        assert {r[0] for r in items.values()} == {entry.path}
-        return
-    # Compressed: "big" and "strided_big" alone; everything else in one bundle.
-    sizes = sorted(p.size_bytes for p in parts)
-    assert sizes[-2:] == sorted([512 * 1024 * 4, 1024 * 300 * 4]) and len(sizes) == 3
+    assert all(p.codec is None for _, p in manifest.partition_entries())
+    # One object of ranges holds every item of the rank, each a frame when compressed.
+    items = item_records(reader)
+    [entry] = parts
+    assert entry.index_size_bytes == index_size(len(items), compression)
+    assert {r[0] for r in items.values()} == {entry.path}
+    assert all((r.stored_length is not None) == (compression is not None) for r in items.values())
 
 
 def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
@@ -333,60 +329,6 @@ def test_a_rank_holding_more_than_the_object_size_gets_one_object_per_that_size(
     assert_same(blank, state)
 
 
-def test_compressed_copies_are_uploaded_in_batches_bounded_by_the_copy_budget(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_writer, "COPY_BUDGET", 3 << 20)
-    calls: list[int] = []
-    real = _writer.CairnWriter._upload
-
-    def counting(self: Any, cid: Any, operator: str, batch: Any) -> list[WriteResult]:
-        calls.append(len(batch.artifacts))
-        return real(self, cid, operator, batch)
-
-    monkeypatch.setattr(_writer.CairnWriter, "_upload", counting)
-    state = {f"t{i}": torch.randn(1024, 1024)[:, ::2] for i in range(5)}  # 2 MiB copies
-    save(str(tmp_path), state, compression="zstd")
-    assert calls == [2, 2, 1]
-    blank = {k: torch.zeros(1024, 512) for k in state}
-    load(str(tmp_path), blank)
-    assert_same(blank, state)
-
-
-def reader_bytes(parts: list[memoryview]) -> bytes:
-    return b"".join(bytes(p) for p in parts)
-
-
-def test_bundles_stream_without_joining_their_items() -> None:
-    parts = [memoryview(bytes([i]) * n) for i, n in enumerate([3, 0, 5, 1, 7])]
-    reader = ConcatReader(parts)
-    assert reader.size == 16
-    assert b"".join(iter(lambda: reader.read(4), b"")) == b"".join(bytes(p) for p in parts)
-    reader.seek(4)
-    assert reader.read(3) == bytes([2, 2, 2])
-    reader.seek(0)
-    assert reader.read() == b"".join(bytes(p) for p in parts)
-    for size in (1, 2, 5, 16, 100):  # reads that start and end anywhere among the parts
-        reader.seek(0)
-        chunks = []
-        while chunk := reader.read(size):
-            assert len(chunk) <= size
-            chunks.append(chunk)
-        assert b"".join(chunks) == reader_bytes(parts)
-
-
-def test_compressed_small_items_are_packed_into_bundles_of_bounded_size(tmp_path: Path) -> None:
-    state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(20)}  # 1000 KiB each
-    cid = save(str(tmp_path), state, compression="zstd")
-    manifest = sync(str(tmp_path)).load_manifest(cid)
-    sizes = [p.size_bytes for p in manifest.operators["rank-0"].partitions]
-    assert all(size <= BUNDLE_BYTES for size in sizes) and sum(sizes) == 20 * 1000 * 1024
-    assert len(sizes) == 3  # 8 + 8 + 4 items
-    blank = {k: torch.zeros(1000, 256) for k in state}
-    load(str(tmp_path), blank)
-    assert_same(blank, state)
-
-
 # -- verification ---------------------------------------------------------------------
 
 
@@ -411,18 +353,6 @@ def test_a_flipped_byte_in_a_bundled_item_fails_that_item_only(tmp_path: Path) -
     # cairn's own verification of the whole artifact sees it too.
     with pytest.raises(IntegrityMismatchError):
         sync(str(tmp_path)).load(cid)
-
-
-def test_a_flipped_byte_in_a_tensor_artifact_names_the_artifact(tmp_path: Path) -> None:
-    state = {"big": torch.randn(512, 1024)}
-    cid = save(str(tmp_path), state, compression="zstd")
-    [entry] = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
-    flip_byte(tmp_path, f"{PREFIX}{cid}/{entry.path}", 100)
-    with pytest.raises(CheckpointException) as info:
-        load(str(tmp_path), {"big": torch.zeros(512, 1024)})
-    error = failure_of(info)
-    assert isinstance(error, IntegrityMismatchError)
-    assert error.path == f"{PREFIX}{cid}/{entry.path}"
 
 
 def test_a_missing_artifact_is_a_broken_chain_naming_it(tmp_path: Path) -> None:
@@ -644,7 +574,9 @@ def test_the_writer_pickles_unless_its_store_is_in_memory(tmp_path: Path) -> Non
     state = {"x": torch.arange(5.0)}
     dcp_save(state, storage_writer=copy, no_dist=True)
     manifest = sync(str(tmp_path)).load_manifest(copy.checkpoint_id)
-    assert manifest.epoch == 4 and {p.codec for _, p in manifest.partition_entries()} == {"zstd"}
+    reader = CairnReader(str(tmp_path), checkpoint_id=copy.checkpoint_id, prefix=PREFIX)
+    compressed = [r.stored_length is not None for r in item_records(reader).values()]
+    assert manifest.epoch == 4 and compressed == [True]
     for store in (MemoryStore(), "memory://"):
         with pytest.raises(InvalidInputError, match="memory store"):
             pickle.dumps(CairnWriter(store, epoch=1))

@@ -7,6 +7,10 @@ more was an object of its own and smaller items were packed into bundles, each o
 listed in the manifest with the SHA-256 of its whole bytes. It holds two saves of the
 state :func:`state` builds: ``step-1`` (full) and ``step-2`` (incremental on it: the
 unchanged tensors carried, ``changing`` and ``step`` uploaded again).
+``tests/data/dcp-store-per-tensor-zstd`` holds the same two saves by the earlier writer
+with ``compression="zstd"``, which kept that layout after the uncompressed one moved to
+an object per rank: each object compressed whole, its records pickled in DCP's
+metadata. New saves onto it are compressed too, in the layout of today.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
 )
 
-OLD_STORE = Path(__file__).parent / "data" / "dcp-store-per-tensor"
+DATA = Path(__file__).parent / "data"
+OLD_STORES = {None: DATA / "dcp-store-per-tensor", "zstd": DATA / "dcp-store-per-tensor-zstd"}
+"""Each old store, by the compression its writer used."""
 PREFIX = "dcp/"
 
 
@@ -63,12 +69,27 @@ def assert_state(loaded: dict[str, Any], step: int) -> None:
         assert torch.equal(loaded[key], expected[key]), key
 
 
+@pytest.fixture(params=list(OLD_STORES), ids=["uncompressed", "zstd"])
+def compression(request: pytest.FixtureRequest) -> str | None:
+    """The compression of the old store under test (and of new saves onto it)."""
+    value: str | None = request.param
+    return value
+
+
 @pytest.fixture
-def old_store(tmp_path: Path) -> Path:
+def old_store(tmp_path: Path, compression: str | None) -> Path:
     """A copy of the old writer's store (tests change it)."""
     root = tmp_path / "old"
-    shutil.copytree(OLD_STORE, root)
+    shutil.copytree(OLD_STORES[compression], root)
     return root
+
+
+def test_the_compressed_old_store_is_in_the_old_layout() -> None:
+    """The fixture is what it claims: objects compressed whole, records pickled whole."""
+    ckpt = SyncCheckpointer(OLD_STORES["zstd"].as_uri(), CheckpointPaths(PREFIX))
+    for cid in ckpt.list_checkpoints():
+        entries = [e for _, e in ckpt.load_manifest(cid).partition_entries()]
+        assert entries and all(e.codec == "zstd" and e.index_size_bytes is None for e in entries)
 
 
 def test_old_per_tensor_checkpoints_load_by_name_and_as_the_latest(old_store: Path) -> None:
@@ -83,9 +104,11 @@ def test_old_per_tensor_checkpoints_load_by_name_and_as_the_latest(old_store: Pa
 
 
 def test_a_new_incremental_save_builds_on_an_old_one_and_gc_keeps_its_objects(
-    old_store: Path,
+    old_store: Path, compression: str | None
 ) -> None:
-    writer = CairnWriter(old_store.as_uri(), epoch=3, prefix=PREFIX, incremental=True)
+    writer = CairnWriter(
+        old_store.as_uri(), epoch=3, prefix=PREFIX, incremental=True, compression=compression
+    )
     dcp_save(state(3), storage_writer=writer, checkpoint_id="step-3", no_dist=True)
     ckpt = SyncCheckpointer(old_store.as_uri(), CheckpointPaths(PREFIX))
     new = writer.checkpoint_id

@@ -58,7 +58,7 @@ from cairn.inputs import READ_CHUNK, ArtifactData, StreamSource, as_buffer, chec
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
 from cairn.layout import CheckpointPaths, validate_name, validate_partition
 from cairn.manifest import PartitionSnapshotEntry
-from cairn.ranges import RangeSource, encode_index
+from cairn.ranges import RangeSource, encode_compressed_index, encode_index
 
 __all__ = [
     "PACK_BYTES",
@@ -360,20 +360,34 @@ def _ranges_job(
     metadata_key: str | None,
 ) -> Callable[[], Awaitable[Entry]]:
     """The upload of an object of ranges (:mod:`cairn.ranges`): its ranges, then their
-    index, in one streamed (multipart) write; stored as given, whatever the codec."""
+    index, in one streamed (multipart) write; stored as the source gives them (each
+    range a frame of the source's codec, if it has one), whatever the checkpointer's."""
     if metadata_key is not None:
         raise InvalidInputError(
             f"{path!r}: an object of ranges has no digest of its whole bytes to carry as "
             "metadata: pass bytes or a file"
         )
-    recorded: list[tuple[int, str]] = []
+    recorded: list[tuple[int, int, str]] = []  # stored length, decoded length, digest
+    codec = source.codec
+
+    def index() -> bytes:
+        if codec is None:
+            return encode_index([(length, digest) for length, _, digest in recorded])
+        return encode_compressed_index(recorded, codec)
 
     async def chunks() -> AsyncIterator[Buffer]:
         recorded.clear()  # what the last attempt sent is what the index describes
         small = bytearray()  # small ranges, coalesced: a chunk per range would cost a call each
         async for piece in source.open():
             view = memoryview(piece.data).cast("B")
-            recorded.append((view.nbytes, piece.sha256))
+            if (piece.decoded_size is None) != (codec is None):
+                raise InvalidInputError(
+                    f"{path!r}: a range of {view.nbytes} bytes "
+                    + ("has a decoded size" if codec is None else f"is not marked {codec}")
+                    + f" in an object of {codec or 'uncompressed'} ranges"
+                )
+            decoded = view.nbytes if piece.decoded_size is None else piece.decoded_size
+            recorded.append((view.nbytes, decoded, piece.sha256))
             if view.nbytes < COALESCE_BELOW:
                 small += view
                 if len(small) < READ_CHUNK:
@@ -388,18 +402,18 @@ def _ranges_job(
             for start in range(0, view.nbytes, READ_CHUNK):
                 yield view[start : start + READ_CHUNK]
             del view, piece
-        yield small + encode_index(recorded)
+        yield small + index()
 
     async def job() -> Entry:
         await ctx.store.put_stream(path, chunks)
-        index = encode_index(recorded)
+        encoded = index()
         entry = PartitionSnapshotEntry(
             partition_id=partition,
             is_delta=is_delta,
             path=relative,
-            size_bytes=sum(length for length, _ in recorded) + len(index),
-            sha256=sha256_hex(index),
-            index_size_bytes=len(index),
+            size_bytes=sum(length for length, _, _ in recorded) + len(encoded),
+            sha256=sha256_hex(encoded),
+            index_size_bytes=len(encoded),
         )
         return operator, entry
 

@@ -37,8 +37,8 @@ extends. Invariants kept here:
   system, one through ``manifest.json``) would make a read fail as a store error
   instead of as damage;
 * an entry with ``index_size_bytes`` (an object of ranges, :mod:`cairn.ranges`) has no
-  codec and no offset, and that many bytes at its end are the size of an index of
-  whole records;
+  codec and no offset (compressed ranges are marked in its index), and that many bytes
+  at its end are the size of an index of whole records;
 * an entry with an ``offset`` is a range of a pack (:meth:`CheckpointPaths.relative_pack`,
   which merges many small artifacts of one save into one object): its stored bytes are
   ``[offset, offset + stored length)`` of the object at ``path`` (stored length:
@@ -104,7 +104,7 @@ from cairn.layout import (
     validate_partition,
     validate_relative_path,
 )
-from cairn.ranges import INDEX_MAGIC, INDEX_RECORD_BYTES
+from cairn.ranges import is_index_size
 from cairn.signing import ManifestSignature, SigningKeys, signature_field, well_formed
 
 __all__ = [
@@ -960,11 +960,11 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
 
 
 def _check_index(where: str, part: PartitionSnapshotEntry) -> None:
-    """An object of ranges: uncompressed, with an index of whole records inside it."""
+    """An object of ranges: no codec of the whole (its ranges say whether each is a frame
+    of its own, :mod:`cairn.ranges`), with an index of whole records inside it."""
     _check_int(f"index_size_bytes of {where}", part.index_size_bytes, 0, part.size_bytes)
     assert part.index_size_bytes is not None
-    records, rest = divmod(part.index_size_bytes - len(INDEX_MAGIC), INDEX_RECORD_BYTES)
-    if records < 0 or rest:
+    if not is_index_size(part.index_size_bytes):
         raise InvalidInputError(
             f"index_size_bytes of {where} is {part.index_size_bytes}: not the size of a range index"
         )

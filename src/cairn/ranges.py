@@ -10,16 +10,28 @@ The stored object is the ranges' bytes end to end, then its *index*::
     b"cairn-ranges-v1\\n"                         16 bytes
     per range: length (8 bytes, big-endian), SHA-256 (32 bytes)
 
-Its manifest entry records the whole object's size (``size_bytes``), the index's size
-(``index_size_bytes``) and the index's SHA-256 (``sha256``).
+A source whose :attr:`RangeSource.codec` is ``"zstd"`` stores each range as a zstd frame
+of its own, so that a range still decodes alone, and its index records both sizes::
+
+    b"cairn-ranges-z1\\n"                         16 bytes
+    per range: stored length, decoded length (8 bytes each, big-endian), SHA-256 (32)
+
+Its manifest entry records the whole object's size as stored (``size_bytes``), the
+index's size (``index_size_bytes``) and the index's SHA-256 (``sha256``).
 
 Invariants:
 
-* each range is hashed once, by whoever produces it (:class:`Range`); the object as a
-  whole has no digest of its own: the entry's digest covers the index, the index every
-  range's digest, and each digest its range's bytes, so checking every range against
-  the index checks every byte of the object (:func:`verify_ranges`);
-* ranges are stored as given: no codec (a compressed range could not be read alone);
+* each range is hashed once, by whoever produces it (:class:`Range`), over its bytes
+  before compression; the object as a whole has no digest of its own: the entry's
+  digest covers the index, the index every range's digest, and each digest its range's
+  bytes, so checking every range against the index checks every byte of the object
+  (:func:`verify_ranges`);
+* ranges are stored as their source gives them: the checkpointer's codec is not applied
+  to the object (a compressed object could not be read a range at a time); a source
+  that compresses makes one frame per range;
+* a compressed range is decoded by the bounded decoder of :mod:`cairn.codecs`, to
+  exactly the decoded length its index records: a frame that inflates past it is an
+  :class:`~cairn.errors.OversizedArtifactError`, never a larger allocation;
 * decoding an index is strict (:func:`decode_index`): a size that is not the magic plus
   whole records, or lengths that do not add up to the bytes before the index, is
   damage, raised as :class:`UndecodableArtifactError` naming the object (a digest or
@@ -35,26 +47,42 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from cairn._buffer import Buffer
+from cairn.codecs import get_codec
 from cairn.errors import IntegrityMismatchError, InvalidInputError, UndecodableArtifactError
 
 __all__ = [
+    "COMPRESSED_INDEX_MAGIC",
+    "COMPRESSED_RECORD_BYTES",
     "INDEX_MAGIC",
     "INDEX_RECORD_BYTES",
+    "RANGE_CODECS",
     "Range",
     "RangeSource",
     "StoredRange",
     "decode_index",
+    "decode_range",
+    "encode_compressed_index",
     "encode_index",
     "group_spans",
     "index_size",
+    "is_index_size",
     "verify_ranges",
 ]
 
 INDEX_MAGIC = b"cairn-ranges-v1\n"
-"""The first bytes of every index (its format's version)."""
+"""The first bytes of the index of ranges stored as given (its format's version)."""
 
 INDEX_RECORD_BYTES = 40
-"""Bytes per range in the index: an 8-byte length and a 32-byte SHA-256."""
+"""Bytes per range in that index: an 8-byte length and a 32-byte SHA-256."""
+
+COMPRESSED_INDEX_MAGIC = b"cairn-ranges-z1\n"
+"""The first bytes of the index of ranges stored as one zstd frame each."""
+
+COMPRESSED_RECORD_BYTES = 48
+"""Bytes per range in that index: stored and decoded lengths (8 bytes each), SHA-256."""
+
+RANGE_CODECS = ("zstd",)
+"""The codecs a :class:`RangeSource` may store its ranges in."""
 
 T = TypeVar("T")
 
@@ -64,10 +92,15 @@ _FORMAT = "cairn range index"
 
 @dataclass(frozen=True)
 class Range:
-    """One range to store: its bytes, and the SHA-256 hex digest of exactly those bytes."""
+    """One range to store: its bytes, and the SHA-256 hex digest of exactly those bytes.
+
+    From a source with a :attr:`~RangeSource.codec`, ``data`` is the range compressed
+    (one frame), ``sha256`` the digest of its bytes before compression and
+    ``decoded_size`` their number; otherwise ``decoded_size`` stays None."""
 
     data: Buffer
     sha256: str
+    decoded_size: int | None = None
 
 
 class RangeSource(abc.ABC):
@@ -75,8 +108,11 @@ class RangeSource(abc.ABC):
 
     :meth:`open` is called once per upload attempt (a transient failure makes the
     upload start again) and must produce the same ranges each time; what the last
-    attempt produced is what is stored.
+    attempt produced is what is stored. ``codec`` (one of :data:`RANGE_CODECS`, or None)
+    says that every range it produces is compressed, one frame per range.
     """
+
+    codec: str | None = None
 
     @abc.abstractmethod
     def open(self) -> AsyncIterator[Range]:
@@ -84,31 +120,56 @@ class RangeSource(abc.ABC):
 
 
 class StoredRange(NamedTuple):
-    """One range of a stored object: where it is (``offset``, ``length``) and its digest."""
+    """One range of a stored object: where it is (``offset``, ``length``: its bytes as
+    stored), the digest of its bytes, and how many they are decoded (``decoded_size``,
+    when it is stored compressed; None when stored as is)."""
 
     offset: int
     length: int
     sha256: str
+    decoded_size: int | None = None
 
 
-def index_size(count: int) -> int:
-    """The bytes of the index of ``count`` ranges."""
-    return len(INDEX_MAGIC) + count * INDEX_RECORD_BYTES
+def index_size(count: int, codec: str | None = None) -> int:
+    """The bytes of the index of ``count`` ranges (compressed ones with ``codec``)."""
+    record = INDEX_RECORD_BYTES if codec is None else COMPRESSED_RECORD_BYTES
+    return len(INDEX_MAGIC) + count * record
+
+
+def is_index_size(size: int) -> bool:
+    """Whether an index of either kind can be ``size`` bytes (a check on a manifest
+    entry before the index is read; :func:`decode_index` is the strict one)."""
+    body = size - len(INDEX_MAGIC)
+    return body >= 0 and (body % INDEX_RECORD_BYTES == 0 or body % COMPRESSED_RECORD_BYTES == 0)
 
 
 def encode_index(ranges: Sequence[tuple[int, str]]) -> bytes:
-    """The index of ranges given as ``(length, sha256 hex)``, in order."""
-    parts = [INDEX_MAGIC]
-    for length, digest in ranges:
-        if not 0 <= length <= _MAX_LENGTH:
-            raise InvalidInputError(f"range length {length} is out of range")
+    """The index of uncompressed ranges given as ``(length, sha256 hex)``, in order."""
+    return _encode(INDEX_MAGIC, [((length,), digest) for length, digest in ranges])
+
+
+def encode_compressed_index(ranges: Sequence[tuple[int, int, str]], codec: str) -> bytes:
+    """The index of ranges stored as frames of ``codec``, given as ``(stored length,
+    decoded length, sha256 hex of the decoded bytes)``, in order."""
+    if codec not in RANGE_CODECS:
+        raise InvalidInputError(f"ranges cannot be stored with codec {codec!r:.40}")
+    records = [((length, decoded), digest) for length, decoded, digest in ranges]
+    return _encode(COMPRESSED_INDEX_MAGIC, records)
+
+
+def _encode(magic: bytes, records: Sequence[tuple[tuple[int, ...], str]]) -> bytes:
+    parts = [magic]
+    for lengths, digest in records:
+        for n in lengths:
+            if not 0 <= n <= _MAX_LENGTH:
+                raise InvalidInputError(f"range length {n} is out of range")
         try:
             raw = bytes.fromhex(digest)
         except ValueError:
             raw = b""
         if len(raw) != 32:
             raise InvalidInputError(f"not a SHA-256 hex digest: {digest!r:.80}")
-        parts.append(length.to_bytes(8, "big") + raw)
+        parts.append(b"".join(n.to_bytes(8, "big") for n in lengths) + raw)
     return b"".join(parts)
 
 
@@ -116,16 +177,21 @@ def decode_index(path: str, index: Buffer, data_size: int) -> list[StoredRange]:
     """The ranges an index describes, which must cover exactly ``data_size`` bytes (those
     before the index in the object at ``path``); else :class:`UndecodableArtifactError`."""
     view = memoryview(index).cast("B")
+    magic = bytes(view[: len(INDEX_MAGIC)])
+    compressed = magic == COMPRESSED_INDEX_MAGIC
+    record = COMPRESSED_RECORD_BYTES if compressed else INDEX_RECORD_BYTES
     body = view.nbytes - len(INDEX_MAGIC)
-    if body < 0 or body % INDEX_RECORD_BYTES or view[: len(INDEX_MAGIC)] != INDEX_MAGIC:
+    if body < 0 or body % record or magic not in (INDEX_MAGIC, COMPRESSED_INDEX_MAGIC):
         reason = f"its last {view.nbytes} bytes are not an index of whole records"
         raise UndecodableArtifactError(path, _FORMAT, reason)
     ranges: list[StoredRange] = []
     offset = 0
-    for start in range(len(INDEX_MAGIC), view.nbytes, INDEX_RECORD_BYTES):
+    digest_at = record - 32
+    for start in range(len(INDEX_MAGIC), view.nbytes, record):
         length = int.from_bytes(view[start : start + 8], "big")
-        digest = view[start + 8 : start + INDEX_RECORD_BYTES].hex()
-        ranges.append(StoredRange(offset, length, digest))
+        decoded = int.from_bytes(view[start + 8 : start + 16], "big") if compressed else None
+        digest = view[start + digest_at : start + record].hex()
+        ranges.append(StoredRange(offset, length, digest, decoded))
         offset += length
     if offset != data_size:
         reason = f"its index describes {offset} bytes of ranges, the object holds {data_size}"
@@ -170,9 +236,24 @@ def verify_ranges(path: str, data: Buffer, index_bytes: int, index_sha256: str) 
     actual = hashlib.sha256(index).hexdigest()
     if actual != index_sha256:
         raise IntegrityMismatchError(path, index_sha256, actual, what="sha256 of its range index")
-    for offset, length, digest in decode_index(path, index, split):
-        got = hashlib.sha256(view[offset : offset + length]).hexdigest()
-        if got != digest:
-            raise IntegrityMismatchError(
-                path, digest, got, what=f"sha256 of bytes {offset}..{offset + length}"
-            )
+    for stored in decode_index(path, index, split):
+        decoded = decode_range(path, view[stored.offset : stored.offset + stored.length], stored)
+        got = hashlib.sha256(decoded).hexdigest()
+        if got != stored.sha256:
+            what = f"sha256 of bytes {stored.offset}..{stored.offset + stored.length}"
+            raise IntegrityMismatchError(path, stored.sha256, got, what=what)
+
+
+def decode_range(path: str, stored_bytes: Buffer, stored: StoredRange) -> Buffer:
+    """The bytes of range ``stored`` of the object at ``path``, given its
+    ``stored_bytes``: as they are, or decoded to exactly its decoded size, in memory
+    bounded by it (a compressed range; call it from a worker thread when large).
+
+    Raises :class:`~cairn.errors.OversizedArtifactError` for a frame that inflates past
+    that size, :class:`IntegrityMismatchError` for one that ends short of it, and
+    :class:`UndecodableArtifactError` for bytes that are not a frame.
+    """
+    if stored.decoded_size is None:
+        return stored_bytes
+    codec = get_codec(RANGE_CODECS[0], path=path)
+    return codec.decompress(stored_bytes, path=path, size_bytes=stored.decoded_size)

@@ -17,7 +17,13 @@ peak RSS, reads the bomb, and prints one JSON object: ``grew`` (bytes the peak R
 by), ``error`` (the type of what the read raised), ``path`` (the path that error names)
 and ``loaded`` (for ``load_latest``: the epoch it fell back to).
 
-Importable without side effects: the tests use :func:`make_bomb` and :func:`plant_bomb`.
+A DCP save compressed keeps each item as a zstd frame inside its rank's object:
+:func:`plant_bomb_in_dcp_item` replaces one item's frame with a bomb padded (by a
+skippable frame) to the frame's stored length, so that the object's index, its digest
+and the manifest all still hold, and only decoding can tell.
+
+Importable without side effects: the tests use :func:`make_bomb`, :func:`plant_bomb` and
+:func:`plant_bomb_in_dcp_item`.
 """
 
 from __future__ import annotations
@@ -86,6 +92,44 @@ async def plant_bomb(
     forged = msgspec.structs.replace(manifest, operators=operators)
     await ckpt.store.put(ckpt.paths.manifest(checkpoint_id), encode_manifest(forged))
     return path
+
+
+SKIPPABLE_FRAME_MAGIC = 0x184D2A50
+"""The first of zstd's skippable-frame magic numbers: a decoder passes over its payload."""
+
+
+def padded_to(frame: Buffer, size: int) -> bytes:
+    """``frame`` followed by a skippable frame, ``size`` bytes in all."""
+    stored = bytes(frame)
+    pad = size - len(stored) - 8
+    assert pad >= 0, f"a bomb of {len(stored)} bytes does not fit into {size}"
+    header = SKIPPABLE_FRAME_MAGIC.to_bytes(4, "little") + pad.to_bytes(4, "little")
+    return stored + header + bytes(pad)
+
+
+def plant_bomb_in_dcp_item(
+    store: Any, prefix: str, checkpoint_id: CheckpointId, bomb: Buffer
+) -> tuple[str, int]:
+    """Write ``bomb`` over the frame of the one item of the compressed DCP checkpoint
+    ``checkpoint_id`` in ``store`` under ``prefix`` (padded to the frame's length); the
+    object's store path and the item's recorded length. Call it outside an event loop."""
+    from cairn import CheckpointPaths
+    from cairn.torch import CairnReader
+    from support.dcp import item_records
+
+    [record] = item_records(CairnReader(store, checkpoint_id=checkpoint_id, prefix=prefix)).values()
+    assert record.stored_length is not None, "the item is a frame of a compressed save"
+    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
+    path = ckpt.paths.resolve(checkpoint_id, record.artifact)
+
+    async def rewrite() -> None:
+        data = bytearray(memoryview((await ckpt.store.get(path)).data))
+        end = record.offset + record.stored_length
+        data[record.offset : end] = padded_to(bomb, end - record.offset)
+        await ckpt.store.put(path, bytes(data))
+
+    asyncio.run(rewrite())
+    return path, record.length
 
 
 class Discard(io.BytesIO):
@@ -163,22 +207,21 @@ def _measure_dcp(bomb: bytes) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    from cairn import CheckpointPaths
     from cairn.torch import CairnReader, CairnWriter
 
     store = MemoryStore()
     ids = []
+    weights = torch.randn(100_000)  # barely compresses: a frame a bomb fits into
     for epoch in (1, 2):
         writer = CairnWriter(store, epoch=epoch, prefix="dcp/", compression="zstd")
-        dcp_save({"w": torch.ones(300)}, storage_writer=writer, no_dist=True)
+        dcp_save({"w": weights}, storage_writer=writer, no_dist=True)
         assert writer.checkpoint_id is not None
         ids.append(writer.checkpoint_id)
-    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths("dcp/"))
-    path = asyncio.run(plant_bomb(ckpt, ids[1], "rank-0", bomb))
+    path, _ = plant_bomb_in_dcp_item(store, "dcp/", ids[1], bomb)
 
     def read(cid: CheckpointId) -> None:
         reader = CairnReader(store, checkpoint_id=cid, prefix="dcp/")
-        dcp_load({"w": torch.zeros(300)}, storage_reader=reader, no_dist=True)
+        dcp_load({"w": torch.zeros(100_000)}, storage_reader=reader, no_dist=True)
 
     read(ids[0])
     before = peak_rss()
@@ -199,4 +242,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for support.dcp
     main(sys.argv[1:])

@@ -67,21 +67,22 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
    as the upload reaches it and hashed once; a contiguous CPU tensor is sent from its
    own memory, small items are coalesced into 8 MiB chunks. A checkpoint then has one
    data object per rank, plus the metadata and the manifest, however many tensors it
-   holds. With ``compression=`` the earlier layout is kept (a compressed range cannot
-   be read alone): a tensor of at least 1 MiB is an artifact of its own, smaller items
-   are packed into bundles of up to 8 MiB. Each item's record (artifact, byte range,
-   SHA-256, dtype, shape) goes back to the coordinator: in an uncompressed save the rank
-   encodes all of its records as one *block*, and its chunks' offsets and sizes as
-   packed rows (:mod:`cairn.torch._itemtable`); in a compressed one, a record per
-   item's ``WriteResult.storage_data``.
+   holds. With ``compression=`` the layout is the same, each item compressed on its
+   own as one zstd frame (hashed before it is compressed), so that it is still read
+   alone. Each item's record (artifact, byte range, SHA-256, dtype, shape, and the
+   frame's length when compressed) goes back to the coordinator: the rank encodes all
+   of its records as one *block*, and its chunks' offsets and sizes as packed rows
+   (:mod:`cairn.torch._itemtable`).
 3. **Commit** (``finish``, on the coordinator): uploads DCP's metadata as the artifact
-   ``operators/dcp-metadata/partition-0.snap``. In an uncompressed save it is an object
-   of ranges: range 0 is DCP's ``Metadata`` with each tensor's chunk list replaced by
-   one *chunk table* (every chunk's offsets, sizes and the block of its record, one
-   packed array, zstd-compressed), then one range per rank's block (compressed by its
-   rank); the coordinator's work grows with ranks and tensors, not items. In a
-   compressed save it is the ``Metadata`` pickled whole with every record in its
-   ``storage_data``, as DCP's own writers store theirs. Then it commits one manifest
+   ``operators/dcp-metadata/partition-0.snap``, an object of ranges: range 0 is DCP's
+   ``Metadata`` with each tensor's chunk list replaced by one *chunk table* (every
+   chunk's offsets, sizes and the block of its record, one packed array,
+   zstd-compressed), then one range per rank's block (compressed by its rank); the
+   coordinator's work grows with ranks and tensors, not items. (An import, and
+   checkpoints of earlier versions, keep the ``Metadata`` pickled whole with every
+   record in its ``storage_data``, as DCP's own writers store theirs; earlier
+   compressed saves kept an object per tensor of 1 MiB or more and bundles, each
+   compressed whole. Both still load.) Then it commits one manifest
    naming every rank's artifacts and the metadata, with their sizes and SHA-256, through
    :meth:`~cairn.ObjectStoreCheckpointer.commit`: every artifact is checked present,
    the manifest is written create-only (the commit point), the lease ends and
@@ -97,8 +98,9 @@ in its own items (at 1,024 ranks of a 70B model, 2.2 million saved chunks, a fra
 a second). ``read_data`` first reads the blocks holding the records of the items it
 needs (a rank loading what it saved reads its own block), then groups the items a rank needs
 by artifact and into spans of nearby items of at most 16 MiB, reads one byte range
-per span (a compressed artifact whole, once), checks each item's SHA-256 against its
-record, and only then copies it
+per span (an artifact compressed whole, once), decodes each compressed item alone in
+memory bounded by its recorded length, checks each item's SHA-256 against its record,
+and only then copies it
 into the state dict (a tensor of the right shape and dtype is filled straight from the
 store's buffer). Resharding is DCP's: a rank reads whichever saved chunks overlap its own.
 
@@ -129,8 +131,8 @@ Invariants:
 * memory during a save is bounded by the concurrency, not by the state: contiguous CPU
   tensors are sent from their own memory, small items a coalesced chunk at a time, and
   a tensor that must be copied (from a device, or to make them contiguous) is copied
-  when the upload reaches it, with at most one more resolved ahead (a compressed save
-  uploads its copies in batches of at most 256 MiB per rank); a load holds at most
+  when the upload reaches it, with a bounded number resolved ahead (a compressed item
+  is held as its frame from then on); a load holds at most
   ``max_concurrent_downloads`` spans.
 
 Not supported, and refused with :class:`~cairn.InvalidInputError`: ``dcp.save`` with

@@ -41,6 +41,7 @@ from cairn.errors import CheckpointNotFoundError
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.torch._format import StoredRecord
 from cairn.torch._target import Target
 
 __all__ = [
@@ -56,8 +57,6 @@ __all__ = [
 HASH_THREADS = min(8, os.cpu_count() or 1)
 """Threads that hash a rank's items against the parent's at once (hashlib releases the
 GIL while it hashes a large buffer)."""
-
-StoredRecord = tuple[str, int, int, str, str, tuple[int, ...]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +129,7 @@ def carried_if_equal(
     records (same dtype, shape, length and SHA-256); None otherwise."""
     if carried is None:
         return None
-    _, _, length, sha256, old_dtype, old_shape = carried.record
+    _, _, length, sha256, old_dtype, old_shape = carried.record[:6]
     if (old_dtype, tuple(old_shape), length) != (dtype, shape, view.nbytes):
         return None
     return carried if sha256_hex(view) == sha256 else None

@@ -102,13 +102,7 @@ from cairn.torch._rankobject import ItemRanges
 from cairn.torch._reader import Opened, load_records, open_dcp, verified_pieces
 from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run
 from cairn.torch._target import Target, interpret
-from cairn.torch._writer import (
-    COPY_BUDGET,
-    _Batch,
-    commit_dcp,
-    rank_operator,
-    upload_batch,
-)
+from cairn.torch._writer import commit_dcp, rank_operator
 
 __all__ = [
     "METADATA_FILE",
@@ -452,7 +446,7 @@ async def _import_into(
     def resolve(write: WriteItem) -> Any:
         return load(by_index[write.index])
 
-    ranged = ckpt.context.codec is None
+    codec = ckpt.codec
     for file, items in scanned.files.items():
         match = _RANK_FILE.fullmatch(file)
         operator = rank_operator(int(match.group(1)) if match else 0)
@@ -464,26 +458,13 @@ async def _import_into(
             )
             for item in items
         ]
-        if ranged:  # the file becomes one object of ranges, as a rank's save does
-            source = ItemRanges(
-                writes, resolve, off_loop=True, size_of=lambda w: by_index[w.index].length
-            )
-            [entry] = await save.upload([(operator, partition, False, source)])
-            results += source.results(operator, entry)
-            next_partition[operator] = partition + 1
-            continue
-        batch = _Batch(partition)
-        held = 0
-        for write in writes:
-            value = await asyncio.to_thread(load, by_index[write.index])
-            size = by_index[write.index].length
-            batch.add(write, value)
-            held += size
-            if held > COPY_BUDGET:  # what was read is uploaded before more is read
-                results += await upload_batch(save.upload, operator, batch)
-                batch, held = _Batch(batch.next_partition), 0
-        results += await upload_batch(save.upload, operator, batch)
-        next_partition[operator] = batch.next_partition
+        # The file becomes one object of ranges, as a rank's save does.
+        source = ItemRanges(
+            writes, resolve, off_loop=True, size_of=lambda w: by_index[w.index].length, codec=codec
+        )
+        [entry] = await save.upload([(operator, partition, False, source)])
+        results += source.results(operator, entry)
+        next_partition[operator] = partition + 1
     metadata = copy.copy(scanned.metadata)
     committed = await commit_dcp(ckpt, save, epoch, metadata, [results], str(uuid.uuid4()), chosen)
     uploaded = sum(e.size_bytes for _, e in committed.partition_entries())

@@ -1,14 +1,12 @@
 """How DCP items are laid out in cairn artifacts, and read back. No I/O.
 
 A rank's items become artifacts of operator ``rank-{r}``: one object of ranges per
-rank (:mod:`cairn.torch._rankobject`), or, in a compressed save, a tensor of at least
-:data:`OWN_ARTIFACT_BYTES` as one artifact on its own, its raw bytes sent straight from
-tensor memory, and smaller tensors and DCP's byte items (pickled non-tensor values)
-packed, in plan order, into bundles of up to :data:`BUNDLE_BYTES`. Each item is
-described by an :class:`ItemRecord` (where its bytes are, their SHA-256, and for a
-tensor its dtype and shape): in a block of its rank's records
-(:mod:`cairn.torch._itemtable`), or, in a compressed save, as a plain tuple in DCP's
-``Metadata.storage_data``.
+rank (:mod:`cairn.torch._rankobject`; with compression, each item a frame of its own in
+it). Each item is described by an :class:`ItemRecord` (where its bytes are, their
+SHA-256, and for a tensor its dtype and shape), in a block of its rank's records
+(:mod:`cairn.torch._itemtable`). Checkpoints of earlier versions keep theirs as plain
+tuples in DCP's ``Metadata.storage_data``, and may place items in artifacts of one
+tensor, or bundles of several, compressed whole: records of those are read the same way.
 
 Invariants:
 
@@ -22,7 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import bisect
 import io
 import pickle
 from collections.abc import Iterable
@@ -37,10 +34,8 @@ from cairn.errors import CorruptManifestError, InvalidInputError
 from cairn.layout import validate_relative_path
 
 __all__ = [
-    "BUNDLE_BYTES",
-    "OWN_ARTIFACT_BYTES",
-    "ConcatReader",
     "ItemRecord",
+    "StoredRecord",
     "copy_bytes_into",
     "dtype_name",
     "dump_metadata",
@@ -50,21 +45,24 @@ __all__ = [
     "tensor_from_bytes",
 ]
 
-OWN_ARTIFACT_BYTES = 1 << 20
-"""In a compressed save, a tensor of at least this many bytes is an artifact of its own."""
-
-BUNDLE_BYTES = 8 << 20
-"""In a compressed save, smaller items are packed into bundles of at most this many
-bytes (one item may exceed it alone only if it is a byte item larger than that)."""
+StoredRecord = (
+    tuple[str, int, int, str, str, tuple[int, ...]]
+    | tuple[str, int, int, str, str, tuple[int, ...], int]
+)
+"""An item record as DCP's ``storage_data`` holds it (:meth:`ItemRecord.stored`)."""
 
 
 class ItemRecord(NamedTuple):
     """Where one DCP item's bytes are stored, and what they are.
 
     ``artifact`` is relative to the checkpoint directory (as manifest entries are);
-    ``offset``/``length`` place the item in the artifact's bytes (before compression);
-    ``dtype`` is a torch dtype name (``"float32"``) for a tensor and ``""`` for a byte
-    item; ``shape`` is the tensor's shape (``()`` for a byte item).
+    ``offset`` places the item in the artifact's bytes (as stored, for an artifact that
+    is an object of ranges; before compression, for one compressed whole) and
+    ``length`` is the item's size; ``stored_length`` is set when the item is a
+    compressed range of an object of ranges (:mod:`cairn.ranges`): its frame is the
+    ``stored_length`` bytes from ``offset``, and decodes to ``length`` bytes. ``dtype``
+    is a torch dtype name (``"float32"``) for a tensor and ``""`` for a byte item;
+    ``shape`` is the tensor's shape (``()`` for a byte item).
     """
 
     artifact: str
@@ -73,17 +71,26 @@ class ItemRecord(NamedTuple):
     sha256: str
     dtype: str
     shape: tuple[int, ...]
+    stored_length: int | None = None
 
-    def stored(self) -> tuple[str, int, int, str, str, tuple[int, ...]]:
-        """The record as the plain tuple kept in DCP's metadata."""
-        return (self.artifact, self.offset, self.length, self.sha256, self.dtype, self.shape)
+    @property
+    def extent(self) -> tuple[int, int]:
+        """The item's bytes as stored: ``(offset, length)`` in its artifact."""
+        return self.offset, self.length if self.stored_length is None else self.stored_length
+
+    def stored(self) -> StoredRecord:
+        """The record as the plain tuple kept in DCP's metadata (of six fields, or seven
+        for a compressed range)."""
+        fields = (self.artifact, self.offset, self.length, self.sha256, self.dtype, self.shape)
+        return fields if self.stored_length is None else (*fields, self.stored_length)
 
 
 def parse_record(path: str, value: object) -> ItemRecord:
     """A stored record checked field by field; :class:`CorruptManifestError` naming ``path``."""
-    if not isinstance(value, tuple) or len(value) != 6:
-        raise CorruptManifestError(path, f"an item record is not a 6-tuple: {value!r:.120}")
-    artifact, offset, length, sha256, dtype, shape = value
+    if not isinstance(value, tuple) or len(value) not in (6, 7):
+        raise CorruptManifestError(path, f"an item record is not a 6- or 7-tuple: {value!r:.120}")
+    artifact, offset, length, sha256, dtype, shape = value[:6]
+    stored_length = value[6] if len(value) == 7 else None
     ok = (
         isinstance(artifact, str)
         and type(offset) is int
@@ -95,6 +102,7 @@ def parse_record(path: str, value: object) -> ItemRecord:
         and isinstance(dtype, str)
         and isinstance(shape, tuple)
         and all(type(n) is int and n >= 0 for n in shape)
+        and (stored_length is None or (type(stored_length) is int and stored_length >= 0))
     )
     if not ok:
         raise CorruptManifestError(path, f"malformed item record {value!r:.200}")
@@ -102,7 +110,7 @@ def parse_record(path: str, value: object) -> ItemRecord:
         validate_relative_path(artifact)
     except InvalidInputError as exc:
         raise CorruptManifestError(path, f"item record: {exc}") from None
-    record = ItemRecord(artifact, offset, length, sha256, dtype, shape)
+    record = ItemRecord(artifact, offset, length, sha256, dtype, shape, stored_length)
     if dtype:
         expected = _numel(shape) * _dtype(path, dtype).itemsize
         if expected != length:
@@ -198,67 +206,6 @@ def copy_bytes_into(tensor: torch.Tensor, data: Buffer) -> None:
     target = tensor.reshape(-1).view(torch.uint8).numpy()
     # numpy, not torch.frombuffer: the store's buffers are read-only, which torch warns of.
     np.copyto(target, np.frombuffer(memoryview(data), dtype=np.uint8))
-
-
-class ConcatReader(io.RawIOBase):
-    """A seekable, read-only file over buffers laid end to end, read without joining them.
-
-    cairn uploads it as a stream (a copy of one chunk at a time) and can reopen it when a
-    transient failure makes the upload retry, since it seeks.
-    """
-
-    def __init__(self, parts: list[memoryview]) -> None:
-        super().__init__()
-        self._parts = parts
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        total = 0
-        for part in parts:
-            self._starts.append(total)
-            total += part.nbytes
-            self._ends.append(total)
-        self._size = total
-        self._pos = 0
-
-    @property
-    def size(self) -> int:
-        """The total size in bytes."""
-        return self._size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        written = 0
-        index = self._part_at(self._pos)
-        while written < out.nbytes and index < len(self._parts):
-            part = self._parts[index]
-            start = self._pos - self._starts[index]
-            count = min(part.nbytes - start, out.nbytes - written)
-            out[written : written + count] = part[start : start + count]
-            written += count
-            self._pos += count
-            index += 1
-        return written
-
-    def _part_at(self, position: int) -> int:
-        """The index of the first part that holds ``position`` (empty parts are skipped)."""
-        index = bisect.bisect_right(self._starts, position) - 1
-        while 0 <= index < len(self._parts) and position >= self._ends[index]:
-            index += 1
-        return max(index, 0)
 
 
 # -- DCP's metadata: pickled by DCP's own classes; read back only from verified bytes ---

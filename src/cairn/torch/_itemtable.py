@@ -69,6 +69,7 @@ from cairn.errors import (
 )
 from cairn.integrity import sha256_hex
 from cairn.manifest import PartitionSnapshotEntry
+from cairn.torch._format import ItemRecord, StoredRecord
 
 __all__ = [
     "CODEC",
@@ -98,15 +99,14 @@ FORMAT_V1 = "cairn-dcp-chunk-table-v1"
 CODEC = "zstd"
 """How the rows and the blocks of a :data:`FORMAT` table are compressed."""
 
-StoredRecord = tuple[str, int, int, str, str, tuple[int, ...]]
-"""An item record as DCP's ``storage_data`` holds it (:meth:`ItemRecord.stored`)."""
-
 
 class _Record(msgspec.Struct, array_like=True, frozen=True):
     """One item record in a block: its key (the number of its fqn in the block's
     ``names``, chunk offsets or None for a byte item), then
     :class:`~cairn.torch._format.ItemRecord`'s fields, the artifact and dtype as numbers
-    in ``names`` too, the digest as bytes."""
+    in ``names`` too, the digest as bytes; ``stored_length`` only for a compressed range
+    (:func:`rank_items` leaves it out otherwise, so that a block of uncompressed items
+    is encoded as before it existed)."""
 
     fqn: int
     offsets: list[int] | None
@@ -116,6 +116,7 @@ class _Record(msgspec.Struct, array_like=True, frozen=True):
     sha256: bytes
     dtype: int
     shape: list[int]
+    stored_length: int | None = None
 
 
 class _Block(msgspec.Struct, array_like=True, frozen=True):
@@ -166,24 +167,29 @@ def rank_items(
 ) -> RankItems:
     """The :class:`RankItems` of a rank whose plan holds ``items``, stored as ``written``:
     each item's key, record, and the operator and entry of the artifact holding it."""
-    records: list[_Record] = []
+    records: list[tuple[Any, ...]] = []  # each a _Record's fields, as it encodes
     names: dict[str, int] = {}
     entries: dict[tuple[str, int], tuple[str, PartitionSnapshotEntry]] = {}
     used: dict[tuple[str, int], int] = {}  # bytes of each carried object the records name
-    for index, (artifact, offset, length, digest, dtype, shape), owner, entry in written:
+    for index, stored, owner, entry in written:
+        record = ItemRecord(*stored)
         offsets = None if index.offset is None else [int(n) for n in index.offset]
         fqn_n, artifact_n, dtype_n = (
-            names.setdefault(name, len(names)) for name in (index.fqn, artifact, dtype)
+            names.setdefault(name, len(names))
+            for name in (index.fqn, record.artifact, record.dtype)
         )
-        raw = bytes.fromhex(digest)
-        records.append(
-            _Record(fqn_n, offsets, artifact_n, offset, length, raw, dtype_n, list(shape))
-        )
+        raw = bytes.fromhex(record.sha256)
+        fields = (fqn_n, offsets, artifact_n, record.offset, record.length, raw, dtype_n)
+        shape = list(record.shape)
+        if record.stored_length is None:
+            records.append((*fields, shape))
+        else:
+            records.append((*fields, shape, record.stored_length))
         key = (owner, entry.partition_id)
         entries.setdefault(key, (owner, entry))
         if carries_ranges(entry):
-            used[key] = used.get(key, 0) + length
-    encoded = msgspec.msgpack.encode(_Block(list(names), records))
+            used[key] = used.get(key, 0) + record.extent[1]
+    encoded = msgspec.msgpack.encode((list(names), records))  # a _Block
     block = get_codec(CODEC).compress(encoded)
     numbers: dict[str, int] = {}
     chunks: list[tuple[int, list[int], list[int]]] = []
@@ -672,15 +678,16 @@ def decode_block(
                 path,
                 f"block {block} holds a record of {index}, which the table places elsewhere",
             )
-        stored = (
+        stored = ItemRecord(
             name(record.artifact),
             record.offset,
             record.length,
             record.sha256.hex(),
             name(record.dtype),
             tuple(record.shape),
+            record.stored_length,
         )
-        records[index] = stored
+        records[index] = stored.stored()
     if len(records) != table.count_in(block):
         raise CorruptManifestError(
             path,

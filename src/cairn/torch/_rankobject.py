@@ -20,9 +20,13 @@ Invariants:
 * the records are those of the upload attempt that succeeded: a retried upload
   resolves and hashes its items again, and the index and records describe what was
   sent last;
-* the ranges are stored as given: a checkpointer with compression keeps the layout of
-  one object per tensor and bundles (:mod:`cairn.torch._writer`), since a compressed
-  range cannot be read alone.
+* with a codec (a checkpointer with ``compression=``), each item is compressed on its
+  own, as one frame, right after it is hashed and on the same worker thread: its
+  record places the frame (``offset``, ``stored_length``) and keeps the digest and
+  length of its bytes before compression, so a read of one item is still one ranged
+  GET, decoded in memory bounded by that length and checked against that digest; the
+  object's index is the compressed kind of :mod:`cairn.ranges`. What a rank holds ahead
+  is then the frames of the runs resolved ahead, each no larger than about its items.
 """
 
 from __future__ import annotations
@@ -41,11 +45,12 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from cairn._integration import Entry
 from cairn.checkpointer import PartitionUpload
+from cairn.codecs import Codec
 from cairn.errors import InvalidInputError
 from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex
 from cairn.manifest import PartitionSnapshotEntry
 from cairn.ranges import Range, RangeSource
-from cairn.torch._format import ItemRecord, dtype_name, tensor_bytes
+from cairn.torch._format import ItemRecord, StoredRecord, dtype_name, tensor_bytes
 
 __all__ = [
     "AHEAD_BYTES",
@@ -109,7 +114,7 @@ def split_into_objects(items: Sequence[WriteItem], limit: int) -> list[list[Writ
 class Written:
     """One item's ``WriteResult.storage_data``: its record, and its artifact's entry."""
 
-    record: tuple[str, int, int, str, str, tuple[int, ...]]
+    record: StoredRecord
     operator: str
     entry: PartitionSnapshotEntry
 
@@ -142,7 +147,8 @@ class Resolved:
 
 @dataclasses.dataclass(frozen=True)
 class _Placed:
-    """One item as the last upload attempt stored it."""
+    """One item as the last upload attempt stored it (``stored_length``: its frame's,
+    when compressed)."""
 
     item: WriteItem
     offset: int
@@ -150,6 +156,22 @@ class _Placed:
     sha256: str
     dtype: str
     shape: tuple[int, ...]
+    stored_length: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """One item ready to send: its bytes as stored (a frame, when compressed), what
+    keeps them alive, and its record's fields."""
+
+    item: WriteItem
+    data: memoryview
+    owner: object
+    length: int
+    sha256: str
+    dtype: str
+    shape: tuple[int, ...]
+    compressed: bool
 
 
 Resolve = Callable[[WriteItem], Any]
@@ -199,7 +221,8 @@ class ItemRanges(RangeSource):
     in a worker thread when its items are larger than
     :data:`~cairn.integrity.INLINE_HASH_LIMIT` together, or always with ``off_loop`` (a
     ``resolve`` that reads files). ``size_of`` gives an item's bytes before it is
-    resolved (:func:`estimated_size`, by default)."""
+    resolved (:func:`estimated_size`, by default). With ``codec``, each item is stored
+    as one frame of it, compressed right after it is hashed."""
 
     def __init__(
         self,
@@ -207,10 +230,13 @@ class ItemRanges(RangeSource):
         resolve: Resolve,
         off_loop: bool = False,
         size_of: Size = estimated_size,
+        codec: Codec | None = None,
     ) -> None:
         self._runs = _runs(items, size_of)
         self._resolve = resolve
         self._off_loop = off_loop
+        self._codec = codec
+        self.codec = None if codec is None else codec.name
         self.placed: list[_Placed] = []
 
     def open(self) -> AsyncIterator[Range]:
@@ -218,14 +244,25 @@ class ItemRanges(RangeSource):
         return self._ranges()
 
     async def _ranges(self) -> AsyncIterator[Range]:
-        def prepare(run: _Run) -> collections.deque[tuple[WriteItem, Resolved, str]]:
-            prepared: collections.deque[tuple[WriteItem, Resolved, str]] = collections.deque()
+        codec = self._codec
+
+        def prepare(run: _Run) -> collections.deque[_Prepared]:
+            prepared: collections.deque[_Prepared] = collections.deque()
             for item in run.items:
                 resolved = Resolved.of(item, self._resolve(item))
-                prepared.append((item, resolved, sha256_hex(resolved.view)))
+                view, owner, length = resolved.view, resolved.owner, resolved.view.nbytes
+                digest = sha256_hex(view)
+                if codec is not None:  # the frame replaces the bytes, which are let go
+                    view = memoryview(codec.compress(view))
+                    owner = view
+                dtype, shape, compressed = resolved.dtype, resolved.shape, codec is not None
+                prepared.append(
+                    _Prepared(item, view, owner, length, digest, dtype, shape, compressed)
+                )
+                del resolved
             return prepared
 
-        async def prepared(run: _Run) -> collections.deque[tuple[WriteItem, Resolved, str]]:
+        async def prepared(run: _Run) -> collections.deque[_Prepared]:
             if self._off_loop or run.size > INLINE_HASH_LIMIT:
                 return await asyncio.to_thread(prepare, run)
             return prepare(run)
@@ -253,14 +290,23 @@ class ItemRanges(RangeSource):
                 items = await future
                 resolve_ahead()
                 while items:
-                    item, resolved, digest = items.popleft()
-                    length = resolved.view.nbytes
+                    ready = items.popleft()
+                    stored = ready.data.nbytes
                     self.placed.append(
-                        _Placed(item, offset, length, digest, resolved.dtype, resolved.shape)
+                        _Placed(
+                            ready.item,
+                            offset,
+                            ready.length,
+                            ready.sha256,
+                            ready.dtype,
+                            ready.shape,
+                            stored if ready.compressed else None,
+                        )
                     )
-                    yield Range(resolved.view, digest)
-                    offset += length
-                    del resolved
+                    decoded = ready.length if ready.compressed else None
+                    yield Range(ready.data, ready.sha256, decoded)
+                    offset += stored
+                    del ready
         finally:
             for _, future in ahead:
                 future.cancel()
@@ -271,7 +317,13 @@ class ItemRanges(RangeSource):
         results: list[WriteResult] = []
         for placed in self.placed:
             record = ItemRecord(
-                stored.path, placed.offset, placed.length, placed.sha256, placed.dtype, placed.shape
+                stored.path,
+                placed.offset,
+                placed.length,
+                placed.sha256,
+                placed.dtype,
+                placed.shape,
+                placed.stored_length,
             )
             written = Written(record.stored(), operator, stored)
             results.append(WriteResult(placed.item.index, placed.length, written))
@@ -284,11 +336,13 @@ def rank_uploads(
     planner: SavePlanner,
     first_partition: int,
     limit: int,
+    codec: Codec | None = None,
 ) -> list[tuple[PartitionUpload, ItemRanges]]:
     """The uploads of a rank's ``items``: one object of ranges per run of ``limit``
-    bytes, numbered from ``first_partition``, each with its :class:`ItemRanges`."""
+    bytes, numbered from ``first_partition``, each with its :class:`ItemRanges` (its
+    items compressed with ``codec``, if given)."""
     uploads: list[tuple[PartitionUpload, ItemRanges]] = []
     for number, run in enumerate(split_into_objects(items, limit)):
-        source = ItemRanges(run, planner.resolve_data)
+        source = ItemRanges(run, planner.resolve_data, codec=codec)
         uploads.append(((operator, first_partition + number, False, source), source))
     return uploads

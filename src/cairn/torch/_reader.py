@@ -41,7 +41,7 @@ from cairn.errors import (
 from cairn.ids import CheckpointId
 from cairn.integrity import off_loop_if_large, verify_integrity, verify_integrity_async
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.ranges import StoredRange, decode_index, group_spans
+from cairn.ranges import StoredRange, decode_index, decode_range, group_spans
 from cairn.signing import SigningKey
 from cairn.torch._format import (
     ItemRecord,
@@ -303,7 +303,7 @@ def _spans(items: list[tuple[ItemRecord, ReadItem]], ranged: bool) -> list[list[
 
 
 def _record_extent(pair: tuple[ItemRecord, ReadItem]) -> tuple[int, int]:
-    return pair[0].offset, pair[0].length
+    return pair[0].extent
 
 
 async def open_dcp(
@@ -513,7 +513,8 @@ async def verified_pieces(
     """The bytes of the items ``indices`` of artifact ``relative`` of ``opened``, in
     order, each checked against its record's SHA-256.
 
-    One ranged read covers them (a compressed artifact is read whole and decoded).
+    One ranged read covers them (a compressed artifact is read whole and decoded; an
+    item that is a compressed range is decoded alone, in memory bounded by its length).
     Raises :class:`IntegrityMismatchError` naming the artifact and the item, or
     :class:`BrokenChainError` when the artifact is gone.
     """
@@ -524,7 +525,7 @@ async def verified_pieces(
         start, data = 0, await _fetch_whole(ckpt, path, entry, verify=False)
     else:
         start = min((r.offset for r in records), default=0)
-        end = max((r.offset + r.length for r in records), default=0)
+        end = max((sum(r.extent) for r in records), default=0)
         try:
             data = await ckpt.store.get_range(path, start, end)
         except CheckpointNotFoundError:
@@ -533,20 +534,43 @@ async def verified_pieces(
             ) from None
     view = memoryview(data).cast("B")
     pieces: list[memoryview] = []
-    verified: set[MetadataIndex] = set()
+    verified: dict[MetadataIndex, memoryview] = {}
     for index, record in zip(indices, records, strict=True):
-        piece = view[record.offset - start : record.offset - start + record.length]
-        if piece.nbytes != record.length:
+        if index in verified:
+            pieces.append(verified[index])
+            continue
+        offset, length = record.extent if entry.codec is None else (record.offset, record.length)
+        stored = view[offset - start : offset - start + length]
+        if stored.nbytes != length:
             raise IntegrityMismatchError(
-                path, str(record.length), str(piece.nbytes), what=f"size of {index.fqn!r}"
+                path, str(length), str(stored.nbytes), what=f"size of {index.fqn!r}"
             )
-        if index not in verified:
-            end = record.offset + record.length
-            what = f"sha256 of item {index.fqn!r} (bytes {record.offset}..{end})"
-            await verify_integrity_async(path, piece, record.sha256, what=what)
-            verified.add(index)
+        what = f"sha256 of item {index.fqn!r} (bytes {offset}..{offset + length})"
+        piece = await _decoded_item(path, record, stored, what)
+        await verify_integrity_async(path, piece, record.sha256, what=what)
+        verified[index] = piece
         pieces.append(piece)
     return pieces
+
+
+async def _decoded_item(path: str, record: ItemRecord, stored: memoryview, what: str) -> memoryview:
+    """An item's bytes from its ``stored`` bytes: as they are, or a compressed range
+    decoded to exactly its ``length``, in memory bounded by it.
+
+    A frame that does not decode is an :class:`UndecodableArtifactError` naming the
+    item, one that ends short an :class:`IntegrityMismatchError` on its size, and one
+    that inflates past it an :class:`OversizedArtifactError`: never a larger buffer."""
+    if record.stored_length is None:
+        return stored
+    where = StoredRange(record.offset, record.stored_length, record.sha256, record.length)
+    try:
+        decoded = await off_loop_if_large(stored, decode_range, path, stored, where)
+    except UndecodableArtifactError as exc:
+        raise UndecodableArtifactError(path, exc.codec, f"{what}: {exc.reason}") from None
+    except IntegrityMismatchError as exc:  # decoded short of its length
+        size = what.replace("sha256", "decoded size", 1)
+        raise IntegrityMismatchError(path, exc.expected, exc.actual, what=size) from None
+    return memoryview(decoded).cast("B")
 
 
 async def _fetch_whole(
@@ -626,11 +650,18 @@ def _checked_record(
         raise CorruptManifestError(
             path, f"item {index.fqn!r} is in {record.artifact!r}, which the manifest lacks"
         )
-    data_bytes = entry.size_bytes - (entry.index_size_bytes or 0)  # not into an index
-    if record.offset + record.length > data_bytes:
+    if record.stored_length is not None and entry.index_size_bytes is None:
         raise CorruptManifestError(
             path,
-            f"item {index.fqn!r} ends at byte {record.offset + record.length} of "
+            f"item {index.fqn!r} is recorded as a compressed range of {record.artifact!r}, "
+            "which is not an object of ranges",
+        )
+    data_bytes = entry.size_bytes - (entry.index_size_bytes or 0)  # not into an index
+    end = sum(record.extent) if entry.codec is None else record.offset + record.length
+    if end > data_bytes:
+        raise CorruptManifestError(
+            path,
+            f"item {index.fqn!r} ends at byte {end} of "
             f"{record.artifact!r}, which has {data_bytes} bytes of items",
         )
     return record

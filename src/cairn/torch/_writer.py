@@ -5,29 +5,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import functools
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import msgspec
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from cairn._integration import (
     DEFAULT_LEASE,
-    Entry,
     TwoPhaseSave,
     assemble_manifest,
     begin,
     is_int,
 )
-from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
+from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import IncompleteCheckpointError, InvalidInputError
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
@@ -36,13 +34,7 @@ from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.ranges import Range, RangeSource
 from cairn.signing import SigningKey
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
-from cairn.torch._format import (
-    BUNDLE_BYTES,
-    OWN_ARTIFACT_BYTES,
-    ConcatReader,
-    ItemRecord,
-    dump_metadata,
-)
+from cairn.torch._format import ItemRecord, dump_metadata
 from cairn.torch._itemtable import (
     RankItems,
     StoredTable,
@@ -57,10 +49,8 @@ from cairn.torch._target import Target, interpret, well_formed
 __all__ = [
     "METADATA_OPERATOR",
     "CairnWriter",
-    "Upload",
     "commit_dcp",
     "rank_operator",
-    "upload_batch",
 ]
 
 log = logging.getLogger("cairn")
@@ -89,63 +79,6 @@ class _PlanData:
     name: str | None = None
     parent: str | None = None
     first_partition: int = 0
-
-
-@dataclasses.dataclass
-class _Artifact:
-    """One artifact being built: its items' bytes, in order."""
-
-    partition: int
-    parts: list[memoryview] = dataclasses.field(default_factory=list)
-    items: list[tuple[WriteItem, int, str, tuple[int, ...]]] = dataclasses.field(
-        default_factory=list
-    )  # (item, offset, dtype name, shape)
-    owners: list[object] = dataclasses.field(default_factory=list)  # keep the memory alive
-    size: int = 0
-
-    def add(self, item: WriteItem, view: memoryview, owner: object, dtype: str, shape: Any) -> None:
-        self.items.append((item, self.size, dtype, tuple(int(n) for n in shape)))
-        self.parts.append(view)
-        self.owners.append(owner)
-        self.size += view.nbytes
-
-
-class _Batch:
-    """Items resolved and laid out into artifacts, not uploaded yet."""
-
-    def __init__(self, first_partition: int) -> None:
-        self.next_partition = first_partition
-        self.artifacts: list[_Artifact] = []
-        self._bundle: _Artifact | None = None
-        self.copied = 0
-
-    def add(self, item: WriteItem, data: object) -> None:
-        """Lay out ``item``, resolved to ``data``, into this batch's artifacts."""
-        self.place(item, Resolved.of(item, data))
-
-    def place(self, item: WriteItem, resolved: Resolved) -> None:
-        """Lay out ``item``'s bytes, already resolved, into this batch's artifacts."""
-        view, owner, dtype, shape = resolved.view, resolved.owner, resolved.dtype, resolved.shape
-        if item.type == WriteItemType.BYTE_IO:
-            self._bundled(view.nbytes).add(item, view, owner, "", ())
-            return
-        self.copied += view.nbytes if resolved.copied else 0
-        if view.nbytes >= OWN_ARTIFACT_BYTES:
-            self._new_artifact().add(item, view, owner, dtype, shape)
-        else:
-            self._bundled(view.nbytes).add(item, view, owner, dtype, shape)
-
-    def _new_artifact(self) -> _Artifact:
-        artifact = _Artifact(self.next_partition)
-        self.next_partition += 1
-        self.artifacts.append(artifact)
-        return artifact
-
-    def _bundled(self, size: int) -> _Artifact:
-        bundle = self._bundle
-        if bundle is None or (bundle.size and bundle.size + size > BUNDLE_BYTES):
-            bundle = self._bundle = self._new_artifact()
-        return bundle
 
 
 class CairnWriter(StorageWriter):
@@ -369,8 +302,8 @@ class CairnWriter(StorageWriter):
         hashed once. In an incremental save, the rank reads the parent's records of its
         items; the items the parent holds are first hashed (in parallel, at most
         :data:`COPY_BUDGET` bytes of copies at a time) and those equal to the parent's
-        carried (:mod:`cairn.torch._carry`). With compression, the layout of one artifact
-        per tensor and bundles is kept (:meth:`_write_bundles`).
+        carried (:mod:`cairn.torch._carry`). With compression, each item is one frame of
+        the checkpointer's codec in that object.
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
@@ -386,10 +319,7 @@ class CairnWriter(StorageWriter):
             parent_id = CheckpointId.parse(data.parent)
             reading = carry_for(self.checkpointer, parent_id, plan.items)
             carry = run(reading, "CairnWriter.write_data")
-        if self._settings["compression"] is not None:
-            results = self._write_bundles(cid, operator, data, carry, plan, planner)
-        else:
-            results = self._write_rank_objects(cid, operator, data, carry, plan, planner)
+        results = self._write_rank_objects(cid, operator, data, carry, plan, planner)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -409,7 +339,9 @@ class CairnWriter(StorageWriter):
         items = list(plan.items)
         if carry:
             items = self._carry_equal(carry, items, planner, results)
-        uploads = rank_uploads(operator, items, planner, data.first_partition, RANK_OBJECT_BYTES)
+        codec = self.checkpointer.codec
+        first = data.first_partition
+        uploads = rank_uploads(operator, items, planner, first, RANK_OBJECT_BYTES, codec)
         if uploads:
             upload = self.checkpointer.save_partitions_concurrent(cid, [u for u, _ in uploads])
             entries = run(upload, "CairnWriter.write_data")
@@ -452,64 +384,6 @@ class CairnWriter(StorageWriter):
         settle()
         return [item for item in items if item.index not in carried]
 
-    def _write_bundles(
-        self,
-        cid: CheckpointId,
-        operator: str,
-        data: _PlanData,
-        carry: dict[Any, Carried],
-        plan: SavePlan,
-        planner: SavePlanner,
-    ) -> list[WriteResult]:
-        """The layout of a compressed save: a tensor of :data:`OWN_ARTIFACT_BYTES` or more
-        is an artifact of its own, smaller items go into bundles of :data:`BUNDLE_BYTES`,
-        each compressed whole. Items are resolved one by one; at most :data:`COPY_BUDGET`
-        bytes of copies are held: what is resolved by then is uploaded first."""
-        results: list[WriteResult] = []
-        batch = _Batch(data.first_partition)
-        window: list[tuple[WriteItem, Resolved]] = []
-        held = 0  # bytes of copies in the window
-        for item in plan.items:
-            resolved = Resolved.of(item, planner.resolve_data(item))
-            window.append((item, resolved))
-            held += resolved.view.nbytes if resolved.copied else 0
-            if held + batch.copied > COPY_BUDGET:
-                batch = self._lay_out(cid, operator, carry, window, batch, results)
-                window, held = [], 0
-        batch = self._lay_out(cid, operator, carry, window, batch, results)
-        results += self._upload(cid, operator, batch)
-        return results
-
-    def _lay_out(
-        self,
-        cid: CheckpointId,
-        operator: str,
-        carry: dict[Any, Carried],
-        window: list[tuple[WriteItem, Resolved]],
-        batch: _Batch,
-        results: list[WriteResult],
-    ) -> _Batch:
-        """Carry the items of ``window`` equal to the parent's, place the others into
-        ``batch``, uploading it whenever its copies pass :data:`COPY_BUDGET`; the batch
-        to go on with. Results are appended to ``results``."""
-        matches = carried_items(
-            [(carry.get(item.index), r.view, r.dtype, r.shape) for item, r in window]
-        )
-        for (item, resolved), carried in zip(window, matches, strict=True):
-            if carried is not None:
-                written = Written(carried.record, carried.operator, carried.entry)
-                results.append(WriteResult(item.index, resolved.view.nbytes, written))
-                continue
-            batch.place(item, resolved)
-            if batch.copied > COPY_BUDGET:
-                results += self._upload(cid, operator, batch)
-                batch = _Batch(batch.next_partition)
-        return batch
-
-    def _upload(self, cid: CheckpointId, operator: str, batch: _Batch) -> list[WriteResult]:
-        upload = functools.partial(self.checkpointer.save_partitions_concurrent, cid)
-        return run(upload_batch(upload, operator, batch), "CairnWriter.write_data")
-
     def _reset_lease(self) -> None:
         """End the lease of a save that never reached its commit (DCP failed it)."""
         pending, self._pending = self._pending, None
@@ -549,44 +423,6 @@ class CairnWriter(StorageWriter):
         return well_formed(checkpoint_id)
 
 
-Upload = Callable[[list[PartitionUpload]], Awaitable[list[Entry]]]
-"""Uploads partitions of the checkpoint being saved; their entries, in order."""
-
-
-async def upload_batch(upload: Upload, operator: str, batch: _Batch) -> list[WriteResult]:
-    """Upload ``batch``'s artifacts as partitions of ``operator`` through ``upload``; a
-    ``WriteResult`` per item, carrying its record and its artifact's entry."""
-    if not batch.artifacts:
-        return []
-    uploads: list[PartitionUpload] = []
-    item_digests: list[list[str]] = []
-    for artifact in batch.artifacts:
-        if len(artifact.parts) == 1:
-            # One item: its digest is the artifact's, which cairn computes as it uploads.
-            uploads.append((operator, artifact.partition, False, artifact.parts[0]))
-            item_digests.append([""])
-        else:
-            # A bundle: each item gets a digest of its own, since a read takes one item's
-            # range of the artifact.
-            source = ConcatReader(artifact.parts)
-            uploads.append((operator, artifact.partition, False, source))
-            item_digests.append(await asyncio.to_thread(_digests, artifact.parts))
-    entries = await upload(uploads)
-    results: list[WriteResult] = []
-    for artifact, (_, entry), digests_of in zip(
-        batch.artifacts, entries, item_digests, strict=True
-    ):
-        for (item, offset, dtype, shape), part, digest in zip(
-            artifact.items, artifact.parts, digests_of, strict=True
-        ):
-            record = ItemRecord(
-                entry.path, offset, part.nbytes, digest or entry.sha256, dtype, shape
-            )
-            written = Written(record.stored(), operator, entry)
-            results.append(WriteResult(item.index, part.nbytes, written))
-    return results
-
-
 def _as_rank_items(
     operator: str, items: Sequence[WriteItem], results: list[WriteResult]
 ) -> list[WriteResult]:
@@ -600,10 +436,6 @@ def _as_rank_items(
         written.append((result.index, data.record, data.operator, data.entry))
     summary = rank_items(operator, items, written)
     return [WriteResult(r.index, r.size_in_bytes, summary) for r in results]
-
-
-def _digests(parts: list[memoryview]) -> list[str]:
-    return [sha256_hex(part) for part in parts]
 
 
 async def commit_dcp(
@@ -620,9 +452,9 @@ async def commit_dcp(
     ``save``, then commit its manifest naming it and every rank's artifacts (those
     carried from ``parent_id``, the checkpoint an incremental save built on, included).
 
-    Ranks that handed in :class:`RankItems` (an uncompressed save) get the chunk table
-    and their blocks (:mod:`cairn.torch._itemtable`); results with a record each (a
-    compressed save, an import) get the metadata pickled whole with those records."""
+    Ranks that handed in :class:`RankItems` (a save) get the chunk table and their
+    blocks (:mod:`cairn.torch._itemtable`); results with a record each (an import, or a
+    save by an earlier cairn) get the metadata pickled whole with those records."""
     cid = save.checkpoint_id
     metadata.version = CURRENT_DCP_VERSION
     metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
@@ -676,7 +508,7 @@ class _MetadataRanges(RangeSource):
 
 def _handed_in(results: Sequence[Sequence[WriteResult]]) -> list[RankItems] | None:
     """The :class:`RankItems` of each rank that wrote items, in rank order, when their
-    results carry them; None when they carry a record each (a compressed save)."""
+    results carry them; None when they carry a record each (an import)."""
     per_rank: list[RankItems] = []
     per_item = False
     for rank_results in results:
@@ -720,7 +552,8 @@ def _collect(
             records[result.index] = written.record
             entry = written.entry
             if carries_ranges(entry):
-                entry = msgspec.structs.replace(entry, used_bytes=written.record[2])
+                used = ItemRecord(*written.record).extent[1]
+                entry = msgspec.structs.replace(entry, used_bytes=used)
             named.append((written.operator, entry))
     return records, _distinct_entries(named)
 
