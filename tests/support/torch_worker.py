@@ -178,9 +178,9 @@ def suite(rank: int, spec: dict[str, Any], out: dict[str, Any], save: Callable[[
     future.result()  # type: ignore[union-attr]
     out["async_thread"] = {"id": str(writer.checkpoint_id), "digests": digests(saved)}
     saved = make_state(4, mesh)
-    future = async_save(
+    future = async_save(  # compressed: the setting travels into DCP's background process
         saved,
-        storage_writer=CairnWriter(store, epoch=4, prefix=PREFIX),
+        storage_writer=CairnWriter(store, epoch=4, prefix=PREFIX, compression="zstd"),
         async_checkpointer_type=AsyncCheckpointerType.PROCESS,
     )
     metadata = future.result()  # type: ignore[union-attr]
