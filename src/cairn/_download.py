@@ -297,7 +297,9 @@ async def read_entry(
     if entry.codec is not None:
         get_codec(entry.codec, path=path)  # a codec this cairn cannot decode fails before I/O
     stored = await read_stored(ctx, path, entry)
-    if entry.codec is not None:  # decoded on a worker thread, whatever its stored size
+    if entry.codec is not None or entry.index_size_bytes is not None:
+        # Decoded on a worker thread, whatever its stored size (an object of ranges may
+        # hold frames that decode to far more than they take).
         return await asyncio.to_thread(_decoded, path, stored, entry, verify)
     return await off_loop_if_large(stored, _decoded, path, stored, entry, verify)
 

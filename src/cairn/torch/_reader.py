@@ -39,7 +39,12 @@ from cairn.errors import (
     UndecodableArtifactError,
 )
 from cairn.ids import CheckpointId
-from cairn.integrity import off_loop_if_large, verify_integrity, verify_integrity_async
+from cairn.integrity import (
+    INLINE_HASH_LIMIT,
+    off_loop_if_large,
+    verify_integrity,
+    verify_integrity_async,
+)
 from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.ranges import StoredRange, decode_index, decode_range, group_spans
 from cairn.signing import SigningKey
@@ -564,7 +569,10 @@ async def _decoded_item(path: str, record: ItemRecord, stored: memoryview, what:
         return stored
     where = StoredRange(record.offset, record.stored_length, record.sha256, record.length)
     try:
-        decoded = await off_loop_if_large(stored, decode_range, path, stored, where)
+        if record.length > INLINE_HASH_LIMIT:  # by what it decodes to: a frame may be tiny
+            decoded = await asyncio.to_thread(decode_range, path, stored, where)
+        else:
+            decoded = decode_range(path, stored, where)
     except UndecodableArtifactError as exc:
         raise UndecodableArtifactError(path, exc.codec, f"{what}: {exc.reason}") from None
     except IntegrityMismatchError as exc:  # decoded short of its length
