@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import torch
 from obstore.store import LocalStore, MemoryStore
-from support.dcp import item_records
+from support.dcp import RankRangeStore, item_records
 from support.recording import RecordingStore
 from support.torch_worker import BLANK_SEED, digests, make_state
 from torch.distributed.checkpoint.api import CheckpointException
@@ -669,21 +669,8 @@ def test_load_latest_raises_what_is_not_damage(tmp_path: Path) -> None:
     assert not isinstance(failure_of(info), (IntegrityError, CheckpointNotFoundError))
 
 
-class _RangeStore(ForwardingStore):
-    """Records the ``(start, end)`` of every ranged read of a rank object."""
-
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.ranges: list[tuple[int, int]] = []
-
-    async def get_range(self, path: str, start: int, end: int) -> Any:
-        if "/rank-0/" in path:
-            self.ranges.append((start, end))
-        return await super().get_range(path, start, end)
-
-
 def test_a_load_reads_a_rank_object_in_bounded_spans(monkeypatch: pytest.MonkeyPatch) -> None:
-    store = _RangeStore(ObstoreStore(MemoryStore()))
+    store = RankRangeStore(ObstoreStore(MemoryStore()))
     state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(8)}  # 1000 KiB each
     save(store, state)
     monkeypatch.setattr(_reader, "READ_SPAN_BYTES", 3 << 20)

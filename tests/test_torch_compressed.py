@@ -21,7 +21,7 @@ import torch
 import zstandard
 from obstore.store import MemoryStore
 from support.cli import cairn
-from support.dcp import item_records
+from support.dcp import RankRangeStore, item_records
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -31,7 +31,7 @@ from cairn import CheckpointPaths, ObjectStoreCheckpointer, SyncCheckpointer
 from cairn.errors import IntegrityMismatchError, OversizedArtifactError, UndecodableArtifactError
 from cairn.ids import CheckpointId
 from cairn.ranges import COMPRESSED_INDEX_MAGIC, decode_index
-from cairn.stores import ForwardingStore, ObstoreStore, Store
+from cairn.stores import ObstoreStore
 from cairn.torch import CairnReader, CairnWriter, export_dcp, import_dcp
 from cairn.torch._format import ItemRecord
 from cairn.torch._reader import _decoded_item
@@ -105,19 +105,6 @@ def records(store: Any, cid: CheckpointId) -> dict[str, ItemRecord]:
     return {index.fqn: record for index, record in item_records(reader).items()}
 
 
-class _RangeStore(ForwardingStore):
-    """Records every ranged read of a rank object, as ``(start, end)``."""
-
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.ranges: list[tuple[int, int]] = []
-
-    async def get_range(self, path: str, start: int, end: int) -> Any:
-        if "/rank-0/" in path:
-            self.ranges.append((start, end))
-        return await super().get_range(path, start, end)
-
-
 def test_a_compressed_save_is_one_object_of_frames_and_round_trips_bit_exactly(
     tmp_path: Path,
 ) -> None:
@@ -149,7 +136,7 @@ def test_a_compressed_save_is_one_object_of_frames_and_round_trips_bit_exactly(
 
 
 def test_one_item_is_one_ranged_read_of_its_frame(monkeypatch: pytest.MonkeyPatch) -> None:
-    store = _RangeStore(ObstoreStore(MemoryStore()))
+    store = RankRangeStore(ObstoreStore(MemoryStore()))
     saved = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(8)}  # 1000 KiB each
     cid = save(store, saved)
     by_fqn = records(store, cid)

@@ -1,5 +1,6 @@
-"""DCP checkpoints as tests inspect them: item records, and saves of many ranks in one
-process (each rank's shard a real slice of a global tensor, so loads are bit-exact)."""
+"""DCP checkpoints as tests inspect them: item records, the ranged reads of a load, and
+saves of many ranks in one process (each rank's shard a real slice of a global tensor,
+so loads are bit-exact)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 
 from cairn.ids import CheckpointId
+from cairn.stores import ForwardingStore, Store
 from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner
 from cairn.torch._format import ItemRecord
 from cairn.torch._reader import load_records
@@ -39,6 +41,19 @@ def item_records(reader: CairnReader) -> dict[MetadataIndex, ItemRecord]:
     assert opened is not None
     run(load_records(reader.checkpointer, opened, None), "item_records")
     return dict(opened.records)
+
+
+class RankRangeStore(ForwardingStore):
+    """Records the ``(start, end)`` of every ranged read of rank 0's objects."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.ranges: list[tuple[int, int]] = []
+
+    async def get_range(self, path: str, start: int, end: int) -> Any:
+        if "/rank-0/" in path:
+            self.ranges.append((start, end))
+        return await super().get_range(path, start, end)
 
 
 class Shard:
