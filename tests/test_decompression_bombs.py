@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import pytest
@@ -51,6 +52,9 @@ from cairn import (
 )
 from cairn.codecs import MAX_WINDOW_SIZE
 from cairn.manifest import encode_manifest
+
+if TYPE_CHECKING:
+    import torch
 
 SMALL_BOMB = 64 * 1024 * 1024
 """What the bombs of the error-type tests decode to: enough to tell, quick to build."""
@@ -220,7 +224,7 @@ def dcp_bombed(raw_store: ObjectStore) -> tuple[list[CheckpointId], str, int]:
     return ids, path, recorded
 
 
-def weights(epoch: int) -> object:
+def weights(epoch: int) -> torch.Tensor:
     """The tensor a DCP save of ``epoch`` holds: random, so that it barely compresses."""
     import torch
 

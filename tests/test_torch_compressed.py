@@ -22,7 +22,7 @@ import zstandard
 from obstore.store import MemoryStore
 from support.cli import cairn
 from support.dcp import RankRangeStore, item_records
-from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save

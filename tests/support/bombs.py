@@ -119,13 +119,13 @@ def plant_bomb_in_dcp_item(
 
     [record] = item_records(CairnReader(store, checkpoint_id=checkpoint_id, prefix=prefix)).values()
     assert record.stored_length is not None, "the item is a frame of a compressed save"
+    start, end = record.offset, record.offset + record.stored_length
     ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(prefix))
     path = ckpt.paths.resolve(checkpoint_id, record.artifact)
 
     async def rewrite() -> None:
         data = bytearray(memoryview((await ckpt.store.get(path)).data))
-        end = record.offset + record.stored_length
-        data[record.offset : end] = padded_to(bomb, end - record.offset)
+        data[start:end] = padded_to(bomb, end - start)
         await ckpt.store.put(path, bytes(data))
 
     asyncio.run(rewrite())
