@@ -3,8 +3,8 @@
 DCP's ``Metadata`` lists every chunk of every tensor, and cairn keeps a record
 (:class:`~cairn.torch._format.ItemRecord`) per item: 2.2 million of each for a 70B
 model's training state over 1,024 ranks. Pickled whole, as DCP's own writers store
-them, every rank unpickles all of them to load its own two thousand. An uncompressed
-save therefore stores its metadata as one object of ranges (:mod:`cairn.ranges`):
+them, every rank unpickles all of them to load its own two thousand. A save therefore
+stores its metadata as one object of ranges (:mod:`cairn.ranges`):
 
 * range 0 is DCP's ``Metadata`` with every tensor's chunk list left empty; its
   ``storage_data`` is the *chunk table* (:data:`FORMAT`): the offsets and sizes of every
@@ -156,7 +156,8 @@ class RankItems:
 
 def carries_ranges(entry: PartitionSnapshotEntry) -> bool:
     """True when ``entry`` is an artifact carried from another checkpoint whose items are
-    read as ranges of it, so that its ``used_bytes`` are recorded (uncompressed)."""
+    read as ranges of it (an object not compressed whole), so that its ``used_bytes``
+    are recorded: the stored bytes of the ranges this checkpoint names."""
     return entry.owner is not None and entry.codec is None and entry.offset is None
 
 
