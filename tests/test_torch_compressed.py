@@ -135,7 +135,7 @@ def test_a_compressed_save_is_one_object_of_frames_and_round_trips_bit_exactly(
     assert_state(loaded, saved)
 
 
-def test_one_item_is_one_ranged_read_of_its_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_item_is_one_ranged_read_of_its_frame() -> None:
     store = RankRangeStore(ObstoreStore(MemoryStore()))
     saved = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(8)}  # 1000 KiB each
     cid = save(store, saved)
