@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import torch
 from obstore.store import LocalStore, MemoryStore
-from support.dcp import RankRangeStore, item_records
+from support.dcp import PREFIX, RankRangeStore, assert_same, item_records, load, save
 from support.recording import RecordingStore
 from support.torch_worker import BLANK_SEED, digests, make_state
 from torch.distributed.checkpoint.api import CheckpointException
@@ -72,7 +72,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
 )
 
-PREFIX = "dcp/"
 
 _TORCH_VERSION = tuple(int(part) for part in torch.__version__.split(".")[:2])
 
@@ -109,37 +108,6 @@ def blank_like(state: Any) -> Any:
     if isinstance(state, str):
         return ""
     return 0 if isinstance(state, int) else None
-
-
-def raw(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes, so that equality is bit-exact (NaNs, -0.0, bfloat16 alike)."""
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
-
-
-def assert_same(loaded: Any, saved: Any, where: str = "") -> None:
-    """Bit-exact equality of two states (dtype, shape and bytes of every tensor)."""
-    if isinstance(saved, dict):
-        assert loaded.keys() == saved.keys(), where
-        for key in saved:
-            assert_same(loaded[key], saved[key], f"{where}.{key}")
-    elif isinstance(saved, torch.Tensor):
-        assert loaded.dtype == saved.dtype and loaded.shape == saved.shape, where
-        assert torch.equal(raw(loaded), raw(saved)), where
-    else:
-        assert loaded == saved, where
-
-
-def save(store: Any, state: Any, epoch: int = 1, **options: Any) -> CheckpointId:
-    writer = CairnWriter(store, epoch=epoch, prefix=PREFIX, **options)
-    dcp_save(state, storage_writer=writer, no_dist=True)
-    assert writer.checkpoint_id is not None
-    return writer.checkpoint_id
-
-
-def load(store: Any, state: Any, checkpoint_id: CheckpointId | None = None) -> CairnReader:
-    reader = CairnReader(store, checkpoint_id=checkpoint_id, prefix=PREFIX)
-    dcp_load(state, storage_reader=reader, no_dist=True)
-    return reader
 
 
 def sync(store: Any) -> SyncCheckpointer:

@@ -20,8 +20,9 @@ pytest.importorskip("zstandard")
 import torch
 import zstandard
 from obstore.store import MemoryStore
+from support import dcp as support_dcp
 from support.cli import cairn
-from support.dcp import RankRangeStore, item_records
+from support.dcp import PREFIX, RankRangeStore, assert_same, item_records, load
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -32,15 +33,13 @@ from cairn.errors import IntegrityMismatchError, OversizedArtifactError, Undecod
 from cairn.ids import CheckpointId
 from cairn.ranges import COMPRESSED_INDEX_MAGIC, decode_index
 from cairn.stores import ObstoreStore
-from cairn.torch import CairnReader, CairnWriter, export_dcp, import_dcp
+from cairn.torch import CairnReader, export_dcp, import_dcp
 from cairn.torch._format import ItemRecord
 from cairn.torch._reader import _decoded_item
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
 )
-
-PREFIX = "dcp/"
 
 
 def state() -> dict[str, Any]:
@@ -66,29 +65,9 @@ def blank() -> dict[str, Any]:
     }
 
 
-def assert_state(loaded: dict[str, Any], saved: dict[str, Any]) -> None:
-    assert loaded.keys() == saved.keys()
-    for key, value in saved.items():
-        if isinstance(value, torch.Tensor):
-            got = loaded[key]
-            assert got.dtype == value.dtype and got.shape == value.shape, key
-            assert torch.equal(
-                got.contiguous().view(torch.uint8), value.contiguous().view(torch.uint8)
-            ), key
-        else:
-            assert loaded[key] == value, key
-
-
 def save(store: Any, saved: Any, **options: Any) -> CheckpointId:
-    writer = CairnWriter(store, epoch=1, prefix=PREFIX, compression="zstd", **options)
-    dcp_save(saved, storage_writer=writer, no_dist=True)
-    assert writer.checkpoint_id is not None
-    return writer.checkpoint_id
-
-
-def load(store: Any, into: Any, checkpoint_id: CheckpointId | None = None) -> None:
-    reader = CairnReader(store, checkpoint_id=checkpoint_id, prefix=PREFIX)
-    dcp_load(into, storage_reader=reader, no_dist=True)
+    """A save through a checkpointer that compresses."""
+    return support_dcp.save(store, saved, compression="zstd", **options)
 
 
 def sync(store: Any) -> SyncCheckpointer:
@@ -132,7 +111,7 @@ def test_a_compressed_save_is_one_object_of_frames_and_round_trips_bit_exactly(
         )
     loaded = blank()
     load(str(tmp_path), loaded)
-    assert_state(loaded, saved)
+    assert_same(loaded, saved)
 
 
 def test_one_item_is_one_ranged_read_of_its_frame() -> None:

@@ -1,6 +1,7 @@
-"""DCP checkpoints as tests inspect them: item records, the ranged reads of a load, and
-saves of many ranks in one process (each rank's shard a real slice of a global tensor,
-so loads are bit-exact)."""
+"""DCP checkpoints as tests make and inspect them: saves and loads in one process with
+no process group, bit-exact comparison of states, item records, the ranged reads of a
+load, and saves of many ranks in one process (each rank's shard a real slice of a global
+tensor, so loads are bit-exact)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from torch.distributed.checkpoint.planner import (
     WriteItem,
     WriteItemType,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import WriteResult
 
 from cairn.ids import CheckpointId
@@ -30,6 +33,44 @@ from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner
 from cairn.torch._format import ItemRecord
 from cairn.torch._reader import load_records
 from cairn.torch._runtime import run
+
+PREFIX = "dcp/"
+"""Where the helpers below save and load."""
+
+
+def save(store: Any, state: Any, epoch: int = 1, **options: Any) -> CheckpointId:
+    """One ``dcp.save`` of ``state`` into ``store`` by this process alone, through a
+    ``CairnWriter`` with ``options``; the checkpoint's id."""
+    writer = CairnWriter(store, epoch=epoch, prefix=PREFIX, **options)
+    dcp_save(state, storage_writer=writer, no_dist=True)
+    assert writer.checkpoint_id is not None
+    return writer.checkpoint_id
+
+
+def load(store: Any, state: Any, checkpoint_id: CheckpointId | None = None) -> CairnReader:
+    """One ``dcp.load`` into ``state`` by this process alone (the latest checkpoint, or
+    ``checkpoint_id``); the reader, which knows what it loaded."""
+    reader = CairnReader(store, checkpoint_id=checkpoint_id, prefix=PREFIX)
+    dcp_load(state, storage_reader=reader, no_dist=True)
+    return reader
+
+
+def raw(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, so that equality is bit-exact (NaNs, -0.0, bfloat16 alike)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_same(loaded: Any, saved: Any, where: str = "") -> None:
+    """Bit-exact equality of two states (dtype, shape and bytes of every tensor)."""
+    if isinstance(saved, dict):
+        assert loaded.keys() == saved.keys(), where
+        for key in saved:
+            assert_same(loaded[key], saved[key], f"{where}.{key}")
+    elif isinstance(saved, torch.Tensor):
+        assert loaded.dtype == saved.dtype and loaded.shape == saved.shape, where
+        assert torch.equal(raw(loaded), raw(saved)), where
+    else:
+        assert loaded == saved, where
 
 
 def item_records(reader: CairnReader) -> dict[MetadataIndex, ItemRecord]:
