@@ -171,7 +171,6 @@ class _Prepared:
     sha256: str
     dtype: str
     shape: tuple[int, ...]
-    compressed: bool
 
 
 Resolve = Callable[[WriteItem], Any]
@@ -255,10 +254,8 @@ class ItemRanges(RangeSource):
                 if codec is not None:  # the frame replaces the bytes, which are let go
                     view = memoryview(codec.compress(view))
                     owner = view
-                dtype, shape, compressed = resolved.dtype, resolved.shape, codec is not None
-                prepared.append(
-                    _Prepared(item, view, owner, length, digest, dtype, shape, compressed)
-                )
+                dtype, shape = resolved.dtype, resolved.shape
+                prepared.append(_Prepared(item, view, owner, length, digest, dtype, shape))
                 del resolved
             return prepared
 
@@ -300,10 +297,10 @@ class ItemRanges(RangeSource):
                             ready.sha256,
                             ready.dtype,
                             ready.shape,
-                            stored if ready.compressed else None,
+                            None if codec is None else stored,
                         )
                     )
-                    decoded = ready.length if ready.compressed else None
+                    decoded = None if codec is None else ready.length
                     yield Range(ready.data, ready.sha256, decoded)
                     offset += stored
                     del ready

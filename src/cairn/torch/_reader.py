@@ -544,7 +544,7 @@ async def verified_pieces(
         if index in verified:
             pieces.append(verified[index])
             continue
-        offset, length = record.extent if entry.codec is None else (record.offset, record.length)
+        offset, length = record.extent
         stored = view[offset - start : offset - start + length]
         if stored.nbytes != length:
             raise IntegrityMismatchError(
@@ -665,7 +665,7 @@ def _checked_record(
             "which is not an object of ranges",
         )
     data_bytes = entry.size_bytes - (entry.index_size_bytes or 0)  # not into an index
-    end = sum(record.extent) if entry.codec is None else record.offset + record.length
+    end = sum(record.extent)  # for a compressed range, its frame (in an object of ranges)
     if end > data_bytes:
         raise CorruptManifestError(
             path,
