@@ -20,7 +20,9 @@ from support.faults import FaultPlan, FaultyStore
 from support.policies import FAST_RETRY
 
 from cairn import (
+    CheckpointAbortedError,
     CheckpointData,
+    CheckpointExistsError,
     StoreError,
     SyncCheckpointer,
 )
@@ -209,3 +211,45 @@ def test_manifests_without_stats_still_load() -> None:
     assert b"stats" not in body
     assert decode_manifest("old/manifest.json", body).stats is None
     assert msgspec.structs.replace(old, stats=None) == old
+
+
+async def test_a_pipelined_save_after_one_that_failed_commits_nothing() -> None:
+    # Save N names an id another writer has committed, so it fails; save N+1, submitted
+    # while N ran, builds on that id. Committing N+1 would publish a chain whose parent
+    # is the other writer's state, not the one this job saved: it must fail instead.
+    store = ObstoreStore(MemoryStore())
+    other = make_checkpointer(store)
+    taken = CheckpointData(epoch=1, snapshots={("agg", 0): b"another writer's state"})
+    await other.save(taken)
+    ckpt = make_checkpointer(store, max_saves_in_flight=2)
+    failing = await ckpt.save_async(
+        CheckpointData(epoch=1, snapshots={("agg", 0): b"ours"}, checkpoint_id=taken.id)
+    )
+    child = CheckpointData(epoch=2, deltas={("agg", 0): b"+1"}, parent_id=taken.id)
+    behind = await ckpt.save_async(child)
+    with pytest.raises(CheckpointExistsError):
+        await failing
+    with pytest.raises(CheckpointAbortedError, match="the save submitted before it did not commit"):
+        await behind
+    assert not await ckpt.exists(child.id)
+    assert [info.path for info in await store.list(f"{child.id}/")] == []
+    assert await ckpt.list_checkpoints() == [taken.id]
+
+
+async def test_a_save_submitted_after_a_failure_was_seen_commits() -> None:
+    # The rule covers saves submitted while the failed one ran, not every later one: a
+    # save submitted once the failure is known is the caller's answer to it.
+    store = ObstoreStore(MemoryStore())
+    other = make_checkpointer(store)
+    taken = CheckpointData(epoch=1, snapshots={("agg", 0): b"another writer's state"})
+    await other.save(taken)
+    ckpt = make_checkpointer(store, max_saves_in_flight=2)
+    failing = await ckpt.save_async(
+        CheckpointData(epoch=1, snapshots={("agg", 0): b"ours"}, checkpoint_id=taken.id)
+    )
+    with pytest.raises(CheckpointExistsError):
+        await failing
+    fresh = CheckpointData(epoch=2, snapshots={("agg", 0): b"ours again"})
+    manifest = await (await ckpt.save_async(fresh))
+    assert manifest.checkpoint_id == fresh.id
+    assert await ckpt.exists(fresh.id)

@@ -9,6 +9,13 @@ Invariants:
   :meth:`BackgroundSaves.in_call_order`): each waits, just before its commit point, for the
   one submitted before it to finish (uploads still overlap), so ``_latest`` moves in
   call order and never backwards;
+* a save commits only if the one submitted before it, still running when it was
+  submitted, committed: when that one failed or was cancelled, the next fails at its
+  commit point with
+  :class:`~cairn.errors.CheckpointAbortedError` and commits nothing, and so does every
+  later one. A pipeline never skips a link: the save after a failed one may build on it
+  (its parent), and committing it would publish a chain with a checkpoint missing, or
+  built on whatever another writer committed under that id;
 * a failure is never lost: it is raised from the save's own future, and, if nobody
   looked at that future, from the next submission, ``wait()`` or ``close()`` of the
   checkpointer (once).
@@ -30,6 +37,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from cairn.errors import CheckpointAbortedError
 from cairn.manifest import CheckpointManifest
 
 __all__ = ["BackgroundGc", "BackgroundSaves"]
@@ -58,6 +66,8 @@ class BackgroundSaves:
         self._last: asyncio.Task[CheckpointManifest] | None = None
         self._running: set[asyncio.Task[CheckpointManifest]] = set()
         self._failures: list[_Failure] = []
+        self._uncommitted: set[asyncio.Task[CheckpointManifest]] = set()
+        """Saves that ended without committing (kept while a later save may ask)."""
 
     @property
     def in_flight(self) -> int:
@@ -68,8 +78,12 @@ class BackgroundSaves:
         self,
         run: Callable[[BeforeCommit], Awaitable[CheckpointManifest]],
         seen: Callable[[], bool] | None = None,
+        *,
+        checkpoint: tuple[str, str] = ("", ""),
     ) -> asyncio.Task[CheckpointManifest]:
-        """Start ``run`` once a slot is free; its task. ``run`` gets the wait-for-order hook.
+        """Start ``run`` once a slot is free; its task. ``run`` gets the wait-for-order hook,
+        which raises :class:`CheckpointAbortedError` (naming ``checkpoint``, its id and
+        manifest path) when the save submitted before it did not commit.
 
         ``seen`` tells whether the caller saw the save's failure through its own future
         (default: asyncio's record of whether the task's exception was retrieved).
@@ -78,18 +92,29 @@ class BackgroundSaves:
         if self._slots is None:  # bound to the running loop on first use
             self._slots = asyncio.Semaphore(self.limit)
         await self._slots.acquire()
-        previous = self._last
+        # A save that ended before this submission needs no wait, and its failure, if
+        # any, was raised above or seen: this save is the caller's answer to it.
+        previous = self._last if self._last is not None and not self._last.done() else None
+        self._uncommitted.intersection_update({previous})
 
         async def in_order() -> None:
-            if previous is not None and not previous.done():
+            if previous is None:
+                return
+            if not previous.done():
                 await asyncio.wait([previous])
+            if previous in self._uncommitted:
+                raise CheckpointAbortedError(
+                    *checkpoint, "the save submitted before it did not commit"
+                )
 
         async def guarded() -> CheckpointManifest:
             try:
                 return await run(in_order)
             except asyncio.CancelledError:
+                self._uncommitted.add(task)
                 raise  # a cancelled save commits nothing and is not a failure to report
             except BaseException as exc:
+                self._uncommitted.add(task)
                 self._failures.append(
                     _Failure(exc, seen or _retrieved(task), lambda: _mark_retrieved(task))
                 )

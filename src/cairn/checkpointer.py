@@ -358,7 +358,8 @@ class ObjectStoreCheckpointer(Checkpointer):
             async def run(in_order: BeforeCommit) -> CheckpointManifest:
                 return self._committed(await _commit.save(context, data, in_order))
 
-            return await self.background.submit(run, seen)
+            label = (str(data.id), context.paths.manifest(data.id))
+            return await self.background.submit(run, seen, checkpoint=label)
 
     async def wait_for_saves(self) -> None:
         """Wait until every background save has ended; raise a failure nobody looked at."""
