@@ -253,3 +253,23 @@ async def test_a_save_submitted_after_a_failure_was_seen_commits() -> None:
     manifest = await (await ckpt.save_async(fresh))
     assert manifest.checkpoint_id == fresh.id
     assert await ckpt.exists(fresh.id)
+
+
+async def test_a_save_waiting_for_a_slot_is_refused_when_one_before_it_fails() -> None:
+    # With one save in flight at most, the second waits for the first's slot. When the
+    # first fails meanwhile, the second is not started: its save_async raises the first's
+    # failure, so the caller learns of it before anything more commits.
+    store = ObstoreStore(MemoryStore())
+    other = make_checkpointer(store)
+    taken = CheckpointData(epoch=1, snapshots={("agg", 0): b"another writer's state"})
+    await other.save(taken)
+    ckpt = make_checkpointer(store, max_saves_in_flight=1)
+    failing = await ckpt.save_async(
+        CheckpointData(epoch=1, snapshots={("agg", 0): b"ours"}, checkpoint_id=taken.id)
+    )
+    child = CheckpointData(epoch=2, deltas={("agg", 0): b"+1"}, parent_id=taken.id)
+    with pytest.raises(CheckpointExistsError):
+        await ckpt.save_async(child)
+    assert failing.done()
+    assert not await ckpt.exists(child.id)
+    assert await ckpt.list_checkpoints() == [taken.id]

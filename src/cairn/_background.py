@@ -17,8 +17,9 @@ Invariants:
   (its parent), and committing it would publish a chain with a checkpoint missing, or
   built on whatever another writer committed under that id;
 * a failure is never lost: it is raised from the save's own future, and, if nobody
-  looked at that future, from the next submission, ``wait()`` or ``close()`` of the
-  checkpointer (once).
+  looked at that future, from the next submission (also when it ended while that
+  submission waited for its slot: the save submitted is then not started), ``wait()``
+  or ``close()`` of the checkpointer (once).
 
 After each commit, a checkpointer given a retention policy collects garbage in the
 background (:class:`BackgroundGc`): at most one GC runs at a time, requests made while
@@ -92,6 +93,11 @@ class BackgroundSaves:
         if self._slots is None:  # bound to the running loop on first use
             self._slots = asyncio.Semaphore(self.limit)
         await self._slots.acquire()
+        try:  # a save that failed while this one waited for its slot: the caller learns first
+            self.raise_unobserved()
+        except BaseException:
+            self._slots.release()
+            raise
         # A save that ended before this submission needs no wait, and its failure, if
         # any, was raised above or seen: this save is the caller's answer to it.
         previous = self._last if self._last is not None and not self._last.done() else None
