@@ -87,11 +87,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 
 import msgspec
@@ -122,6 +131,7 @@ from cairn.manifest import (
     PartitionSnapshotEntry,
     SaveStats,
     SourceOffsetEntry,
+    StoreRequests,
     check_manifest,
     encode_manifest,
     encode_stored,
@@ -129,6 +139,7 @@ from cairn.manifest import (
 
 __all__ = [
     "PendingSave",
+    "SaveMeter",
     "assemble_manifest",
     "begin",
     "commit",
@@ -343,75 +354,124 @@ async def _save(
     before_commit: Callable[[], Awaitable[None]] | None,
     retries: _dispatch.RetryCounter,
 ) -> CheckpointManifest:
-    began = time.perf_counter()
+    meter = SaveMeter(retries=retries)
     cid = data.id
-    async with begin(ctx, cid, data.parent_id) as pending:
-        assert pending.record is not None
-        attempt = new_attempt()
-        plan = _upload.plan_packs(_uploads_of(data))
-        directories: tuple[DirectoryEntry, ...] = ()
-        try:
-            uploading = time.perf_counter()
-            entries = await upload_all(ctx, data, pending.record, plan, attempt)
-            directories = await _directories.save_directories(ctx, data, attempt)
-            uploaded = time.perf_counter()
-            if before_commit is not None:
-                await before_commit()
-        except BaseException:
-            await _directories.discard_files(ctx, cid, directories)
-            await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
-            raise
-        manifest = assemble_manifest(
-            data.id,
-            data.epoch,
-            entries,
-            parent_id=data.parent_id,
-            source_offsets=data.source_offsets,
-            watermark=data.watermark,
-            timestamp_ms=data.timestamp_ms,
-            writer_generation=ctx.generation,
-        )
-        if directories:
-            manifest = msgspec.structs.replace(
-                manifest,
-                directories=directories,
-                total_size_bytes=manifest.total_size_bytes
-                + sum(d.total_bytes for d in directories),
+    with meter.counting():
+        async with begin(ctx, cid, data.parent_id) as pending:
+            assert pending.record is not None
+            attempt = new_attempt()
+            plan = _upload.plan_packs(_uploads_of(data))
+            directories: tuple[DirectoryEntry, ...] = ()
+            try:
+                meter.uploading = time.perf_counter()
+                entries = await upload_all(ctx, data, pending.record, plan, attempt)
+                directories = await _directories.save_directories(ctx, data, attempt)
+                meter.uploaded = time.perf_counter()
+                if before_commit is not None:
+                    await before_commit()
+            except BaseException:
+                await _directories.discard_files(ctx, cid, directories)
+                await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
+                raise
+            manifest = assemble_manifest(
+                data.id,
+                data.epoch,
+                entries,
+                parent_id=data.parent_id,
+                source_offsets=data.source_offsets,
+                watermark=data.watermark,
+                timestamp_ms=data.timestamp_ms,
+                writer_generation=ctx.generation,
             )
+            if directories:
+                manifest = msgspec.structs.replace(
+                    manifest,
+                    directories=directories,
+                    total_size_bytes=manifest.total_size_bytes
+                    + sum(d.total_bytes for d in directories),
+                )
+
+            async def discard(written: CheckpointManifest) -> None:
+                await _directories.discard_files(ctx, cid, written.directories)
+                await _upload.discard_attempt(ctx, cid, plan.alone, attempt, len(plan.packs))
+
+            return await pending.commit(manifest, meter.finish(ctx), discard)
+
+
+@dataclasses.dataclass
+class SaveMeter:
+    """What a save measures of itself for its :class:`~cairn.manifest.SaveStats`.
+
+    ``began``, ``uploading`` and ``uploaded`` are ``time.perf_counter`` readings: the
+    save's start, and its upload phase's start and end (unset: the save's start, and
+    the check before its commit). ``requests`` and ``retries`` count the store requests
+    and retries made in its :meth:`counting` blocks (and the tasks started there, a
+    lease's renewals), and those :meth:`add` counts for another process (a worker of
+    the save). One meter may count in many blocks.
+    """
+
+    began: float = dataclasses.field(default_factory=time.perf_counter)
+    uploading: float | None = None
+    uploaded: float | None = None
+    requests: _dispatch.RequestCounter = dataclasses.field(default_factory=_dispatch.RequestCounter)
+    retries: _dispatch.RetryCounter = dataclasses.field(default_factory=_dispatch.RetryCounter)
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the store requests and retries of the block (and its tasks) here."""
+        with _dispatch.counting_requests(self.requests), _dispatch.counting_retries(self.retries):
+            yield
+
+    def spent(self) -> tuple[StoreRequests, int]:
+        """The requests and retries counted so far: what a worker hands its committer."""
+        return StoreRequests(**dataclasses.asdict(self.requests)), self.retries.count
+
+    def add(self, requests: StoreRequests, retries: int) -> None:
+        """Count a worker's ``requests`` and ``retries`` (its :meth:`spent`) here."""
+        self.requests.add(_dispatch.RequestCounter(**msgspec.structs.asdict(requests)))
+        self.retries.count += retries
+
+    def finish(self, ctx: Context) -> Callable[[CheckpointManifest], CheckpointManifest]:
+        """A ``finish`` for :meth:`PendingSave.commit`: the checked manifest with the
+        statistics of this save (:func:`_save_stats`), measured up to that moment."""
 
         def with_stats(checked: CheckpointManifest) -> CheckpointManifest:
-            now = time.perf_counter()
-            stats = _save_stats(checked, began, uploading, uploaded, now, retries.count)
+            stats = _save_stats(ctx, checked, self, time.perf_counter())
             return msgspec.structs.replace(checked, stats=stats)
 
-        async def discard(written: CheckpointManifest) -> None:
-            await _directories.discard_files(ctx, cid, written.directories)
-            await _upload.discard_attempt(ctx, cid, plan.alone, attempt, len(plan.packs))
-
-        return await pending.commit(manifest, with_stats, discard)
+        return with_stats
 
 
 def _save_stats(
-    manifest: CheckpointManifest,
-    began: float,
-    uploading: float,
-    uploaded: float,
-    checked: float,
-    retries: int,
+    ctx: Context, manifest: CheckpointManifest, meter: SaveMeter, checked: float
 ) -> SaveStats:
-    """What :class:`SaveStats` says of a save, from its entries and its clock readings."""
+    """What :class:`SaveStats` says of a save of ``manifest``, about to be written, from
+    its entries, its ``meter`` and ``checked``, the clock reading before the write.
+
+    ``requests`` are the meter's plus those :func:`_create_manifest` makes once this
+    record is encoded, up to the commit: its fence check (a GET), then the manifest's
+    own writes (each part, then the manifest; one PUT each). ``stored_bytes`` are the
+    save's own objects, the parts and the manifest as they will be stored. The
+    manifest's size depends on the numbers it holds, so it is encoded until they agree
+    (twice; three times when a number gains a digit).
+    """
     # A directory partition's files count as artifacts, each its own; so does each
-    # artifact of a pack (its stored range).
-    sizes = [(e.owner, e.stored_length) for _, e in manifest.partition_entries()]
+    # artifact of a pack (its stored range), and each object a DCP save carries in part
+    # (the bytes of the ranges it uses).
+    sizes = [(e.owner, _counted_bytes(e)) for _, e in manifest.partition_entries()]
     sizes += [(f.owner, f.size_bytes) for _, f in manifest.file_entries()]
     own = [size for owner, size in sizes if owner is None]
     carried = [size for owner, size in sizes if owner is not None]
+    uploading = meter.uploading if meter.uploading is not None else meter.began
+    uploaded = meter.uploaded if meter.uploaded is not None else checked
 
     def ms(seconds: float) -> int:
         return max(0, round(seconds * 1000))
 
-    return SaveStats(
-        duration_ms=ms(checked - began),
+    counted, retries = meter.spent()
+    objects = sum(size for owner, _, size in manifest.stored_objects() if owner is None)
+    stats = SaveStats(
+        duration_ms=ms(checked - meter.began),
         upload_ms=ms(uploaded - uploading),
         commit_ms=ms(checked - uploaded),
         uploaded_bytes=sum(own),
@@ -419,7 +479,31 @@ def _save_stats(
         carried_bytes=sum(carried),
         carried_artifacts=len(carried),
         retries=retries,
+        stored_bytes=objects,
+        requests=counted,
     )
+    for _ in range(5):  # the sizes only grow, by a digit at a time: a few rounds settle
+        encoded = encode_stored(msgspec.structs.replace(manifest, stats=stats), ctx.keys)
+        parts = [body for _, body in encoded.parts]
+        settled = msgspec.structs.replace(
+            stats,
+            stored_bytes=objects + sum(map(len, parts)) + len(encoded.root),
+            requests=msgspec.structs.replace(
+                counted, get=counted.get + 1, put=counted.put + len(parts) + 1
+            ),
+        )
+        if settled == stats:
+            break
+        stats = settled
+    return stats
+
+
+def _counted_bytes(entry: PartitionSnapshotEntry) -> int:
+    """The bytes :class:`SaveStats` counts for ``entry``: those it takes in the store, or
+    for a carried object of which this checkpoint uses ranges, those ranges'."""
+    if entry.owner is not None and entry.used_bytes is not None:
+        return entry.used_bytes
+    return entry.stored_length
 
 
 def _uploads_of(data: CheckpointData) -> list[_upload.PartitionUpload]:

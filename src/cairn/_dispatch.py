@@ -1,9 +1,11 @@
 """Dispatch to observers, scoped to one call: who is watching, and which operation runs.
 
-Invariants: what is set for a call (its observers, its operation, its retry counter)
-reaches that call and every task it starts, and nothing of any other call running beside
-it (context variables: tasks copy the context they are created in); closing a scope
-restores what was there before; an observer that raises is logged, never propagated.
+Invariants: what is set for a call (its observers, its operation, its retry and request
+counters) reaches that call and every task it starts, and nothing of any other call
+running beside it (context variables: tasks copy the context they are created in);
+closing a scope restores what was there before; an observer that raises is logged, never
+propagated. Every store request of a checkpointer passes :class:`ObservedStore`, beneath
+its retries, once per attempt: that is where requests are counted.
 """
 
 from __future__ import annotations
@@ -27,10 +29,14 @@ from cairn.observe import Observer, Operation, StoreCall
 from cairn.stores import ForwardingStore, PutMode, Store, StoreMethod
 
 __all__ = [
+    "REQUEST_KINDS",
     "ObservedStore",
+    "RequestCounter",
     "RetryCounter",
+    "counting_requests",
     "counting_retries",
     "fell_back",
+    "note_request",
     "note_retry",
     "observed",
     "store_call",
@@ -48,20 +54,90 @@ class RetryCounter:
     count: int = 0
 
 
+REQUEST_KINDS: dict[StoreMethod, str] = {
+    "put": "put",
+    "put_stream": "put",
+    "get": "get",
+    "get_range": "get",
+    "head": "head",
+    "stat": "head",
+    "list": "list",
+    "list_dir": "list",
+    "delete": "delete",
+    "delete_prefix": "delete",
+}
+"""The kind of request each store method makes, as :class:`RequestCounter` counts it."""
+
+
+@dataclass
+class RequestCounter:
+    """Store requests made within one call, by kind (:data:`REQUEST_KINDS`).
+
+    Each attempt the store saw counts, a retried one as often as it was tried. A call
+    counts as one request of its kind, whatever the backend does beneath it: a
+    multipart ``put_stream`` is one ``put``, a ``delete`` of many paths (a batch) and a
+    ``delete_prefix`` one ``delete``, and the HTTP retries obstore makes inside one call
+    are not seen.
+    """
+
+    put: int = 0
+    get: int = 0
+    head: int = 0
+    list: int = 0
+    delete: int = 0
+
+    def add(self, other: RequestCounter) -> None:
+        """Count ``other``'s requests here too."""
+        self.put += other.put
+        self.get += other.get
+        self.head += other.head
+        self.list += other.list
+        self.delete += other.delete
+
+
 _retries: ContextVar[RetryCounter | None] = ContextVar("cairn_retry_counter", default=None)
+_requests: ContextVar[tuple[RequestCounter, ...]] = ContextVar("cairn_requests", default=())
 _observers: ContextVar[tuple[Observer, ...]] = ContextVar("cairn_observers", default=())
 _operation: ContextVar[Operation | None] = ContextVar("cairn_operation", default=None)
 
 
 @contextlib.contextmanager
-def counting_retries() -> Iterator[RetryCounter]:
-    """Count the retries of this call and the tasks it starts, until the block ends."""
-    counter = RetryCounter()
+def counting_retries(counter: RetryCounter | None = None) -> Iterator[RetryCounter]:
+    """Count the retries of this call and the tasks it starts, until the block ends,
+    into ``counter`` (a new one by default: several blocks may add to one)."""
+    counter = counter if counter is not None else RetryCounter()
     token = _retries.set(counter)
     try:
         yield counter
     finally:
         _retries.reset(token)
+
+
+@contextlib.contextmanager
+def counting_requests(counter: RequestCounter | None = None) -> Iterator[RequestCounter]:
+    """Count the store requests of this call and the tasks it starts into ``counter`` (a
+    new one by default: several blocks may add to one). A task started in the block
+    (a lease's renewals) goes on counting into it after the block ends. Blocks nest:
+    a request counts in every one open around it."""
+    counter = counter if counter is not None else RequestCounter()
+    open_ones = _requests.get()
+    if any(each is counter for each in open_ones):  # one counter counts a request once
+        yield counter
+        return
+    token = _requests.set((*open_ones, counter))
+    try:
+        yield counter
+    finally:
+        _requests.reset(token)
+
+
+def note_request(method: StoreMethod) -> None:
+    """One attempt of a store call is being made (called by :class:`ObservedStore`)."""
+    counters = _requests.get()
+    if counters:
+        kind = REQUEST_KINDS[method]
+        for counter in counters:
+            setattr(counter, kind, getattr(counter, kind) + 1)
 
 
 def _notify(observers: Sequence[Observer], call: Callable[[Observer], None]) -> None:
@@ -164,8 +240,9 @@ async def observed(
 
 
 class ObservedStore(ForwardingStore):
-    """A store that reports every request to ``observers`` (beneath the retrying store,
-    so that each attempt is one request)."""
+    """A store that counts every request (:func:`counting_requests`) and reports it to
+    ``observers``, if any (beneath the retrying store, so that each attempt is one
+    request)."""
 
     def __init__(self, inner: Store, observers: Sequence[Observer]) -> None:
         super().__init__(inner)
@@ -179,6 +256,10 @@ class ObservedStore(ForwardingStore):
         *,
         mode: PutMode | None = None,
     ) -> T:
+        if path or operation != "delete":  # a delete of no paths sends nothing
+            note_request(operation)
+        if not self.observers:
+            return await call()
         began = time.perf_counter()
         outcome = "error"
         try:

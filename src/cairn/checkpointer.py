@@ -212,9 +212,9 @@ class ObjectStoreCheckpointer(Checkpointer):
                 raise InvalidInputError(
                     f"observers must be cairn.observe.Observer, got {observer!r}"
                 )
-        inner = as_store(store)
-        if self.observers:  # beneath the retries: each attempt is one request
-            inner = _dispatch.ObservedStore(inner, self.observers)
+        # Beneath the retries, each attempt is one request: counted (a save's statistics)
+        # and reported to the observers.
+        inner = _dispatch.ObservedStore(as_store(store), self.observers)
         self.store: Store = RetryingStore(inner, self.retry)
         self.writer_generation = 0
         self.background = BackgroundSaves(

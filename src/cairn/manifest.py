@@ -122,6 +122,7 @@ __all__ = [
     "PartitionSnapshotEntry",
     "SaveStats",
     "SourceOffsetEntry",
+    "StoreRequests",
     "assemble",
     "decode_manifest",
     "decode_part",
@@ -248,6 +249,22 @@ class SourceOffsetEntry(msgspec.Struct, frozen=True):
     epoch: int = 0
 
 
+class StoreRequests(msgspec.Struct, frozen=True, kw_only=True):
+    """The store requests a save made, by kind (see :attr:`SaveStats.requests`).
+
+    Each attempt the store saw counts, retried ones included; one call is one request of
+    its kind: a multipart upload (``put_stream``) one ``put``, a delete of many paths
+    (a batch) one ``delete``, and the HTTP retries obstore makes inside one call are not
+    seen. Every key is written (no default is omitted), so a manifest shows all five.
+    """
+
+    put: int = 0
+    get: int = 0
+    head: int = 0
+    list: int = 0
+    delete: int = 0
+
+
 class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
     """How a checkpoint was made, as its save measured it (written in its manifest).
 
@@ -259,7 +276,22 @@ class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
     cannot be measured in the record they write. ``uploaded_*`` count what this save
     sent (stored bytes, after compression); ``carried_*`` what it references from earlier
     checkpoints without sending it again (an artifact in a pack counts as one, with the
-    bytes of its range); ``retries`` the store calls it retried.
+    bytes of its range; a DCP object carried in part, with the bytes of the ranges used);
+    ``retries`` the store calls it retried.
+
+    ``stored_bytes`` is what the save put in the store and left there: its own objects
+    as stored (a pack once), plus its manifest and the manifest's parts. ``requests``
+    counts the store requests it made up to its commit point: every request before the
+    manifest is written, and the manifest's own writes (its parts and itself, one each).
+    What follows cannot be in the record it follows (a retried manifest write, the
+    intent's delete, the ``_latest`` swap), nor can a lease renewal that races the
+    manifest write. A DCP save counts every rank's requests and retries.
+
+    Both are :data:`msgspec.UNSET` (falsy) in manifests written before cairn recorded
+    them, and then not written: UNSET, unlike a default, is omitted whatever the
+    others do, so such statistics encode byte for byte as they were written (``retries``
+    included, even 0). A reader ignores fields of the statistics it does not know
+    (nothing here forbids them), so older cairn reads newer statistics.
     """
 
     duration_ms: int
@@ -270,6 +302,8 @@ class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
     carried_bytes: int
     carried_artifacts: int
     retries: int = 0
+    stored_bytes: int | msgspec.UnsetType = msgspec.UNSET
+    requests: StoreRequests | msgspec.UnsetType = msgspec.UNSET
 
 
 class FileEntry(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -1059,8 +1093,7 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
     if manifest.name is not None:
         validate_checkpoint_name(manifest.name)
     if manifest.stats is not None:
-        for field in SaveStats.__struct_fields__:
-            _check_int(f"stats.{field}", getattr(manifest.stats, field), 0, MAX_INT64)
+        _check_stats(manifest.stats)
     if not isinstance(manifest.source_offsets, dict) or not isinstance(manifest.operators, dict):
         raise InvalidInputError("operators and source_offsets must be dicts")
     for source, offset in manifest.source_offsets.items():
@@ -1086,6 +1119,26 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
             checked.append(part)
     _check_shared_paths(checked, seen_paths)
     _check_directories(manifest, seen_paths)
+
+
+def _check_stats(stats: object) -> None:
+    """Every count of ``stats`` (a :class:`SaveStats`) is an int in ``[0, MAX_INT64]``;
+    ``stored_bytes`` and ``requests`` may be UNSET (written before they existed)."""
+    if not isinstance(stats, SaveStats):
+        raise InvalidInputError(f"stats must be a SaveStats, got {short_repr(stats)}")
+    for field in SaveStats.__struct_fields__:
+        value = getattr(stats, field)
+        if value is msgspec.UNSET and field in ("stored_bytes", "requests"):
+            continue
+        if field == "requests":
+            if not isinstance(value, StoreRequests):
+                raise InvalidInputError(
+                    f"stats.requests must be a StoreRequests, got {short_repr(value)}"
+                )
+            for kind in StoreRequests.__struct_fields__:
+                _check_int(f"stats.requests.{kind}", getattr(value, kind), 0, MAX_INT64)
+        else:
+            _check_int(f"stats.{field}", value, 0, MAX_INT64)
 
 
 def check_relative_file(path: object) -> str:
