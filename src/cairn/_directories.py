@@ -54,6 +54,7 @@ from cairn.errors import (
     BrokenChainError,
     CheckpointerError,
     CheckpointNotFoundError,
+    IntegrityError,
     IntegrityMismatchError,
     InvalidCheckpointDataError,
     InvalidInputError,
@@ -377,7 +378,7 @@ async def restore_directory(
     staging = target.parent / f".{target.name}.{uuid.uuid4().hex}.partial"
     await asyncio.to_thread(os.mkdir, staging, 0o777)
     try:
-        jobs = [_restore_job(ctx, checkpoint_id, f, staging) for f in directory.files]
+        jobs = [_restore_job(ctx, checkpoint_id, directory, f, staging) for f in directory.files]
         await bounded_gather(ctx.max_concurrent_downloads, jobs)
         await asyncio.to_thread(_sync_tree, staging)
         await asyncio.to_thread(_check_dest, target)
@@ -407,13 +408,24 @@ def _check_dest(target: Path) -> None:
 
 
 def _restore_job(
-    ctx: Context, checkpoint_id: CheckpointId, file: FileEntry, staging: Path
+    ctx: Context,
+    checkpoint_id: CheckpointId,
+    directory: DirectoryEntry,
+    file: FileEntry,
+    staging: Path,
 ) -> Callable[[], Awaitable[None]]:
     owner = file.owner or checkpoint_id
     path = ctx.paths.resolve(owner, file.path)
     named = f"{path} (file {file.relative_path!r})"
 
     async def job() -> None:
+        try:
+            await restore()
+        except IntegrityError as exc:
+            exc.located(directory.operator, directory.partition_id, file=file.relative_path)
+            raise
+
+    async def restore() -> None:
         try:
             size = (await ctx.store.head(path)).size
         except CheckpointNotFoundError:

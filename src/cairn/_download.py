@@ -24,11 +24,17 @@ Invariants:
 * :func:`load` reads the ranges it needs of one pack with few requests: ranges that lie
   close together (at most :data:`SPAN_GAP_BYTES` apart) are read as one span of at most
   :data:`SPAN_BYTES`, then cut into each entry's bytes, each decoded and verified on its
-  own, so a damaged range fails only as itself;
+  own, so a damaged range fails only as itself (a pack that ends inside a span fails
+  the ranges it does not hold whole, not the span); a read of one partition
+  (:func:`load_chain`) reads its own ranges alone;
 * at most ``max_concurrent_downloads`` reads are in flight (a span counts as one);
 * an artifact a chain needs that is gone is a :class:`BrokenChainError` naming it; bytes
   that do not hash as recorded are an :class:`IntegrityMismatchError` naming it, bytes
-  that do not decode an :class:`UndecodableArtifactError`;
+  that do not decode an :class:`UndecodableArtifactError`; each also names the operator
+  and partition whose link it is (:meth:`~cairn.errors.IntegrityError.located`);
+* damage does not stop a :func:`load`: every link is read and checked, then the first
+  damaged partition's error is raised with the others' in its ``others`` (a store
+  failure is raised as it comes);
 * a streamed restore holds a bounded number of chunks in memory (those fetched ahead,
   one being written, at most two being hashed; compressed, one being decoded and one
   decoded piece of at most ``chunk_size``); to a path, the final name appears only once
@@ -58,6 +64,7 @@ from cairn.data import ArtifactKey, ChainLink, LoadedCheckpoint
 from cairn.errors import (
     BrokenChainError,
     CheckpointNotFoundError,
+    IntegrityError,
     IntegrityMismatchError,
     InvalidInputError,
     StoreError,
@@ -120,7 +127,8 @@ ranged parts of this size, one after the other (the read counts as one of the
 over one large artifact moves while it is read. Large enough that a part's request
 costs little beside its bytes on a remote store."""
 
-_Link = tuple[CheckpointId, PartitionSnapshotEntry]
+_Link = tuple[ArtifactKey, CheckpointId, PartitionSnapshotEntry]
+"""One link of a restore chain: the partition it rebuilds, its owner, its entry."""
 
 
 async def load(
@@ -133,13 +141,18 @@ async def load(
     is called with each artifact's size (decoded) once it is read and verified, or, for
     an uncompressed one over :data:`LOAD_PART_BYTES`, with each part's as it arrives
     (the calls add up to the same total; a part is reported once its read succeeded,
-    so a retried read is never counted twice)."""
+    so a retried read is never counted twice).
+
+    Damaged partitions do not stop the others from being read and checked: the
+    :class:`~cairn.errors.IntegrityError` raised is the first damaged partition's (in
+    the manifest's order), naming it, with every other one's in its ``others``.
+    """
     manifest = await _catalog.load_manifest(ctx, checkpoint_id)
     resolved = await _chains.resolve_chains(ctx, manifest)
-    flat = [(key, owner, entry) for key, links in resolved.items() for owner, entry in links]
-    blobs = await _fetch_links(ctx, [(owner, entry) for _, owner, entry in flat], verify, progress)
+    links = [(key, owner, entry) for key, chain in resolved.items() for owner, entry in chain]
+    blobs = await _fetch_links(ctx, links, verify, progress)
     chains: dict[ArtifactKey, list[ChainLink]] = {}
-    for (key, owner, entry), blob in zip(flat, blobs, strict=True):
+    for (key, owner, entry), blob in zip(links, blobs, strict=True):
         chains.setdefault(key, []).append(ChainLink(entry=entry, owner=owner, data=blob))
     return LoadedCheckpoint(
         manifest=manifest,
@@ -153,7 +166,10 @@ async def load(
 async def load_chain(
     ctx: Context, checkpoint_id: CheckpointId, operator: str, partition: int
 ) -> list[ChainLink]:
-    """The verified links that rebuild one partition: base snapshot, then deltas in order."""
+    """The verified links that rebuild one partition: base snapshot, then deltas in order.
+
+    Only this partition's bytes are read (for an artifact in a pack, its range alone),
+    so damage elsewhere in the checkpoint, in the same pack too, does not touch it."""
     key = (validate_name("operator", operator), validate_partition(partition))
     manifest = await _catalog.load_partition_manifest(ctx, checkpoint_id, operator, partition)
     resolved = await _chains.resolve_chains(ctx, manifest)
@@ -164,7 +180,7 @@ async def load_chain(
     links = resolved[key]
     blobs = await bounded_gather(
         ctx.max_concurrent_downloads,
-        [_fetch_link(ctx, owner, entry, True) for owner, entry in links],
+        [_fetch_link(ctx, (key, owner, entry), True) for owner, entry in links],
     )
     return [
         ChainLink(entry=entry, owner=owner, data=blob)
@@ -216,25 +232,33 @@ async def read_range(ctx: Context, path: str, offset: int, length: int) -> Buffe
     the size of that range; an empty range checks by a HEAD that the object reaches
     ``offset``.
     """
-    end = offset + length
-    what = f"size of bytes {offset}..{end}"
-    if length == 0:
-        if (await ctx.store.head(path)).size < offset:
-            raise IntegrityMismatchError(path, "0", "0", what=f"{what} (the object ends before)")
-        return b""
-    try:
-        data = await ctx.store.get_range(path, offset, end)
-    except CheckpointNotFoundError:
-        raise
-    except StoreError:
-        # A store refuses a range that starts at or past the object's end: is that it?
-        if (await ctx.store.head(path)).size > offset:
-            raise
-        raise IntegrityMismatchError(path, str(length), "0", what=what) from None
+    what = f"size of bytes {offset}..{offset + length}"
+    data = await _read_at_most(ctx, path, offset, length)
+    if data is None:
+        ends = " (the object ends before)" if length == 0 else ""
+        raise IntegrityMismatchError(path, str(length), "0", what=what + ends)
     got = memoryview(data).nbytes
     if got != length:
         raise IntegrityMismatchError(path, str(length), str(got), what=what)
     return data
+
+
+async def _read_at_most(ctx: Context, path: str, offset: int, length: int) -> Buffer | None:
+    """The ``length`` bytes from ``offset`` of the object at ``path``, in one request, or
+    fewer where the object ends before ``offset + length``; None where it ends before
+    ``offset`` (an empty range is checked by a HEAD)."""
+    if length == 0:
+        return b"" if (await ctx.store.head(path)).size >= offset else None
+    try:
+        return await ctx.store.get_range(path, offset, offset + length)
+    except CheckpointNotFoundError:
+        raise
+    except StoreError:
+        # A store refuses a range that starts at or past the object's end: is that it?
+        size = (await ctx.store.head(path)).size
+        if size > offset:
+            raise
+        return b"" if size == offset else None
 
 
 async def read_stored(ctx: Context, path: str, entry: PartitionSnapshotEntry) -> Buffer:
@@ -277,15 +301,10 @@ async def read_pack(ctx: Context, path: str, entries: Sequence[PartitionSnapshot
     if view.nbytes > limit:
         size = (await ctx.store.head(path)).size
         raise IntegrityMismatchError(path, str(limit), str(size), what="size (at most)")
-    pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]] = []
-    for index, (entry, end) in enumerate(zip(entries, ends, strict=True)):
-        offset = entry.offset or 0
-        if end > view.nbytes:
-            what = f"size of bytes {offset}..{end}"
-            got = max(0, view.nbytes - offset)
-            raise IntegrityMismatchError(path, str(entry.stored_length), str(got), what=what)
-        pieces.append((index, entry, view[offset:end]))
-    await asyncio.to_thread(_decode_all, path, pieces, True)
+    pieces = [(index, entry, _cut(path, view, 0, entry)) for index, entry in enumerate(entries)]
+    _, damaged = await asyncio.to_thread(_decode_each, path, pieces, True)
+    if damaged:
+        raise damaged[0][1]
     return data
 
 
@@ -327,37 +346,58 @@ async def _fetch_links(
 ) -> list[Buffer]:
     """Every link's bytes, verified, in order: the ranges of one pack read in spans
     (:func:`cairn.ranges.group_spans`), every other link with a request of its own; all
-    of them at most ``max_concurrent_downloads`` at a time."""
+    of them at most ``max_concurrent_downloads`` at a time.
+
+    A link whose bytes are damaged or gone does not stop the others: once all are read,
+    the first damaged one's :class:`IntegrityError` (naming its partition) is raised,
+    the others' in its ``others``. A store failure stops the reads as it comes.
+    """
+    damage: list[tuple[int, IntegrityError]] = []
     jobs: list[Callable[[], Awaitable[list[tuple[int, Buffer]]]]] = []
     packed: dict[str, list[tuple[int, _Link]]] = {}
-    for index, (owner, entry) in enumerate(links):
+    for index, link in enumerate(links):
+        _, owner, entry = link
         if entry.offset is None:
-            jobs.append(_alone(index, _fetch_link(ctx, owner, entry, verify, progress)))
+            jobs.append(_alone(index, _fetch_link(ctx, link, verify, progress), damage))
         else:
             path = ctx.paths.resolve(owner, entry.path)
-            packed.setdefault(path, []).append((index, (owner, entry)))
+            packed.setdefault(path, []).append((index, link))
     for path, members in packed.items():
         spans = group_spans(members, _extent, SPAN_BYTES, SPAN_GAP_BYTES)
-        jobs += [_fetch_span(ctx, path, span, verify, progress) for span in spans]
+        jobs += [_fetch_span(ctx, path, span, verify, progress, damage) for span in spans]
     found: list[Buffer] = [b""] * len(links)
     for results in await bounded_gather(ctx.max_concurrent_downloads, jobs):
         for index, data in results:
             found[index] = data
+    if damage:
+        damage.sort(key=lambda failure: failure[0])
+        first = damage[0][1]
+        first.others = tuple(error for _, error in damage[1:])
+        raise first
     return found
 
 
 def _alone(
-    index: int, job: Callable[[], Awaitable[Buffer]]
+    index: int,
+    job: Callable[[], Awaitable[Buffer]],
+    damage: list[tuple[int, IntegrityError]],
 ) -> Callable[[], Awaitable[list[tuple[int, Buffer]]]]:
+    """``job`` as one of :func:`_fetch_links`: its result at ``index``, or its damage
+    added to ``damage``."""
+
     async def run() -> list[tuple[int, Buffer]]:
-        return [(index, await job())]
+        try:
+            return [(index, await job())]
+        except IntegrityError as exc:
+            damage.append((index, exc))
+            return []
 
     return run
 
 
 def _extent(member: tuple[int, _Link]) -> tuple[int, int]:
     """Where a pack member's stored bytes lie in its pack: (offset, length)."""
-    entry = member[1][1]
+    entry = member[1][2]
     return entry.offset or 0, entry.stored_length
 
 
@@ -367,24 +407,33 @@ def _fetch_span(
     span: list[tuple[int, _Link]],
     verify: bool,
     progress: Callable[[int], None] | None,
+    damage: list[tuple[int, IntegrityError]],
 ) -> Callable[[], Awaitable[list[tuple[int, Buffer]]]]:
     """One read of the pack at ``path`` covering ``span``'s ranges, then each range
-    decoded and verified on its own (all of them in one worker thread)."""
-    start = min(entry.offset or 0 for _, (_, entry) in span)
-    end = max((entry.offset or 0) + entry.stored_length for _, (_, entry) in span)
-    owner = span[0][1][0]
+    decoded and verified on its own (all of them in one worker thread): the bytes of
+    those that verify, while each that does not (damaged, or past the end of a pack
+    shorter than its manifest says) is added to ``damage``, naming its partition."""
+    start = min(entry.offset or 0 for _, (_, _, entry) in span)
+    end = max((entry.offset or 0) + entry.stored_length for _, (_, _, entry) in span)
+    keys = {index: key for index, (key, _, _) in span}
 
     async def job() -> list[tuple[int, Buffer]]:
         try:
-            data = await read_range(ctx, path, start, end - start)
+            data = await _read_at_most(ctx, path, start, end - start)
         except CheckpointNotFoundError:
-            raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
-        view = memoryview(data)
-        pieces = [
-            (index, entry, view[(entry.offset or 0) - start :][: entry.stored_length])
-            for index, (_, entry) in span
-        ]
-        found = await asyncio.to_thread(_decode_all, path, pieces, verify)
+            for index, (key, owner, _) in span:
+                gone = BrokenChainError(path, f"artifact of checkpoint {owner} is gone")
+                damage.append((index, gone.located(*key)))
+            return []
+        view = memoryview(data) if data is not None else None
+        pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]] = []
+        for index, (key, _, entry) in span:
+            try:
+                pieces.append((index, entry, _cut(path, view, start, entry)))
+            except IntegrityError as exc:
+                damage.append((index, exc.located(*key)))
+        found, damaged = await asyncio.to_thread(_decode_each, path, pieces, verify)
+        damage.extend((index, exc.located(*keys[index])) for index, exc in damaged)
         if progress is not None:
             for _, piece in found:
                 progress(memoryview(piece).nbytes)
@@ -393,22 +442,49 @@ def _fetch_span(
     return job
 
 
-def _decode_all(
+def _cut(
+    path: str, view: memoryview | None, start: int, entry: PartitionSnapshotEntry
+) -> memoryview:
+    """The stored bytes of ``entry``, a range of the pack at ``path``, out of ``view``:
+    the pack's bytes from ``start`` on that were read (None: the pack ends before
+    ``start``). A range they do not hold whole is an :class:`IntegrityMismatchError` on
+    its size: the pack is shorter than the manifest says."""
+    offset = entry.offset or 0
+    end = offset + entry.stored_length
+    held = start + view.nbytes if view is not None else -1
+    if view is None or end > held:
+        got = max(0, held - offset)
+        what = f"size of bytes {offset}..{end}"
+        raise IntegrityMismatchError(path, str(entry.stored_length), str(got), what=what)
+    return view[offset - start : end - start]
+
+
+def _decode_each(
     path: str,
     pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]],
     verify: bool,
-) -> list[tuple[int, Buffer]]:
-    """Each piece's stored bytes :func:`_decoded` (and verified when ``verify``)."""
-    return [(index, _decoded(path, stored, entry, verify)) for index, entry, stored in pieces]
+) -> tuple[list[tuple[int, Buffer]], list[tuple[int, IntegrityError]]]:
+    """Each piece's stored bytes :func:`_decoded` (and verified when ``verify``), each on
+    its own: the pieces that decode, and the damage of those that do not."""
+    found: list[tuple[int, Buffer]] = []
+    damaged: list[tuple[int, IntegrityError]] = []
+    for index, entry, stored in pieces:
+        try:
+            found.append((index, _decoded(path, stored, entry, verify)))
+        except IntegrityError as exc:
+            damaged.append((index, exc))
+    return found, damaged
 
 
 def _fetch_link(
     ctx: Context,
-    owner: CheckpointId,
-    entry: PartitionSnapshotEntry,
+    link: _Link,
     verify: bool,
     progress: Callable[[int], None] | None = None,
 ) -> Callable[[], Awaitable[Buffer]]:
+    """A read of ``link``'s bytes alone, verified when ``verify``; damage to them is an
+    :class:`IntegrityError` naming its partition."""
+    key, owner, entry = link
     path = ctx.paths.resolve(owner, entry.path)
 
     in_parts = progress is not None and entry.codec is None and entry.size_bytes > LOAD_PART_BYTES
@@ -421,7 +497,11 @@ def _fetch_link(
                 return await off_loop_if_large(stored, _decoded, path, stored, entry, verify)
             data = await read_entry(ctx, path, entry, verify)
         except CheckpointNotFoundError:
-            raise BrokenChainError(path, f"artifact of checkpoint {owner} is gone") from None
+            gone = BrokenChainError(path, f"artifact of checkpoint {owner} is gone")
+            raise gone.located(*key) from None
+        except IntegrityError as exc:
+            exc.located(*key)
+            raise
         if progress is not None:
             progress(memoryview(data).nbytes)
         return data

@@ -36,6 +36,7 @@ from cairn.data import ArtifactKey
 from cairn.errors import (
     CheckpointNotFoundError,
     IncompleteCheckpointError,
+    IntegrityError,
     IntegrityMismatchError,
     InvalidInputError,
     MissingArtifactError,
@@ -173,7 +174,7 @@ async def commit_distributed(
     async with await begin(ckpt, checkpoint_id) as save:
         await bounded_gather(
             ckpt.max_concurrent_downloads,
-            [_check_against_store(ckpt, checkpoint_id, entry) for _, entry in entries],
+            [_check_against_store(ckpt, checkpoint_id, op, entry) for op, entry in entries],
         )
         manifest = assemble_manifest(
             checkpoint_id,
@@ -187,11 +188,21 @@ async def commit_distributed(
 
 
 def _check_against_store(
-    ckpt: ObjectStoreCheckpointer, checkpoint_id: CheckpointId, entry: PartitionSnapshotEntry
+    ckpt: ObjectStoreCheckpointer,
+    checkpoint_id: CheckpointId,
+    operator: str,
+    entry: PartitionSnapshotEntry,
 ) -> Callable[[], Awaitable[None]]:
     path = ckpt.paths.resolve(entry.owner or checkpoint_id, entry.path)
 
     async def check() -> None:
+        try:
+            await compare()
+        except IntegrityError as exc:
+            exc.located(operator, entry.partition_id)
+            raise
+
+    async def compare() -> None:
         try:
             info, metadata = await ckpt.store.stat(path)
         except CheckpointNotFoundError:

@@ -42,13 +42,14 @@ CheckpointerError
 ```
 
 Invariants: no exception raised by obstore reaches a caller of cairn's public API;
-each error carries the context needed to act on it (path, checkpoint id, value); every
+each error carries the context needed to act on it (path, checkpoint id, value; for
+damaged bytes of a partition, its operator and partition number); every
 error pickles as itself, attributes included (errors cross processes).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 __all__ = [
     "AmbiguousCheckpointIdError",
@@ -172,7 +173,52 @@ class CheckpointInUseError(CheckpointerError):
 
 
 class IntegrityError(CheckpointerError):
-    """Stored bytes are not the bytes that were written."""
+    """Stored bytes are not the bytes that were written.
+
+    An error about the bytes of one partition of a checkpoint names it, in its attributes
+    and at the start of its message (:meth:`located`): ``operator`` and ``partition``;
+    within it, ``item`` (a DCP item of a rank object: its fully qualified name, as the
+    DCP metadata records it) or ``file`` (a file of a directory partition: its path
+    relative to the directory). They are None where the bytes are not one partition's
+    (a manifest, a record) or the reader was given a path alone.
+
+    ``others`` holds the errors of the other damaged partitions found by the same read
+    (a whole :meth:`~cairn.ObjectStoreCheckpointer.load` reads every partition, and
+    raises the error of the first in the manifest's order), each naming its own; empty
+    when this one is all there is.
+    """
+
+    operator: str | None = None
+    partition: int | None = None
+    item: str | None = None
+    file: str | None = None
+    others: tuple[IntegrityError, ...] = ()
+
+    @property
+    def location(self) -> str:
+        """The partition (and item or file) whose bytes are wrong, in words
+        (``operator 'agg', partition 0``); empty when the error names none."""
+        if self.operator is None:
+            return ""
+        words = f"operator {self.operator!r}, partition {self.partition}"
+        if self.item is not None:
+            words += f", item {self.item!r}"
+        if self.file is not None:
+            words += f", file {self.file!r}"
+        return words
+
+    def located(
+        self, operator: str, partition: int, *, item: str | None = None, file: str | None = None
+    ) -> Self:
+        """This error, naming the partition of ``operator`` whose bytes it is about (and
+        the ``item`` or ``file`` in it): set as attributes and put in front of the
+        message. An error that names a partition already is left as it is (the code
+        that raised it was closer to the bytes). Returns the error itself."""
+        if self.operator is None:
+            self.operator, self.partition, self.item, self.file = operator, partition, item, file
+            message = str(self.args[0]) if self.args else ""
+            self.args = (f"{self.location}: {message}", *self.args[1:])
+        return self
 
 
 class IntegrityMismatchError(IntegrityError):

@@ -224,7 +224,9 @@ def verify_ranges(path: str, data: Buffer, index_bytes: int, index_sha256: str) 
     """Check the object ``data`` read from ``path``: its last ``index_bytes`` bytes hash to
     ``index_sha256``, and every range they describe to its own digest.
 
-    Raises :class:`IntegrityMismatchError` naming the object and, for a range, its bytes.
+    Raises :class:`IntegrityMismatchError` naming the object and, for a range, its number
+    and bytes (a compressed range that does not decode: :class:`UndecodableArtifactError`
+    naming them too).
     """
     view = memoryview(data).cast("B")
     if not 0 <= index_bytes <= view.nbytes:
@@ -236,12 +238,19 @@ def verify_ranges(path: str, data: Buffer, index_bytes: int, index_sha256: str) 
     actual = hashlib.sha256(index).hexdigest()
     if actual != index_sha256:
         raise IntegrityMismatchError(path, index_sha256, actual, what="sha256 of its range index")
-    for stored in decode_index(path, index, split):
-        decoded = decode_range(path, view[stored.offset : stored.offset + stored.length], stored)
+    for number, stored in enumerate(decode_index(path, index, split)):
+        end = stored.offset + stored.length
+        where = f"range {number} (bytes {stored.offset}..{end})"
+        try:
+            decoded = decode_range(path, view[stored.offset : end], stored)
+        except UndecodableArtifactError as exc:
+            raise UndecodableArtifactError(path, exc.codec, f"{where}: {exc.reason}") from None
+        except IntegrityMismatchError as exc:  # decoded short of its length
+            what = f"decoded size of {where}"
+            raise IntegrityMismatchError(path, exc.expected, exc.actual, what=what) from None
         got = hashlib.sha256(decoded).hexdigest()
         if got != stored.sha256:
-            what = f"sha256 of bytes {stored.offset}..{stored.offset + stored.length}"
-            raise IntegrityMismatchError(path, stored.sha256, got, what=what)
+            raise IntegrityMismatchError(path, stored.sha256, got, what=f"sha256 of {where}")
 
 
 def decode_range(path: str, stored_bytes: Buffer, stored: StoredRange) -> Buffer:
