@@ -151,8 +151,9 @@ def describe(exc: BaseException, store_url: str | None = None) -> str:
     if isinstance(exc, CliError):
         return one_line(exc.message)
     if isinstance(exc, IntegrityMismatchError):
+        of = f" of {exc.location}" if exc.location else ""
         text = (
-            f"integrity failure: artifact {exc.path!r} is damaged: "
+            f"integrity failure: artifact {exc.path!r}{of} is damaged: "
             f"expected {exc.expected}, found {exc.actual}"
         )
     elif isinstance(exc, IntegrityError):

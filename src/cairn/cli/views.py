@@ -537,6 +537,17 @@ def verify_doc(where: dict[str, str], results: list[Verified]) -> dict[str, Any]
                 "error": r.error,
                 "signature": r.signature,
                 "key_id": r.key_id,
+                "damaged": [
+                    {
+                        "operator": d.operator,
+                        "partition": d.partition,
+                        "item": d.item,
+                        "file": d.file,
+                        "path": d.path,
+                        "error": d.error,
+                    }
+                    for d in r.damaged
+                ],
             }
             for r in results
         ],
