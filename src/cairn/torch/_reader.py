@@ -34,6 +34,7 @@ from cairn.errors import (
     BrokenChainError,
     CheckpointNotFoundError,
     CorruptManifestError,
+    IntegrityError,
     IntegrityMismatchError,
     InvalidInputError,
     UndecodableArtifactError,
@@ -107,7 +108,8 @@ class CairnReader(StorageReader):
     saved. Choosing by name or as the latest skips (with a warning) any checkpoint whose
     manifest or DCP metadata is damaged or gone. Every item is checked against its
     SHA-256 before DCP sees a byte of it; a mismatch raises
-    :class:`~cairn.IntegrityMismatchError` naming the artifact. At most
+    :class:`~cairn.IntegrityMismatchError` naming the artifact, its operator and
+    partition (``rank-{r}``, ``n``) and the item (its FQN). At most
     ``max_concurrent_downloads`` reads are in flight per rank. ``skip`` names checkpoints
     the choice of the latest passes over (see :func:`cairn.torch.load_latest`). With
     ``signing_key`` (see :mod:`cairn.signing`), a checkpoint whose manifest is not signed
@@ -412,12 +414,16 @@ async def _open_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Opened:
         raise _NotDcp(ctx.paths.checkpoint_dir(cid) + "operators/" + METADATA_OPERATOR)
     entry = meta_entries.partitions[0]
     path = ctx.paths.resolve(entry.owner or cid, entry.path)
-    if entry.index_size_bytes is not None:
-        metadata, blocks = await _open_table(ckpt, path, entry)
-        return Opened(cid, manifest, entries, metadata, {}, blocks)
-    body = await _fetch_whole(ckpt, path, entry)
-    metadata = await asyncio.to_thread(load_metadata, path, body)
-    records = _check_records(path, metadata, entries)
+    try:
+        if entry.index_size_bytes is not None:
+            metadata, blocks = await _open_table(ckpt, path, entry)
+            return Opened(cid, manifest, entries, metadata, {}, blocks)
+        body = await _fetch_whole(ckpt, path, entry)
+        metadata = await asyncio.to_thread(load_metadata, path, body)
+        records = _check_records(path, metadata, entries)
+    except IntegrityError as exc:
+        exc.located(METADATA_OPERATOR, entry.partition_id)
+        raise
     return Opened(cid, manifest, entries, metadata, records)
 
 
@@ -468,12 +474,19 @@ async def load_records(
         async def read() -> None:
             where = blocks.ranges[block + 1]
             end = where.offset + where.length
-            data = await _bytes_of(ckpt, blocks.path, blocks.whole, where.offset, end)
-            what = f"sha256 of block {block} of item records"
-            await verify_integrity_async(blocks.path, data, where.sha256, what=what)
-            records = decode_block(blocks.path, table, block, bytes(data))
-            for index, value in records.items():
-                opened.records[index] = _checked_record(blocks.path, index, value, opened.entries)
+            try:
+                data = await _bytes_of(ckpt, blocks.path, blocks.whole, where.offset, end)
+                what = f"sha256 of block {block} of item records"
+                await verify_integrity_async(blocks.path, data, where.sha256, what=what)
+                records = decode_block(blocks.path, table, block, bytes(data))
+                for index, value in records.items():
+                    opened.records[index] = _checked_record(
+                        blocks.path, index, value, opened.entries
+                    )
+            except IntegrityError as exc:
+                [meta] = opened.manifest.operators[METADATA_OPERATOR].partitions
+                exc.located(METADATA_OPERATOR, meta.partition_id)
+                raise
             blocks.loaded.add(block)
 
         return read
@@ -520,42 +533,78 @@ async def verified_pieces(
 
     One ranged read covers them (a compressed artifact is read whole and decoded; an
     item that is a compressed range is decoded alone, in memory bounded by its length).
-    Raises :class:`IntegrityMismatchError` naming the artifact and the item, or
-    :class:`BrokenChainError` when the artifact is gone.
+    Raises :class:`IntegrityMismatchError` naming the artifact, its operator and
+    partition, and the item (``item``: its FQN), or :class:`BrokenChainError` when the
+    artifact is gone. Only the items asked for are checked: damage to another item of
+    the same object does not fail them.
     """
     entry = opened.entries[relative]
     path = ckpt.paths.resolve(entry.owner or opened.checkpoint_id, relative)
     records = [opened.records[index] for index in indices]
-    if entry.codec is not None:
-        start, data = 0, await _fetch_whole(ckpt, path, entry, verify=False)
-    else:
-        start = min((r.offset for r in records), default=0)
-        end = max((sum(r.extent) for r in records), default=0)
-        try:
-            data = await ckpt.store.get_range(path, start, end)
-        except CheckpointNotFoundError:
-            raise BrokenChainError(
-                path, f"artifact of checkpoint {opened.checkpoint_id} is gone"
-            ) from None
+    try:
+        start, data = await _read_items(ckpt, opened, path, entry, records)
+    except IntegrityError as exc:
+        exc.located(*_partition_of(opened, relative))
+        raise
     view = memoryview(data).cast("B")
     pieces: list[memoryview] = []
     verified: dict[MetadataIndex, memoryview] = {}
     for index, record in zip(indices, records, strict=True):
-        if index in verified:
-            pieces.append(verified[index])
-            continue
-        offset, length = record.extent
-        stored = view[offset - start : offset - start + length]
-        if stored.nbytes != length:
-            raise IntegrityMismatchError(
-                path, str(length), str(stored.nbytes), what=f"size of {index.fqn!r}"
-            )
-        what = f"sha256 of item {index.fqn!r} (bytes {offset}..{offset + length})"
-        piece = await _decoded_item(path, record, stored, what)
-        await verify_integrity_async(path, piece, record.sha256, what=what)
-        verified[index] = piece
-        pieces.append(piece)
+        if index not in verified:
+            try:
+                verified[index] = await _verified_item(path, index, record, view, start)
+            except IntegrityError as exc:
+                exc.located(*_partition_of(opened, relative), item=index.fqn)
+                raise
+        pieces.append(verified[index])
     return pieces
+
+
+async def _read_items(
+    ckpt: ObjectStoreCheckpointer,
+    opened: Opened,
+    path: str,
+    entry: PartitionSnapshotEntry,
+    records: Sequence[ItemRecord],
+) -> tuple[int, Buffer]:
+    """Where the bytes read start in the artifact at ``path``, and the bytes: one ranged
+    read covering ``records``' items, or the whole artifact decoded when compressed."""
+    if entry.codec is not None:
+        return 0, await _fetch_whole(ckpt, path, entry, verify=False)
+    start = min((r.offset for r in records), default=0)
+    end = max((sum(r.extent) for r in records), default=0)
+    try:
+        return start, await ckpt.store.get_range(path, start, end)
+    except CheckpointNotFoundError:
+        raise BrokenChainError(
+            path, f"artifact of checkpoint {opened.checkpoint_id} is gone"
+        ) from None
+
+
+async def _verified_item(
+    path: str, index: MetadataIndex, record: ItemRecord, view: memoryview, start: int
+) -> memoryview:
+    """Item ``index``'s bytes, out of ``view`` (the bytes of the artifact at ``path`` from
+    ``start`` on), decoded and checked against its record."""
+    offset, length = record.extent
+    stored = view[offset - start : offset - start + length]
+    if stored.nbytes != length:
+        raise IntegrityMismatchError(
+            path, str(length), str(stored.nbytes), what=f"size of {index.fqn!r}"
+        )
+    what = f"sha256 of item {index.fqn!r} (bytes {offset}..{offset + length})"
+    piece = await _decoded_item(path, record, stored, what)
+    await verify_integrity_async(path, piece, record.sha256, what=what)
+    return piece
+
+
+def _partition_of(opened: Opened, relative: str) -> tuple[str, int]:
+    """The operator and partition whose artifact is at ``relative`` in ``opened``."""
+    return next(
+        (operator, entry.partition_id)
+        for operator, entry in opened.manifest.partition_entries()
+        if entry.path == relative
+    )
 
 
 async def _decoded_item(path: str, record: ItemRecord, stored: memoryview, what: str) -> memoryview:
