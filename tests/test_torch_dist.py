@@ -55,6 +55,7 @@ from cairn import (
     UndecodableArtifactError,
     _catalog,
 )
+from cairn.manifest import StoreRequests
 from cairn.ranges import COMPRESSED_INDEX_MAGIC
 from cairn.sync import _runner
 from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter
@@ -242,6 +243,25 @@ def test_async_save_in_thread_and_in_process_mode(run: Run) -> None:
             stored = bytes(loaded.artifacts[(rank, entry.partition_id)])
             index = stored[len(stored) - entry.index_size_bytes :]
             assert index.startswith(COMPRESSED_INDEX_MAGIC) == (scenario == "async_process")
+
+
+def test_every_ranks_requests_are_in_the_statistics_the_coordinator_records(run: Run) -> None:
+    """A save by two ranks, and one in DCP's background process: the manifest counts
+    what each rank uploaded and asked, and what the save left in the store."""
+    ckpt = run.ckpt()
+    inner = ckpt.async_checkpointer
+    for scenario in ("save_2", "async_process"):
+        manifest = ckpt.load_manifest(CheckpointId.parse(run.ranks[0][scenario]["id"]))
+        stats = manifest.stats
+        assert stats is not None and isinstance(stats.requests, StoreRequests), scenario
+        own = [e.stored_length for _, e in manifest.partition_entries() if e.owner is None]
+        assert stats.uploaded_bytes == sum(own) and stats.uploaded_artifacts == len(own) == 3
+        listed = _sync(inner.store.list(inner.paths.checkpoint_dir(manifest.checkpoint_id)))
+        assert stats.stored_bytes == sum(info.size for info in listed), scenario
+        # The intent (by the coordinator, and by each rank while it uploads), each rank's
+        # object, the metadata and the manifest; a retried put counts once per attempt.
+        assert 7 <= stats.requests.put <= 7 + stats.retries, (scenario, stats)
+        assert stats.requests.get >= 1 and stats.requests.list >= 1, (scenario, stats)
 
 
 def test_a_fenced_writer_is_refused_and_the_new_generation_saves(run: Run) -> None:

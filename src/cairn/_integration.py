@@ -15,6 +15,9 @@ named here, so this list is the whole of their coupling to cairn's internals:
   :mod:`cairn._directories` decides);
 * :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`) and
   directory partitions (:class:`~cairn.manifest.DirectoryEntry`);
+* :class:`SaveMeter`, what a save measures of itself for the statistics its manifest
+  records: its clock readings, and the store requests and retries of its committer and
+  its workers;
 * reading as ``load_latest`` does: :data:`DAMAGE`, :func:`latest_candidates`,
   :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`,
   :func:`read_entry` (an artifact's bytes, verified) and :func:`read_sized` (the bytes
@@ -44,7 +47,7 @@ from cairn._catalog import (
     load_manifest,
     named_candidates,
 )
-from cairn._commit import assemble_manifest
+from cairn._commit import SaveMeter, assemble_manifest
 from cairn._concurrency import bounded_gather
 from cairn._download import read_entry, read_sized
 from cairn._lease import DEFAULT_LEASE
@@ -63,6 +66,7 @@ __all__ = [
     "REMOTE_SCHEMES",
     "Buffer",
     "Entry",
+    "SaveMeter",
     "TwoPhaseSave",
     "assemble_manifest",
     "begin",
@@ -133,10 +137,17 @@ class TwoPhaseSave:
         checked = _directories.check_directories(directories, check)
         return await self._pending.upload_directories(checked, check)
 
-    async def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
-        """Commit ``manifest`` as ``ObjectStoreCheckpointer.commit`` does; the lease ends."""
+    async def commit(
+        self, manifest: CheckpointManifest, meter: SaveMeter | None = None
+    ) -> CheckpointManifest:
+        """Commit ``manifest`` as ``ObjectStoreCheckpointer.commit`` does; the lease ends.
+        With ``meter``, the manifest records the save's statistics, measured up to the
+        commit point (the commit's own requests counted in the meter too)."""
         with _dispatch.watching(self._ckpt.observers):
-            return await self._pending.commit(manifest)
+            if meter is None:
+                return await self._pending.commit(manifest)
+            with meter.counting():
+                return await self._pending.commit(manifest, meter.finish(self._pending.ctx))
 
     async def end(self) -> None:
         """Stop renewing the lease (idempotent): the intent lapses unless committed."""

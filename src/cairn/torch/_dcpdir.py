@@ -58,6 +58,7 @@ import re
 import secrets
 import shutil
 import struct
+import time
 import uuid
 import zipfile
 import zlib
@@ -77,7 +78,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from cairn._integration import TwoPhaseSave, begin, bounded_gather
+from cairn._integration import SaveMeter, TwoPhaseSave, begin, bounded_gather
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import (
     CorruptManifestError,
@@ -410,8 +411,10 @@ async def import_dcp_async(
     root = _absolute(source)
     chosen = _default_name(root) if name is None else validate_checkpoint_name(name)
     scanned = await asyncio.to_thread(read_dcp_dir, root)
-    async with await begin(ckpt, CheckpointId.now()) as save:
-        return await _import_into(save, ckpt, root, scanned, epoch, chosen, progress)
+    meter = SaveMeter()
+    with meter.counting():
+        async with await begin(ckpt, CheckpointId.now()) as save:
+            return await _import_into(save, ckpt, root, scanned, epoch, chosen, progress, meter)
 
 
 async def _import_into(
@@ -422,8 +425,10 @@ async def _import_into(
     epoch: int,
     chosen: str,
     progress: Progress,
+    meter: SaveMeter,
 ) -> ImportedDcp:
-    """Upload every item of ``scanned`` into ``save`` and commit it."""
+    """Upload every item of ``scanned`` into ``save`` and commit it, its statistics
+    measured by ``meter``."""
     cid = save.checkpoint_id
     results: list[WriteResult] = []
     next_partition: dict[str, int] = {}
@@ -447,6 +452,7 @@ async def _import_into(
         return load(by_index[write.index])
 
     codec = ckpt.codec
+    meter.uploading = time.perf_counter()
     for file, items in scanned.files.items():
         match = _RANK_FILE.fullmatch(file)
         operator = rank_operator(int(match.group(1)) if match else 0)
@@ -466,7 +472,10 @@ async def _import_into(
         results += source.results(operator, entry)
         next_partition[operator] = partition + 1
     metadata = copy.copy(scanned.metadata)
-    committed = await commit_dcp(ckpt, save, epoch, metadata, [results], str(uuid.uuid4()), chosen)
+    save_id = str(uuid.uuid4())
+    committed = await commit_dcp(
+        ckpt, save, epoch, metadata, [results], save_id, chosen, None, meter
+    )
     uploaded = sum(e.size_bytes for _, e in committed.partition_entries())
     return ImportedDcp(
         cid,

@@ -68,7 +68,7 @@ from cairn.errors import (
     UndecodableArtifactError,
 )
 from cairn.integrity import sha256_hex
-from cairn.manifest import PartitionSnapshotEntry
+from cairn.manifest import PartitionSnapshotEntry, StoreRequests
 from cairn.torch._format import ItemRecord, StoredRecord
 
 __all__ = [
@@ -140,7 +140,9 @@ class RankItems:
     sizes (each padded with zeros to ``dims``). ``block`` is the rank's records, encoded
     and compressed (``block_size`` bytes decoded); ``block_sha256`` is that of ``block``.
     ``entries`` are the artifacts they name, each carried one (:func:`carries_ranges`)
-    with the bytes of the rank's records in it as its ``used_bytes``.
+    with the bytes of the rank's records in it as its ``used_bytes``. ``requests`` and
+    ``retries`` are the store requests and retries the rank made to write them (None:
+    not counted), which the coordinator adds to the save's statistics.
     """
 
     operator: str
@@ -152,6 +154,8 @@ class RankItems:
     rows: bytes
     dims: int
     byte_fqns: tuple[str, ...]
+    requests: StoreRequests | None = None
+    retries: int = 0
 
 
 def carries_ranges(entry: PartitionSnapshotEntry) -> bool:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
@@ -20,6 +22,7 @@ from torch.futures import Future
 
 from cairn._integration import (
     DEFAULT_LEASE,
+    SaveMeter,
     TwoPhaseSave,
     assemble_manifest,
     begin,
@@ -54,6 +57,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("cairn")
+T = TypeVar("T")
 
 METADATA_OPERATOR = "dcp-metadata"
 """The operator whose partition 0 holds DCP's pickled metadata."""
@@ -156,10 +160,12 @@ class CairnWriter(StorageWriter):
         self._requested: Target | None = None
         self._name: str | None = None
         self._pending: TwoPhaseSave | None = None
+        self._meter: SaveMeter | None = None
         self._reset_save()
 
     def _reset_save(self) -> None:
         self._reset_lease()
+        self._meter = None
         self._is_coordinator = False
         self._rank = 0
         self._checkpoint_id: CheckpointId | None = None
@@ -173,6 +179,7 @@ class CairnWriter(StorageWriter):
         state = dict(self.__dict__)
         state["_ckpt"] = None
         state["_pending"] = None  # a lease is held by the process that took it
+        state["_meter"] = None  # and a save is measured by the process that runs it
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -252,6 +259,7 @@ class CairnWriter(StorageWriter):
         without another collective. A fenced writer, or an id that is already committed,
         is refused here, before anything is uploaded. From here to :meth:`finish` the
         coordinator holds the checkpoint's lease (renewed however long the ranks take).
+        The save's statistics are measured from here (:meth:`finish` records them).
         """
         if not all(plan.usable for plan in plans):
             raise InvalidInputError(
@@ -263,9 +271,13 @@ class CairnWriter(StorageWriter):
         cid = requested if isinstance(requested, CheckpointId) else CheckpointId.now()
         ckpt = self.checkpointer
         self._reset_lease()
-        parent = self._open_parent(ckpt)
+        meter = SaveMeter()
+        parent = self._open_parent(ckpt, meter)
         parent_id = parent.checkpoint_id if parent is not None else None
-        self._pending = run(begin(ckpt, cid, parent_id), "CairnWriter.prepare_global_plan")
+        beginning = _counted(meter, functools.partial(begin, ckpt, cid, parent_id))
+        self._pending = run(beginning, "CairnWriter.prepare_global_plan")
+        meter.uploading = time.perf_counter()
+        self._meter = meter
         if parent is not None and not self._pending.admits(parent.manifest):
             self._reset_lease()
             raise InvalidInputError(
@@ -280,10 +292,11 @@ class CairnWriter(StorageWriter):
             for rank, plan in enumerate(plans)
         ]
 
-    def _open_parent(self, ckpt: ObjectStoreCheckpointer) -> Parent | None:
+    def _open_parent(self, ckpt: ObjectStoreCheckpointer, meter: SaveMeter) -> Parent | None:
         if not self.incremental:
             return None
-        parent = run(open_parent(ckpt, self._parent), "CairnWriter.prepare_global_plan")
+        opening = _counted(meter, functools.partial(open_parent, ckpt, self._parent))
+        parent = run(opening, "CairnWriter.prepare_global_plan")
         if parent is None:
             log.info("incremental save with no DCP checkpoint to build on: a full save")
         return parent
@@ -303,7 +316,9 @@ class CairnWriter(StorageWriter):
         items; the items the parent holds are first hashed (in parallel, at most
         :data:`COPY_BUDGET` bytes of copies at a time) and those equal to the parent's
         carried (:mod:`cairn.torch._carry`). With compression, each item is one frame of
-        the checkpointer's codec in that object.
+        the checkpointer's codec in that object. The rank's store requests and retries
+        travel to the coordinator in its results, for the save's statistics (a rank
+        whose plan holds no item makes none).
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
@@ -314,12 +329,15 @@ class CairnWriter(StorageWriter):
         self._checkpoint_id = cid
         self._name = data.name
         operator = rank_operator(data.rank)
+        meter = SaveMeter()
         carry: dict[Any, Carried] = {}
-        if data.parent is not None:
+        if data.parent is not None and plan.items:
             parent_id = CheckpointId.parse(data.parent)
-            reading = carry_for(self.checkpointer, parent_id, plan.items)
+            reading = _counted(
+                meter, functools.partial(carry_for, self.checkpointer, parent_id, plan.items)
+            )
             carry = run(reading, "CairnWriter.write_data")
-        results = self._write_rank_objects(cid, operator, data, carry, plan, planner)
+        results = self._write_rank_objects(cid, operator, data, carry, plan, planner, meter)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -332,9 +350,10 @@ class CairnWriter(StorageWriter):
         carry: dict[Any, Carried],
         plan: SavePlan,
         planner: SavePlanner,
+        meter: SaveMeter,
     ) -> list[WriteResult]:
         """The rank's items carried (those equal to ``carry``'s) or uploaded as objects of
-        ranges; their results."""
+        ranges, the uploads' requests counted in ``meter``; their results."""
         results: list[WriteResult] = []
         items = list(plan.items)
         if carry:
@@ -343,11 +362,13 @@ class CairnWriter(StorageWriter):
         first = data.first_partition
         uploads = rank_uploads(operator, items, planner, first, RANK_OBJECT_BYTES, codec)
         if uploads:
-            upload = self.checkpointer.save_partitions_concurrent(cid, [u for u, _ in uploads])
-            entries = run(upload, "CairnWriter.write_data")
+            upload = functools.partial(
+                self.checkpointer.save_partitions_concurrent, cid, [u for u, _ in uploads]
+            )
+            entries = run(_counted(meter, upload), "CairnWriter.write_data")
             for (_, source), entry in zip(uploads, entries, strict=True):
                 results += source.results(operator, entry)
-        return _as_rank_items(operator, plan.items, results)
+        return _as_rank_items(operator, plan.items, results, meter)
 
     def _carry_equal(
         self,
@@ -396,12 +417,15 @@ class CairnWriter(StorageWriter):
         The manifest lists every rank's artifacts and the metadata's, with their
         SHA-256; it is written create-only (the commit), then ``_latest`` advances. A
         writer fenced meanwhile is refused (:class:`~cairn.FencedError`) and nothing of
-        the checkpoint stays committed.
+        the checkpoint stays committed. The manifest records the save's statistics
+        (:class:`~cairn.manifest.SaveStats`), from :meth:`prepare_global_plan` to the
+        commit point, every rank's requests and retries summed.
         """
         cid = self._checkpoint_id
         if cid is None:
             raise InvalidInputError("finish was called before CairnWriter planned the save")
         pending, self._pending = self._pending, None
+        meter, self._meter = self._meter or SaveMeter(), None
         ckpt = self.checkpointer
 
         async def commit() -> None:
@@ -409,10 +433,10 @@ class CairnWriter(StorageWriter):
             async with save:
                 epoch, save_id, name = self.epoch, self._save_id, self._name
                 await commit_dcp(
-                    ckpt, save, epoch, metadata, results, save_id, name, self._built_on
+                    ckpt, save, epoch, metadata, results, save_id, name, self._built_on, meter
                 )
 
-        run(commit(), "CairnWriter.finish")
+        run(_counted(meter, commit), "CairnWriter.finish")
         self._requested = None  # an id or name given to one save is not reused by the next
 
     @classmethod
@@ -424,18 +448,30 @@ class CairnWriter(StorageWriter):
 
 
 def _as_rank_items(
-    operator: str, items: Sequence[WriteItem], results: list[WriteResult]
+    operator: str, items: Sequence[WriteItem], results: list[WriteResult], meter: SaveMeter
 ) -> list[WriteResult]:
     """``results`` (one per item, each carrying its :class:`Written`) with the rank's
     :class:`RankItems` as every result's ``storage_data`` instead: what the coordinator
-    stores as the rank's block of the chunk table (:mod:`cairn.torch._itemtable`)."""
+    stores as the rank's block of the chunk table (:mod:`cairn.torch._itemtable`), and
+    the requests and retries ``meter`` counted."""
     written = []
     for result in results:
         data = result.storage_data
         assert isinstance(data, Written)  # made just above, by this rank
         written.append((result.index, data.record, data.operator, data.entry))
-    summary = rank_items(operator, items, written)
+    requests, retries = meter.spent()
+    summary = dataclasses.replace(
+        rank_items(operator, items, written), requests=requests, retries=retries
+    )
     return [WriteResult(r.index, r.size_in_bytes, summary) for r in results]
+
+
+async def _counted(meter: SaveMeter, call: Callable[[], Awaitable[T]]) -> T:
+    """Await ``call()`` with ``meter`` counting its store requests and retries. (A call,
+    not a coroutine: :func:`run` closes what it refuses to run, and a coroutine made for
+    this one would be left unawaited.)"""
+    with meter.counting():
+        return await call()
 
 
 async def commit_dcp(
@@ -447,6 +483,7 @@ async def commit_dcp(
     save_id: str,
     name: str | None,
     parent_id: CheckpointId | None = None,
+    meter: SaveMeter | None = None,
 ) -> CheckpointManifest:
     """Store DCP's ``metadata`` (with every rank's item records) as an artifact of
     ``save``, then commit its manifest naming it and every rank's artifacts (those
@@ -454,13 +491,19 @@ async def commit_dcp(
 
     Ranks that handed in :class:`RankItems` (a save) get the chunk table and their
     blocks (:mod:`cairn.torch._itemtable`); results with a record each (an import, or a
-    save by an earlier cairn) get the metadata pickled whole with those records."""
+    save by an earlier cairn) get the metadata pickled whole with those records. With
+    ``meter`` (the save's, which counted the caller's requests), the manifest records
+    the save's statistics, with the requests and retries each rank handed in."""
     cid = save.checkpoint_id
     metadata.version = CURRENT_DCP_VERSION
     metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
     per_rank = _handed_in(results)
     body: bytes | RangeSource
     if per_rank is not None:
+        if meter is not None:
+            for rank in per_rank:
+                if rank.requests is not None:
+                    meter.add(rank.requests, rank.retries)
         stored = await asyncio.to_thread(build_table, metadata, per_rank)
         entries = _distinct_entries(pair for rank in per_rank for pair in rank.entries)
         body = await asyncio.to_thread(_MetadataRanges.of, stored)
@@ -469,6 +512,8 @@ async def commit_dcp(
         metadata.storage_data = records
         body = dump_metadata(metadata)
     uploaded = await save.upload([(METADATA_OPERATOR, 0, False, body)])
+    if meter is not None:
+        meter.uploaded = time.perf_counter()
     manifest = assemble_manifest(
         cid,
         epoch,
@@ -477,7 +522,7 @@ async def commit_dcp(
         name=name,
         parent_id=parent_id,
     )
-    committed = await save.commit(manifest)
+    committed = await save.commit(manifest, meter)
     named = f" named {name!r}" if name is not None else ""
     log.info("DCP checkpoint %s%s committed (epoch %d)", cid, named, epoch)
     return committed
