@@ -3,7 +3,8 @@
 One row per checkpoint directory, oldest first: its short id (the fewest characters,
 8 or more, that tell the rows apart; ``--ids`` the whole id), its time and epoch, ``F`` (full) or
 ``I`` (incremental), a bar of its size — uploaded (``█``) and carried over from earlier
-checkpoints (``░``), on one scale for the whole chart — and how long its save took.
+checkpoints (``░``), on one scale for the whole chart — what its save put in the store
+(``stored``) and how many store requests it made (``req``), and how long it took.
 What went wrong shows at a glance: a directory with no committed manifest (a save that
 failed, was killed, or is still running: ``✗``), a manifest that does not read (``?``),
 and a pause between two checkpoints much longer than usual (a ``gap`` line). ``--json``
@@ -79,8 +80,9 @@ def history_doc(where: dict[str, str], points: list[Point]) -> dict[str, Any]:
                 uploaded_bytes=doc["uploaded_bytes"],
                 carried_bytes=doc["carried_bytes"],
             )
-            if "duration_ms" in doc:
-                row["duration_ms"] = doc["duration_ms"]
+            for key in ("duration_ms", "stored_bytes", "requests"):
+                if key in doc:
+                    row[key] = doc[key]
         series.append(row)
     committed = [p for p in points if p.status == "committed"]
     return {
@@ -105,9 +107,12 @@ def history_chart(
 
 
 class _Chart:
-    """One line per point: short id, time, kind, epoch, bar, sizes, duration. Below
-    about 100 columns the bar narrows, then the carried size, the duration and the time
-    give way, in that order; the id is always whole. ``wide`` keeps every part."""
+    """One line per point: short id, time, kind, epoch, bar, sizes, requests, duration.
+    Below about 120 columns the bar narrows, then the carried size, the stored size, the
+    duration, the requests and the time give way, in that order (at 80 columns, short
+    ids keep the time, the requests and the duration); the id is always whole. ``wide``
+    keeps every part. A checkpoint saved before cairn counted what it stored or asked
+    shows ``—`` there."""
 
     def __init__(self, points: list[Point], full_ids: bool, wide: bool) -> None:
         self.points = points
@@ -124,12 +129,22 @@ class _Chart:
         """The chart drawn in ``width`` columns."""
         id_width = max(len(name) for name in self.names.values())
         epoch_width = max([5] + [len(str(d["epoch"])) for d in self.docs.values()])
-        # id, time, "F", epoch, "  new", "  carried", "  took"; what gives way goes last.
-        parts = {"when": _WHEN + 1, "carried": 19, "took": 10}
+        # id, time, "F", epoch, "  new", then the parts that give way, in this order.
+        requests = {
+            cid: sum(doc["requests"].values())
+            for cid, doc in self.docs.items()
+            if "requests" in doc
+        }
+        req_width = max([3] + [len(str(n)) for n in requests.values()])
+        parts = {"when": _WHEN + 1, "carried": 19, "stored": 18, "took": 10}
+        if requests:
+            parts["requests"] = 2 + req_width + 4
+        if not any("stored_bytes" in doc for doc in self.docs.values()):
+            del parts["stored"]
         fixed = id_width + 1 + 2 + epoch_width + 2 + 2 + 13
         shown = set(parts)
         if not self.wide:
-            for name in ("carried", "took", "when"):
+            for name in ("carried", "stored", "took", "requests", "when"):
                 if fixed + sum(parts[p] for p in shown) + _MIN_BAR <= width:
                     break
                 shown.discard(name)
@@ -174,6 +189,12 @@ class _Chart:
             line.append(f"  {human_size(uploaded):>9} new")
             if "carried" in shown:
                 line.append(f"  {human_size(carried):>9} carried")
+            if "stored" in shown:
+                stored = human_size(doc["stored_bytes"]) if "stored_bytes" in doc else "—"
+                line.append(f"  {stored:>9} stored")
+            if "requests" in shown:
+                count = requests.get(point.checkpoint_id)
+                line.append(f"  {'—' if count is None else count:>{req_width}} req")
             if "took" in shown:
                 took = f"{doc['duration_ms'] / 1000:6.2f} s" if "duration_ms" in doc else "      —"
                 line.append(f"  {took}")

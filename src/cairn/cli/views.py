@@ -36,11 +36,13 @@ from cairn.cli.output import Col, FitTable, human_age, human_size, iso_time, mak
 from cairn.cli.restore import Restored
 from cairn.cli.verify import Verified
 from cairn.discover import checkpoint_counts, short_ids
+from cairn.manifest import SaveStats, StoreRequests
 
 __all__ = [
     "COMMANDS_WITH_SCHEMAS",
     "copy_doc",
     "copy_table",
+    "cost_doc",
     "delete_doc",
     "delete_text",
     "gc_doc",
@@ -50,6 +52,7 @@ __all__ = [
     "list_doc",
     "list_table",
     "manifest_doc",
+    "requests_text",
     "restore_doc",
     "restore_table",
     "show_doc",
@@ -152,9 +155,11 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
     The counts are :func:`cairn.discover.checkpoint_counts`, the same numbers every
     output shows: ``artifacts`` are the entries of its restore chains, ``uploaded_*`` the
     checkpoint's own, ``carried_*`` those it references from earlier checkpoints (the
-    whole chain; bytes as handed to ``save``); ``duration_ms``,
-    ``upload_ms``, ``commit_ms`` and ``retries`` come from the save's statistics and are
-    absent for checkpoints saved before cairn recorded them.
+    whole chain; bytes as handed to ``save``); ``duration_ms``, ``upload_ms``,
+    ``commit_ms``, ``retries``, ``stored_bytes`` (what the save left in the store: its
+    objects as stored, its manifest and parts) and ``requests`` (the store requests it
+    made up to its commit, by kind) come from the save's statistics, each absent for
+    checkpoints saved before cairn recorded it.
     """
     counts = checkpoint_counts(manifest)
     doc = {
@@ -183,7 +188,28 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
             commit_ms=stats.commit_ms,
             retries=stats.retries,
         )
+        doc.update(cost_doc(stats))
     return doc
+
+
+REQUEST_KINDS = ("put", "get", "head", "list", "delete")
+"""The kinds of store request a save's statistics count, in the order they are shown."""
+
+
+def cost_doc(stats: SaveStats) -> dict[str, Any]:
+    """``stored_bytes`` and ``requests`` (by kind) of a save's statistics, those it has."""
+    doc: dict[str, Any] = {}
+    if isinstance(stats.stored_bytes, int):
+        doc["stored_bytes"] = stats.stored_bytes
+    if isinstance(stats.requests, StoreRequests):
+        doc["requests"] = {kind: getattr(stats.requests, kind) for kind in REQUEST_KINDS}
+    return doc
+
+
+def requests_text(requests: dict[str, int]) -> str:
+    """``12 (5 PUT, 3 GET, 2 HEAD, 2 LIST, 0 DELETE)``: a save's requests, for people."""
+    kinds = ", ".join(f"{requests[kind]} {kind.upper()}" for kind in REQUEST_KINDS)
+    return f"{sum(requests.values())} ({kinds})"
 
 
 # -- list ----------------------------------------------------------------------------------
@@ -415,6 +441,17 @@ def show_table(
             "size",
             f"{human_size(doc['size_bytes'])} in {artifacts_text(manifest)} artifacts "
             f"({human_size(doc['uploaded_bytes'])} uploaded by this checkpoint)",
+        ),
+        (
+            "stored",
+            f"{human_size(doc['stored_bytes'])} by its save: its own objects as stored, "
+            "its manifest"
+            if "stored_bytes" in doc
+            else "—",
+        ),
+        (
+            "requests",
+            f"{requests_text(doc['requests'])} up to its commit" if "requests" in doc else "—",
         ),
         ("watermark", "—" if manifest.watermark is None else manifest.watermark),
         ("writer generation", doc["writer_generation"]),
