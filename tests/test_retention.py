@@ -277,6 +277,33 @@ async def test_failures_are_reported_not_raised() -> None:
     assert set(await plain.list_checkpoints()) == set(ids)
 
 
+async def test_a_checkpoint_whose_manifest_gc_cannot_delete_keeps_all_it_names() -> None:
+    inner = ObstoreStore(MemoryStore())
+    plain = make_checkpointer(inner)
+    ids = [
+        (
+            await plain.save(CheckpointData(epoch=e, snapshots={("op", 0): b"%d" % e * 100}))
+        ).checkpoint_id
+        for e in range(3)
+    ]
+    before = await paths_in(plain)
+    faulty = FaultyStore(inner)
+    original_delete = faulty.delete
+
+    async def refuse_manifest_deletes(paths: list[str]) -> None:
+        if paths and paths[0].endswith("manifest.json"):
+            raise StoreError("delete", paths[0], "permission denied")
+        await original_delete(paths)
+
+    faulty.delete = refuse_manifest_deletes  # type: ignore[method-assign,assignment]
+    result = await make_checkpointer(faulty).gc(RetentionPolicy(keep_last=1), min_age=NOW)
+    assert [path for path, _ in result.failures] == [plain.paths.manifest(c) for c in ids[:2]]
+    assert result.deleted == [] and result.objects_deleted == 0
+    assert await paths_in(plain) == before | {plain.paths.clock()}
+    for epoch, cid in enumerate(ids):
+        assert bytes((await plain.load(cid)).artifacts[("op", 0)]) == b"%d" % epoch * 100
+
+
 class GcMachine(RuleBasedStateMachine):
     """Saves, GCs with random policies, crashes at any store call, and loads, interleaved."""
 

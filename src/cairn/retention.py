@@ -16,7 +16,9 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   (:mod:`cairn._lease`);
 * deletion goes in two phases: every manifest to delete first, then the artifacts, so a
   crash mid-GC never leaves a listed checkpoint with missing artifacts — only orphans,
-  which the next run sweeps (GC is idempotent and resumable);
+  which the next run sweeps (GC is idempotent and resumable); a checkpoint whose manifest
+  could not be deleted is still listed, so it keeps everything it names, as a kept one,
+  and is not reported deleted;
 * before the artifact phase, GC looks again for checkpoints committed and saves started
   since it planned, and spares everything they reference;
 * every age is judged by the store's own time, never by this machine's clock: GC writes
@@ -700,9 +702,13 @@ async def run_gc(
         result.orphans_deleted = [info.path for info in plan.orphans]
         return result
     # Phase 1: the manifests, so nothing half-deleted is ever listed.
-    for path in plan.manifests_to_delete:
+    standing: set[CheckpointId] = set()
+    for cid, path in zip(plan.deleted, plan.manifests_to_delete, strict=True):
         if await _delete(store, path, result):
             result.bytes_reclaimed += sizes.get(path, 0)
+        else:
+            standing.add(cid)  # still listed: it keeps whatever it names, as a kept one
+    result.deleted = [cid for cid in plan.deleted if cid not in standing]
     # Phase 2: look again for saves that started or committed since the plan.
     now_state = await read_state(store, paths)
     known = {**state.manifests, **now_state.manifests}  # deleted manifests are still known here
@@ -711,11 +717,10 @@ async def run_gc(
         now_state, paths, now=await store_now(store, paths), min_age=min_age
     )
     parents_now = {p for p in busy_now.values() if p is not None and p in known}
-    spared_whole, spared = _reachable(paths, fresh | parents_now, known)
+    spared_whole, spared = _reachable(paths, fresh | parents_now | standing, known)
     orphan_paths = {info.path for info in plan.orphans}
     for info in doomed_bytes:
-        cid = paths.checkpoint_of(info.path)
-        if info.path in spared or cid in spared_whole:
+        if info.path in spared or paths.checkpoint_of(info.path) in spared_whole:
             continue
         if await _delete(store, info.path, result):
             result.bytes_reclaimed += info.size
