@@ -8,7 +8,8 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   every committed checkpoint newer than it (the pointer only moves forwards, so at any
   moment of the deletion it names one of those), and, when there is no usable pointer,
   every committed checkpoint; any object a kept checkpoint's chain references, wherever
-  it lives; a checkpoint whose manifest does not decode (reported, left alone);
+  it lives; a checkpoint whose manifest does not decode, or misses a part (left alone and
+  reported in :attr:`GcResult.damaged`; ``failures`` are only deletions that failed);
 * a save in progress is never swept: a directory whose intent holds a live lease, or
   that has an object younger than ``min_age``, is left whole and its parent's chain kept.
   Any other uncommitted directory is swept only after GC has claimed its id with a
@@ -258,6 +259,9 @@ class GcResult:
     pack_range_bytes: int = 0
     """The bytes of those that the retained checkpoints use
     (:attr:`GcPlan.pack_range_bytes`); the rest is kept only because it shares an object."""
+    damaged: dict[CheckpointId, str] = field(default_factory=dict)
+    """The committed checkpoints left alone because their manifest does not decode (or a
+    part of it is missing or damaged), each with why: what they reference is unknown."""
 
 
 def _reachable(
@@ -618,7 +622,6 @@ async def _read_state(
             except CheckpointNotFoundError:
                 return  # deleted since the listing
             except IntegrityError as exc:
-                log.warning("gc leaves damaged checkpoint %s alone: %s", cid, exc)
                 damaged[cid] = str(exc)
 
         return job
@@ -678,6 +681,8 @@ async def run_gc(
     unknown_pins = [cid for cid in policy.pinned if cid not in state.manifests]
     if unknown_pins:
         raise InvalidInputError(f"pinned checkpoint {unknown_pins[0]} does not exist")
+    for cid, why in state.damaged.items():
+        log.warning("gc leaves damaged checkpoint %s alone: %s", cid, why)
     # After the listing, so every stamp in it is older. A dry run writes nothing, not even
     # the probe: it deletes nothing either, so this machine's clock is safe for its report.
     now = dt.datetime.now(dt.UTC) if dry_run else await store_now(store, paths)
@@ -691,8 +696,8 @@ async def run_gc(
         reasons=plan.reasons,
         pack_bytes=plan.pack_bytes,
         pack_range_bytes=plan.pack_range_bytes,
+        damaged=dict(state.damaged),
     )
-    result.failures.extend((paths.manifest(cid), why) for cid, why in state.damaged.items())
     doomed_bytes = [*plan.objects_to_delete, *plan.orphans]
     sizes = {info.path: info.size for info in state.objects}
     if dry_run:

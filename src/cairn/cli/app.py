@@ -611,6 +611,7 @@ async def gc_command(
     (a deleted checkpoint's artifacts that a kept one still uses stay, without their
     manifest; `cairn copy` copies them along). A pack of small artifacts stays whole
     while a kept checkpoint uses any of it: the summary says how much that keeps.
+    A checkpoint whose manifest is damaged is left alone and reported (exit 1).
     """
     policy = _policy(keep_last, keep_within, keep_every, pin or [])
     ckpt = await session.open()
@@ -642,6 +643,14 @@ async def gc_command(
             ExitCode.STORE,
         )
         return ExitCode.STORE
+    if result.damaged:
+        cid, reason = next(iter(result.damaged.items()))
+        session.output.fail(
+            "IntegrityError",
+            f"{len(result.damaged)} damaged checkpoint(s) left alone; {cid}: {reason}",
+            ExitCode.INTEGRITY,
+        )
+        return ExitCode.INTEGRITY
     return ExitCode.OK
 
 

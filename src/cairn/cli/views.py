@@ -750,6 +750,9 @@ def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
         "bytes_reclaimed": result.bytes_reclaimed,
         "orphans_deleted": list(result.orphans_deleted),
         "failures": [{"path": path, "reason": reason} for path, reason in result.failures],
+        "damaged": [
+            {"checkpoint_id": str(cid), "reason": reason} for cid, reason in result.damaged.items()
+        ],
         "pack_bytes": result.pack_bytes,
         "pack_range_bytes": result.pack_range_bytes,
     }
@@ -761,7 +764,7 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
     dry = " (dry run)" if result.dry_run else ""
     names, table = id_table(
         f"garbage collection{dry}",
-        [*result.deleted, *result.retained],
+        [*result.deleted, *result.retained, *result.damaged],
         "Decision",
         full_ids=full_ids,
         wide=wide,
@@ -771,6 +774,8 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
     for cid in result.retained:
         why = ", ".join(result.reasons.get(cid, []))
         table.add_row(_plain(names[cid]), Text(f"kept: {why}" if why else "kept", style="green"))
+    for cid, reason in result.damaged.items():
+        table.add_row(_plain(names[cid]), Text(f"left alone: damaged: {reason}", style="red"))
     for path, reason in result.failures:
         table.add_row(Text(""), Text(f"could not delete {path}: {reason}", style="red"))
     summary = Text(
@@ -784,6 +789,6 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
             f"; shared objects kept: {human_size(result.pack_bytes)} for "
             f"{human_size(result.pack_range_bytes)} that kept checkpoints still use"
         )
-    if not (result.deleted or result.retained or result.failures):
+    if not (result.deleted or result.retained or result.damaged or result.failures):
         return summary  # an empty table would only wrap its title
     return Group(table, summary)
