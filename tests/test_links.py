@@ -117,22 +117,25 @@ def older_id(than: CheckpointId) -> CheckpointId:
 # -- delete_checkpoint -----------------------------------------------------------------------
 
 
-async def test_delete_checkpoint_removes_links_inside_it_not_their_targets(
+async def test_delete_checkpoint_removes_its_objects_not_links_inside_it_nor_their_targets(
     root: Path, outside: Outside
 ) -> None:
     ckpt = checkpointer(root)
     cid = await save(ckpt, 1)
     directory = root / PREFIX / str(cid)
-    plant_links(directory, outside)
+    snapshot = root / artifact_path(ckpt.paths, await ckpt.load_manifest(cid), "agg", 0)
+    links = plant_links(directory, outside)
 
     await ckpt.delete_checkpoint(cid)
 
     outside.assert_untouched()
-    assert absent(directory), "the links are removed, as links"
+    # Links are not objects cairn wrote: neither followed nor removed, as GC leaves them.
+    assert all(link.is_symlink() for link in links)
+    assert absent(directory / "manifest.json") and absent(snapshot)
     assert await ckpt.list_checkpoints() == []
 
 
-async def test_delete_checkpoint_of_a_linked_directory_removes_only_the_link(
+async def test_delete_checkpoint_of_a_linked_directory_follows_not_the_link(
     root: Path, outside: Outside
 ) -> None:
     ckpt = checkpointer(root)
@@ -145,7 +148,7 @@ async def test_delete_checkpoint_of_a_linked_directory_removes_only_the_link(
     await ckpt.delete_checkpoint(fake)
 
     outside.assert_untouched()
-    assert absent(link)
+    assert link.is_symlink()
     assert (await ckpt.load(cid)).epoch == 1
 
 
@@ -171,7 +174,7 @@ async def test_gc_sweeps_neither_through_a_linked_orphan_nor_links_in_doomed_che
     for run in (planned, result):
         assert run.deleted == [old] and run.failures == []
         assert not [p for p in run.orphans_deleted if p.startswith(f"{PREFIX}{orphan.name}/")]
-    # Links are not objects: GC neither lists nor removes them (delete_checkpoint does).
+    # Links are not objects: GC neither lists nor removes them (nor does delete_checkpoint).
     assert orphan.is_symlink() and all(link.is_symlink() for link in links)
     assert not (root / PREFIX / str(old) / "manifest.json").exists()
     assert not old_snapshot.exists()
@@ -445,7 +448,7 @@ def test_cli_restore_delete_and_gc_never_follow_links(
 ) -> None:
     ckpt = checkpointer(root)
     old, new = asyncio.run(save(ckpt, 1)), asyncio.run(save(ckpt, 2))
-    plant_links(root / PREFIX / str(old), outside)
+    links = plant_links(root / PREFIX / str(old), outside)
     (root / PREFIX / str(older_id(old))).symlink_to(outside.root, target_is_directory=True)
     on_the_way = (tmp_path / "on-the-way").resolve()  # the CLI resolves --to
     on_the_way.mkdir()
@@ -471,7 +474,8 @@ def test_cli_restore_delete_and_gc_never_follow_links(
 
     deleted = run_cli("delete", str(old), *store, "--json")
     assert deleted.code == 0, deleted.explain()
-    assert absent(root / PREFIX / str(old))
+    assert absent(root / PREFIX / str(old) / "manifest.json")
+    assert all(link.is_symlink() for link in links)
     outside.assert_untouched()
     collected = run_cli("gc", "--keep-last", "1", "--min-age", "0s", *store, "--json")
     assert collected.code == 0, collected.explain()

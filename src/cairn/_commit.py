@@ -123,7 +123,7 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.layout import is_attempt_artifact, new_attempt
+from cairn.layout import is_attempt_artifact, is_cairn_name, new_attempt
 from cairn.manifest import (
     CheckpointManifest,
     DirectoryEntry,
@@ -955,7 +955,8 @@ async def update_latest(ctx: Context, checkpoint_id: CheckpointId, force: bool) 
 async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> None:
     """Delete every object of ``checkpoint_id``, the manifest first; then move ``_latest``
     off it. Refuses with :class:`CheckpointInUseError` when :func:`dependents` names
-    anything, unless ``force``."""
+    anything, unless ``force``. Objects in its directory whose names cairn never writes
+    (:func:`cairn.layout.is_cairn_name`: another application's) stay."""
     check_id(checkpoint_id)
     if not force:
         found = await dependents(ctx, checkpoint_id)
@@ -963,7 +964,11 @@ async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bo
             raise CheckpointInUseError(str(checkpoint_id), [str(cid) for cid in found])
     await ctx.store.delete([ctx.paths.manifest(checkpoint_id)])
     await _move_latest_off(ctx, checkpoint_id)
-    await ctx.store.delete_prefix(ctx.paths.checkpoint_dir(checkpoint_id))
+    directory = ctx.paths.checkpoint_dir(checkpoint_id)
+    listed = await ctx.store.list(directory)
+    await ctx.store.delete(
+        [info.path for info in listed if is_cairn_name(info.path.removeprefix(directory))]
+    )
 
 
 async def _move_latest_off(ctx: Context, deleted: CheckpointId) -> None:

@@ -3,11 +3,11 @@
 ```
 {base}_latest                                        hint: id of the newest commit
 {base}_writer                                        fencing record: current writer generation
-{base}{id}/manifest.json                             the commit marker, written last
 {base}_clock                                         GC's probe of the store's own time
 {base}{id}/manifest.json                             the commit marker, written last
 {base}{id}/operators/{operator}/partition-{p}.{attempt}.snap   full state
 {base}{id}/operators/{operator}/partition-{p}.{attempt}.delta  incremental delta
+{base}{id}/operators/{operator}/partition-{p}.{attempt}.file-{n}  a directory partition's file
 {base}{id}/packs/pack-{n}.{attempt}.pack             small snapshots and deltas, merged
 {base}{id}/parts/part-{sha256}.json                  entries of a large manifest, by digest
 {base}{id}/intent.json                               a save in progress: its lease, its parent
@@ -31,10 +31,16 @@ of a large manifest (see :mod:`cairn.manifest`). It is named by the SHA-256 of i
 not by an attempt: two writers that write one part name write the same bytes, so writing
 it again changes nothing a committed manifest names.
 
+:func:`is_cairn_name` tells these names (and the older ones above) from anything else
+under a directory named like a checkpoint id: the store's root is the default base, so a
+bucket shared with other data may hold another application's ``{uuid7}/data.parquet``,
+which nothing of cairn's may delete.
+
 Invariants:
 
 * every artifact of a checkpoint is under ``checkpoint_dir(id)`` (which ends in ``/``), so
-  listing or deleting that prefix reaches exactly that checkpoint and nothing else;
+  listing that prefix reaches that checkpoint's objects and no other checkpoint's; what
+  else it may hold is not cairn's (:func:`is_cairn_name`) and is never deleted;
 * operator and source names are validated before they become path segments, so no name
   can climb out of its checkpoint or collide with another object's path;
 * an object name that carries an attempt token is written by one save attempt only, so no
@@ -67,6 +73,7 @@ __all__ = [
     "MAX_SOURCE_NAME_BYTES",
     "CheckpointPaths",
     "is_attempt_artifact",
+    "is_cairn_name",
     "new_attempt",
     "short_repr",
     "validate_checkpoint_name",
@@ -123,6 +130,15 @@ _ATTEMPT_ARTIFACT = re.compile(
 )
 _PACK = re.compile(rf"packs/pack-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.pack")
 _MANIFEST_PART = re.compile(r"parts/part-[0-9a-f]{64}\.json")
+# operators/{operator}/partition-{p}.{snap|delta}: the reference's attempt-less names
+# (save_snapshot, save_delta, and checkpoints written before attempts existed).
+_PLAIN_ARTIFACT = re.compile(
+    r"operators/(?P<operator>[^/]+)/partition-(?P<partition>0|[1-9][0-9]*)\.(?:snap|delta)"
+)
+# operators/{operator}/partition-{p}..., any name above with its operator and partition.
+_OPERATOR_PARTITION = re.compile(r"operators/(?P<operator>[^/]+)/partition-(?P<partition>[0-9]+)\.")
+# offsets/{source}.json: copies of source offsets that checkpoints of cairn 0.1 hold.
+_SOURCE_OFFSET = re.compile(rf"offsets/(?P<source>[^/]+){re.escape(_SOURCE_SUFFIX)}")
 
 
 def new_attempt() -> str:
@@ -138,6 +154,42 @@ def new_attempt() -> str:
 def is_attempt_artifact(relative_path: str) -> bool:
     """True when ``relative_path`` is an artifact name that carries an attempt token."""
     return _ATTEMPT_ARTIFACT.fullmatch(relative_path) is not None
+
+
+def is_cairn_name(relative_path: str) -> bool:
+    """True when ``relative_path``, relative to a checkpoint directory, is a name cairn
+    writes there: ``manifest.json`` (or its tombstone), ``intent.json``, an attempt-named
+    artifact, file of a directory partition or pack (:func:`is_attempt_artifact`; DCP
+    saves write these too), a manifest part, the reference's attempt-less
+    ``operators/{operator}/partition-{p}.snap|.delta``, or ``offsets/{source}.json`` of a
+    cairn 0.1 checkpoint, each with a valid operator or source name and partition.
+
+    GC and ``delete_checkpoint`` delete only such names: anything else under a directory
+    named like a checkpoint id is another application's, and stays.
+    """
+    if relative_path in (MANIFEST_NAME, INTENT_NAME):
+        return True
+    if CheckpointPaths.is_manifest_part(relative_path) or CheckpointPaths.is_pack(relative_path):
+        return True
+    if is_attempt_artifact(relative_path) or _PLAIN_ARTIFACT.fullmatch(relative_path):
+        # Every such name other than a pack's begins operators/{operator}/partition-{p}.
+        named = _OPERATOR_PARTITION.match(relative_path)
+        return (
+            named is not None
+            and _is_valid_name("operator", named["operator"])
+            and int(named["partition"]) <= MAX_PARTITION
+        )
+    source = _SOURCE_OFFSET.fullmatch(relative_path)
+    return source is not None and _is_valid_name("source", source["source"])
+
+
+def _is_valid_name(kind: str, name: str) -> bool:
+    """True when :func:`validate_name` accepts ``name`` as a ``kind`` name."""
+    try:
+        validate_name(kind, name)
+    except InvalidNameError:
+        return False
+    return True
 
 
 # Exactly the characters of Unicode categories Cc (C0, DEL, C1) and Cs (surrogates), both

@@ -10,6 +10,11 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   every committed checkpoint; any object a kept checkpoint's chain references, wherever
   it lives; a checkpoint whose manifest does not decode, or misses a part (left alone and
   reported in :attr:`GcResult.damaged`; ``failures`` are only deletions that failed);
+* only objects whose names cairn writes are deleted (:func:`cairn.layout.is_cairn_name`):
+  the store's root is the default base, and a bucket shared with other data may hold
+  another application's objects under a prefix named like a checkpoint id. They are left
+  alone and reported (:attr:`GcResult.foreign_objects`), and play no part in the plan (a
+  directory holding only such objects is never claimed; they keep no tombstone standing);
 * a save in progress is never swept: a directory whose intent holds a live lease, or
   that has an object younger than ``min_age``, is left whole and its parent's chain kept.
   Any other uncommitted directory is swept only after GC has claimed its id with a
@@ -70,7 +75,7 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.layout import CheckpointPaths, is_attempt_artifact
+from cairn.layout import CheckpointPaths, is_attempt_artifact, is_cairn_name
 from cairn.manifest import CheckpointManifest, decode_root
 from cairn.stores import ObjectInfo, Store
 
@@ -220,6 +225,9 @@ class GcPlan:
     ``used_bytes``; a lower bound when two carry different tensors of it; an entry
     without it, from an older cairn, counts as all). ``pack_bytes`` over this is the
     space shared objects keep alive per byte still needed."""
+    foreign: list[str] = field(default_factory=list)
+    """The objects in checkpoints' directories whose names cairn never writes
+    (:func:`cairn.layout.is_cairn_name`): another application's, left alone."""
 
 
 KEPT_REASONS = (
@@ -262,6 +270,9 @@ class GcResult:
     damaged: dict[CheckpointId, str] = field(default_factory=dict)
     """The committed checkpoints left alone because their manifest does not decode (or a
     part of it is missing or damaged), each with why: what they reference is unknown."""
+    foreign_objects: list[str] = field(default_factory=list)
+    """The objects left alone in checkpoints' directories because cairn never writes
+    their names (:attr:`GcPlan.foreign`): another application's data."""
 
 
 def _reachable(
@@ -329,14 +340,39 @@ def uncommitted_dirs(
 
 
 def _owners(paths: CheckpointPaths, objects: list[ObjectInfo]) -> list[CheckpointId | None]:
-    """The checkpoint whose directory holds each object, in order (None: no checkpoint's).
+    """The checkpoint whose directory holds each object cairn wrote, in order; None for an
+    object in no checkpoint's directory, and for one whose name cairn never writes
+    (:func:`cairn.layout.is_cairn_name`), which GC neither counts nor deletes.
 
     Computed once per listing (:func:`run_gc` hands it from the reading to the plan):
     planning walks the objects several times, and a lookup per walk per object is most of
     a plan's time over tens of thousands of objects.
     """
     owner_of = paths.checkpoint_of
-    return [owner_of(info.path) for info in objects]
+    owners: list[CheckpointId | None] = []
+    for info in objects:
+        cid = owner_of(info.path)
+        if cid is not None and not is_cairn_name(_relative(paths, info.path)):
+            cid = None
+        owners.append(cid)
+    return owners
+
+
+def _relative(paths: CheckpointPaths, path: str) -> str:
+    """``path``, in a checkpoint's directory, relative to that directory."""
+    return path[len(paths.base_prefix) :].partition("/")[2]
+
+
+def _foreign(
+    paths: CheckpointPaths, objects: list[ObjectInfo], owners: list[CheckpointId | None]
+) -> list[str]:
+    """The objects in checkpoints' directories that cairn did not write (see
+    :func:`_owners`), sorted."""
+    return sorted(
+        info.path
+        for info, cid in zip(objects, owners, strict=True)
+        if cid is None and paths.checkpoint_of(info.path) is not None
+    )
 
 
 def _uncommitted_dirs(
@@ -409,7 +445,8 @@ def plan_gc(
     later moment is one of these), every committed checkpoint when there is no usable
     pointer, the parents of busy uncommitted directories, and whatever all of those
     reference. Swept: the uncommitted directories in ``claimed`` (their ids can never
-    commit) and tombstones left alone for :data:`TOMBSTONE_RETENTION`.
+    commit) and tombstones left alone for :data:`TOMBSTONE_RETENTION`. Only objects whose
+    names cairn writes are ever deleted (:attr:`GcPlan.foreign` lists the others).
     """
     owners = _owners(paths, state.objects)
     busy, _ = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
@@ -505,6 +542,7 @@ def _plan(
         reasons={cid: why[cid] for cid in sorted(whole & set(manifests))},
         pack_bytes=pack_bytes,
         pack_range_bytes=range_bytes,
+        foreign=_foreign(paths, state.objects, owners),
     )
 
 
@@ -697,6 +735,7 @@ async def run_gc(
         pack_bytes=plan.pack_bytes,
         pack_range_bytes=plan.pack_range_bytes,
         damaged=dict(state.damaged),
+        foreign_objects=plan.foreign,
     )
     doomed_bytes = [*plan.objects_to_delete, *plan.orphans]
     sizes = {info.path: info.size for info in state.objects}

@@ -611,7 +611,8 @@ async def gc_command(
     (a deleted checkpoint's artifacts that a kept one still uses stay, without their
     manifest; `cairn copy` copies them along). A pack of small artifacts stays whole
     while a kept checkpoint uses any of it: the summary says how much that keeps.
-    A checkpoint whose manifest is damaged is left alone and reported (exit 1).
+    Objects in checkpoint directories that cairn did not write are left alone and
+    listed; a checkpoint whose manifest is damaged is left alone and reported (exit 1).
     """
     policy = _policy(keep_last, keep_within, keep_every, pin or [])
     ckpt = await session.open()

@@ -753,9 +753,14 @@ def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
         "damaged": [
             {"checkpoint_id": str(cid), "reason": reason} for cid, reason in result.damaged.items()
         ],
+        "foreign_objects": list(result.foreign_objects),
         "pack_bytes": result.pack_bytes,
         "pack_range_bytes": result.pack_range_bytes,
     }
+
+
+FOREIGN_SHOWN = 10
+"""The objects cairn did not write that ``cairn gc`` names one by one (``--json`` has all)."""
 
 
 def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) -> RenderableType:
@@ -789,6 +794,22 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
             f"; shared objects kept: {human_size(result.pack_bytes)} for "
             f"{human_size(result.pack_range_bytes)} that kept checkpoints still use"
         )
-    if not (result.deleted or result.retained or result.damaged or result.failures):
-        return summary  # an empty table would only wrap its title
-    return Group(table, summary)
+    shown: list[RenderableType] = [summary]
+    if result.deleted or result.retained or result.damaged or result.failures:
+        shown.insert(0, table)  # an empty table would only wrap its title
+    if result.foreign_objects:
+        shown.append(_foreign_text(result.foreign_objects))
+    return shown[0] if len(shown) == 1 else Group(*shown)
+
+
+def _foreign_text(paths: list[str]) -> Text:
+    """The objects ``cairn gc`` left alone because cairn did not write them."""
+    text = Text(
+        f"left alone: {len(paths)} object(s) in checkpoint directories that cairn did not write:",
+        style="yellow",
+    )
+    for path in paths[:FOREIGN_SHOWN]:
+        text.append(f"\n  {path}")
+    if len(paths) > FOREIGN_SHOWN:
+        text.append(f"\n  ... and {len(paths) - FOREIGN_SHOWN} more (--json lists them all)")
+    return text
