@@ -33,6 +33,10 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   tombstones and artifacts. A GC whose clock runs days ahead or behind therefore decides
   exactly what a GC with a true clock would (``keep_within`` compares with the
   ``timestamp_ms`` writers record in their manifests, a retention rule, not a safety one);
+* a run that has nothing to delete or claim writes nothing, not even ``_clock``: the plan
+  made as late as time goes deletes and claims the most any plan can, so when it does
+  neither, no reading of the store's time could change that (a read-only store can be
+  collected when there is nothing to collect, and says so when there is);
 * in a committed directory, attempt-named artifacts (:func:`cairn.layout.new_attempt`)
   and manifest parts that its manifest does not name are the garbage of another writer
   of the same id that lost the commit: they are swept once older than ``min_age``;
@@ -49,6 +53,7 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -611,8 +616,34 @@ async def store_now(store: Store, paths: CheckpointPaths) -> dt.datetime:
     far off, makes it sweep what a save still needs (see the module docstring).
     """
     path = paths.clock()
-    await store.put(path, b"cairn: GC reads the store's time from this object's stamp\n")
+    try:
+        await store.put(path, b"cairn: GC reads the store's time from this object's stamp\n")
+    except StoreError as exc:
+        if not _refused(exc):
+            raise
+        raise StoreError(
+            "put",
+            path,
+            f"the store is read-only to gc (it refused the write: {exc.reason}); gc writes "
+            f"{path!r} to read the store's own time before it deletes or claims anything "
+            "(a dry run writes nothing)",
+            status=exc.status,
+        ) from exc
     return (await store.head(path)).last_modified
+
+
+_REFUSED_STATUSES = frozenset({None, 401, 403})
+_REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def _refused(exc: StoreError) -> bool:
+    """True when ``exc`` is a store's refusal to write: no permission, or a read-only file
+    system (the kinds the store boundary leaves plain :class:`StoreError`, with a 401 or
+    403, or no status); not a transient failure, a missing bucket or a full disk."""
+    if type(exc) is not StoreError or exc.status not in _REFUSED_STATUSES:
+        return False
+    cause = exc.__cause__
+    return not isinstance(cause, OSError) or cause.errno in _REFUSED_ERRNOS
 
 
 async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
@@ -710,7 +741,12 @@ async def run_gc(
     dry_run: bool,
     min_age: dt.timedelta,
 ) -> GcResult:
-    """Plan and (unless ``dry_run``) execute a GC over ``store``; see the module docstring."""
+    """Plan and (unless ``dry_run``) execute a GC over ``store``; see the module docstring.
+
+    A run that has nothing to delete or claim writes nothing (so it works on a store it
+    may only read); one that must write on a store that refuses writes raises
+    :class:`StoreError` naming ``{base}_clock``, before it has changed anything.
+    """
     if not isinstance(min_age, dt.timedelta) or min_age < dt.timedelta(0):
         raise InvalidInputError(f"min_age must be a timedelta >= 0, got {min_age!r}")
     if not isinstance(policy, RetentionPolicy):
@@ -721,30 +757,17 @@ async def run_gc(
         raise InvalidInputError(f"pinned checkpoint {unknown_pins[0]} does not exist")
     for cid, why in state.damaged.items():
         log.warning("gc leaves damaged checkpoint %s alone: %s", cid, why)
-    # After the listing, so every stamp in it is older. A dry run writes nothing, not even
-    # the probe: it deletes nothing either, so this machine's clock is safe for its report.
-    now = dt.datetime.now(dt.UTC) if dry_run else await store_now(store, paths)
+    if dry_run or not _may_write(paths, state, policy, owners, min_age=min_age):
+        # Nothing is written, not even the probe, and nothing deleted: this machine's clock
+        # is safe for the report.
+        return _report(paths, state, policy, owners, min_age=min_age, dry_run=dry_run)
+    # After the listing, so every stamp in it is older.
+    now = await store_now(store, paths)
     busy, abandoned = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
-    claimed = abandoned if dry_run else await _claim_all(store, paths, abandoned)
+    claimed = await _claim_all(store, paths, abandoned)
     plan = _plan(paths, state, policy, owners, busy, now=now, min_age=min_age, claimed=claimed)
-    result = GcResult(
-        retained=plan.retained,
-        deleted=plan.deleted,
-        dry_run=dry_run,
-        reasons=plan.reasons,
-        pack_bytes=plan.pack_bytes,
-        pack_range_bytes=plan.pack_range_bytes,
-        damaged=dict(state.damaged),
-        foreign_objects=plan.foreign,
-    )
-    doomed_bytes = [*plan.objects_to_delete, *plan.orphans]
+    result = _result(state, plan, dry_run=False)
     sizes = {info.path: info.size for info in state.objects}
-    if dry_run:
-        result.bytes_reclaimed = sum(sizes.get(p, 0) for p in plan.manifests_to_delete) + sum(
-            info.size for info in doomed_bytes
-        )
-        result.orphans_deleted = [info.path for info in plan.orphans]
-        return result
     # Phase 1: the manifests, so nothing half-deleted is ever listed.
     standing: set[CheckpointId] = set()
     for cid, path in zip(plan.deleted, plan.manifests_to_delete, strict=True):
@@ -763,7 +786,7 @@ async def run_gc(
     parents_now = {p for p in busy_now.values() if p is not None and p in known}
     spared_whole, spared = _reachable(paths, fresh | parents_now | standing, known)
     orphan_paths = {info.path for info in plan.orphans}
-    for info in doomed_bytes:
+    for info in [*plan.objects_to_delete, *plan.orphans]:
         if info.path in spared or paths.checkpoint_of(info.path) in spared_whole:
             continue
         if await _delete(store, info.path, result):
@@ -771,6 +794,69 @@ async def run_gc(
             if info.path in orphan_paths:
                 result.orphans_deleted.append(info.path)
     return result
+
+
+_END_OF_TIME = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
+def _may_write(
+    paths: CheckpointPaths,
+    state: StoreState,
+    policy: RetentionPolicy,
+    owners: list[CheckpointId | None],
+    *,
+    min_age: dt.timedelta,
+) -> bool:
+    """False when no run over ``state`` can delete or claim anything, whatever the time.
+
+    The plan made as late as time goes is the largest there is: a later "now" only lapses
+    more leases, ages more objects past ``min_age`` and tombstones past their retention,
+    and keeps fewer checkpoints by ``keep_within``. When even it deletes and claims
+    nothing, the store's time (:func:`store_now`, a write) is not worth reading.
+    """
+    busy, abandoned = _uncommitted_dirs(state, owners, now=_END_OF_TIME, min_age=min_age)
+    if abandoned:
+        return True
+    plan = _plan(paths, state, policy, owners, busy, now=_END_OF_TIME, min_age=min_age, claimed=())
+    return bool(plan.manifests_to_delete or plan.objects_to_delete or plan.orphans)
+
+
+def _report(
+    paths: CheckpointPaths,
+    state: StoreState,
+    policy: RetentionPolicy,
+    owners: list[CheckpointId | None],
+    *,
+    min_age: dt.timedelta,
+    dry_run: bool,
+) -> GcResult:
+    """What a run would do at this machine's time, without writing or deleting anything:
+    every abandoned directory counted as claimed."""
+    now = dt.datetime.now(dt.UTC)
+    busy, abandoned = _uncommitted_dirs(state, owners, now=now, min_age=min_age)
+    plan = _plan(paths, state, policy, owners, busy, now=now, min_age=min_age, claimed=abandoned)
+    result = _result(state, plan, dry_run=dry_run)
+    sizes = {info.path: info.size for info in state.objects}
+    doomed = [*plan.objects_to_delete, *plan.orphans]
+    result.bytes_reclaimed = sum(sizes.get(p, 0) for p in plan.manifests_to_delete) + sum(
+        info.size for info in doomed
+    )
+    result.orphans_deleted = [info.path for info in plan.orphans]
+    return result
+
+
+def _result(state: StoreState, plan: GcPlan, *, dry_run: bool) -> GcResult:
+    """The result of ``plan`` before anything is deleted."""
+    return GcResult(
+        retained=plan.retained,
+        deleted=plan.deleted,
+        dry_run=dry_run,
+        reasons=plan.reasons,
+        pack_bytes=plan.pack_bytes,
+        pack_range_bytes=plan.pack_range_bytes,
+        damaged=dict(state.damaged),
+        foreign_objects=plan.foreign,
+    )
 
 
 async def _claim_all(

@@ -613,6 +613,7 @@ async def gc_command(
     while a kept checkpoint uses any of it: the summary says how much that keeps.
     Objects in checkpoint directories that cairn did not write are left alone and
     listed; a checkpoint whose manifest is damaged is left alone and reported (exit 1).
+    A run with nothing to delete writes nothing, so it also works on a read-only store.
     """
     policy = _policy(keep_last, keep_within, keep_every, pin or [])
     ckpt = await session.open()
