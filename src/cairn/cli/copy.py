@@ -44,6 +44,13 @@ again; it must load and match the source, or the copy fails.
 Objects are written before the manifest, as a save writes them; unlike a save, no lease
 protects them meanwhile, so a GC of the target run with ``--min-age`` shorter than the
 copy may sweep them, and the commit then fails cleanly (nothing committed).
+
+A GC of the source may run beside the copy too, and delete a checkpoint after the copy
+listed it (``--all``) or named it: reading it then fails. When its manifest is gone from
+the source (GC deletes the manifest first), the checkpoint is ``skipped``, with a note,
+not failed: it no longer exists, and nothing of it was written to the target (the
+source is read whole before the first write). A failure to read a checkpoint whose
+manifest is still there is damage, and fails it as ever.
 """
 
 from __future__ import annotations
@@ -89,7 +96,9 @@ _FAILURES = (
 
 @dataclass(frozen=True)
 class Copied:
-    """The outcome for one checkpoint: ``copied``, ``present`` (already there) or ``failed``.
+    """The outcome for one checkpoint: ``copied``, ``present`` (already there),
+    ``skipped`` (deleted from the source while the copy ran, see the module docstring)
+    or ``failed``.
 
     ``size_bytes`` counts the bytes written to the target for it; ``requested`` is
     False for a parent brought along because its child's manifest needs it.
@@ -105,8 +114,25 @@ class Copied:
 
     @property
     def ok(self) -> bool:
-        """True unless the checkpoint failed to copy."""
+        """True unless the checkpoint failed to copy (one skipped did not fail)."""
         return self.status != "failed"
+
+
+_NOT_THERE = ("failed", "skipped")
+"""The outcomes after which a checkpoint is not in the target."""
+
+DELETED_NOTE = "deleted from the source while copying (its manifest is gone): not copied"
+
+
+def _skipped(cid: CheckpointId, epoch: int | None) -> Copied:
+    return Copied(cid, epoch, "skipped", note=DELETED_NOTE)
+
+
+async def _deleted(source: ObjectStoreCheckpointer, cid: CheckpointId) -> bool:
+    """True when ``cid``'s manifest is no longer in the source (one HEAD): the checkpoint
+    was deleted, by a GC say, since the copy listed it. False while it is there, however
+    damaged; a store failure of the HEAD itself is raised."""
+    return not await source.exists(cid)
 
 
 def signature(loaded: LoadedCheckpoint) -> Signature:
@@ -189,16 +215,22 @@ class _Plan:
         self.source = source
         self.manifests: dict[CheckpointId, CheckpointManifest] = {}
         self.errors: dict[CheckpointId, str] = {}
+        self.deleted: set[CheckpointId] = set()
         self.needs: dict[CheckpointId, CheckpointId] = {}
 
     async def add(self, cid: CheckpointId) -> None:
         """Read ``cid``'s manifest, and its parent's while its chains need that."""
         current: CheckpointId | None = cid
         while current is not None and current not in self.manifests and current not in self.errors:
+            if current in self.deleted:
+                return
             try:
                 manifest = await self.source.load_manifest(current)
             except (IntegrityError, CheckpointNotFoundError) as exc:
-                self.errors[current] = describe(exc)
+                if await _deleted(self.source, current):
+                    self.deleted.add(current)
+                else:
+                    self.errors[current] = describe(exc)
                 return
             self.manifests[current] = manifest
             current = None
@@ -208,7 +240,7 @@ class _Plan:
 
     def order(self) -> list[CheckpointId]:
         """Every planned id, oldest first: a parent's id is older than its child's."""
-        return sorted(set(self.manifests) | set(self.errors))
+        return sorted(set(self.manifests) | set(self.errors) | self.deleted)
 
 
 async def _present(target: ObjectStoreCheckpointer, cid: CheckpointId) -> LoadedCheckpoint | None:
@@ -257,9 +289,15 @@ async def _copy_one(
     source: ObjectStoreCheckpointer,
     target: ObjectStoreCheckpointer,
     cid: CheckpointId,
+    epoch: int | None,
     progress: Callable[[int], None] | None = None,
 ) -> Copied:
-    loaded = await source.load(cid, verify=True, progress=progress)
+    try:
+        loaded = await source.load(cid, verify=True, progress=progress)
+    except _FAILURES:
+        if await _deleted(source, cid):
+            return _skipped(cid, epoch)
+        raise
     manifest = loaded.manifest
     wanted = signature(loaded)
     existing = await _present(target, cid)
@@ -272,7 +310,12 @@ async def _copy_one(
                 error=f"the target already holds a different checkpoint {cid}",
             )
         return Copied(cid, manifest.epoch, "present")
-    objects = await stored_bytes(source, loaded)
+    try:
+        objects = await stored_bytes(source, loaded)
+    except _FAILURES:
+        if await _deleted(source, cid):
+            return _skipped(cid, epoch)
+        raise
     size = await _put_missing(source, target, cid, manifest, objects)
     del loaded, objects  # one checkpoint's bytes in memory at a time
     await target.commit(
@@ -307,7 +350,8 @@ async def copy_checkpoints(
     ``progress`` advances by the bytes of each artifact read and verified from the
     source. Returns one :class:`Copied` per checkpoint handled, in copy order. Integrity
     failures of one checkpoint are reported in its result (and fail a checkpoint whose
-    manifest needs it); store failures are raised.
+    manifest needs it); one deleted from the source meanwhile is ``skipped``; store
+    failures are raised.
     """
     plan = _Plan(source)
     for cid in ids:
@@ -321,14 +365,16 @@ async def copy_checkpoints(
         manifest = plan.manifests.get(cid)
         epoch = manifest.epoch if manifest is not None else None
         parent = plan.needs.get(cid)
-        if cid in plan.errors:
+        if cid in plan.deleted:
+            result = _skipped(cid, None)
+        elif cid in plan.errors:
             result = Copied(cid, None, "failed", error=plan.errors[cid])
-        elif parent is not None and parent in results and not results[parent].ok:
+        elif parent is not None and parent in results and results[parent].status in _NOT_THERE:
             error = f"its chains start in {parent}, which could not be copied"
             result = Copied(cid, epoch, "failed", error=error)
         else:
             try:
-                result = await _copy_one(source, target, cid, progress.advance)
+                result = await _copy_one(source, target, cid, epoch, progress.advance)
             except _FAILURES as exc:
                 result = Copied(cid, epoch, "failed", error=describe(exc))
         if cid not in requested:

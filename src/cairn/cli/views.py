@@ -696,9 +696,15 @@ def copy_table(
         full_ids=full_ids,
         wide=wide,
     )
-    labels = {"copied": "copied", "present": "already there", "failed": "FAILED"}
+    labels = {
+        "copied": "copied",
+        "present": "already there",
+        "skipped": "skipped",
+        "failed": "FAILED",
+    }
+    styles = {"failed": "red", "skipped": "yellow"}
     for r in results:
-        style = "red" if not r.ok else "green"
+        style = styles.get(r.status, "green")
         note = r.error or r.note or ("" if r.requested else "its child's manifest needs it")
         table.add_row(
             _plain(names[r.checkpoint_id]),
