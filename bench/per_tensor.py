@@ -20,7 +20,7 @@ from typing import Any
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from cairn._integration import Entry
+from cairn._integration import Entry, SaveMeter
 from cairn.checkpointer import PartitionUpload
 from cairn.ids import CheckpointId
 from cairn.integrity import sha256_hex
@@ -169,11 +169,13 @@ class PerTensorWriter(CairnWriter):
         carry: dict[Any, Carried],
         plan: SavePlan,
         planner: SavePlanner,
+        meter: SaveMeter,
     ) -> list[WriteResult]:
         """A tensor of :data:`OWN_ARTIFACT_BYTES` or more is an artifact of its own,
         smaller items go into bundles of :data:`BUNDLE_BYTES`. Items are resolved one by
         one; at most :data:`COPY_BUDGET` bytes of copies are held: what is resolved by
-        then is uploaded first."""
+        then is uploaded first. (``meter`` is not kept: the baseline records no
+        statistics.)"""
         results: list[WriteResult] = []
         batch = _Batch(data.first_partition)
         window: list[tuple[WriteItem, Resolved]] = []
