@@ -29,6 +29,7 @@ from cairn import (
     CheckpointInUseError,
     CheckpointManifest,
     CheckpointNotFoundError,
+    ObjectExistsError,
     ObjectStoreCheckpointer,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
@@ -85,21 +86,40 @@ async def test_a_late_writer_of_the_same_id_never_replaces_committed_bytes(
     assert bytes((await a.load(cid)).artifacts[("op", 0)]) == b"A" * 5000
 
 
-async def test_gc_sweeps_what_a_losing_writer_left_in_a_committed_directory(
+async def test_what_a_losing_writer_left_stays_while_the_checkpoint_is_kept(
     raw_store: ObjectStore,
 ) -> None:
-    """A loser that died before cleaning up leaves attempt-named objects: garbage."""
+    """A second writer of the id leaves attempt-named objects beside the commit. It may be
+    stalled at its commit point, not dead: its uploads stay whole while the checkpoint is
+    kept, and when the checkpoint goes, only what its manifest names goes with it. The
+    rest is then an uncommitted directory, which GC claims (a tombstone: that writer can
+    no longer commit) before it sweeps it."""
     ckpt = make_checkpointer(raw_store)
     committed = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"winner"}))
     cid = committed.checkpoint_id
+    own = artifact_path(ckpt.paths, committed, "op", 0)
     loser = ckpt.paths.resolve(cid, ckpt.paths.relative_artifact("op", 0, False, "0123456789ab"))
     await ckpt.store.put(loser, b"loser")
     assert is_attempt_artifact(loser.removeprefix(ckpt.paths.checkpoint_dir(cid)))
-    young = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(hours=1))
-    assert loser not in young.orphans_deleted and loser in await _all_paths(ckpt)
-    old = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
-    assert old.orphans_deleted == [loser]
+    kept = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert cid in kept.retained and kept.orphans_deleted == []
+    assert loser in await _all_paths(ckpt)
     assert bytes((await ckpt.load(cid)).artifacts[("op", 0)]) == b"winner"
+
+    await ckpt.save(CheckpointData(epoch=2, snapshots={("op", 0): b"newer"}))
+    collected = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert collected.deleted == [cid]
+    left = {p for p in await _all_paths(ckpt) if p.startswith(ckpt.paths.checkpoint_dir(cid))}
+    assert left == {loser} and own not in left
+
+    swept = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert swept.orphans_deleted == [loser]
+    manifest_path = ckpt.paths.manifest(cid)
+    left = {p for p in await _all_paths(ckpt) if p.startswith(ckpt.paths.checkpoint_dir(cid))}
+    assert left == {manifest_path}, "the claim stands"
+    assert bytes((await ckpt.store.get(manifest_path)).data) == b""
+    with pytest.raises(ObjectExistsError):
+        await ckpt.store.put(manifest_path, b"{}", mode="create")
 
 
 async def test_a_failed_writer_of_a_committed_id_removes_nothing_of_the_commit(

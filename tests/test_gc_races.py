@@ -152,20 +152,32 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
     assert not await ckpt.exists(data2.id)
 
 
-async def test_gc_removes_intents_left_in_committed_checkpoints(raw_store: ObjectStore) -> None:
+async def test_an_intent_left_in_a_committed_checkpoint_goes_with_it(
+    raw_store: ObjectStore,
+) -> None:
     ckpt = make_checkpointer(raw_store)
     first = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"a"}))
     second = await ckpt.save(
         CheckpointData(epoch=2, deltas={("op", 0): b"b"}, parent_id=first.checkpoint_id)
     )
-    # What cairn before leases left behind in every incremental checkpoint.
+    # What cairn before leases left behind in every incremental checkpoint (and what a
+    # save leaves that dies between its commit and the end of its lease).
     stale_intent = ckpt.paths.intent(second.checkpoint_id)
     await ckpt.store.put(stale_intent, b'{"parent_id": "%s"}' % str(first.checkpoint_id).encode())
     result = await ckpt.gc(RetentionPolicy(keep_last=5), min_age=dt.timedelta(hours=1))
     assert result.deleted == []
-    assert stale_intent not in await objects_under(ckpt, second.checkpoint_id)
+    # A kept checkpoint's directory is left as it is.
+    assert stale_intent in await objects_under(ckpt, second.checkpoint_id)
     chain = await ckpt.load_chain(second.checkpoint_id, "op", 0)
     assert [bytes(link.data) for link in chain] == [b"a", b"b"]
+    # When the checkpoint goes, it is retired (the save that wrote it may not have
+    # finished), and the claimed directory is swept by the next run.
+    await ckpt.save(CheckpointData(epoch=3, snapshots={("op", 0): b"c"}))
+    collected = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert set(collected.deleted) == {first.checkpoint_id, second.checkpoint_id}
+    await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    manifest = ckpt.paths.manifest(second.checkpoint_id)
+    assert await objects_under(ckpt, second.checkpoint_id) == {manifest: 0}, "only the claim"
 
 
 async def test_gc_keeps_a_checkpoint_committed_while_it_listed(raw_store: ObjectStore) -> None:

@@ -370,7 +370,7 @@ async def test_a_missing_or_damaged_part_makes_the_checkpoint_damaged_and_latest
     assert await ckpt.load_latest() is None
 
 
-async def test_gc_deletes_a_checkpoints_parts_with_it_keeps_a_kept_ones_and_sweeps_strays(
+async def test_gc_deletes_a_checkpoints_parts_with_it_and_keeps_a_kept_ones(
     small_parts: None,
 ) -> None:
     raw = MemoryStore()
@@ -385,7 +385,9 @@ async def test_gc_deletes_a_checkpoints_parts_with_it_keeps_a_kept_ones_and_swee
     left = {m["path"] for c in obstore.list(raw, "checkpoints/") for m in c}
     assert not any(p.startswith(PATHS.checkpoint_dir(old.checkpoint_id)) for p in left)
     assert {PATHS.resolve(kept.checkpoint_id, p.path) for p in kept.parts} <= left
-    assert stray not in left
+    # A kept checkpoint's directory is left as it is: the stray goes when the checkpoint
+    # does (a writer of that id may still be stalled at its commit point).
+    assert stray in left
     assert (await ckpt.load(kept.checkpoint_id)).manifest == kept
 
 

@@ -426,7 +426,9 @@ class GcMachine(RuleBasedStateMachine):
                 assert not links[0].entry.is_delta, "every chain starts at a snapshot"
 
     def teardown_check(self) -> None:
-        """After a clean keep_last=1 GC only what the kept checkpoint reaches remains."""
+        """After a clean keep_last=1 GC only what the kept checkpoint reaches remains: two
+        runs, since what the first claims or retires is swept by the next."""
+        self.run(self.ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW))
         self.run(self.ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW))
         kept = self.run(self.ckpt.list_checkpoints())
         # The newest, the one _latest names, and every one newer than it (committed by a
@@ -441,7 +443,10 @@ class GcMachine(RuleBasedStateMachine):
         needed: set[str] = set()
         for cid in kept:
             needed |= self.run(reachable_paths(self.ckpt, cid))
-        assert remaining == needed
+        assert needed <= remaining
+        # A kept checkpoint's directory is left as it is: the intent of a save that
+        # crashed after its commit goes with the checkpoint, not before.
+        assert remaining - needed <= {self.ckpt.paths.intent(cid) for cid in kept}
 
     @rule()
     def full_gc_then_only_reachable_objects_remain(self) -> None:

@@ -136,6 +136,7 @@ from cairn.manifest import (
     encode_manifest,
     encode_stored,
 )
+from cairn.stores import capabilities_of
 
 __all__ = [
     "PendingSave",
@@ -616,7 +617,8 @@ async def _commit_and_publish(
                 raise CheckpointAbortedError(
                     str(cid),
                     ctx.paths.manifest(cid),
-                    f"its own upload {exc.link!r} was swept (GC reclaimed the id)",
+                    f"its own upload {exc.link!r} was swept (its id was claimed once its "
+                    "lease lapsed)",
                 ) from exc
             raise
         if lease is not None:
@@ -839,9 +841,7 @@ async def _check_after_create(
 def _own_upload(ctx: Context, manifest: CheckpointManifest, path: str) -> bool:
     """True when store ``path`` is an artifact ``manifest`` names as its own upload."""
     cid = manifest.checkpoint_id
-    own = [relative for owner, relative, _ in manifest.stored_objects() if owner is None]
-    own += [part.path for part in manifest.parts]
-    return any(ctx.paths.resolve(cid, relative) == path for relative in own)
+    return any(ctx.paths.resolve(cid, relative) == path for relative in manifest.own_objects())
 
 
 async def _check_artifacts_present(
@@ -921,20 +921,30 @@ async def dependents(ctx: Context, checkpoint_id: CheckpointId) -> list[Checkpoi
     checkpoints whose chains need it, and the saves in progress (a live lease) that build
     on it.
 
-    Reads only (this machine's clock judges the leases): a save whose lease looks lapsed
-    but that still runs fails at its commit, whose artifact checks find what it carried
-    gone, and commits nothing.
+    Reads only, so this machine's clock judges the leases: an answer for people and
+    tools. :func:`delete_checkpoint` decides by the store's time.
     """
     check_id(checkpoint_id)
     state = await retention.read_state(ctx.store, ctx.paths)
-    now = dt.datetime.now(dt.UTC)
+    return _dependents_in(ctx, state, checkpoint_id, dt.datetime.now(dt.UTC))
+
+
+def _dependents_in(
+    ctx: Context,
+    state: retention.StoreState,
+    checkpoint_id: CheckpointId,
+    now: dt.datetime | None,
+) -> list[CheckpointId]:
+    """:func:`dependents` of ``checkpoint_id`` in ``state``, leases judged at ``now`` (None:
+    the committed ones alone)."""
     found = {
         cid
         for cid, manifest in state.manifests.items()
         if cid != checkpoint_id and _needs(manifest, checkpoint_id)
     }
-    busy, _ = retention.uncommitted_dirs(state, ctx.paths, now=now, min_age=dt.timedelta(0))
-    found.update(cid for cid, parent in busy.items() if parent == checkpoint_id)
+    if now is not None:
+        busy, _ = retention.uncommitted_dirs(state, ctx.paths, now=now, min_age=dt.timedelta(0))
+        found.update(cid for cid, parent in busy.items() if parent == checkpoint_id)
     return sorted(found)
 
 
@@ -953,22 +963,76 @@ async def update_latest(ctx: Context, checkpoint_id: CheckpointId, force: bool) 
 
 
 async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> None:
-    """Delete every object of ``checkpoint_id``, the manifest first; then move ``_latest``
-    off it. Refuses with :class:`CheckpointInUseError` when :func:`dependents` names
-    anything, unless ``force``. Objects in its directory whose names cairn never writes
-    (:func:`cairn.layout.is_cairn_name`: another application's) stay."""
+    """Delete committed ``checkpoint_id``: its manifest first, then ``_latest`` moved off
+    it, then the objects its manifest names in its own directory. Refuses with
+    :class:`CheckpointInUseError` when something needs it, unless ``force``.
+
+    It goes as GC goes for one checkpoint, every lease judged by the store's time
+    (:func:`cairn.retention.store_now`, one write). What needs it is decided from one
+    reading of the store (:func:`_dependents_in`); once its manifest is gone the store is
+    read again (:func:`cairn.retention.look_again`), so that a checkpoint committed on it
+    meanwhile, or a save in progress that carries it, keeps what it names, and a save on
+    it whose lease lapsed is claimed first (with ``force``, every save on it is claimed
+    and nothing is spared: what was committed on it no longer loads, and nothing can
+    commit on it any more). What else its directory holds (another attempt at the same
+    id, whose writer may be stalled at its commit point, an intent) stays whole: GC
+    judges it later as an uncommitted directory, claiming it once its lease lapsed. A
+    checkpoint whose directory holds an intent (the save that committed it has not
+    finished, and may retry its create) is retired instead (:func:`cairn._lease.retire`:
+    its manifest becomes a tombstone). A
+    damaged manifest names nothing that can be trusted: every object in its directory
+    with a name cairn writes goes. A
+    checkpoint that is not committed is not an error, and nothing is deleted for it: its
+    directory, if any, is GC's to judge.
+    """
     check_id(checkpoint_id)
+    state = await retention.read_state(ctx.store, ctx.paths)
+    manifest = state.manifests.get(checkpoint_id)
+    if manifest is None and checkpoint_id not in state.damaged:
+        return
     if not force:
-        found = await dependents(ctx, checkpoint_id)
+        # Committed dependents need no clock: refused before anything is written.
+        found = _dependents_in(ctx, state, checkpoint_id, None)
+        if not found:
+            now = await retention.store_now(ctx.store, ctx.paths)
+            found = _dependents_in(ctx, state, checkpoint_id, now)
         if found:
             raise CheckpointInUseError(str(checkpoint_id), [str(cid) for cid in found])
-    await ctx.store.delete([ctx.paths.manifest(checkpoint_id)])
-    await _move_latest_off(ctx, checkpoint_id)
+    manifest_path = ctx.paths.manifest(checkpoint_id)
     directory = ctx.paths.checkpoint_dir(checkpoint_id)
-    listed = await ctx.store.list(directory)
-    await ctx.store.delete(
-        [info.path for info in listed if is_cairn_name(info.path.removeprefix(directory))]
+    if manifest is not None:
+        own = sorted(ctx.paths.resolve(checkpoint_id, p) for p in manifest.own_objects())
+    else:
+        own = [
+            info.path
+            for info in state.objects
+            if info.path.startswith(directory)
+            and info.path != manifest_path
+            and is_cairn_name(info.path.removeprefix(directory))
+        ]
+    listed = {info.path: info for info in state.objects if info.path.startswith(directory)}
+    if manifest is not None and ctx.paths.intent(checkpoint_id) in listed:
+        # The save that committed it has not finished: it may retry the create.
+        if not await _lease.retire(ctx.store, listed[manifest_path]):
+            return  # replaced meanwhile: the checkpoint asked for is gone already
+    else:
+        await ctx.store.delete([manifest_path])
+    await _move_latest_off(ctx, checkpoint_id)
+    spared_whole, spared = await retention.look_again(
+        ctx.store,
+        ctx.paths,
+        state.manifests,
+        {checkpoint_id},
+        min_age=dt.timedelta(0),
+        claim_live=force,
     )
+    if not force:
+        own = [] if checkpoint_id in spared_whole else [p for p in own if p not in spared]
+    await ctx.store.delete(own)
+    if capabilities_of(ctx.store).local_path is not None and not await ctx.store.list(directory):
+        # A local directory can hold what no listing shows: the staging file of a write
+        # killed mid-way. Once nothing listed is left, the directory goes whole.
+        await ctx.store.delete_prefix(directory)
 
 
 async def _move_latest_off(ctx: Context, deleted: CheckpointId) -> None:

@@ -16,6 +16,12 @@ uploaded nor wait for ever on what a crashed save left. The protocol:
   commit with :class:`~cairn.errors.CheckpointAbortedError` and nothing of it is
   committed; a GC whose claim meets a real manifest spares the directory as committed.
 
+* **Retirement.** A committed checkpoint whose directory still holds an intent belongs
+  to a save that has not finished: a create of its manifest that it retries after a lost
+  reply would write the manifest again once a deletion removed it, over objects deleted
+  since. Deleting such a checkpoint claims its id instead (:func:`retire`): the manifest
+  is replaced by a tombstone, and the directory is swept like any claimed one.
+
 So clocks decide only *when* GC tries to claim (liveness), never whether a commit and a
 sweep can both happen (safety); and the clock that decides is the store's: a lease's age
 is the store's time (:func:`cairn.retention.store_now`) less the ``last_modified`` the
@@ -39,10 +45,15 @@ import weakref
 import msgspec
 
 from cairn._buffer import Buffer
-from cairn.errors import CheckpointerError, CheckpointNotFoundError, ObjectExistsError
+from cairn.errors import (
+    CheckpointerError,
+    CheckpointNotFoundError,
+    ObjectExistsError,
+    PreconditionFailedError,
+)
 from cairn.ids import CheckpointId
 from cairn.manifest import dec_hook, enc_hook
-from cairn.stores import ObjectInfo, Store
+from cairn.stores import IfMatch, ObjectInfo, Store
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -55,6 +66,7 @@ __all__ = [
     "decode_intent",
     "is_live",
     "is_tombstone",
+    "retire",
     "stamp_margin",
 ]
 
@@ -190,6 +202,33 @@ def _cancel_soon(loop: asyncio.AbstractEventLoop, renewal: asyncio.Task[None]) -
     if not loop.is_closed():
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(renewal.cancel)
+
+
+async def retire(store: Store, listed: ObjectInfo) -> bool:
+    """Delete a committed checkpoint by replacing its manifest with a tombstone.
+
+    For a checkpoint whose directory still holds an intent: the save that committed it
+    has not finished (its lease ends only after its create returned), and a create it
+    retries after a lost reply would write the manifest again once it is gone, over
+    objects deleted meanwhile. A tombstone keeps the id claimed (a create fails on it)
+    until GC removes it with the rest of the directory. ``listed`` is the manifest as a
+    listing reported it: only that version is replaced (compare-and-swap), and a manifest
+    deleted meanwhile is claimed with a create-only tombstone. Returns True when the
+    tombstone stands, False when the path holds a manifest other than the one listed.
+    """
+    try:
+        current = await store.head(listed.path)
+    except CheckpointNotFoundError:
+        return await claim(store, listed.path)
+    if is_tombstone(current):
+        return True
+    if current.e_tag is None or current.e_tag != listed.e_tag:
+        return False
+    try:
+        await store.put(listed.path, TOMBSTONE, mode=IfMatch(current.e_tag, current.version))
+    except PreconditionFailedError:
+        return False
+    return True
 
 
 async def claim(store: Store, manifest_path: str) -> bool:

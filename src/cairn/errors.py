@@ -17,7 +17,8 @@ CheckpointerError
 │   │                              signed by one of them (unsigned, unknown key, forged)
 │   └── BrokenChainError           an incremental chain misses a link (parent, base, artifact)
 ├── FencedError                    a newer writer has taken over the store
-├── CheckpointAbortedError         GC claimed a save's checkpoint id before it committed
+├── CheckpointAbortedError         a save ended before its commit point (its id claimed,
+│                                  or the save before it in a pipeline failed)
 ├── InvalidInputError              (also ValueError) the caller's arguments are wrong
 │   ├── AmbiguousCheckpointIdError a short checkpoint id names more than one checkpoint
 │   ├── InvalidNameError           operator / source name or partition number
@@ -329,20 +330,23 @@ class FencedError(CheckpointerError):
 
 
 class CheckpointAbortedError(CheckpointerError):
-    """GC claimed ``checkpoint_id`` (its save's lease had lapsed) before the save committed.
+    """A save of ``checkpoint_id`` ended before its commit point, and committed nothing.
 
-    Nothing of that checkpoint is committed, and its id can never commit: save again
-    with a new :class:`~cairn.CheckpointData`. See :mod:`cairn._lease`.
+    Either its id was claimed (``path``, its manifest's, holds a tombstone: GC, or a
+    deletion of the checkpoint it builds on, found its lease lapsed) and can never
+    commit, or, for a save in a pipeline (``save_async``), the save submitted before it
+    did not commit. Save again with a new :class:`~cairn.CheckpointData`. ``why`` says
+    which (see :mod:`cairn._lease` and :mod:`cairn._background`).
     """
 
     def __init__(self, checkpoint_id: str, path: str, why: str | None = None) -> None:
         self.checkpoint_id = checkpoint_id
         self.path = path
         self.why = why
-        reason = why if why is not None else f"GC claimed it ({path!r} is a tombstone)"
+        reason = why if why is not None else f"its id was claimed ({path!r} is a tombstone)"
         super().__init__(
-            f"checkpoint {checkpoint_id} was aborted before it committed: {reason} "
-            "after its save's lease lapsed; nothing was committed"
+            f"checkpoint {checkpoint_id} was aborted before it committed: {reason}; "
+            "nothing was committed"
         )
 
 

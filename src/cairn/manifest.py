@@ -398,6 +398,12 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
         """Every file of every directory partition, with its directory."""
         return [(d, f) for d in self.directories for f in d.files]
 
+    def own_objects(self) -> list[str]:
+        """What this manifest names in its own checkpoint's directory, relative to it: its
+        own uploads (each once) and the parts it is stored in."""
+        own = [path for owner, path, _ in self.stored_objects() if owner is None]
+        return own + [part.path for part in self.parts]
+
     def stored_objects(self) -> list[tuple[CheckpointId | None, str, int]]:
         """Every object this manifest names, once: ``(owner, path, stored size)``,
         partition artifacts first, then directory files (``owner`` None: this

@@ -25,8 +25,10 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   which the next run sweeps (GC is idempotent and resumable); a checkpoint whose manifest
   could not be deleted is still listed, so it keeps everything it names, as a kept one,
   and is not reported deleted;
-* before the artifact phase, GC looks again for checkpoints committed and saves started
-  since it planned, and spares everything they reference;
+* before the artifact phase, GC looks again (:func:`look_again`) for checkpoints
+  committed and saves started since it planned, and spares everything they reference;
+  a save building on a checkpoint being deleted whose lease lapsed meanwhile is claimed
+  first, so that it can never commit naming what goes;
 * every age is judged by the store's own time, never by this machine's clock: GC writes
   ``{base}_clock`` and reads back the ``last_modified`` the store stamped on it
   (:func:`store_now`), and compares that with the stamps the store put on leases,
@@ -37,9 +39,14 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   made as late as time goes deletes and claims the most any plan can, so when it does
   neither, no reading of the store's time could change that (a read-only store can be
   collected when there is nothing to collect, and says so when there is);
-* in a committed directory, attempt-named artifacts (:func:`cairn.layout.new_attempt`)
-  and manifest parts that its manifest does not name are the garbage of another writer
-  of the same id that lost the commit: they are swept once older than ``min_age``;
+* in a committed directory GC deletes only what the manifest names, and only when the
+  checkpoint goes. What else is there (attempt-named uploads of another writer of the
+  same id, an intent) may belong to a writer stalled at its commit point, which would
+  commit over them the moment the manifest is gone: it stays whole, and once the
+  manifest is gone a later run judges it as an uncommitted directory (claimed once its
+  lease lapsed, then swept). A doomed checkpoint whose directory still holds an intent
+  is retired instead of deleted (:func:`cairn._lease.retire`): its manifest becomes a
+  tombstone, because the save that wrote it may still retry the create;
 * reachability is by object path, packs included: a pack (many small artifacts of one
   save, each a byte range of it) is kept whole while any kept checkpoint names a range
   in it, even when the checkpoint that wrote it is deleted and the others no longer
@@ -67,6 +74,7 @@ from cairn._lease import (
     decode_intent,
     is_live,
     is_tombstone,
+    retire,
     stamp_margin,
 )
 from cairn._parts import read_whole
@@ -80,7 +88,7 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.ids import CheckpointId
-from cairn.layout import CheckpointPaths, is_attempt_artifact, is_cairn_name
+from cairn.layout import CheckpointPaths, is_cairn_name
 from cairn.manifest import CheckpointManifest, decode_root
 from cairn.stores import ObjectInfo, Store
 
@@ -90,6 +98,7 @@ __all__ = [
     "GcResult",
     "RetentionPolicy",
     "StoreState",
+    "look_again",
     "plan_gc",
     "read_state",
     "span_text",
@@ -216,6 +225,10 @@ class GcPlan:
     manifests_to_delete: list[str]
     objects_to_delete: list[ObjectInfo]
     orphans: list[ObjectInfo]
+    retired: list[CheckpointId] = field(default_factory=list)
+    """Of ``deleted``, those whose directory holds an intent (the save that committed it
+    has not finished): each manifest is replaced by a tombstone instead of deleted
+    (:func:`cairn._lease.retire`)."""
     # An explanation of the decisions, not one: plans that decide alike are equal.
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in order."""
@@ -512,21 +525,22 @@ def _plan(
     records = _RecordPaths(paths)
     to_delete: list[ObjectInfo] = []
     orphans: list[ObjectInfo] = []
-    named: dict[CheckpointId, set[str]] = {}
-    settled_before = _before(now, min_age)
+    own = {cid: _own_paths(paths, manifests[cid]) for cid in doomed}
+    retired: set[CheckpointId] = set()
     for info, cid in zip(state.objects, owners, strict=True):
         if cid is None or info.path in referenced:
             continue
         if cid in manifests:
-            manifest_path, intent_path = records(cid)
-            if info.path == intent_path:
-                to_delete.append(info)  # a committed save's leftover intent protects nothing
-            elif cid not in whole and info.path != manifest_path:
+            # A kept checkpoint's directory is left as it is, and a doomed one loses what
+            # its manifest names, nothing else. Anything else there (another attempt at
+            # the same id, an intent) may belong to a writer stalled at its commit point:
+            # its uploads stay whole, so the commit it may still make is sound; once the
+            # manifest is gone, a later run sees an uncommitted directory, claims it when
+            # its lease lapsed, and sweeps it.
+            if cid not in whole and info.path in own[cid]:
                 to_delete.append(info)
-            elif info.last_modified <= settled_before and _lost_attempt(
-                paths, cid, manifests[cid], info.path, named
-            ):
-                orphans.append(info)
+            elif cid not in whole and info.path == records(cid)[1]:
+                retired.add(cid)
         elif cid in dead:
             is_the_tombstone = info.path == records(cid)[0]
             # Judged by the store's time: a tombstone outlives any local clock's error.
@@ -544,6 +558,7 @@ def _plan(
         manifests_to_delete=[paths.manifest(cid) for cid in doomed],
         objects_to_delete=to_delete,
         orphans=orphans,
+        retired=sorted(retired),
         reasons={cid: why[cid] for cid in sorted(whole & set(manifests))},
         pack_bytes=pack_bytes,
         pack_range_bytes=range_bytes,
@@ -588,25 +603,9 @@ def _pack_amplification(
     return kept_bytes, packed + carried
 
 
-def _lost_attempt(
-    paths: CheckpointPaths,
-    cid: CheckpointId,
-    manifest: CheckpointManifest,
-    path: str,
-    named: dict[CheckpointId, set[str]],
-) -> bool:
-    """True when ``path``, in committed ``cid``'s directory, is an attempt-named artifact
-    or a manifest part its manifest does not name: a losing writer's upload. ``named``
-    caches each manifest's own paths."""
-    relative = path[len(paths.checkpoint_dir(cid)) :]
-    if not (is_attempt_artifact(relative) or CheckpointPaths.is_manifest_part(relative)):
-        return False
-    own = named.get(cid)
-    if own is None:
-        own = {p for owner, p, _ in manifest.stored_objects() if owner is None}
-        own.update(part.path for part in manifest.parts)
-        named[cid] = own
-    return relative not in own
+def _own_paths(paths: CheckpointPaths, manifest: CheckpointManifest) -> set[str]:
+    """The store paths of what ``manifest`` names in its own checkpoint's directory."""
+    return {paths.resolve(manifest.checkpoint_id, p) for p in manifest.own_objects()}
 
 
 async def store_now(store: Store, paths: CheckpointPaths) -> dt.datetime:
@@ -770,21 +769,24 @@ async def run_gc(
     sizes = {info.path: info.size for info in state.objects}
     # Phase 1: the manifests, so nothing half-deleted is ever listed.
     standing: set[CheckpointId] = set()
+    listed = {info.path: info for info in state.objects}
     for cid, path in zip(plan.deleted, plan.manifests_to_delete, strict=True):
-        if await _delete(store, path, result):
+        if cid in plan.retired:
+            gone = await _retire(store, listed[path], result)
+        else:
+            gone = await _delete(store, path, result)
+        if gone:
             result.bytes_reclaimed += sizes.get(path, 0)
         else:
             standing.add(cid)  # still listed: it keeps whatever it names, as a kept one
     result.deleted = [cid for cid in plan.deleted if cid not in standing]
     # Phase 2: look again for saves that started or committed since the plan.
-    now_state = await read_state(store, paths)
-    known = {**state.manifests, **now_state.manifests}  # deleted manifests are still known here
-    fresh = set(now_state.manifests) - set(state.manifests)
-    busy_now, _ = uncommitted_dirs(
-        now_state, paths, now=await store_now(store, paths), min_age=min_age
+    spared_whole, spared = await look_again(
+        store, paths, state.manifests, set(result.deleted), min_age=min_age
     )
-    parents_now = {p for p in busy_now.values() if p is not None and p in known}
-    spared_whole, spared = _reachable(paths, fresh | parents_now | standing, known)
+    kept_whole, kept = _reachable(paths, standing, state.manifests)
+    spared_whole |= kept_whole
+    spared |= kept
     orphan_paths = {info.path for info in plan.orphans}
     for info in [*plan.objects_to_delete, *plan.orphans]:
         if info.path in spared or paths.checkpoint_of(info.path) in spared_whole:
@@ -794,6 +796,80 @@ async def run_gc(
             if info.path in orphan_paths:
                 result.orphans_deleted.append(info.path)
     return result
+
+
+async def look_again(
+    store: Store,
+    paths: CheckpointPaths,
+    known: Mapping[CheckpointId, CheckpointManifest],
+    doomed: set[CheckpointId],
+    *,
+    min_age: dt.timedelta,
+    claim_live: bool = False,
+) -> tuple[set[CheckpointId], set[str]]:
+    """The second phase of every deletion (GC's, or one checkpoint's): what to spare.
+
+    Called once the manifests of ``doomed`` are deleted and before their objects are:
+    reads the store again, and returns the checkpoints to keep whole and the object paths
+    they reference. They are the checkpoints committed since ``known`` (the manifests the
+    deletion was planned from) was read, and the parents of saves in progress (a live
+    lease, or an object younger than ``min_age``), by the store's time.
+
+    A save building on a doomed checkpoint whose lease lapsed is claimed first (its
+    tombstone written, see :mod:`cairn._lease`): a lapsed lease may be a paused process,
+    not a dead one, and once claimed it can never commit naming what is deleted next. One
+    whose claim finds it committed instead is spared like the others. (A save whose
+    intent appears only after this reading reads its parent's manifest after it: the
+    manifest is gone, and that save fails before it uploads.) With ``claim_live`` (a
+    forced deletion) every save building on a doomed checkpoint, or on one that carries
+    a doomed checkpoint's objects, is claimed, its lease live or not: it could only
+    commit naming what goes.
+    """
+    state = await read_state(store, paths)
+    now = await store_now(store, paths)
+    busy, abandoned = uncommitted_dirs(state, paths, now=now, min_age=min_age)
+    everything = {**known, **state.manifests}
+    if claim_live:
+        # What carries a doomed checkpoint's objects is broken with it, and so is
+        # anything a save would build on it.
+        candidates = abandoned | set(busy)
+        doomed = doomed | {cid for cid, m in everything.items() if _carries(m, doomed)}
+    else:
+        candidates = abandoned
+    building = {cid for cid in candidates if _parent_of(state, cid) in doomed}
+    committed = building - await _claim_all(store, paths, building)
+    late = {cid: await _read_manifest(store, paths, cid) for cid in sorted(committed)}
+    everything.update({c: m for c, m in late.items() if m is not None})
+    fresh = (set(state.manifests) | set(late)) - set(known)
+    parents = {p for p in busy.values() if p is not None and p in everything}
+    return _reachable(paths, fresh | parents, everything)
+
+
+def _carries(manifest: CheckpointManifest, owners: set[CheckpointId]) -> bool:
+    """Whether ``manifest`` names an object of one of ``owners``."""
+    return any(owner in owners for owner, _, _ in manifest.stored_objects())
+
+
+def _parent_of(state: StoreState, cid: CheckpointId) -> CheckpointId | None:
+    """The parent the intent in uncommitted directory ``cid`` names (None: none, or it
+    could not be read)."""
+    found = state.intents.get(cid)
+    intent = found[1] if found is not None else None
+    return intent.parent_id if intent is not None else None
+
+
+async def _read_manifest(
+    store: Store, paths: CheckpointPaths, cid: CheckpointId
+) -> CheckpointManifest | None:
+    """``cid``'s whole manifest (parts read); None when it is gone or does not decode (a
+    deletion then spares nothing for it: what it names cannot be known, and a damaged
+    checkpoint does not load anyway)."""
+    path = paths.manifest(cid)
+    try:
+        root = decode_root(path, (await store.get(path)).data)
+        return await read_whole(store, paths, path, root)
+    except (CheckpointNotFoundError, IntegrityError):
+        return None
 
 
 _END_OF_TIME = dt.datetime.max.replace(tzinfo=dt.UTC)
@@ -870,6 +946,22 @@ async def _claim_all(
         else:
             log.info("gc spares %s: it committed while gc was planning", cid)
     return claimed
+
+
+async def _retire(store: Store, listed: ObjectInfo, result: GcResult) -> bool:
+    """:func:`cairn._lease.retire` the manifest listed as ``listed``; whether it is gone
+    (a failure, or a manifest replaced since, is recorded in ``result``)."""
+    try:
+        retired = await retire(store, listed)
+    except CheckpointerError as exc:
+        log.warning("gc could not retire %s: %s", listed.path, exc)
+        result.failures.append((listed.path, str(exc)))
+        return False
+    if not retired:
+        result.failures.append((listed.path, "replaced by another manifest since the listing"))
+        return False
+    result.objects_deleted += 1
+    return True
 
 
 async def _delete(store: Store, path: str, result: GcResult) -> bool:
