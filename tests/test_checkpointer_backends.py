@@ -22,6 +22,7 @@ from obstore.store import ObjectStore
 from support.artifacts import artifact_path
 from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
+from support.intents import intents_of
 from support.policies import FAST_RETRY
 
 from cairn import (
@@ -74,10 +75,9 @@ async def test_save_delta_goes_to_the_delta_path(ckpt: ObjectStoreCheckpointer) 
     cid = CheckpointId.now()
     digest = await ckpt.save_delta(cid, "agg", 0, b"delta")
     assert digest == sha(b"delta")
-    # With the lease the upload held: it lapses unless the checkpoint commits.
-    assert await all_paths(ckpt) == sorted(
-        [ckpt.paths.delta(cid, "agg", 0), ckpt.paths.intent(cid)]
-    )
+    # With the lease the upload held (its intent): it lapses unless the checkpoint commits.
+    [intent] = await intents_of(ckpt.store, ckpt.paths, cid)
+    assert await all_paths(ckpt) == sorted([ckpt.paths.delta(cid, "agg", 0), intent])
 
 
 async def test_load_artifact_verifies_when_given_a_digest(ckpt: ObjectStoreCheckpointer) -> None:

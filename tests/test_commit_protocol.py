@@ -19,6 +19,7 @@ from support.recording import RecordingStore
 from support.samples import expected_artifacts, sample
 
 from cairn import (
+    CheckpointAbortedError,
     CheckpointData,
     CheckpointExistsError,
     CheckpointId,
@@ -223,7 +224,9 @@ async def test_takeover_fences_the_old_writer(raw_store: ObjectStore) -> None:
 
 
 async def test_takeover_between_fence_check_and_commit(raw_store: ObjectStore) -> None:
-    """The old writer passed its fence check; the takeover lands before its manifest."""
+    """The old writer passed its fence check; the takeover lands before its manifest. The
+    takeover claimed the id of the save in flight: its commit fails, and nothing of it
+    stays."""
     inner = ObstoreStore(raw_store)
     new = make_checkpointer(inner)
     fired: list[int] = []
@@ -235,11 +238,11 @@ async def test_takeover_between_fence_check_and_commit(raw_store: ObjectStore) -
     old = make_checkpointer(FaultyStore(inner, FaultPlan(before_call=takeover_just_before_commit)))
     base = await new.save(sample(0))
     data = sample(7)
-    with pytest.raises(FencedError):
+    with pytest.raises(CheckpointAbortedError, match="its id was claimed"):
         await old.save(data)
     assert fired == [1]
     assert await new.read_latest() == base.checkpoint_id, "_latest never names a fenced commit"
-    assert data.id not in await new.list_checkpoints(), "the fenced commit is rolled back"
+    assert data.id not in await new.list_checkpoints(), "the fenced save never commits"
     await assert_loads(new, 0)
 
 

@@ -18,6 +18,7 @@ from obstore.store import ObjectStore
 from support.artifacts import artifact_path
 from support.backends import make_checkpointer
 from support.gates import GatedStore, Match
+from support.intents import is_intent_path
 
 from cairn import (
     ArtifactExistsError,
@@ -325,7 +326,7 @@ def _lease_renewals() -> Match:
 
     def match(operation: StoreMethod, path: str, mode: PutMode | None) -> bool:
         nonlocal seen
-        if operation == "put" and path.endswith("/intent.json"):
+        if operation == "put" and is_intent_path(path):
             seen += 1
             return seen > 1
         return False

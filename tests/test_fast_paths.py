@@ -319,7 +319,7 @@ async def test_gc_reads_each_manifest_with_one_ranged_read() -> None:
     result = await ckpt.gc(RetentionPolicy(keep_last=2), dry_run=True, min_age=dt.timedelta(0))
     assert len(result.deleted) == 4
     assert store.ops["get_range"] == 6
-    assert store.ops["get"] == 1, "only the _latest pointer is read whole"
+    assert store.ops["get"] == 2, "only the _latest pointer and the _writer record are read whole"
 
 
 async def test_a_manifest_turned_tombstone_since_the_listing_is_read_as_it_is_now() -> None:
@@ -357,14 +357,13 @@ def reference_plan(
         if cid in state.tombstones:
             continue
         newest[cid] = max(newest.get(cid, info.last_modified), info.last_modified)
-    busy: dict[CheckpointId, CheckpointId | None] = {}
+    parents: set[CheckpointId] = set()
     for cid, last in newest.items():
-        info_intent = state.intents.get(cid)
-        intent = info_intent[1] if info_intent else None
-        live = info_intent is not None and is_live(info_intent[0], intent, now)
+        intents = state.intents.get(cid, [])
+        live = any(is_live(info, intent, now) for info, intent in intents)
         if live or last > now - min_age:
-            busy[cid] = intent.parent_id if intent is not None else None
-    keep.update(p for p in busy.values() if p is not None and p in manifests)
+            parents |= {i.parent_id for _, i in intents if i is not None and i.parent_id}
+    keep.update(p for p in parents if p in manifests)
     whole, referenced = retention._reachable(paths, keep, manifests)
     doomed = sorted(set(manifests) - whole)
     dead = set(claimed) | set(state.tombstones)
@@ -374,15 +373,19 @@ def reference_plan(
         if cid is not None:
             in_dir[cid] = in_dir.get(cid, 0) + 1
     to_delete, orphans = [], []
+    retired = set(doomed) & state.fenced
     for info in state.objects:
         cid = paths.checkpoint_of(info.path)
-        if cid is None or info.path in referenced:
+        if cid is None or info.path in referenced or cid in parents:
             continue
         if cid in manifests:
-            if info.path == paths.intent(cid):
-                to_delete.append(info)  # a committed save's leftover intent
-            elif cid not in whole and info.path != paths.manifest(cid):
+            # A kept checkpoint's directory stays as it is; a doomed one loses what its
+            # manifest names, and is retired when a save of its id has not finished.
+            own = {paths.resolve(cid, p) for p in manifests[cid].own_objects()}
+            if cid not in whole and info.path in own:
                 to_delete.append(info)
+            elif cid not in whole and paths.is_intent_path(info.path):
+                retired.add(cid)
         elif cid in dead:
             is_the_tombstone = info.path == paths.manifest(cid)
             expired = in_dir[cid] == 1 and info.last_modified <= now - TOMBSTONE_RETENTION
@@ -394,6 +397,7 @@ def reference_plan(
         manifests_to_delete=[paths.manifest(cid) for cid in doomed],
         objects_to_delete=to_delete,
         orphans=orphans,
+        retired=sorted(retired),
     )
 
 
@@ -421,6 +425,11 @@ async def test_the_fast_gc_plan_is_the_reference_plan(seed: int) -> None:
         await inner.put(paths.snapshot(cid, "op", 0), b"left")
         if rng.random() < 0.5:
             await inner.put(paths.manifest(cid), b"")
+        elif rng.random() < 0.7:  # a save in progress on the newest committed checkpoint
+            intent = b'{"parent_id":"%s","lease_ms":60000}' % str(parent).encode()
+            await inner.put(paths.intent(cid, rng.choice([None, "0123456789ab"])), intent)
+    if parent is not None and rng.random() < 0.5:  # a save that did not finish its commit
+        await inner.put(paths.intent(parent, "ba9876543210"), b'{"lease_ms":60000}')
     upper = str(CheckpointId.now()).upper()
     await inner.put(f"{paths.base_prefix}{upper}/operators/op/partition-0.snap", b"u")
     state = await retention.read_state(inner, paths)
@@ -443,5 +452,14 @@ async def test_the_state_gc_reads_is_a_value_without_caches() -> None:
         await ckpt.save(CheckpointData(epoch=epoch, snapshots={("op", 0): b"s"}))
     state = await retention.read_state(inner, ckpt.paths)
     fields = {f.name for f in dataclasses.fields(state)}
-    assert fields == {"manifests", "objects", "intents", "tombstones", "damaged", "latest"}
+    assert fields == {
+        "manifests",
+        "objects",
+        "intents",
+        "tombstones",
+        "damaged",
+        "latest",
+        "fenced",
+        "ended",
+    }
     assert state == await retention.read_state(inner, ckpt.paths)

@@ -28,7 +28,11 @@ async def stale_commit_after_takeover(
     raw_store: ObjectStore,
 ) -> tuple[ObjectStoreCheckpointer, list[CheckpointId], CheckpointId]:
     """Old writer commits epochs 4 and 5; a new writer takes over while the old one commits
-    epoch 6, which lands and is never published. Returns (new writer, old ids, stale id)."""
+    epoch 6, which lands and is never published. Returns (new writer, old ids, stale id).
+
+    A takeover claims the id of every save in flight, so the stale commit cannot land
+    by itself: the claim is taken away again, as a takeover by an older cairn (which
+    claimed nothing) would have left it. What is tested is the readers' own defense."""
     inner = ObstoreStore(raw_store)
     new = make_checkpointer(inner)
     state = {"took_over": False, "committed": False}  # the hook's own progress
@@ -37,6 +41,7 @@ async def stale_commit_after_takeover(
         if op == "put" and path.endswith("/manifest.json") and not state["took_over"]:
             state["took_over"] = state["committed"] = True
             await new.take_over()  # lands after the old writer's fence check
+            await inner.delete([path])  # the claim on the old writer's id
         elif state["committed"] and path.endswith("_latest"):
             raise InjectedCrash("the stale writer dies before its pointer swap")
 

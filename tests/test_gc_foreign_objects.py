@@ -28,7 +28,7 @@ from cairn import (
     RetentionPolicy,
 )
 from cairn import manifest as manifest_module
-from cairn.layout import CheckpointPaths, is_cairn_name
+from cairn.layout import CheckpointPaths, is_cairn_name, is_intent
 from cairn.stores import Store, as_store
 
 ZERO = dt.timedelta(0)
@@ -270,8 +270,11 @@ async def test_every_object_a_save_writes_in_a_checkpoint_is_a_cairn_name(
     result = await ckpt.gc(RetentionPolicy(keep_last=5), min_age=ZERO)  # claims the stopped ones
 
     written = checkpoint_objects(ckpt.paths, puts(recording))
-    kinds = {name.split("/")[0] for name in written.values()}
-    assert kinds == {"manifest.json", "intent.json", "operators", "packs", "parts"}
+    kinds = {"intent" if is_intent(name) else name.split("/")[0] for name in written.values()}
+    assert kinds == {"manifest.json", "intent", "operators", "packs", "parts"}
+    # A save that commits writes an intent of its own; parts of a save share intent.json.
+    assert "intent.json" in written.values()
+    assert any(name != "intent.json" and is_intent(name) for name in written.values())
     assert any(name.endswith(".file-0") for name in written.values())
     assert [name for name in written.values() if not is_cairn_name(name)] == []
     assert result.foreign_objects == [] and ckpt.paths.manifest(stopped) in puts(recording)

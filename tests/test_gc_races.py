@@ -17,6 +17,7 @@ from obstore.store import MemoryStore, ObjectStore
 from support.artifacts import artifact_path
 from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
+from support.intents import intents_of, is_intent_path
 
 from cairn import (
     BrokenChainError,
@@ -80,9 +81,7 @@ async def test_a_save_longer_than_its_lease_and_min_age_commits_and_loads(
     assert bytes(loaded.artifacts[("slow", 1)]) == b"first chunk;second chunk"
     assert bytes(loaded.artifacts[("base", 0)]) == b"parent"  # the parent's chain was kept
     # The protection ends with the save: no intent is left behind.
-    assert saver.paths.intent(manifest.checkpoint_id) not in await objects_under(
-        saver, manifest.checkpoint_id
-    )
+    assert await intents_of(saver.store, saver.paths, manifest.checkpoint_id) == []
     await collector.gc(RetentionPolicy(keep_last=1), min_age=NOW)
     latest = await collector.load_latest()
     assert latest is not None and latest.manifest.checkpoint_id == manifest.checkpoint_id
@@ -94,7 +93,7 @@ class StalledRenewals(FaultyStore):
     renewals = 0
 
     async def put(self, path: str, data: Buffer, **kwargs: Any) -> ObjectInfo:
-        if path.endswith("/intent.json"):
+        if is_intent_path(path):
             self.renewals += 1
             if self.renewals > 1:
                 raise StoreError("put", path, "injected: the renewal did not reach the store")

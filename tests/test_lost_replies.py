@@ -637,5 +637,7 @@ async def test_takeover_while_the_latest_swap_fails() -> None:
             f"load_latest returns {latest.checkpoint_id if latest else None}"
         )
     assert error is not None, "a fenced writer's save does not succeed"
-    assert not committed and await inner.list(new.paths.checkpoint_dir(data.id)) == []
+    left = await inner.list(new.paths.checkpoint_dir(data.id))
+    # Rolled back: the id retired (a tombstone, so nothing can commit it again), the rest gone.
+    assert not committed and [(i.path, i.size) for i in left] == [(new.paths.manifest(data.id), 0)]
     assert await new.read_latest() == base.checkpoint_id

@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 from obstore.store import LocalStore, MemoryStore, ObjectStore
 from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
+from support.intents import intents_of, is_intent_path
 
 from cairn import (
     CheckpointData,
@@ -164,8 +165,9 @@ async def test_orphans_are_swept_only_when_old(ckpt: ObjectStoreCheckpointer) ->
     young = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(hours=1))
     assert young.orphans_deleted == []
     assert ckpt.paths.snapshot(orphan, "op", 0) in await paths_in(ckpt)
+    [intent] = await intents_of(ckpt.store, ckpt.paths, orphan)
     old = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW)
-    swept = [ckpt.paths.snapshot(orphan, "op", 0), ckpt.paths.intent(orphan)]
+    swept = [ckpt.paths.snapshot(orphan, "op", 0), intent]
     assert sorted(old.orphans_deleted) == sorted(swept)
     assert not set(swept) & await paths_in(ckpt)
     # GC claimed the id first: the crashed save can never commit it now.
@@ -446,7 +448,8 @@ class GcMachine(RuleBasedStateMachine):
         assert needed <= remaining
         # A kept checkpoint's directory is left as it is: the intent of a save that
         # crashed after its commit goes with the checkpoint, not before.
-        assert remaining - needed <= {self.ckpt.paths.intent(cid) for cid in kept}
+        left = remaining - needed
+        assert all(is_intent_path(p) and self.ckpt.paths.checkpoint_of(p) in kept for p in left)
 
     @rule()
     def full_gc_then_only_reachable_objects_remain(self) -> None:

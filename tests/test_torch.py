@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from obstore.store import LocalStore, MemoryStore
 from support.dcp import PREFIX, RankRangeStore, assert_same, item_records, load, save
+from support.intents import is_intent_path
 from support.recording import RecordingStore
 from support.torch_worker import BLANK_SEED, digests, make_state
 from torch.distributed.checkpoint.api import CheckpointException
@@ -482,7 +483,12 @@ def test_a_fenced_writer_uploads_nothing_and_commits_nothing(tmp_path: Path) -> 
     with pytest.raises(CheckpointException) as info:
         save(store, {"x": torch.zeros(3), "y": torch.ones(2)}, epoch=2)
     assert isinstance(failure_of(info), FencedError)
-    assert (list(store.puts), store.stream_puts) == ([], []), "refused before any upload"
+    # The save's intent comes first (a takeover must be able to find it), then the fence
+    # refuses it: no artifact is uploaded, and the intent is removed.
+    uploads = [path for path in store.puts if not is_intent_path(path)]
+    assert (uploads, store.stream_puts) == ([], []), "refused before any upload"
+    left = asyncio.run(store.list(""))
+    assert not [info.path for info in left if is_intent_path(info.path)]
     assert sync(store).list_checkpoints() == [before] and sync(store).read_latest() == before
     after = save(
         store, {"x": torch.zeros(3), "y": torch.ones(2)}, epoch=2, writer_generation=generation
@@ -509,10 +515,13 @@ def test_a_writer_fenced_between_planning_and_commit_commits_nothing(tmp_path: P
     writer.store_path = store
     with pytest.raises(CheckpointException) as info:
         dcp_save({"x": torch.zeros(3)}, storage_writer=writer, no_dist=True)
+    # The commit's own fence check refuses it; and the takeover had claimed the id of the
+    # save in flight, so its commit could not have landed anyway.
     assert isinstance(failure_of(info), FencedError)
     ckpt = sync(store)
     assert ckpt.list_checkpoints() == [before] and ckpt.read_latest() == before
-    assert not (tmp_path / PREFIX / str(writer.checkpoint_id) / "manifest.json").exists()
+    manifest = tmp_path / PREFIX / str(writer.checkpoint_id) / "manifest.json"
+    assert manifest.read_bytes() == b"", "the claim's tombstone, not a manifest"
 
 
 def test_what_cannot_make_one_atomic_checkpoint_is_refused(tmp_path: Path) -> None:

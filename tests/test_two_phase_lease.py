@@ -20,6 +20,7 @@ import pytest
 from obstore.store import MemoryStore
 from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore
+from support.intents import intents_of, is_intent_path
 from support.policies import FAST_RETRY
 
 from cairn import (
@@ -72,7 +73,7 @@ async def test_a_two_phase_save_holds_its_lease_from_begin_to_commit() -> None:
     assert await collector.read_latest() == cid
     # The lease ends with the commit: no intent is left, and none is written again.
     await asyncio.sleep(LEASE.total_seconds())
-    assert ckpt.paths.intent(cid) not in await objects_under(ckpt, cid)
+    assert await intents_of(ckpt.store, ckpt.paths, cid) == []
 
 
 async def test_a_two_phase_save_ended_without_a_commit_lets_its_lease_lapse() -> None:
@@ -97,9 +98,10 @@ async def test_a_two_phase_save_dropped_without_an_end_stops_renewing() -> None:
     del save  # as a DCP save that failed before its commit, its writer dropped
     gc.collect()
     await asyncio.sleep(0.01)
-    last = (await ckpt.store.head(ckpt.paths.intent(cid))).last_modified
+    [intent] = await intents_of(ckpt.store, ckpt.paths, cid)
+    last = (await ckpt.store.head(intent)).last_modified
     await asyncio.sleep(GAP)
-    assert (await ckpt.store.head(ckpt.paths.intent(cid))).last_modified == last
+    assert (await ckpt.store.head(intent)).last_modified == last
 
 
 async def test_a_two_phase_save_begins_with_the_commits_own_preconditions() -> None:
@@ -138,7 +140,7 @@ async def test_the_distributed_coordinator_holds_the_lease_through_its_checks() 
     assert len(runs) == 1 and runs[0].orphans_deleted == []
     loaded = await collector.load(cid)
     assert loaded.manifest == manifest and bytes(loaded.artifacts[("agg", 0)]) == b"state"
-    assert worker.paths.intent(cid) not in await objects_under(worker, cid)
+    assert await intents_of(worker.store, worker.paths, cid) == []
 
 
 @pytest.mark.filterwarnings(
@@ -173,7 +175,7 @@ def test_a_dcp_save_whose_commit_comes_later_than_its_lease_commits() -> None:
     directory = collector.paths.checkpoint_dir(cid)
     inner = collector.async_checkpointer
     left = {info.path for info in asyncio.run(_list(inner.store, directory))}
-    assert collector.paths.intent(cid) not in left, "the lease ended with the commit"
+    assert not [p for p in left if is_intent_path(p)], "the lease ended with the commit"
 
 
 async def _list(store: Store, prefix: str) -> list[Any]:

@@ -9,19 +9,22 @@ are separate calls or processes (:func:`start` and :class:`PendingSave`, used by
 
 The steps, in order:
 
-1. **Preconditions** (:func:`preconditions`, the one check every path makes before it
-   writes anything): a writer that will commit is not fenced, i.e. no newer writer
-   generation holds ``_writer`` (:mod:`cairn._pointer`); the record read is what the
-   parent must be admitted by. And the id is not committed (committed ids are
-   immutable). A process that only uploads part of a save (a worker) checks the id
-   alone: the fence is the committer's to check.
-2. **Lease** (:mod:`cairn._lease`): the save writes ``{id}/intent.json``, naming the
-   parent its manifest will name (None when it carries nothing), and renews it every
+1. **Lease** (:mod:`cairn._lease`): the save writes its intent, ``{id}/intent.{attempt}.json``
+   (the processes that only upload parts of one save share ``{id}/intent.json``), naming
+   the parent its manifest will name (None when it carries nothing), and renews it every
    third of the lease until its commit, whatever happens between its steps: GC sweeps
    nothing of a live lease and keeps the parent's chain. One rule for every path: the
    lease is held from the intent to the commit by whoever will commit (a worker that
    only uploads holds it while it uploads). A lease nobody renews lapses; GC may then
-   claim the id (step 4's race).
+   claim the id (step 4's race). The intent comes before anything is read: a takeover
+   raises the writer generation, then claims every save whose intent it finds, so a save
+   either reads the new generation below, or cannot commit.
+2. **Preconditions** (:func:`preconditions`, the one check every path makes before it
+   uploads anything): a writer that will commit is not fenced, i.e. no newer writer
+   generation holds ``_writer`` (:mod:`cairn._pointer`); the record read is what the
+   parent must be admitted by. And the id is not committed (committed ids are
+   immutable). A process that only uploads part of a save checks the id alone: the fence
+   is the committer's to check. A save refused here removes its intent.
 3. **Uploads** (:mod:`cairn._upload`): every snapshot and delta goes under ``{base}{id}/``
    with a name carrying this attempt's token (:func:`cairn.layout.new_attempt`),
    concurrently and bounded, hashed as it travels (a one-phase save merges small ones
@@ -37,9 +40,12 @@ The steps, in order:
    :mod:`cairn.manifest`): still one write commits. GC claims an uncommitted id with a
    tombstone, a create-only write on that very path, so a commit and a claim race for
    one object and the store lets exactly one win.
-5. **Publish**: stop renewing the lease and delete the intent (the protection ends with
-   the save), then advance ``_latest`` by compare-and-swap, only forwards, and only if
-   not fenced; fenced there, the commit is rolled back.
+5. **Publish**: stop renewing the lease, advance ``_latest`` by compare-and-swap, only
+   forwards, and only if not fenced (fenced there, the commit is rolled back: its
+   manifest becomes a tombstone, so its id can never commit again), then delete the
+   intents. Until then an intent says the save has not finished: a deletion of the
+   checkpoint meanwhile retires its id rather than free it for the create this save may
+   still retry.
 
 Invariants:
 
@@ -202,6 +208,11 @@ class PendingSave:
         self.parent_id = parent_id
         self._lease = lease
 
+    @property
+    def intent(self) -> str:
+        """The intent this save's lease renews (its own: see :meth:`CheckpointPaths.intent`)."""
+        return self._lease.path
+
     async def upload(
         self,
         uploads: Sequence[_upload.PartitionUpload],
@@ -246,9 +257,11 @@ class PendingSave:
         self, uploads: Sequence[_upload.PartitionUpload], attempt: str, packs: int = 0
     ) -> None:
         """End the save as failed: stop the lease, remove ``attempt``'s objects for
-        ``uploads``, its ``packs`` packs and the intent (best effort)."""
+        ``uploads``, its ``packs`` packs and its intent (best effort)."""
         await self._lease.stop()
-        await _upload.discard_attempt(self.ctx, self.checkpoint_id, uploads, attempt, packs)
+        await _upload.discard_attempt(
+            self.ctx, self.checkpoint_id, uploads, attempt, packs, self._lease.path
+        )
 
     async def commit(
         self,
@@ -283,12 +296,27 @@ async def start(
     *,
     commits: bool = True,
 ) -> PendingSave:
-    """Begin a save of ``cid`` building on ``parent_id``: :func:`preconditions`, then the
-    lease. The caller ends it (:meth:`PendingSave.commit` or :meth:`PendingSave.end`);
-    one it drops stops renewing when it is garbage-collected."""
+    """Begin a save of ``cid`` building on ``parent_id``: the lease, then
+    :func:`preconditions`. The caller ends it (:meth:`PendingSave.commit` or
+    :meth:`PendingSave.end`); one it drops stops renewing when it is garbage-collected.
+
+    The intent is written before the fence is read: a takeover raises the generation,
+    then claims every save whose intent it finds (:func:`abort_saves_in_flight`), so a
+    save either reads the new generation and stops, or its intent is found and its id
+    claimed before it can commit. Preconditions that fail end the lease and remove the
+    intent (best effort)."""
     check_id(cid)
-    record = await preconditions(ctx, cid, commits=commits)
-    lease = await _lease.Lease.start(ctx.store, ctx.paths.intent(cid), parent_id, ctx.lease)
+    # A save that commits has an intent of its own; the processes that only upload parts
+    # of one save share one (``intent.json``), which its commit removes.
+    intent = ctx.paths.intent(cid, new_attempt() if commits else None)
+    lease = await _lease.Lease.start(ctx.store, intent, parent_id, ctx.lease)
+    try:
+        record = await preconditions(ctx, cid, commits=commits)
+    except BaseException:
+        await lease.stop()
+        with contextlib.suppress(CheckpointerError):
+            await ctx.store.delete([intent])
+        raise
     return PendingSave(ctx, cid, record, lease, parent_id)
 
 
@@ -394,7 +422,9 @@ async def _save(
 
             async def discard(written: CheckpointManifest) -> None:
                 await _directories.discard_files(ctx, cid, written.directories)
-                await _upload.discard_attempt(ctx, cid, plan.alone, attempt, len(plan.packs))
+                await _upload.discard_attempt(
+                    ctx, cid, plan.alone, attempt, len(plan.packs), pending.intent
+                )
 
             return await pending.commit(manifest, meter.finish(ctx), discard)
 
@@ -590,8 +620,15 @@ def assemble_manifest(
 
 
 async def commit(ctx: Context, manifest: CheckpointManifest) -> CheckpointManifest:
-    """Steps 4 and 5 for artifacts the caller uploaded; the committed manifest."""
-    return await _commit_and_publish(ctx, manifest, None)
+    """Steps 4 and 5 for artifacts the caller uploaded; the committed manifest. The commit
+    holds a lease of its own (its intent written before the fence is read, see
+    :func:`start`)."""
+    intent = ctx.paths.intent(manifest.checkpoint_id, new_attempt())
+    lease = await _lease.Lease.start(ctx.store, intent, manifest.parent_id, ctx.lease)
+    try:
+        return await _commit_and_publish(ctx, manifest, lease)
+    finally:
+        await lease.stop()
 
 
 async def _commit_and_publish(
@@ -623,7 +660,7 @@ async def _commit_and_publish(
             raise
         if lease is not None:
             await lease.stop()  # before its intent goes: a renewal would write it again
-        op.manifest = await _publish(ctx, manifest)
+        op.manifest = await _publish(ctx, manifest, lease.path if lease is not None else None)
         return op.manifest
 
 
@@ -632,9 +669,16 @@ async def save_manifest(ctx: Context, manifest: CheckpointManifest) -> None:
     check them again (see the module docstring). Raises :class:`BrokenChainError` naming
     the first artifact that is not in the store, and commits nothing then."""
     _check_manifest_input(manifest)
-    await _check_before_create(ctx, manifest)
-    written = await _create_manifest(ctx, manifest)
-    await _check_after_create(ctx, written)
+    intent = ctx.paths.intent(manifest.checkpoint_id, new_attempt())
+    lease = await _lease.Lease.start(ctx.store, intent, manifest.parent_id, ctx.lease)
+    try:
+        await _check_before_create(ctx, manifest)
+        written = await _create_manifest(ctx, manifest)
+        await _check_after_create(ctx, written)
+    finally:
+        await lease.stop()
+    with contextlib.suppress(CheckpointerError):
+        await ctx.store.delete([intent])
 
 
 def _check_manifest_input(manifest: CheckpointManifest) -> None:
@@ -742,13 +786,29 @@ async def _write_manifest(
     return manifest
 
 
-async def _publish(ctx: Context, manifest: CheckpointManifest) -> CheckpointManifest:
-    """After the commit: end the lease, then advance ``_latest`` (or roll back if fenced)."""
+async def _publish(
+    ctx: Context, manifest: CheckpointManifest, intent: str | None
+) -> CheckpointManifest:
+    """After the commit: advance ``_latest`` (or roll back if fenced), then remove the
+    intent, which says until then that the save has not finished (a deletion of the
+    checkpoint meanwhile retires its id, see :func:`cairn._lease.retire`; a takeover
+    retires it)."""
     cid = manifest.checkpoint_id
     try:
-        await ctx.store.delete([ctx.paths.intent(cid)])
-    except CheckpointerError as exc:  # GC removes a committed checkpoint's intent too
-        log.info("could not remove the intent of committed %s: %s", cid, exc)
+        await _advance_or_roll_back(ctx, manifest)
+    finally:
+        # Its own intent, and the one its uploading processes share (see start).
+        ended = [ctx.paths.intent(cid), *([intent] if intent is not None else [])]
+        try:
+            await ctx.store.delete(ended)
+        except CheckpointerError as exc:  # they go with the checkpoint, retired
+            log.info("could not remove the intents of committed %s: %s", cid, exc)
+    return manifest
+
+
+async def _advance_or_roll_back(ctx: Context, manifest: CheckpointManifest) -> None:
+    """Advance ``_latest`` to ``manifest``; roll the commit back if a takeover fenced it."""
+    cid = manifest.checkpoint_id
     try:
         try:
             await _pointer.advance_latest(
@@ -764,12 +824,18 @@ async def _publish(ctx: Context, manifest: CheckpointManifest) -> CheckpointMani
         log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
         await _roll_back(ctx, manifest)
         raise
-    return manifest
 
 
 async def _roll_back(ctx: Context, manifest: CheckpointManifest) -> None:
-    """Remove a manifest this writer just committed, then the objects it uploaded."""
-    await ctx.store.delete([ctx.paths.manifest(manifest.checkpoint_id)])
+    """Retire a manifest this writer just committed, fenced (its id stays claimed, see
+    :func:`cairn._lease.retire`), then remove the objects it uploaded."""
+    path = ctx.paths.manifest(manifest.checkpoint_id)
+    try:
+        current = await ctx.store.head(path)
+    except CheckpointNotFoundError:
+        current = None
+    if current is not None and not _lease.is_tombstone(current):
+        await _lease.retire(ctx.store, current)
     await _discard_uncommitted(ctx, manifest)
 
 
@@ -944,7 +1010,7 @@ def _dependents_in(
     }
     if now is not None:
         busy, _ = retention.uncommitted_dirs(state, ctx.paths, now=now, min_age=dt.timedelta(0))
-        found.update(cid for cid, parent in busy.items() if parent == checkpoint_id)
+        found.update(cid for cid, parents in busy.items() if checkpoint_id in parents)
     return sorted(found)
 
 
@@ -978,8 +1044,8 @@ async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bo
     id, whose writer may be stalled at its commit point, an intent) stays whole: GC
     judges it later as an uncommitted directory, claiming it once its lease lapsed. A
     checkpoint whose directory holds an intent (the save that committed it has not
-    finished, and may retry its create) is retired instead (:func:`cairn._lease.retire`:
-    its manifest becomes a tombstone). A
+    finished, and may retry its create), or that a fence names, is retired instead
+    (:func:`cairn._lease.retire`: its manifest becomes a tombstone). A
     damaged manifest names nothing that can be trusted: every object in its directory
     with a name cairn writes goes. A
     checkpoint that is not committed is not an error, and nothing is deleted for it: its
@@ -998,6 +1064,20 @@ async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bo
             found = _dependents_in(ctx, state, checkpoint_id, now)
         if found:
             raise CheckpointInUseError(str(checkpoint_id), [str(cid) for cid in found])
+    else:
+        # Every save built on it can only commit naming what goes: claimed before the
+        # manifest goes, while it still protects what they carry from GC.
+        now = await retention.store_now(ctx.store, ctx.paths)
+        await retention.claim_saves_on(
+            ctx.store,
+            ctx.paths,
+            state,
+            state.manifests,
+            {checkpoint_id},
+            now=now,
+            min_age=dt.timedelta(0),
+            live=True,
+        )
     manifest_path = ctx.paths.manifest(checkpoint_id)
     directory = ctx.paths.checkpoint_dir(checkpoint_id)
     if manifest is not None:
@@ -1011,8 +1091,10 @@ async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bo
             and is_cairn_name(info.path.removeprefix(directory))
         ]
     listed = {info.path: info for info in state.objects if info.path.startswith(directory)}
-    if manifest is not None and ctx.paths.intent(checkpoint_id) in listed:
-        # The save that committed it has not finished: it may retry the create.
+    unfinished = any(ctx.paths.is_intent_path(path) for path in listed)
+    if manifest is not None and (unfinished or checkpoint_id in state.fenced):
+        # The save that committed it may retry its create, or a fence names it: its id
+        # stays claimed (see cairn._lease.retire).
         if not await _lease.retire(ctx.store, listed[manifest_path]):
             return  # replaced meanwhile: the checkpoint asked for is gone already
     else:

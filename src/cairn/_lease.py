@@ -3,12 +3,16 @@
 A save uploads for a while before it commits; GC must neither sweep what a running save
 uploaded nor wait for ever on what a crashed save left. The protocol:
 
-* **Lease.** Before it uploads anything, a save writes ``{id}/intent.json`` (the parent it
-  builds on, if any, and the lease duration). While the save runs it rewrites the intent
-  every third of the lease, so the object's modification time is the start of the current
-  lease. GC treats an uncommitted directory whose intent is younger than its lease as a
-  save in progress: it deletes nothing in it and keeps the parent's chain, whatever its
-  ``min_age``. A committed save deletes its intent; the protection ends with the save.
+* **Lease.** Before it reads or uploads anything, a save writes its intent,
+  ``{id}/intent.{attempt}.json`` (the parent it builds on, if any, and the lease
+  duration; each save its own, so two writers of one id never overwrite each other's;
+  the processes that only upload parts of one save share ``{id}/intent.json``). While
+  the save runs it rewrites the intent every third of the lease, so the object's
+  modification time is the start of the current lease. GC treats an uncommitted
+  directory with an intent younger than its lease as a save in progress: it deletes
+  nothing in it and keeps the parents' chains, whatever its ``min_age``; and it never
+  claims or sweeps a directory such a save builds on. A committed save deletes its
+  intents once it has published; the protection ends with the save.
 * **Claim.** GC reclaims an uncommitted directory only after claiming its id: a
   create-only write of an empty ``manifest.json``, the *tombstone*. The manifest path is
   the one object that a commit (which writes it create-only too) and a claim race for,
@@ -19,8 +23,11 @@ uploaded nor wait for ever on what a crashed save left. The protocol:
 * **Retirement.** A committed checkpoint whose directory still holds an intent belongs
   to a save that has not finished: a create of its manifest that it retries after a lost
   reply would write the manifest again once a deletion removed it, over objects deleted
-  since. Deleting such a checkpoint claims its id instead (:func:`retire`): the manifest
-  is replaced by a tombstone, and the directory is swept like any claimed one.
+  since. And a checkpoint a fence names (where a fenced writer generation ended, see
+  :mod:`cairn._pointer`) must not be committed again by a fenced writer of the same id,
+  which readers would take for exactly where its generation ended. Deleting such a
+  checkpoint claims its id instead (:func:`retire`): the manifest is replaced by a
+  tombstone, and the directory is swept like any claimed one.
 
 So clocks decide only *when* GC tries to claim (liveness), never whether a commit and a
 sweep can both happen (safety); and the clock that decides is the store's: a lease's age
@@ -145,7 +152,9 @@ class Lease:
     its intent lapses.
     """
 
-    def __init__(self, renewal: asyncio.Task[None], stopping: asyncio.Event) -> None:
+    def __init__(self, renewal: asyncio.Task[None], stopping: asyncio.Event, path: str) -> None:
+        self.path = path
+        """The intent this lease renews."""
         self._renewal = renewal
         self._stopping = stopping
         loop = renewal.get_loop()
@@ -178,7 +187,7 @@ class Lease:
                 except CheckpointerError as exc:
                     log.warning("could not renew the lease %s: %s", path, exc)
 
-        return cls(asyncio.create_task(renew_until_stopped()), stopping)
+        return cls(asyncio.create_task(renew_until_stopped()), stopping, path)
 
     async def stop(self) -> None:
         """Stop renewing (idempotent); returns once no renewal is in flight. The intent

@@ -346,14 +346,21 @@ async def retreat_latest(
     return await update_record(store, path, _reading_pointer(store, path), change)
 
 
-async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
-    """Become the store's writer: raise the generation and claim ``_latest``.
+async def take_over(
+    store: Store,
+    writer_path: str,
+    latest_path: str,
+    before_claim: Callable[[int], Awaitable[None]] | None = None,
+) -> int:
+    """Become the store's writer: raise the generation, then claim ``_latest``.
 
     The new generation is one above every generation visible in the store, ``_writer``'s
     and ``_latest``'s, so a lost or rewound ``_writer`` cannot leave it below the
     pointer; a damaged ``_writer`` is replaced (see the module docstring for why the
-    repaired generation fences every earlier writer). Returns the new generation. Every
-    writer of an older generation is fenced from then on.
+    repaired generation fences every earlier writer). ``before_claim`` is awaited with
+    the new generation between the two: a checkpointer aborts there the saves in flight
+    of older generations (see :func:`cairn._commit.abort_saves_in_flight`). Returns the
+    new generation. Every writer of an older generation is fenced from then on.
     """
     new_generation, repair = await update_record(
         store, writer_path, _reading_both(store, writer_path, latest_path), _raised(writer_path)
@@ -365,6 +372,9 @@ async def take_over(store: Store, writer_path: str, latest_path: str) -> int:
             new_generation,
             repair,
         )
+
+    if before_claim is not None:
+        await before_claim(new_generation)
 
     def claim(current: LatestPointer | None) -> tuple[LatestPointer, LatestPointer]:
         if current is not None and current.writer_generation >= new_generation:

@@ -201,15 +201,14 @@ async def discard_attempt(
     uploads: Sequence[PartitionUpload],
     attempt: str,
     packs: int = 0,
+    intent: str | None = None,
 ) -> None:
     """Best effort: delete the objects ``attempt`` may have written for ``uploads`` (each
-    its own object) and its ``packs`` packs, and the checkpoint's intent (the lease ends
-    with the attempt).
+    its own object), its ``packs`` packs, and ``intent``, its save's intent (the lease
+    ends with the attempt).
 
-    Only names that carry the attempt's token: no other writer's object can be among
-    them. (Another writer of the same id that is still uploading renews the intent
-    within a third of its lease; should GC claim the id meanwhile, that save fails with
-    :class:`~cairn.errors.CheckpointAbortedError`, committing nothing.)
+    Only names that carry a token of this save's own: no other writer's object can be
+    among them.
     """
     paths = [
         ctx.paths.resolve(checkpoint_id, ctx.paths.relative_artifact(op, p, delta, attempt))
@@ -219,7 +218,8 @@ async def discard_attempt(
         ctx.paths.resolve(checkpoint_id, CheckpointPaths.relative_pack(index, attempt))
         for index in range(packs)
     ]
-    paths.append(ctx.paths.intent(checkpoint_id))
+    if intent is not None:
+        paths.append(intent)
     try:
         await ctx.store.delete(paths)
     except (CheckpointerError, asyncio.CancelledError) as exc:

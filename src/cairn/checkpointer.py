@@ -65,7 +65,7 @@ from cairn.inputs import ArtifactData
 from cairn.layout import CheckpointPaths
 from cairn.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
 from cairn.observe import Observer, Operation
-from cairn.retention import GcResult, RetentionPolicy, run_gc
+from cairn.retention import GcResult, RetentionPolicy, abort_saves_in_flight, run_gc
 from cairn.retry import RetryingStore, RetryPolicy
 from cairn.signing import SigningKey, signing_keys
 from cairn.stores import Store, as_store
@@ -520,13 +520,20 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def take_over(self) -> int:
         """Become the writer of this store, fencing every earlier writer.
 
-        Raises the writer generation recorded in the store above every one visible and
-        claims ``_latest`` for it. From then on a checkpointer of an older generation
-        cannot commit: its ``save`` raises :class:`FencedError`. Returns the new generation.
+        Raises the writer generation recorded in the store above every one visible,
+        ends every save still in flight, this checkpointer's own included (its id
+        claimed), and claims ``_latest`` for the new generation. From then on a
+        checkpointer of an older generation cannot commit: its ``save`` raises
+        :class:`FencedError` or :class:`CheckpointAbortedError`. Returns the new
+        generation.
         """
         paths = await self.resolve_paths()
+
+        async def abort_older_saves(generation: int) -> None:
+            await abort_saves_in_flight(self.store, paths)
+
         self.writer_generation = await _pointer.take_over(
-            self.store, paths.writer_record(), paths.latest_pointer()
+            self.store, paths.writer_record(), paths.latest_pointer(), abort_older_saves
         )
         return self.writer_generation
 

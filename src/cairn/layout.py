@@ -74,6 +74,7 @@ __all__ = [
     "CheckpointPaths",
     "is_attempt_artifact",
     "is_cairn_name",
+    "is_intent",
     "new_attempt",
     "short_repr",
     "validate_checkpoint_name",
@@ -130,6 +131,8 @@ _ATTEMPT_ARTIFACT = re.compile(
 )
 _PACK = re.compile(rf"packs/pack-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.pack")
 _MANIFEST_PART = re.compile(r"parts/part-[0-9a-f]{64}\.json")
+# intent.{attempt}.json, as intent() names a save's; intent.json, as cairn before those.
+_INTENT = re.compile(rf"intent(?:\.[0-9a-f]{{{_ATTEMPT_HEX}}})?\.json")
 # operators/{operator}/partition-{p}.{snap|delta}: the reference's attempt-less names
 # (save_snapshot, save_delta, and checkpoints written before attempts existed).
 _PLAIN_ARTIFACT = re.compile(
@@ -156,10 +159,17 @@ def is_attempt_artifact(relative_path: str) -> bool:
     return _ATTEMPT_ARTIFACT.fullmatch(relative_path) is not None
 
 
+def is_intent(relative_path: str) -> bool:
+    """True when ``relative_path``, relative to a checkpoint directory, names an intent:
+    ``intent.{attempt}.json`` (:meth:`CheckpointPaths.intent`), or ``intent.json`` as
+    cairn wrote it before intents carried their save's attempt."""
+    return _INTENT.fullmatch(relative_path) is not None
+
+
 def is_cairn_name(relative_path: str) -> bool:
     """True when ``relative_path``, relative to a checkpoint directory, is a name cairn
-    writes there: ``manifest.json`` (or its tombstone), ``intent.json``, an attempt-named
-    artifact, file of a directory partition or pack (:func:`is_attempt_artifact`; DCP
+    writes there: ``manifest.json`` (or its tombstone), an intent (:func:`is_intent`), an
+    attempt-named artifact, file of a directory partition or pack (:func:`is_attempt_artifact`; DCP
     saves write these too), a manifest part, the reference's attempt-less
     ``operators/{operator}/partition-{p}.snap|.delta``, or ``offsets/{source}.json`` of a
     cairn 0.1 checkpoint, each with a valid operator or source name and partition.
@@ -167,7 +177,7 @@ def is_cairn_name(relative_path: str) -> bool:
     GC and ``delete_checkpoint`` delete only such names: anything else under a directory
     named like a checkpoint id is another application's, and stays.
     """
-    if relative_path in (MANIFEST_NAME, INTENT_NAME):
+    if relative_path == MANIFEST_NAME or is_intent(relative_path):
         return True
     if CheckpointPaths.is_manifest_part(relative_path) or CheckpointPaths.is_pack(relative_path):
         return True
@@ -383,9 +393,22 @@ class CheckpointPaths:
         """The object GC writes to read the store's own time (its ``last_modified``)."""
         return f"{self._base}{CLOCK_NAME}"
 
-    def intent(self, checkpoint_id: CheckpointId) -> str:
-        """Written first by an incremental save: names the parent it builds on, for GC."""
-        return f"{self.checkpoint_dir(checkpoint_id)}{INTENT_NAME}"
+    def intent(self, checkpoint_id: CheckpointId, attempt: str | None = None) -> str:
+        """The intent a save of ``checkpoint_id`` writes first and renews (its lease),
+        naming the parent it builds on, for GC: ``intent.{attempt}.json``, one per save
+        that commits, so that two writers of one id never share one; without
+        ``attempt``, ``intent.json``, the one the processes that upload parts of one save
+        share (and every save's, before intents carried attempts)."""
+        if attempt is None:
+            return f"{self.checkpoint_dir(checkpoint_id)}{INTENT_NAME}"
+        if _ATTEMPT.fullmatch(attempt) is None:
+            raise InvalidInputError(f"not an attempt token: {attempt!r}")
+        return f"{self.checkpoint_dir(checkpoint_id)}intent.{attempt}.json"
+
+    def is_intent_path(self, path: str) -> bool:
+        """True when store ``path`` is an intent in a checkpoint directory."""
+        cid = self.checkpoint_of(path)
+        return cid is not None and is_intent(path[len(self.checkpoint_dir(cid)) :])
 
     def snapshot(self, checkpoint_id: CheckpointId, operator: str, partition: int) -> str:
         """The full-state artifact of one operator partition."""

@@ -78,7 +78,7 @@ from cairn._lease import (
     stamp_margin,
 )
 from cairn._parts import read_whole
-from cairn._pointer import LatestPointer, read_pointer
+from cairn._pointer import LatestPointer, read_pointer, read_writer
 from cairn._validate import positive_int
 from cairn.errors import (
     CheckpointerError,
@@ -98,6 +98,8 @@ __all__ = [
     "GcResult",
     "RetentionPolicy",
     "StoreState",
+    "abort_saves_in_flight",
+    "claim_saves_on",
     "look_again",
     "plan_gc",
     "read_state",
@@ -227,8 +229,8 @@ class GcPlan:
     orphans: list[ObjectInfo]
     retired: list[CheckpointId] = field(default_factory=list)
     """Of ``deleted``, those whose directory holds an intent (the save that committed it
-    has not finished): each manifest is replaced by a tombstone instead of deleted
-    (:func:`cairn._lease.retire`)."""
+    has not finished) or that a fence names: each manifest is replaced by a tombstone
+    instead of deleted (:func:`cairn._lease.retire`)."""
     # An explanation of the decisions, not one: plans that decide alike are equal.
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     """Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in order."""
@@ -331,28 +333,36 @@ def _reachable(
 class StoreState:
     """What GC read from the store: pure data for :func:`plan_gc`.
 
-    ``intents`` and ``tombstones`` are those of uncommitted directories only; ``damaged``
+    ``intents`` (each save attempt's, see :meth:`CheckpointPaths.intent`) and
+    ``tombstones`` are those of uncommitted directories only; ``damaged``
     are committed directories whose manifest does not decode (GC leaves them alone: what
     they reference cannot be known). ``latest`` is the pointer as read, or None.
+    ``fenced`` are the checkpoints the writer record's fences name (where a fenced
+    generation ended, see :mod:`cairn._pointer`).
     """
 
     manifests: dict[CheckpointId, CheckpointManifest]
     objects: list[ObjectInfo]
-    intents: dict[CheckpointId, tuple[ObjectInfo, Intent | None]]
+    intents: dict[CheckpointId, list[tuple[ObjectInfo, Intent | None]]]
     tombstones: dict[CheckpointId, ObjectInfo]
     damaged: dict[CheckpointId, str]
     latest: LatestPointer | None
+    fenced: frozenset[CheckpointId] = frozenset()
+    ended: frozenset[CheckpointId] = frozenset()
+    """Uncommitted directories whose intent was listed but was gone when read: their
+    save ended meanwhile, committed (its manifest is there now) or not."""
 
 
 def uncommitted_dirs(
     state: StoreState, paths: CheckpointPaths, *, now: dt.datetime, min_age: dt.timedelta
-) -> tuple[dict[CheckpointId, CheckpointId | None], set[CheckpointId]]:
+) -> tuple[dict[CheckpointId, frozenset[CheckpointId]], set[CheckpointId]]:
     """Split uncommitted directories into those to leave alone and those to reclaim.
 
     Returns ``(busy, abandoned)``: ``busy`` maps each directory GC must not touch (a live
-    lease, or an object younger than ``min_age``) to the parent its intent names (its
-    chain is protected too); ``abandoned`` holds the unclaimed ones with neither, which GC
-    claims before it sweeps them. Tombstoned directories are in neither: they are dead.
+    lease, or an object younger than ``min_age``) to the parents its intents name (their
+    chains are protected too; two writers of one id may build on two); ``abandoned``
+    holds the unclaimed ones with neither, which GC claims before it sweeps them.
+    Tombstoned directories are in neither: they are dead.
     """
     return _uncommitted_dirs(state, _owners(paths, state.objects), now=now, min_age=min_age)
 
@@ -399,7 +409,7 @@ def _uncommitted_dirs(
     *,
     now: dt.datetime,
     min_age: dt.timedelta,
-) -> tuple[dict[CheckpointId, CheckpointId | None], set[CheckpointId]]:
+) -> tuple[dict[CheckpointId, frozenset[CheckpointId]], set[CheckpointId]]:
     """:func:`uncommitted_dirs`, given :func:`_owners` of ``state.objects``."""
     settled = state.manifests.keys() | state.damaged.keys() | state.tombstones.keys()
     newest: dict[CheckpointId, dt.datetime] = {}
@@ -409,30 +419,34 @@ def _uncommitted_dirs(
         last = newest.get(cid)
         if last is None or info.last_modified > last:
             newest[cid] = info.last_modified
-    busy: dict[CheckpointId, CheckpointId | None] = {}
+    busy: dict[CheckpointId, frozenset[CheckpointId]] = {}
     abandoned: set[CheckpointId] = set()
     for cid, last in newest.items():
-        info_intent = state.intents.get(cid)
-        intent = info_intent[1] if info_intent else None
-        live = info_intent is not None and is_live(info_intent[0], intent, now)
+        intents = state.intents.get(cid, [])
+        live = any(is_live(info, intent, now) for info, intent in intents)
         if live or last > _before(now, min_age):
-            busy[cid] = intent.parent_id if intent is not None else None
+            busy[cid] = _parents_of(state, cid)
         else:
             abandoned.add(cid)
+    # A directory a save in progress builds on is never claimed, committed or not: the
+    # save may have read its manifest before a deletion removed it, and carries its
+    # objects (a parent that cannot be read any more fails the save, and a deletion's
+    # second look spares it, see look_again).
+    abandoned -= _all_parents(busy)
     return busy, abandoned
 
 
-class _RecordPaths:
-    """The manifest and intent paths of each checkpoint id, each built once."""
+class _ManifestPaths:
+    """The manifest path of each checkpoint id, each built once."""
 
     def __init__(self, paths: CheckpointPaths) -> None:
         self._paths = paths
-        self._known: dict[CheckpointId, tuple[str, str]] = {}
+        self._known: dict[CheckpointId, str] = {}
 
-    def __call__(self, cid: CheckpointId) -> tuple[str, str]:
+    def __call__(self, cid: CheckpointId) -> str:
         known = self._known.get(cid)
         if known is None:
-            known = self._known[cid] = (self._paths.manifest(cid), self._paths.intent(cid))
+            known = self._known[cid] = self._paths.manifest(cid)
         return known
 
 
@@ -476,7 +490,7 @@ def _plan(
     state: StoreState,
     policy: RetentionPolicy,
     owners: list[CheckpointId | None],
-    busy: Mapping[CheckpointId, CheckpointId | None],
+    busy: Mapping[CheckpointId, frozenset[CheckpointId]],
     *,
     now: dt.datetime,
     min_age: dt.timedelta,
@@ -510,9 +524,7 @@ def _plan(
             ),
             "newer than latest",
         )
-    also(
-        {p for p in busy.values() if p is not None and p in manifests}, "base of a save in progress"
-    )
+    also({p for p in _all_parents(busy) if p in manifests}, "base of a save in progress")
     keep = set(why)
     whole, referenced = _reachable(paths, keep, manifests)
     also(sorted(whole - keep), "base of a kept incremental")
@@ -522,13 +534,17 @@ def _plan(
     for cid in owners:
         if cid is not None:
             in_dir[cid] = in_dir.get(cid, 0) + 1
-    records = _RecordPaths(paths)
+    manifest_of = _ManifestPaths(paths)
     to_delete: list[ObjectInfo] = []
     orphans: list[ObjectInfo] = []
     own = {cid: _own_paths(paths, manifests[cid]) for cid in doomed}
-    retired: set[CheckpointId] = set()
+    # A doomed checkpoint a fence names is retired (see cairn._lease.retire): a fenced
+    # writer of its id, stalled before its create, would count as where its generation
+    # ended; so is one whose directory still holds an intent (below).
+    retired = set(doomed) & state.fenced
+    carried = _all_parents(busy)
     for info, cid in zip(state.objects, owners, strict=True):
-        if cid is None or info.path in referenced:
+        if cid is None or info.path in referenced or cid in carried:
             continue
         if cid in manifests:
             # A kept checkpoint's directory is left as it is, and a doomed one loses what
@@ -539,10 +555,10 @@ def _plan(
             # its lease lapsed, and sweeps it.
             if cid not in whole and info.path in own[cid]:
                 to_delete.append(info)
-            elif cid not in whole and info.path == records(cid)[1]:
+            elif cid not in whole and paths.is_intent_path(info.path):
                 retired.add(cid)
         elif cid in dead:
-            is_the_tombstone = info.path == records(cid)[0]
+            is_the_tombstone = info.path == manifest_of(cid)
             # Judged by the store's time: a tombstone outlives any local clock's error.
             margin = stamp_margin(info.last_modified, now)
             expired = in_dir[cid] == 1 and info.last_modified + margin <= _before(
@@ -660,25 +676,30 @@ async def _read_state(
 ) -> tuple[StoreState, list[CheckpointId | None]]:
     """:func:`read_state`, and :func:`_owners` of its objects, computed on the way."""
     latest, _, _ = await read_pointer(store, paths.latest_pointer())
+    record, _, _ = await read_writer(store, paths.writer_record())
+    fenced = frozenset(
+        fence.checkpoint_id
+        for fence in (record.fences if record is not None else ())
+        if fence.checkpoint_id is not None
+    )
     objects = await store.list(paths.base_prefix)
     manifests: dict[CheckpointId, CheckpointManifest] = {}
     damaged: dict[CheckpointId, str] = {}
     tombstones: dict[CheckpointId, ObjectInfo] = {}
-    intents: dict[CheckpointId, tuple[ObjectInfo, Intent | None]] = {}
+    intents: dict[CheckpointId, list[tuple[ObjectInfo, Intent | None]]] = {}
     committed: dict[CheckpointId, ObjectInfo] = {}
     intent_infos: list[tuple[CheckpointId, ObjectInfo]] = []
-    records = _RecordPaths(paths)
+    manifest_of = _ManifestPaths(paths)
     owners = _owners(paths, objects)
     for info, cid in zip(objects, owners, strict=True):
         if cid is None:
             continue
-        manifest_path, intent_path = records(cid)
-        if info.path == manifest_path:
+        if info.path == manifest_of(cid):
             if is_tombstone(info):
                 tombstones[cid] = info
             else:
                 committed[cid] = info
-        elif info.path == intent_path:
+        elif paths.is_intent_path(info.path):
             intent_infos.append((cid, info))
 
     def read_manifest(cid: CheckpointId, info: ObjectInfo) -> Callable[[], Awaitable[None]]:
@@ -694,21 +715,27 @@ async def _read_state(
 
         return job
 
+    ended: set[CheckpointId] = set()
+
     def read_intent(cid: CheckpointId, info: ObjectInfo) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
             try:
                 blob = await store.get(info.path)
             except CheckpointNotFoundError:
+                ended.add(cid)
                 return
             # The listing's time is the lease's start as GC saw it; the bytes say for how long.
-            intents[cid] = (info, decode_intent(bytes(blob.data)))
+            intents.setdefault(cid, []).append((info, decode_intent(bytes(blob.data))))
 
         return job
 
     reads = [read_manifest(cid, info) for cid, info in committed.items()]
     reads += [read_intent(cid, info) for cid, info in intent_infos if cid not in committed]
     await bounded_gather(MANIFEST_READ_CONCURRENCY, reads)
-    return StoreState(manifests, objects, intents, tombstones, damaged, latest), owners
+    state = StoreState(
+        manifests, objects, intents, tombstones, damaged, latest, fenced, frozenset(ended)
+    )
+    return state, owners
 
 
 async def _read_listed(store: Store, info: ObjectInfo) -> Buffer:
@@ -827,22 +854,72 @@ async def look_again(
     """
     state = await read_state(store, paths)
     now = await store_now(store, paths)
-    busy, abandoned = uncommitted_dirs(state, paths, now=now, min_age=min_age)
+    busy, _ = uncommitted_dirs(state, paths, now=now, min_age=min_age)
     everything = {**known, **state.manifests}
-    if claim_live:
-        # What carries a doomed checkpoint's objects is broken with it, and so is
-        # anything a save would build on it.
+    late = await claim_saves_on(
+        store, paths, state, everything, doomed, now=now, min_age=min_age, live=claim_live
+    )
+    everything.update(late)
+    # A save whose intent was listed but gone when read may have committed since the
+    # listing: what it committed, it carries.
+    for cid in sorted(state.ended - set(late)):
+        committed = await _read_manifest(store, paths, cid)
+        if committed is not None:
+            late[cid] = everything[cid] = committed
+    fresh = (set(state.manifests) | set(late)) - set(known)
+    # Every directory a save in progress builds on is spared, committed or not (its
+    # manifest may be gone: the save read it before).
+    return _reachable(paths, fresh | _all_parents(busy), everything)
+
+
+async def claim_saves_on(
+    store: Store,
+    paths: CheckpointPaths,
+    state: StoreState,
+    manifests: Mapping[CheckpointId, CheckpointManifest],
+    doomed: set[CheckpointId],
+    *,
+    now: dt.datetime,
+    min_age: dt.timedelta,
+    live: bool,
+) -> dict[CheckpointId, CheckpointManifest]:
+    """Claim the saves in progress in ``state`` that build on a checkpoint of ``doomed``
+    and whose lease lapsed at ``now`` (with ``live``: every one, and also those building
+    on a checkpoint of ``manifests`` that carries a doomed one's objects, which a forced
+    deletion breaks too). Returns the manifests of those whose claim found them
+    committed meanwhile (each read whole; one that does not decode is left out)."""
+    busy, abandoned = uncommitted_dirs(state, paths, now=now, min_age=min_age)
+    candidates = abandoned
+    if live:
         candidates = abandoned | set(busy)
-        doomed = doomed | {cid for cid, m in everything.items() if _carries(m, doomed)}
-    else:
-        candidates = abandoned
-    building = {cid for cid in candidates if _parent_of(state, cid) in doomed}
+        doomed = doomed | {cid for cid, m in manifests.items() if _carries(m, doomed)}
+    building = {cid for cid in candidates if _parents_of(state, cid) & doomed}
     committed = building - await _claim_all(store, paths, building)
     late = {cid: await _read_manifest(store, paths, cid) for cid in sorted(committed)}
-    everything.update({c: m for c, m in late.items() if m is not None})
-    fresh = (set(state.manifests) | set(late)) - set(known)
-    parents = {p for p in busy.values() if p is not None and p in everything}
-    return _reachable(paths, fresh | parents, everything)
+    return {cid: manifest for cid, manifest in late.items() if manifest is not None}
+
+
+async def abort_saves_in_flight(store: Store, paths: CheckpointPaths) -> None:
+    """What a takeover does between raising the writer generation and claiming
+    ``_latest``: claim the id of every save in flight.
+
+    A save writes its intent before it reads the fence (:func:`cairn._commit.start`), so
+    one that read an older generation has its intent in the store by now, and each
+    uncommitted directory holding an intent is claimed (a tombstone: its create will
+    fail). A save either read the new generation and stops, or committed before this
+    listing (before the takeover claims ``_latest``), or can no longer commit. One
+    listing, and a create-only write per save in flight.
+    """
+    objects = await store.list(paths.base_prefix)
+    listed = {info.path for info in objects}
+    saving = {
+        cid
+        for info in objects
+        if paths.is_intent_path(info.path) and (cid := paths.checkpoint_of(info.path))
+    }
+    for cid in sorted(saving):
+        if paths.manifest(cid) not in listed:
+            await claim(store, paths.manifest(cid))
 
 
 def _carries(manifest: CheckpointManifest, owners: set[CheckpointId]) -> bool:
@@ -850,12 +927,19 @@ def _carries(manifest: CheckpointManifest, owners: set[CheckpointId]) -> bool:
     return any(owner in owners for owner, _, _ in manifest.stored_objects())
 
 
-def _parent_of(state: StoreState, cid: CheckpointId) -> CheckpointId | None:
-    """The parent the intent in uncommitted directory ``cid`` names (None: none, or it
-    could not be read)."""
-    found = state.intents.get(cid)
-    intent = found[1] if found is not None else None
-    return intent.parent_id if intent is not None else None
+def _parents_of(state: StoreState, cid: CheckpointId) -> frozenset[CheckpointId]:
+    """The parents the intents in uncommitted directory ``cid`` name (one that could not
+    be read names none)."""
+    return frozenset(
+        intent.parent_id
+        for _, intent in state.intents.get(cid, [])
+        if intent is not None and intent.parent_id is not None
+    )
+
+
+def _all_parents(busy: Mapping[CheckpointId, frozenset[CheckpointId]]) -> set[CheckpointId]:
+    """Every parent the saves in progress of ``busy`` build on."""
+    return {parent for parents in busy.values() for parent in parents}
 
 
 async def _read_manifest(

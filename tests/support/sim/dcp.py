@@ -44,7 +44,7 @@ from ..dcp import ShardSavePlanner, raw, sharded
 from .mutants import mutated
 from .oracle import Expected
 from .scheduler import Actor, Faults
-from .world import LEASE, Outcome, World, deterministic, outcome_of
+from .world import LEASE, Outcome, World, deterministic, outcome_of, play
 
 __all__ = ["run_dcp"]
 
@@ -265,9 +265,5 @@ def run_dcp(seed: int, faults: Faults | None = None, mutant: str | None = None) 
     """Run the DCP world of ``seed`` and audit it (see :func:`support.sim.world.run`)."""
     world = DcpWorld(seed, faults or Faults())
     with deterministic(world), mutated(mutant), _blocking_in_greenlets():
-        try:
-            world.scheduler.run(world.cast())
-            world.scheduler.run_auditor(Actor("auditor", faults=False), world.audit)
-        finally:
-            world.scheduler.close()
+        play(world, world.cast(), world.audit)
     return outcome_of(world)

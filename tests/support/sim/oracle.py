@@ -78,9 +78,15 @@ class Attempt:
     """What its processes wrote in its directory while it ran."""
     leased: bool = False
     """Whether its intent was written (the lease that protects it began)."""
+    parent_writer: str = "?"
+    """The actor that committed its parent (which may roll that commit back, fenced:
+    a save is never admitted to build on such a parent)."""
     created: bool = False
     """Whether one of its processes wrote its manifest (from then on the rules of a
     committed checkpoint apply)."""
+    abandoning: bool = False
+    """Whether one of its processes began removing what it uploaded (a save that fails
+    cleans up: it will not commit, and protects nothing any more)."""
 
     @property
     def live(self) -> bool:
@@ -95,6 +101,8 @@ class _Manifest:
     generation: int
     epoch: int
     created: int
+    writer: str = "?"
+    """The actor that wrote it."""
 
 
 @dataclass(eq=False)
@@ -132,6 +140,8 @@ class Oracle:
         self._takeovers: dict[tuple[int, int], _Takeover] = {}
         self._writer: dict[int, WriterRecord] = {}
         self._broken_by_force: set[tuple[int, str]] = set()
+        self._gone_by_force: set[tuple[int, str]] = set()
+        """Objects a forced delete removed: what is built on them later is broken too."""
         self._removed: dict[tuple[int, CheckpointId], tuple[str, bool]] = {}
         """Committed manifests deleted: by whom, and whether rightfully."""
 
@@ -189,13 +199,14 @@ class Oracle:
         for attempt in self._attempts.get((id(store), owner), []):
             if not attempt.live or actor not in attempt.actors:
                 continue
-            if path != self.paths.intent(owner):
+            if not self.paths.is_intent_path(path):
                 attempt.written.add(path)
             elif not attempt.leased:
                 # From its intent on, a save's parent is protected: it reads the parent's
                 # manifest after writing the intent (and fails if it is gone by then).
                 attempt.leased = True
                 attempt.parent_named = self.parent_objects(store, attempt.parent)
+                attempt.parent_writer = self._writer_of(store, attempt.parent)
 
     def _manifest_written(self, store: SimStore, path: str, cid: CheckpointId, data: bytes) -> None:
         try:
@@ -212,11 +223,16 @@ class Oracle:
         for attempt in self._attempts.get((id(store), cid), []):
             if attempt.live and actor in attempt.actors:
                 attempt.created = True
-        record = _Manifest(cid, named, manifest.writer_generation or 0, manifest.epoch, self.step)
+        generation = manifest.writer_generation or 0
+        record = _Manifest(cid, named, generation, manifest.epoch, self.step, actor)
         self._manifests[(id(store), path)] = record
         for object_path, size in named.items():
             self._naming.setdefault((id(store), object_path), set()).add(path)
             found = store.objects.get(object_path)
+            if found is None and (id(store), object_path) in self._gone_by_force:
+                # Built on a checkpoint a forced delete broke: its documented effect.
+                self._broken_by_force.add((id(store), path))
+                continue
             if found is None or len(found.data) < size:
                 state = "missing" if found is None else f"{len(found.data)} bytes"
                 self._flag(
@@ -248,6 +264,9 @@ class Oracle:
             return
         key = (id(store), path)
         named_by = self._naming.get(key)
+        forced = self._deleting.get(actor)
+        if forced is not None and forced[1]:
+            self._gone_by_force.add(key)
         if named_by:
             deleting = self._deleting.get(actor)
             if deleting is not None and deleting[1]:
@@ -293,11 +312,15 @@ class Oracle:
         if deleting is not None and deleting[1]:
             return  # a forced delete breaks what builds on it: its documented effect
         owner = self.paths.checkpoint_of(path)
+        for attempt in self._attempts.get((id(store), owner), []) if owner else []:
+            if attempt.live and actor in attempt.actors and path in attempt.written:
+                attempt.abandoning = True
         for attempts in self._attempts.values():
             for attempt in attempts:
                 if (
                     not attempt.live
                     or attempt.created
+                    or attempt.abandoning
                     or attempt.store is not store
                     or actor in attempt.actors
                 ):
@@ -307,7 +330,7 @@ class Oracle:
                     continue  # committed by a twin, or claimed by GC: its create will fail
                 if owner == attempt.cid and path in attempt.written:
                     self._flag(f"{path} of the live save of {attempt.cid} deleted")
-                elif path in attempt.parent_named:
+                elif path in attempt.parent_named and actor != attempt.parent_writer:
                     self._flag(
                         f"{path} of parent {attempt.parent}, which the live save of "
                         f"{attempt.cid} carries, deleted"
@@ -330,6 +353,10 @@ class Oracle:
                     attempt.outcome = f"unknown: {actor.name} crashed"
 
     # -- what actors report ------------------------------------------------------------
+
+    def _writer_of(self, store: SimStore, cid: CheckpointId | None) -> str:
+        record = None if cid is None else self._manifests.get((id(store), self.paths.manifest(cid)))
+        return record.writer if record is not None else "?"
 
     def parent_objects(self, store: SimStore, parent: CheckpointId | None) -> frozenset[str]:
         """The objects a save building on ``parent`` will name (its manifest's, now)."""

@@ -213,7 +213,12 @@ class Scheduler:
             self._check_settled()
 
     def spawn(self, actor: Actor, script: Coroutine[Any, Any, None]) -> None:
-        """Start one more actor while the run goes on (a worker a coordinator starts)."""
+        """Start one more actor while the run goes on (a worker a coordinator starts); a
+        dead actor's code starts nothing (a timer may still wake one of its tasks)."""
+        parent = ACTOR.get()
+        if parent is not None and not parent.alive:
+            script.close()
+            return
         self.actors.append(actor)
         context = contextvars.copy_context()
         context.run(ACTOR.set, actor)

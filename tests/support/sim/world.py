@@ -44,6 +44,7 @@ from cairn.distributed import WorkerReport, commit_distributed, upload_partition
 from cairn.errors import CheckpointerError
 from cairn.retry import RetryPolicy
 
+from .loop import Deadlock
 from .mutants import mutated
 from .oracle import Attempt, Expected, Oracle
 from .scheduler import EPOCH, Actor, Faults, Killed, Scheduler
@@ -452,12 +453,24 @@ def run(seed: int, faults: Faults | None = None, mutant: str | None = None) -> O
     names a historical bug to bring back for the run (:mod:`support.sim.mutants`)."""
     world = World(seed, faults or Faults())
     with deterministic(world), mutated(mutant):
-        try:
-            world.scheduler.run(world.cast())
-            world.scheduler.run_auditor(Actor("auditor", faults=False), world.audit)
-        finally:
-            world.scheduler.close()
+        play(world, world.cast(), world.audit)
     return outcome_of(world)
+
+
+def play(
+    world: World,
+    cast: list[tuple[Actor, Callable[[], Coroutine[Any, Any, None]]]],
+    audit: Callable[[], Coroutine[Any, Any, None]],
+) -> None:
+    """Run ``cast`` on ``world``'s scheduler, then ``audit`` alone; a run that cannot go
+    on (every task waiting for what never comes) is a violation, with its trace."""
+    try:
+        world.scheduler.run(cast)
+        world.scheduler.run_auditor(Actor("auditor", faults=False), audit)
+    except Deadlock as exc:
+        world.oracle.violations.append(f"step {world.scheduler.step}: deadlock: {exc}")
+    finally:
+        world.scheduler.close()
 
 
 def outcome_of(world: World) -> Outcome:
