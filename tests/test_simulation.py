@@ -96,6 +96,19 @@ def test_a_seed_replays_exactly_in_another_process() -> None:
     ]
 
 
+BEYOND_THE_SUITE = (240767,)
+"""Schedules from longer searches (``bench/simulate.py --schedules 1000000``) that once
+broke an invariant, kept because the suite's range does not reach them."""
+
+
+@pytest.mark.parametrize("seed", BEYOND_THE_SUITE)
+def test_a_schedule_from_a_longer_search_keeps_every_invariant(seed: int) -> None:
+    # 240767: a pipelined save stopped by the fence removes its intent before its parent
+    # is deleted; a save that ended so protects nothing.
+    outcome = run(seed)
+    assert outcome.ok, outcome.report()
+
+
 FOUND_WITHIN = {
     "gc-ignores-leases": 100,  # first found at seed 5
     "fixed-attempt-names": 1000,  # at seed 571

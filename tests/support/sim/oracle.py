@@ -85,8 +85,9 @@ class Attempt:
     """Whether one of its processes wrote its manifest (from then on the rules of a
     committed checkpoint apply)."""
     abandoning: bool = False
-    """Whether one of its processes began removing what it uploaded (a save that fails
-    cleans up: it will not commit, and protects nothing any more)."""
+    """Whether one of its processes began removing what it uploaded, or its intent before
+    its manifest (a save that fails cleans up: it will not commit, and protects nothing
+    any more)."""
 
     @property
     def live(self) -> bool:
@@ -312,8 +313,10 @@ class Oracle:
         if deleting is not None and deleting[1]:
             return  # a forced delete breaks what builds on it: its documented effect
         owner = self.paths.checkpoint_of(path)
+        ends = owner is not None and self.paths.is_intent_path(path)
         for attempt in self._attempts.get((id(store), owner), []) if owner else []:
-            if attempt.live and actor in attempt.actors and path in attempt.written:
+            if attempt.live and actor in attempt.actors and (ends or path in attempt.written):
+                # Removing its uploads, or its intent before its manifest: the save ended.
                 attempt.abandoning = True
         for attempts in self._attempts.values():
             for attempt in attempts:
