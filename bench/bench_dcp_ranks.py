@@ -151,8 +151,8 @@ sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
 from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
 from bench.per_tensor import PerTensorWriter  # noqa: E402
-from cairn.codecs import get_codec  # noqa: E402
-from cairn.layout import CheckpointPaths  # noqa: E402
+from cairn.format.codecs import get_codec  # noqa: E402
+from cairn.format.layout import CheckpointPaths  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
 from cairn.torch import CairnReader, CairnWriter  # noqa: E402
 from cairn.torch._itemtable import CODEC, RankItems, with_plain_chunks  # noqa: E402

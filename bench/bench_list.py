@@ -17,7 +17,7 @@ MemoryStore, or with ``--s3`` to moto's S3 server on a loopback port, then measu
   others: the floor of any answer that needs it.
 
 cairn chooses between the first two by the size of the newest manifest (see
-``cairn._catalog.list_checkpoints``).
+``cairn.protocol._catalog.list_checkpoints``).
 
 Measured as in bench_save.py (its ``measure`` and ``report``): one event loop,
 interleaved rounds rotating which variant goes first, round 0 a discarded warm-up,
@@ -41,8 +41,8 @@ import obstore
 from obstore.store import MemoryStore, ObjectStore, S3Store
 
 from cairn import CheckpointId, ObjectStoreCheckpointer
-from cairn.layout import CheckpointPaths
-from cairn.manifest import (
+from cairn.format.layout import CheckpointPaths
+from cairn.format.manifest import (
     CheckpointManifest,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,

@@ -14,7 +14,7 @@ Three layouts: ``packs``, what ``save`` writes (small partitions merged into pac
 of up to 64 MiB, each partition a byte range of one, and a manifest of more than 4,096
 entries stored as a small root and parts of about 4,096 entries each); ``one-manifest``,
 the same packs with the manifest stored whole (the layout before manifest parts, made by
-raising ``cairn.manifest.PART_ENTRIES`` for the run); and ``whole``: the same partitions
+raising ``cairn.format.manifest.PART_ENTRIES`` for the run); and ``whole``: the same partitions
 saved with ``save_partitions_concurrent`` then committed, one object per partition (the
 layout before packs). The ``whole`` baseline costs a request per partition, so it runs
 only on ``--baseline-stores`` (default: memory; ``""`` for none).
@@ -50,9 +50,9 @@ sys.path.append(str(REPO / "tests"))  # for support.servers, support.recording
 
 from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E402
 from cairn import CheckpointData, CheckpointId, ObjectStoreCheckpointer  # noqa: E402
-from cairn import manifest as manifest_module  # noqa: E402
-from cairn._commit import assemble_manifest  # noqa: E402
-from cairn.layout import CheckpointPaths  # noqa: E402
+from cairn.format import manifest as manifest_module  # noqa: E402
+from cairn.format.layout import CheckpointPaths  # noqa: E402
+from cairn.protocol._commit import assemble_manifest  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
 
 recording: Any = importlib.import_module("support.recording")

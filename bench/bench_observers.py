@@ -30,9 +30,9 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_observers.py``
 
 from bench.harness import MiB, Run, Scenario, Variant, emit_json, measure, print_report, report  # noqa: E402
 from cairn import CheckpointData, ObjectStoreCheckpointer  # noqa: E402
-from cairn.metrics import PrometheusMetrics  # noqa: E402
 from cairn.observe import Observer  # noqa: E402
-from cairn.tracing import OpenTelemetryTracer  # noqa: E402
+from cairn.observe.metrics import PrometheusMetrics  # noqa: E402
+from cairn.observe.tracing import OpenTelemetryTracer  # noqa: E402
 
 
 def saving(parts: list[bytes], observed: bool) -> Variant:

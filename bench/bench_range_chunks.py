@@ -2,10 +2,10 @@
 
     python bench/bench_range_chunks.py [--quick] [--json out.json] [--reps N]
 
-An object of ranges (:mod:`cairn.ranges`: a DCP rank's tensors, a save's DCP metadata
+An object of ranges (:mod:`cairn.format.ranges`: a DCP rank's tensors, a save's DCP metadata
 blocks) is sent as one streamed upload, chunk by chunk. A chunk costs a round trip
 between Python and obstore (about 0.1 ms here), so ranges smaller than
-``cairn._upload.COALESCE_BELOW`` are first copied together into chunks of up to 8 MiB,
+``cairn.protocol._upload.COALESCE_BELOW`` are first copied together into chunks of up to 8 MiB,
 and larger ones are sent from their own memory. The bench saves one 256 MiB object of
 equal ranges (32 KiB to 1 MiB each) through ``save_partitions_concurrent`` on a
 MemoryStore with each range sent as its own chunk (``direct``) and with every range
@@ -30,10 +30,11 @@ if str(REPO) not in sys.path:  # run as ``python bench/bench_range_chunks.py``
     sys.path.insert(0, str(REPO))
 
 from bench.harness import MiB, Run, Scenario, Variant, emit_json, measure, print_report, report  # noqa: E402
-from cairn import ObjectStoreCheckpointer, _upload  # noqa: E402
-from cairn.ids import CheckpointId  # noqa: E402
-from cairn.integrity import sha256_hex  # noqa: E402
-from cairn.ranges import Range, RangeSource  # noqa: E402
+from cairn import ObjectStoreCheckpointer  # noqa: E402
+from cairn.format.ids import CheckpointId  # noqa: E402
+from cairn.format.integrity import sha256_hex  # noqa: E402
+from cairn.format.ranges import Range, RangeSource  # noqa: E402
+from cairn.protocol import _upload  # noqa: E402
 
 OBJECT_BYTES = 256 * MiB
 SIZES_KIB = (32, 64, 128, 256, 1024)

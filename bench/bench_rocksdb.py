@@ -62,8 +62,8 @@ sys.path.append(str(REPO / "tests"))  # for support.servers
 
 from bench.harness import MiB, memory_or_moto_store, settle, table  # noqa: E402
 from cairn import CheckpointData, CheckpointPaths, ObjectStoreCheckpointer  # noqa: E402
-from cairn.ids import CheckpointId  # noqa: E402
-from cairn.manifest import CheckpointManifest  # noqa: E402
+from cairn.format.ids import CheckpointId  # noqa: E402
+from cairn.format.manifest import CheckpointManifest  # noqa: E402
 from cairn.stores import Store  # noqa: E402
 
 KEY = ("rocksdb", 0)

@@ -19,7 +19,7 @@ measures on a LocalStore in a temp dir beside it:
   is reported too: on tmpfs the two floors agree, on a disk the fsync waits for it;
 * load: cairn's ``load_artifact_to(path, Path(out), expected_sha256=...)`` (verified,
   fsynced, renamed), with the façade's default ranges ("cairn") and with 1 MiB ranges
-  (``cairn._download.RESTORE_CHUNK``, "cairn 1MiB"), against its floor, the slower of
+  (``cairn.protocol._download.RESTORE_CHUNK``, "cairn 1MiB"), against its floor, the slower of
   8 MiB ranged reads, one ahead, written to a file and fsynced, without a hash
   ("get+fsync"), and one SHA-256 pass over the stored object ("sha").
 
@@ -180,7 +180,7 @@ def prepare_child(spec: Spec) -> ChildRun:
     out = Path(spec["out"])
     if variant in ("load/cairn", "load/cairn 1MiB"):
         ckpt = ObjectStoreCheckpointer(store)
-        # "cairn 1MiB" passes cairn._download.RESTORE_CHUNK (1 MiB), the restore's own
+        # "cairn 1MiB" passes cairn.protocol._download.RESTORE_CHUNK (1 MiB), the restore's own
         # default once the façade uses it instead of READ_CHUNK; "cairn" the default.
         if variant.endswith("1MiB"):
             return lambda: ckpt.load_artifact_to(

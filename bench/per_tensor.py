@@ -4,7 +4,7 @@ Before one object per rank, ``CairnWriter`` stored a tensor of at least
 :data:`OWN_ARTIFACT_BYTES` as an object of its own and packed smaller items, in plan
 order, into bundles of up to :data:`BUNDLE_BYTES`, each item's record in DCP's metadata
 pickled whole. :class:`PerTensorWriter` writes that layout, so that a benchmark compares
-both in one run; cairn still reads checkpoints in it (``tests/test_torch_old_layout.py``).
+both in one run; cairn still reads checkpoints in it (``tests/dcp/test_torch_old_layout.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from cairn._integration import Entry, SaveMeter
 from cairn.checkpointer import PartitionUpload
-from cairn.ids import CheckpointId
-from cairn.integrity import sha256_hex
+from cairn.format.ids import CheckpointId
+from cairn.format.integrity import sha256_hex
+from cairn.integrations._interface import Entry, SaveMeter
 from cairn.torch import CairnWriter
 from cairn.torch._carry import Carried, carried_items
 from cairn.torch._format import ItemRecord

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import prometheus_client
 
-        from cairn.metrics import PrometheusMetrics
+        from cairn.observe.metrics import PrometheusMetrics
     except ImportError as exc:
         hint = "install the extra: pip install 'cairn-checkpoint[metrics]'"
         sys.exit(f"metrics_job.py: {exc}; {hint}")

@@ -4,18 +4,18 @@
 own, with the invariant it keeps written at its top:
 
 ============================  =========================================================
-:mod:`cairn._commit`          the commit protocol: save, commit, rollback, delete
-:mod:`cairn._upload`          artifact upload, hashed while it travels
-:mod:`cairn._download`        loading checkpoints and chains, verified; streamed restore
-:mod:`cairn._chains`          restore chains, and what an incremental save carries over
-:mod:`cairn._catalog`         what is committed, and which checkpoint is the latest
-:mod:`cairn._pointer`         ``_latest`` and the writer generation (fencing)
-:mod:`cairn._lease`           a save in progress against GC: leases and claims
-:mod:`cairn.retention`        retention policies and GC
+:mod:`cairn.protocol._commit`          the commit protocol: save, commit, rollback, delete
+:mod:`cairn.protocol._upload`          artifact upload, hashed while it travels
+:mod:`cairn.protocol._download`        loading checkpoints and chains, verified; streamed restore
+:mod:`cairn.protocol._chains`          restore chains, and what an incremental save carries over
+:mod:`cairn.protocol._catalog`         what is committed, and which checkpoint is the latest
+:mod:`cairn.protocol._pointer`         ``_latest`` and the writer generation (fencing)
+:mod:`cairn.protocol._lease`           a save in progress against GC: leases and claims
+:mod:`cairn.protocol.retention`        retention policies and GC
 ============================  =========================================================
 
-Every store call goes through :class:`~cairn.retry.RetryingStore`, which retries only
-transient failures, with the checkpointer's :class:`~cairn.retry.RetryPolicy`.
+Every store call goes through :class:`~cairn.stores.retry.RetryingStore`, which retries only
+transient failures, with the checkpointer's :class:`~cairn.stores.retry.RetryPolicy`.
 """
 
 from __future__ import annotations
@@ -34,41 +34,33 @@ from typing import Any, BinaryIO, Self
 
 from obstore.store import ObjectStore
 
-from cairn import (
-    _catalog,
-    _commit,
-    _directories,
-    _dispatch,
-    _download,
-    _lease,
-    _pointer,
-    _upload,
-)
-from cairn._background import BackgroundGc, BackgroundSaves, BeforeCommit
-from cairn._buffer import Buffer
-from cairn._context import Context, check_id
-from cairn._download import RESTORE_CHUNK
-from cairn._upload import PartitionUpload
-from cairn._validate import positive_int
-from cairn.codecs import get_codec
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
-from cairn.discover import (
+from cairn.data.inputs import ArtifactData
+from cairn.errors import CheckpointNotFoundError, InvalidInputError, PathsUnresolvedError
+from cairn.format._buffer import Buffer
+from cairn.format._validate import positive_int
+from cairn.format.codecs import get_codec
+from cairn.format.ids import CheckpointId
+from cairn.format.layout import CheckpointPaths
+from cairn.format.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
+from cairn.format.signing import SigningKey, signing_keys
+from cairn.observe import Observer, Operation, _dispatch
+from cairn.protocol import _catalog, _commit, _directories, _download, _lease, _pointer, _upload
+from cairn.protocol._background import BackgroundGc, BackgroundSaves, BeforeCommit
+from cairn.protocol._context import Context, check_id
+from cairn.protocol._download import RESTORE_CHUNK
+from cairn.protocol._upload import PartitionUpload
+from cairn.protocol.discover import (
     ManifestOrDamage,
     checkpoint_dirs,
     default_paths,
     load_manifests,
     resolve_checkpoint_id,
 )
-from cairn.errors import CheckpointNotFoundError, InvalidInputError, PathsUnresolvedError
-from cairn.ids import CheckpointId
-from cairn.inputs import ArtifactData
-from cairn.layout import CheckpointPaths
-from cairn.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
-from cairn.observe import Observer, Operation
-from cairn.retention import GcResult, RetentionPolicy, abort_saves_in_flight, run_gc
-from cairn.retry import RetryingStore, RetryPolicy
-from cairn.signing import SigningKey, signing_keys
+from cairn.protocol.retention import GcResult, RetentionPolicy, abort_saves_in_flight, run_gc
 from cairn.stores import Store, as_store
+from cairn.stores._observed import ObservedStore
+from cairn.stores.retry import RetryingStore, RetryPolicy
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
 
@@ -151,14 +143,14 @@ class ObjectStoreCheckpointer(Checkpointer):
     :func:`~cairn.open_store`. Uploads run at most ``max_concurrent_uploads`` at a time
     and downloads at most ``max_concurrent_downloads``; transient store failures are
     retried per ``retry``. With ``compression="zstd"`` artifacts are stored compressed
-    (see :mod:`cairn.codecs`); readers decompress whatever each entry records. A save in
+    (see :mod:`cairn.format.codecs`); readers decompress whatever each entry records. A save in
     progress holds a ``lease`` on its directory, renewed every third of it, that keeps
-    GC away however long the save runs (see :mod:`cairn._lease`). At most
+    GC away however long the save runs (see :mod:`cairn.protocol._lease`). At most
     ``max_saves_in_flight`` saves run in the background at once (:meth:`save_async`).
-    With ``signing_key`` (HMAC key bytes, a :class:`~cairn.signing.ManifestSigner`, or
+    With ``signing_key`` (HMAC key bytes, a :class:`~cairn.format.signing.ManifestSigner`, or
     a sequence of them: the first signs, all verify), every manifest committed is
     signed, and every manifest used is refused with :class:`SignatureError` unless one
-    of the keys signed it; without, signatures are ignored (see :mod:`cairn.signing`).
+    of the keys signed it; without, signatures are ignored (see :mod:`cairn.format.signing`).
     With ``retention`` (a :class:`~cairn.RetentionPolicy`, orbax's ``max_to_keep`` is
     ``RetentionPolicy(keep_last=n)``), every commit is followed by :meth:`gc` with that
     policy, in the background: it never delays the save, at most one runs at a time
@@ -172,7 +164,7 @@ class ObjectStoreCheckpointer(Checkpointer):
     those that read or change a committed checkpoint also take a short id, the unique
     start of one (8 characters or more, as ``cairn`` tables print them), resolved
     against the committed checkpoints with one listing (see
-    :func:`cairn.discover.resolve_checkpoint_id`; several matches raise
+    :func:`cairn.protocol.discover.resolve_checkpoint_id`; several matches raise
     :class:`~cairn.errors.AmbiguousCheckpointIdError`, none
     :class:`CheckpointNotFoundError`).
     """
@@ -214,7 +206,7 @@ class ObjectStoreCheckpointer(Checkpointer):
                 )
         # Beneath the retries, each attempt is one request: counted (a save's statistics)
         # and reported to the observers.
-        inner = _dispatch.ObservedStore(as_store(store), self.observers)
+        inner = ObservedStore(as_store(store), self.observers)
         self.store: Store = RetryingStore(inner, self.retry)
         self.writer_generation = 0
         self.background = BackgroundSaves(
@@ -248,7 +240,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
         The default is the store's root (``CheckpointPaths("")``); a store whose root
         holds no checkpoints but whose ``checkpoints/`` does (cairn 0.1's default) keeps
-        ``checkpoints/``, with a warning (see :func:`cairn.discover.default_paths`).
+        ``checkpoints/``, with a warning (see :func:`cairn.protocol.discover.default_paths`).
         Idempotent and safe to call concurrently: the store is read once, and the choice
         holds for the checkpointer's life. Every coroutine of the checkpointer calls it
         before its first store call; an explicit ``paths`` is returned as it is, no I/O.
@@ -294,7 +286,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             self.writer_generation,
         )
 
-    # -- writing: the commit protocol (cairn._commit, cairn._upload) ---------------------
+    # -- writing: the commit protocol (protocol._commit, protocol._upload) ----------------
 
     async def save(self, data: CheckpointData) -> CheckpointManifest:
         """Upload every artifact, commit the manifest, and advance ``_latest``.
@@ -483,8 +475,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         :class:`CheckpointExistsError` if the checkpoint is already committed (committed
         checkpoints are immutable). With ``metadata_key``, each artifact is hashed before
         it is sent and its digest stored as that user-metadata key (see
-        :mod:`cairn.distributed`). The uploads hold the checkpoint's lease while they run;
-        it lapses ``lease`` after they end unless the checkpoint is committed first.
+        :mod:`cairn.integrations.distributed`). The uploads hold the checkpoint's lease
+        while they run; it lapses ``lease`` after they end unless the checkpoint is committed first.
         """
         cid = check_id(checkpoint_id)
         checked = _upload.check_uploads(uploads)
@@ -515,7 +507,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         return await _commit.dependents(await self._context(), await self._id(checkpoint_id))
 
-    # -- fencing and the latest pointer (cairn._pointer) ---------------------------------
+    # -- fencing and the latest pointer (cairn.protocol._pointer) ---------------------------------
 
     async def take_over(self) -> int:
         """Become the writer of this store, fencing every earlier writer.
@@ -554,7 +546,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
         return await _catalog.read_latest(await self._context())
 
-    # -- what is committed (cairn._catalog) ----------------------------------------------
+    # -- what is committed (cairn.protocol._catalog) ----------------------------------------------
 
     async def exists(self, checkpoint_id: CheckpointId | str) -> bool:
         """True when ``checkpoint_id`` is committed (one HEAD of its manifest; a short
@@ -567,7 +559,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     async def _id(self, checkpoint_id: CheckpointId | str) -> CheckpointId:
         """The id ``checkpoint_id`` names: itself, its text parsed, or the one committed
-        checkpoint a short id names (:func:`cairn.discover.resolve_checkpoint_id`)."""
+        checkpoint a short id names (:func:`cairn.protocol.discover.resolve_checkpoint_id`)."""
         context = await self._context()
         return await resolve_checkpoint_id(
             checkpoint_id,
@@ -602,7 +594,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         return await _catalog.latest_id(await self._context())
 
-    # -- reading, verified (cairn._download) ---------------------------------------------
+    # -- reading, verified (cairn.protocol._download) ---------------------------------------------
 
     async def load(
         self,
@@ -630,11 +622,11 @@ class ObjectStoreCheckpointer(Checkpointer):
         """The newest committed checkpoint that loads and verifies, or None if there is none.
 
         Tries the committed checkpoints in the order "latest" means (see
-        :mod:`cairn._catalog`): what ``_latest`` names, unless a checkpoint committed
+        :mod:`cairn.protocol._catalog`): what ``_latest`` names, unless a checkpoint committed
         after it outranks it (its writer stopped between its commit and its pointer
         swap); then every committed checkpoint ranked by writer generation, epoch and id.
         A checkpoint committed by a fenced writer after the takeover never counts (see
-        :mod:`cairn._pointer`). Each one that does not load (a deleted or damaged manifest
+        :mod:`cairn.protocol._pointer`). Each one that does not load (a deleted or damaged manifest
         or artifact) is logged and skipped.
         """
         with _dispatch.watching(self.observers):
@@ -690,7 +682,7 @@ class ObjectStoreCheckpointer(Checkpointer):
             await self._context(), path, dest, expected_sha256, chunk_size, codec, progress
         )
 
-    # -- retention (cairn.retention) -----------------------------------------------------
+    # -- retention (cairn.protocol.retention) -----------------------------------------------------
 
     async def gc(
         self,
@@ -704,7 +696,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         Never deletes the checkpoint ``_latest`` names or any newer one, a retained or
         pinned one, or any artifact reachable from one; a save in progress (a live lease,
         or objects younger than ``min_age``) is left alone. With ``dry_run`` nothing is
-        deleted and the result says what would be. See :mod:`cairn.retention`. A pinned
+        deleted and the result says what would be. See :mod:`cairn.protocol.retention`. A pinned
         id that does not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
         """
         with _dispatch.watching(self.observers):
@@ -723,18 +715,19 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         return _observed_with(self.observers, name, attributes)
 
-    # -- finding checkpoints for tools (cairn.discover) ------------------------------
+    # -- finding checkpoints for tools (cairn.protocol.discover) ------------------------------
 
     async def list_checkpoint_dirs(self) -> list[CheckpointId]:
         """Every checkpoint directory under the base, oldest first, committed or not (a
         save in progress or one that stopped before its commit has one too); see
-        :func:`cairn.discover.checkpoint_dirs`. :meth:`list_checkpoints` is the committed."""
+        :func:`cairn.protocol.discover.checkpoint_dirs`. :meth:`list_checkpoints` lists the
+        committed ones."""
         return await checkpoint_dirs(self.store, await self.resolve_paths())
 
     async def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
         """:meth:`load_manifest` of each of ``ids``, read concurrently, in the order given;
         a manifest that is damaged or gone is its error in its place (see
-        :func:`cairn.discover.load_manifests`). A store failure raises."""
+        :func:`cairn.protocol.discover.load_manifests`). A store failure raises."""
         return await load_manifests(self.load_manifest, [await self._id(cid) for cid in ids])
 
     async def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
@@ -753,7 +746,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         the object's end."""
         return await _download.read_pack(await self._context(), path, entries)
 
-    # -- directory partitions (cairn._directories) ---------------------------------------
+    # -- directory partitions (cairn.protocol._directories) ---------------------------------------
 
     async def restore_directory(
         self,

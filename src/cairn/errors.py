@@ -260,7 +260,7 @@ class OversizedArtifactError(IntegrityError):
     """The stored bytes at ``path`` decode with ``codec`` to more than the ``size_bytes``
     their entry records: they are damaged, or a decompression bomb.
 
-    Decoding stopped as soon as the output passed ``size_bytes`` (see :mod:`cairn.codecs`),
+    Decoding stopped as soon as the output passed ``size_bytes`` (see :mod:`cairn.format.codecs`),
     so how far the bytes would have inflated is not known, nor held in memory.
     """
 
@@ -295,7 +295,7 @@ class UnsupportedManifestVersionError(CorruptManifestError):
 class SignatureError(IntegrityError):
     """The manifest at ``path`` is not signed by one of the reader's keys.
 
-    Raised only by a checkpointer given signing keys (see :mod:`cairn.signing`): the
+    Raised only by a checkpointer given signing keys (see :mod:`cairn.format.signing`): the
     manifest carries no signature, names a key the reader does not hold, or its
     signature does not verify (someone who can write the store, but does not hold the
     key, wrote or rewrote it). Like any :class:`IntegrityError` it makes that checkpoint
@@ -336,7 +336,7 @@ class CheckpointAbortedError(CheckpointerError):
     deletion of the checkpoint it builds on, found its lease lapsed) and can never
     commit, or, for a save in a pipeline (``save_async``), the save submitted before it
     did not commit. Save again with a new :class:`~cairn.CheckpointData`. ``why`` says
-    which (see :mod:`cairn._lease` and :mod:`cairn._background`).
+    which (see :mod:`cairn.protocol._lease` and :mod:`cairn.protocol._background`).
     """
 
     def __init__(self, checkpoint_id: str, path: str, why: str | None = None) -> None:

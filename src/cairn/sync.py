@@ -6,7 +6,7 @@ Calling a method from a thread that is running an event loop raises
 :class:`SyncInAsyncContextError` instead of deadlocking that loop; use the async API there.
 
 The methods are written out (so that editors and type checkers see real signatures);
-``tests/test_sync.py`` compares each with its async twin, so they cannot drift apart.
+``tests/protocol/test_sync.py`` compares each with its async twin, so they cannot drift apart.
 The constructor takes the async checkpointer's parameters, written once, there, and each
 method's documentation is its async twin's, copied when the class is made
 (:func:`_blocking_docs`), so ``help(SyncCheckpointer.save)`` says what ``save`` does.
@@ -30,17 +30,17 @@ from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO, Concatenate, ParamSpec, Self, TypeVar, cast
 
-from cairn._buffer import Buffer
-from cairn._download import RESTORE_CHUNK
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
-from cairn.discover import ManifestOrDamage
+from cairn.data.inputs import ArtifactData
 from cairn.errors import SyncInAsyncContextError
-from cairn.ids import CheckpointId
-from cairn.inputs import ArtifactData
-from cairn.layout import CheckpointPaths
-from cairn.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
-from cairn.retention import GcResult, RetentionPolicy
+from cairn.format._buffer import Buffer
+from cairn.format.ids import CheckpointId
+from cairn.format.layout import CheckpointPaths
+from cairn.format.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
+from cairn.protocol._download import RESTORE_CHUNK
+from cairn.protocol.discover import ManifestOrDamage
+from cairn.protocol.retention import GcResult, RetentionPolicy
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 

@@ -39,8 +39,8 @@ from typing import Any
 import msgspec
 
 from cairn import CheckpointData, CheckpointId, ObjectStoreCheckpointer
-from cairn._buffer import Buffer
-from cairn.manifest import encode_manifest
+from cairn.format._buffer import Buffer
+from cairn.format.manifest import encode_manifest
 
 BOMB_BYTES = 512 * 1024 * 1024
 """What a bomb decodes to: 512 MiB."""

@@ -47,7 +47,7 @@ from typing import Any
 from obstore.store import ObjectStore, S3Store
 
 from cairn import CheckpointData, ObjectStoreCheckpointer, SourceOffsetEntry, open_store
-from cairn.manifest import encode_manifest
+from cairn.format.manifest import encode_manifest
 
 S3_OPTIONS_ENV = "CAIRN_TEST_S3_OPTIONS"
 CHILD_SCRIPT = Path(__file__).resolve()

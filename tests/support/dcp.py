@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import WriteResult
 
-from cairn.ids import CheckpointId
+from cairn.format.ids import CheckpointId
 from cairn.stores import ForwardingStore, Store
 from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner
 from cairn.torch._format import ItemRecord

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from cairn._buffer import Buffer
 from cairn.errors import StoreError, TransientStoreError
+from cairn.format._buffer import Buffer
 from cairn.stores import Blob, IfMatch, PutMode, Store, StoreMethod
 
 from .recording import OP_NAMES, RecordingStore

@@ -13,7 +13,7 @@ import re
 import msgspec
 
 from cairn import CheckpointId, ObjectStoreCheckpointer
-from cairn.manifest import decode_manifest, encode_manifest
+from cairn.format.manifest import decode_manifest, encode_manifest
 
 CHECKSUM = re.compile(rb'"manifest_sha256": "[0-9a-f]{64}"')
 """A manifest's checksum member."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from cairn import CheckpointId, CheckpointPaths
-from cairn.layout import is_intent
+from cairn.format.layout import is_intent
 from cairn.stores import Store
 
 __all__ = ["intents_of", "is_intent_path"]

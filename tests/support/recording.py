@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypeVar
 
-from cairn._buffer import Buffer
+from cairn.format._buffer import Buffer
+from cairn.format.manifest import StoreRequests
 from cairn.stores import ForwardingStore, ObjectInfo, PutMode, Store, StoreMethod
 
 T = TypeVar("T")
@@ -96,3 +97,19 @@ class RecordingStore(ForwardingStore):
         if self.keep_puts:
             self.puts[path] = data
         return await super().put(path, data, mode=mode, metadata=metadata)
+
+
+KIND_OF = {"get_range": "get", "list_dir": "list"}
+"""How the requests a RecordingStore logs map to StoreRequests' kinds (its own names
+already count ``stat`` as a head, ``put_stream`` as a put, ``delete_prefix`` as a delete)."""
+
+
+def requests_up_to_commit(recording: RecordingStore, manifest_path: str) -> StoreRequests:
+    """The requests ``recording`` saw, by kind, up to and including the first put of
+    ``manifest_path``: the commit point."""
+    seen: collections.Counter[str] = collections.Counter()
+    for op, path in recording.log:
+        seen[KIND_OF.get(op, op)] += 1
+        if op == "put" and path == manifest_path:
+            return StoreRequests(**seen)
+    raise AssertionError(f"the manifest {manifest_path} was never written")

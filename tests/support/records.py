@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cairn._pointer import decode_writer
 from cairn.errors import CheckpointNotFoundError
+from cairn.protocol._pointer import decode_writer
 from cairn.stores import Store
 
 

@@ -8,7 +8,7 @@ lost to a race). ``stop()`` terminates it (kills it after 5 s) and is idempotent
 are context managers.
 
 What obstore 0.12.1 gets from these servers (checked against moto 5.2.5 and Azurite
-3.35.0; ``tests/test_support_servers.py`` keeps checking it):
+3.35.0; ``tests/stores/test_support_servers.py`` keeps checking it):
 
 * Both: put, get, list, list_with_delimiter, head and delete work path-style over
   plain HTTP. ``put(mode="create")`` (``If-None-Match: *``) raises

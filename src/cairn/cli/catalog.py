@@ -2,7 +2,7 @@
 
 An ``ID`` is a whole checkpoint id or a short one, the unique start of one (at least 8
 characters, as the tables print them): the library resolves both
-(:func:`cairn.discover.resolve_checkpoint_id`), so the command line takes what the
+(:func:`cairn.protocol.discover.resolve_checkpoint_id`), so the command line takes what the
 library takes.
 
 ``latest`` means what it means in the library (:meth:`ObjectStoreCheckpointer.latest_id`):
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cairn import CheckpointId, CheckpointManifest, CheckpointNotFoundError, ObjectStoreCheckpointer
 from cairn.cli.errors import CliError, ExitCode
-from cairn.discover import MIN_SHORT_ID, is_short_id, resolve_checkpoint_id
+from cairn.protocol.discover import MIN_SHORT_ID, is_short_id, resolve_checkpoint_id
 
 __all__ = [
     "LATEST",

@@ -10,7 +10,7 @@ Symbolic links below the directory written into are never followed nor replaced:
 link at the file's name, or at any directory on the way to it, is refused (exit 2)
 naming the link, before anything is written there. The directories are walked and the
 file written by the primitives every local file of cairn goes through
-(:mod:`cairn.localfs`): each directory opened relative to its parent with
+(:mod:`cairn.stores._localfs`): each directory opened relative to its parent with
 ``O_NOFOLLOW``, the file created and renamed relative to that descriptor, so a
 directory swapped for a link while the file is written is not followed either.
 :func:`find_link` lets a caller refuse before it writes any file.
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from cairn.cli.errors import CliError, ExitCode
-from cairn.localfs import LinkRefused, atomic_file_at, is_link_at, open_dirs
+from cairn.stores._localfs import LinkRefused, atomic_file_at, is_link_at, open_dirs
 
 __all__ = [
     "check_target_dir",
@@ -86,7 +86,7 @@ def _fail(path: Path, exc: OSError) -> CliError:
 
 def _temp_name(name: str) -> str:
     # The shape of tempfile.mkstemp's names (14 bytes more than ``name``, which
-    # cairn.layout allows for).
+    # cairn.format.layout allows for).
     return f".{name}.{secrets.token_hex(4)}.tmp"
 
 

@@ -1,6 +1,6 @@
 """How ``cairn --help`` looks: flags without a value placeholder, plain usage lines.
 
-typer 0.29 (pinned in ``pyproject.toml``; ``tests/test_cli_help.py`` checks what it
+typer 0.29 (pinned in ``pyproject.toml``; ``tests/cli/test_cli_help.py`` checks what it
 prints) shows the Python type of every parameter in its own column, so flags read
 ``--json <bool>`` as if they took a value, arguments ``ID|latest <str>`` and usage lines
 ``[[ID|latest]...]...`` when an argument's metavar already says how it repeats. Its rich

@@ -18,7 +18,7 @@ under that default and the store holds runs of ``cairn demo`` (each under
 
 ``$CAIRN_SIGNING_KEY`` (hex; several separated by commas, the first signing) makes every
 command sign the manifests it writes (``copy``) and refuse those not signed by one of
-the keys (see :mod:`cairn.signing`); a value that is not hex is a usage error naming
+the keys (see :mod:`cairn.format.signing`); a value that is not hex is a usage error naming
 the variable. ``cairn demo`` neither signs nor verifies.
 
 Commands validate everything they can before any I/O (ids, policies, URLs, target
@@ -53,9 +53,9 @@ from cairn import (
 from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
 from cairn.cli.output import Output
 from cairn.cli.progress import Transfer
-from cairn.discover import checkpoint_prefixes as find_prefixes
-from cairn.discover import newest_checkpoint_prefix
-from cairn.signing import parse_hex_keys
+from cairn.format.signing import parse_hex_keys
+from cairn.protocol.discover import checkpoint_prefixes as find_prefixes
+from cairn.protocol.discover import newest_checkpoint_prefix
 from cairn.stores import Store, store_url
 
 __all__ = [
@@ -128,7 +128,7 @@ async def newest_demo_run(store: Store) -> str | None:
 
 async def checkpoint_prefixes(store: Store, exclude: str) -> list[str]:
     """Prefixes of ``store`` other than ``exclude`` that hold checkpoint directories: the
-    library's bounded walk (:func:`cairn.discover.checkpoint_prefixes`), which finds the
+    library's bounded walk (:func:`cairn.protocol.discover.checkpoint_prefixes`), which finds the
     usual layouts cheaply and gives up quietly on a bucket with many unrelated folders."""
     return [prefix for prefix in await find_prefixes(store) if prefix != exclude]
 

@@ -11,7 +11,7 @@ Damage does not stop a checkpoint's check: every damaged partition is reported
 (:class:`Damage`: its operator and partition, the DCP item or directory file when known,
 the object, the failure), not only the first.
 
-Each result also says whether the checkpoint is signed (:mod:`cairn.signing`), by
+Each result also says whether the checkpoint is signed (:mod:`cairn.format.signing`), by
 which key, and, when the command has keys (``$CAIRN_SIGNING_KEY``), whether the
 signature verifies: with keys, a checkpoint not signed by one of them fails.
 """
@@ -35,9 +35,9 @@ from cairn import (
 )
 from cairn.cli.errors import describe
 from cairn.cli.progress import Transfer, chain_bytes
-from cairn.discover import checkpoint_counts
-from cairn.manifest import FileEntry
-from cairn.signing import ManifestSignature, read_signature
+from cairn.format.manifest import FileEntry
+from cairn.format.signing import ManifestSignature, read_signature
+from cairn.protocol.discover import checkpoint_counts
 
 __all__ = [
     "SIGNATURE_STATES",
@@ -99,7 +99,7 @@ class Verified:
     """The outcome for one checkpoint: ``error`` is None when every digest matched.
 
     ``epoch``, ``artifacts`` and ``size_bytes`` are what its manifest says
-    (:func:`cairn.discover.checkpoint_counts`, as ``cairn list`` shows them), for a
+    (:func:`cairn.protocol.discover.checkpoint_counts`, as ``cairn list`` shows them), for a
     damaged checkpoint too; ``epoch`` is None (and the counts 0) only when its manifest
     does not read. ``damaged`` lists every damaged partition found, in the manifest's
     order (artifacts, then directory files); ``error`` names each of them.

@@ -35,8 +35,8 @@ from cairn.cli.maintain import Deleted
 from cairn.cli.output import Col, FitTable, human_age, human_size, iso_time, make_table, time_text
 from cairn.cli.restore import Restored
 from cairn.cli.verify import Verified
-from cairn.discover import checkpoint_counts, short_ids
-from cairn.manifest import SaveStats, StoreRequests
+from cairn.format.manifest import SaveStats, StoreRequests
+from cairn.protocol.discover import checkpoint_counts, short_ids
 
 __all__ = [
     "COMMANDS_WITH_SCHEMAS",
@@ -110,7 +110,7 @@ def _id(cid: CheckpointId | None) -> str | None:
 
 def id_texts(ids: list[CheckpointId], full: bool = False) -> dict[CheckpointId, str]:
     """How a table names each of ``ids``: the shortest prefix that is unique among them
-    (at least 8 characters, :func:`cairn.discover.short_ids`; every command takes it back),
+    (at least 8 characters, :func:`cairn.protocol.discover.short_ids`; every command takes it back),
     or the whole id with ``full`` (``--ids``, ``--wide``)."""
     return {cid: str(cid) for cid in ids} if full else short_ids(ids)
 
@@ -152,7 +152,7 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
 
     ``name`` is the name it was saved under besides its id (a DCP save's
     ``checkpoint_id``, see :mod:`cairn.torch`), or None.
-    The counts are :func:`cairn.discover.checkpoint_counts`, the same numbers every
+    The counts are :func:`cairn.protocol.discover.checkpoint_counts`, the same numbers every
     output shows: ``artifacts`` are the entries of its restore chains, ``uploaded_*`` the
     checkpoint's own, ``carried_*`` those it references from earlier checkpoints (the
     whole chain; bytes as handed to ``save``); ``duration_ms``, ``upload_ms``,
@@ -242,7 +242,7 @@ def list_doc(
 
 def artifacts_text(manifest: CheckpointManifest) -> str:
     """A checkpoint's artifacts in the words of every table: ``22 (10 new)``, or ``12``
-    when all are its own (:func:`cairn.discover.checkpoint_counts`)."""
+    when all are its own (:func:`cairn.protocol.discover.checkpoint_counts`)."""
     counts = checkpoint_counts(manifest)
     new = counts.uploaded_artifacts
     return str(counts.artifacts) + (f" ({new} new)" if new != counts.artifacts else "")

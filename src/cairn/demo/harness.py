@@ -63,7 +63,7 @@ from cairn.demo.job import (
     restore_pipeline,
     restored_offset,
 )
-from cairn.discover import checkpoint_counts, checkpoint_dirs, default_paths, short_ids
+from cairn.protocol.discover import checkpoint_counts, checkpoint_dirs, default_paths, short_ids
 
 __all__ = ["DemoSettings", "demo_command", "run_demo"]
 

@@ -50,7 +50,7 @@ from cairn import (
     SourceOffsetEntry,
     open_store,
 )
-from cairn.discover import checkpoint_counts
+from cairn.protocol.discover import checkpoint_counts
 
 __all__ = [
     "OPERATORS",
@@ -253,7 +253,7 @@ async def _checkpoint(
         "epoch": epoch,
         "offset": offset,
         "kind": "full" if full else "incremental",  # the CLI's words (cairn.cli.views.kind)
-        # The library's counts (cairn.discover.checkpoint_counts), as every output shows
+        # The library's counts (cairn.protocol.discover.checkpoint_counts), as every output shows
         # them: one new artifact per partition with new state; the rest carried unchanged.
         "uploaded": counts.uploaded_artifacts,
         "carried": counts.unchanged_partitions,

@@ -37,7 +37,7 @@ records of its own items, the coordinator only the parent's manifest and chunk t
 (see :mod:`cairn.torch._carry`).
 
 Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
-checkpoints (see :mod:`cairn.signing`): a reader with the key refuses, or passes over
+checkpoints (see :mod:`cairn.format.signing`): a reader with the key refuses, or passes over
 when choosing the latest, a checkpoint that someone without the key wrote.
 
 ``dcp.async_save`` works with either executor: in process mode the writer is pickled
@@ -57,11 +57,11 @@ manifest), so ``cairn list/show/verify/restore/copy/gc``, retention, fencing and
    agree without another collective. It refuses the save
    before anything is uploaded if a newer writer generation has taken over
    (:class:`~cairn.FencedError`) or the id is already committed.
-2. **Uploads** (``write_data``, every rank, as a worker of :mod:`cairn.distributed`):
+2. **Uploads** (``write_data``, every rank, as a worker of :mod:`cairn.integrations.distributed`):
    rank ``r`` stores its items as artifacts ``operators/rank-{r}/partition-{n}.snap``
    with :meth:`~cairn.ObjectStoreCheckpointer.save_partitions_concurrent`, which holds
    the checkpoint's lease (GC leaves a save in progress alone). A rank's items are one
-   object of ranges (:mod:`cairn.ranges`, :mod:`cairn.torch._rankobject`):
+   object of ranges (:mod:`cairn.format.ranges`, :mod:`cairn.torch._rankobject`):
    ``partition-{n}``, one multipart upload of the items' bytes end to end followed by
    their index, and one more object per 16 GiB beyond the first. Each item is resolved
    as the upload reaches it and hashed once; a contiguous CPU tensor is sent from its

@@ -38,9 +38,9 @@ from torch.distributed.checkpoint.planner import WriteItem
 
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import CheckpointNotFoundError
-from cairn.ids import CheckpointId
-from cairn.integrity import sha256_hex
-from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.format.ids import CheckpointId
+from cairn.format.integrity import sha256_hex
+from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.torch._format import StoredRecord
 from cairn.torch._target import Target
 

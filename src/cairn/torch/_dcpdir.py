@@ -78,7 +78,6 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from cairn._integration import SaveMeter, TwoPhaseSave, begin, bounded_gather
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import (
     CorruptManifestError,
@@ -86,10 +85,11 @@ from cairn.errors import (
     InvalidInputError,
     MissingArtifactError,
 )
-from cairn.ids import CheckpointId
-from cairn.integrity import sha256_hex
-from cairn.layout import validate_checkpoint_name
-from cairn.signing import SigningKey
+from cairn.format.ids import CheckpointId
+from cairn.format.integrity import sha256_hex
+from cairn.format.layout import validate_checkpoint_name
+from cairn.format.signing import SigningKey
+from cairn.integrations._interface import SaveMeter, TwoPhaseSave, begin, bounded_gather
 from cairn.sync import SyncCheckpointer
 from cairn.torch._format import (
     ItemRecord,

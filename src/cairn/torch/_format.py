@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
-from cairn._integration import Buffer
 from cairn.errors import CorruptManifestError, InvalidInputError
-from cairn.layout import validate_relative_path
+from cairn.format.layout import validate_relative_path
+from cairn.integrations._interface import Buffer
 
 __all__ = [
     "ItemRecord",
@@ -59,7 +59,7 @@ class ItemRecord(NamedTuple):
     ``offset`` places the item in the artifact's bytes (as stored, for an artifact that
     is an object of ranges; before compression, for one compressed whole) and
     ``length`` is the item's size; ``stored_length`` is set when the item is a
-    compressed range of an object of ranges (:mod:`cairn.ranges`): its frame is the
+    compressed range of an object of ranges (:mod:`cairn.format.ranges`): its frame is the
     ``stored_length`` bytes from ``offset``, and decodes to ``length`` bytes. ``dtype``
     is a torch dtype name (``"float32"``) for a tensor and ``""`` for a byte item;
     ``shape`` is the tensor's shape (``()`` for a byte item).

@@ -4,7 +4,7 @@ DCP's ``Metadata`` lists every chunk of every tensor, and cairn keeps a record
 (:class:`~cairn.torch._format.ItemRecord`) per item: 2.2 million of each for a 70B
 model's training state over 1,024 ranks. Pickled whole, as DCP's own writers store
 them, every rank unpickles all of them to load its own two thousand. A save therefore
-stores its metadata as one object of ranges (:mod:`cairn.ranges`):
+stores its metadata as one object of ranges (:mod:`cairn.format.ranges`):
 
 * range 0 is DCP's ``Metadata`` with every tensor's chunk list left empty; its
   ``storage_data`` is the *chunk table* (:data:`FORMAT`): the offsets and sizes of every
@@ -33,7 +33,7 @@ Invariants:
   a tensor's rows are exactly its chunks, every block number exists), and a block
   against the table (:func:`decode_block`: it holds exactly the items the table places
   in it); anything else is :class:`~cairn.errors.CorruptManifestError` naming the object;
-* decompression is bounded (:mod:`cairn.codecs`): the rows decode to exactly the bytes
+* decompression is bounded (:mod:`cairn.format.codecs`): the rows decode to exactly the bytes
   their tensors' row counts make, a block to exactly the size the table records;
 * a :class:`ChunkList` pickles as a plain list of DCP's ``ChunkStorageMetadata``, so
   metadata handed on (an export) is DCP's own.
@@ -59,7 +59,6 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
-from cairn.codecs import get_codec
 from cairn.errors import (
     CorruptManifestError,
     IncompleteCheckpointError,
@@ -67,8 +66,9 @@ from cairn.errors import (
     OversizedArtifactError,
     UndecodableArtifactError,
 )
-from cairn.integrity import sha256_hex
-from cairn.manifest import PartitionSnapshotEntry, StoreRequests
+from cairn.format.codecs import get_codec
+from cairn.format.integrity import sha256_hex
+from cairn.format.manifest import PartitionSnapshotEntry, StoreRequests
 from cairn.torch._format import ItemRecord, StoredRecord
 
 __all__ = [

@@ -17,9 +17,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from cairn._integration import DAMAGE
-from cairn.ids import CheckpointId
-from cairn.signing import SigningKey
+from cairn.format.ids import CheckpointId
+from cairn.format.signing import SigningKey
+from cairn.integrations._interface import DAMAGE
 from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
 from cairn.torch._runtime import StoreArg
@@ -52,7 +52,7 @@ def load_latest(
 
     ``planner`` defaults to a :class:`~cairn.torch.SafeLoadPlanner`, which never
     unpickles anything but tensors and plain values. With ``signing_key`` (see
-    :mod:`cairn.signing`), checkpoints not signed by one of the keys are passed over.
+    :mod:`cairn.format.signing`), checkpoints not signed by one of the keys are passed over.
 
     When no checkpoint is left, :class:`~cairn.CheckpointNotFoundError` is raised.
     """

@@ -6,7 +6,7 @@ load, ``DefaultLoadPlanner.load_bytes`` turns it back with
 ``torch.load(value, weights_only=False)``: a full unpickle, which runs whatever code
 the bytes name. Whoever can write the store can therefore run code in every process
 that loads the checkpoint. Digests do not help (they are as writable as the bytes);
-signed checkpoints (:mod:`cairn.signing`) do, for readers given the key.
+signed checkpoints (:mod:`cairn.format.signing`) do, for readers given the key.
 
 Invariants:
 

@@ -1,4 +1,4 @@
-"""A DCP rank's items as one object of ranges (:mod:`cairn.ranges`). Uploads, no commit.
+"""A DCP rank's items as one object of ranges (:mod:`cairn.format.ranges`). Uploads, no commit.
 
 ``CairnWriter`` stores a rank's uploaded items as one object, ``partition-{n}`` of
 operator ``rank-{r}``: the items' bytes end to end, in plan order, then their index.
@@ -25,7 +25,7 @@ Invariants:
   record places the frame (``offset``, ``stored_length``) and keeps the digest and
   length of its bytes before compression, so a read of one item is still one ranged
   GET, decoded in memory bounded by that length and checked against that digest; the
-  object's index is the compressed kind of :mod:`cairn.ranges`. What a rank holds ahead
+  object's index is the compressed kind of :mod:`cairn.format.ranges`. What a rank holds ahead
   is then the frames of the runs resolved ahead, each no larger than about its items.
 """
 
@@ -43,13 +43,13 @@ import torch
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from cairn._integration import Entry
 from cairn.checkpointer import PartitionUpload
-from cairn.codecs import Codec
 from cairn.errors import InvalidInputError
-from cairn.integrity import INLINE_HASH_LIMIT, sha256_hex
-from cairn.manifest import PartitionSnapshotEntry
-from cairn.ranges import Range, RangeSource
+from cairn.format.codecs import Codec
+from cairn.format.integrity import INLINE_HASH_LIMIT, sha256_hex
+from cairn.format.manifest import PartitionSnapshotEntry
+from cairn.format.ranges import Range, RangeSource
+from cairn.integrations._interface import Entry
 from cairn.torch._format import ItemRecord, StoredRecord, dtype_name, tensor_bytes
 
 __all__ = [
@@ -218,7 +218,7 @@ class ItemRanges(RangeSource):
 
     Items are resolved and hashed in runs (:data:`RUN_ITEMS`, :data:`RUN_BYTES`), a run
     in a worker thread when its items are larger than
-    :data:`~cairn.integrity.INLINE_HASH_LIMIT` together, or always with ``off_loop`` (a
+    :data:`~cairn.format.integrity.INLINE_HASH_LIMIT` together, or always with ``off_loop`` (a
     ``resolve`` that reads files). ``size_of`` gives an item's bytes before it is
     resolved (:func:`estimated_size`, by default). With ``codec``, each item is stored
     as one frame of it, compressed right after it is hashed."""

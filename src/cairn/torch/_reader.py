@@ -18,17 +18,6 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from cairn._integration import (
-    DAMAGE,
-    Buffer,
-    bounded_gather,
-    checkpoint_names,
-    latest_candidates,
-    load_manifest,
-    named_candidates,
-    read_entry,
-    read_sized,
-)
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import (
     BrokenChainError,
@@ -39,16 +28,27 @@ from cairn.errors import (
     InvalidInputError,
     UndecodableArtifactError,
 )
-from cairn.ids import CheckpointId
-from cairn.integrity import (
+from cairn.format.ids import CheckpointId
+from cairn.format.integrity import (
     INLINE_HASH_LIMIT,
     off_loop_if_large,
     verify_integrity,
     verify_integrity_async,
 )
-from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.ranges import StoredRange, decode_index, decode_range, group_spans
-from cairn.signing import SigningKey
+from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.format.ranges import StoredRange, decode_index, decode_range, group_spans
+from cairn.format.signing import SigningKey
+from cairn.integrations._interface import (
+    DAMAGE,
+    Buffer,
+    bounded_gather,
+    checkpoint_names,
+    latest_candidates,
+    load_manifest,
+    named_candidates,
+    read_entry,
+    read_sized,
+)
 from cairn.torch._format import (
     ItemRecord,
     copy_bytes_into,
@@ -112,7 +112,7 @@ class CairnReader(StorageReader):
     partition (``rank-{r}``, ``n``) and the item (its FQN). At most
     ``max_concurrent_downloads`` reads are in flight per rank. ``skip`` names checkpoints
     the choice of the latest passes over (see :func:`cairn.torch.load_latest`). With
-    ``signing_key`` (see :mod:`cairn.signing`), a checkpoint whose manifest is not signed
+    ``signing_key`` (see :mod:`cairn.format.signing`), a checkpoint whose manifest is not signed
     by one of the keys is refused (:class:`~cairn.SignatureError`), and passed over when
     choosing the latest.
 
@@ -634,7 +634,7 @@ async def _fetch_whole(
     ckpt: ObjectStoreCheckpointer, path: str, entry: PartitionSnapshotEntry, *, verify: bool = True
 ) -> Buffer:
     """The artifact's bytes, decompressed, verified against the entry when ``verify``; read
-    and decoded in memory bounded by its recorded sizes (see :mod:`cairn._download`)."""
+    and decoded in memory bounded by its recorded sizes (see :mod:`cairn.protocol._download`)."""
     try:
         return await read_entry(ckpt.context, path, entry, verify)
     except UndecodableArtifactError as exc:  # a mismatch here, as for any damaged item

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 from obstore.store import MemoryStore, ObjectStore
 
-from cairn._integration import DEFAULT_LEASE, positive_int, run_blocking
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import InvalidInputError, PathsUnresolvedError, SyncInAsyncContextError
-from cairn.layout import CheckpointPaths
-from cairn.signing import SigningKey
+from cairn.format.layout import CheckpointPaths
+from cairn.format.signing import SigningKey
+from cairn.integrations._interface import DEFAULT_LEASE, positive_int, run_blocking
 from cairn.stores import Store
 
 __all__ = [

@@ -22,11 +22,11 @@ under its own id (a fresh UUIDv7 for each save), so ``X`` is read as follows:
 5. the kept text is normalised (empty and ``.`` segments dropped; ``..`` is refused). If
    it is a checkpoint id, or ``{prefix}{id}`` (the directory cairn keeps that checkpoint
    in), it is that id; otherwise it is the checkpoint's *name*
-   (:func:`~cairn.layout.validate_checkpoint_name`).
+   (:func:`~cairn.format.layout.validate_checkpoint_name`).
 
 A save under a name commits a new checkpoint (a fresh id) whose manifest records the
 name; a load by a name loads the newest committed checkpoint with that name (see
-:func:`cairn._catalog.named_candidates`). Saving twice under one name makes two
+:func:`cairn.protocol._catalog.named_candidates`). Saving twice under one name makes two
 checkpoints: the earlier one keeps its bytes and stays loadable by its id.
 
 ``validate_checkpoint_id`` (a class method: it knows no store) answers steps 1, 2, 4 and
@@ -45,10 +45,10 @@ from urllib.parse import unquote, urlsplit
 
 from obstore.store import AzureStore, GCSStore, LocalStore, S3Store
 
-from cairn._integration import REMOTE_SCHEMES
 from cairn.errors import CheckpointLocationError, InvalidInputError, InvalidStoreUrlError
-from cairn.ids import CheckpointId
-from cairn.layout import CheckpointPaths, short_repr, validate_checkpoint_name
+from cairn.format.ids import CheckpointId
+from cairn.format.layout import CheckpointPaths, short_repr, validate_checkpoint_name
+from cairn.integrations._interface import REMOTE_SCHEMES
 from cairn.stores import ForwardingStore, ObstoreStore, capabilities_of, store_url
 
 __all__ = [

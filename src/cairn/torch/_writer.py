@@ -20,7 +20,15 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from cairn._integration import (
+from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.errors import IncompleteCheckpointError, InvalidInputError
+from cairn.format.ids import CheckpointId
+from cairn.format.integrity import sha256_hex
+from cairn.format.layout import CheckpointPaths
+from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.format.ranges import Range, RangeSource
+from cairn.format.signing import SigningKey
+from cairn.integrations._interface import (
     DEFAULT_LEASE,
     SaveMeter,
     TwoPhaseSave,
@@ -28,14 +36,6 @@ from cairn._integration import (
     begin,
     is_int,
 )
-from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.errors import IncompleteCheckpointError, InvalidInputError
-from cairn.ids import CheckpointId
-from cairn.integrity import sha256_hex
-from cairn.layout import CheckpointPaths
-from cairn.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.ranges import Range, RangeSource
-from cairn.signing import SigningKey
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
 from cairn.torch._format import ItemRecord, dump_metadata
 from cairn.torch._itemtable import (
@@ -98,8 +98,8 @@ class CairnWriter(StorageWriter):
     :meth:`~cairn.ObjectStoreCheckpointer.take_over` (0 if it never took over): once a
     newer generation has taken over the store, a save is refused with
     :class:`~cairn.FencedError`. ``lease`` is how long an interrupted save's uploads are
-    protected from GC (see :mod:`cairn._lease`). With ``signing_key`` the manifest is
-    signed (see :mod:`cairn.signing`), so a :class:`CairnReader` given the key loads it
+    protected from GC (see :mod:`cairn.protocol._lease`). With ``signing_key`` the manifest is
+    signed (see :mod:`cairn.format.signing`), so a :class:`CairnReader` given the key loads it
     and refuses what someone without the key wrote.
 
     With ``incremental=True`` a save builds on a parent DCP checkpoint: ``parent`` (a
@@ -418,7 +418,7 @@ class CairnWriter(StorageWriter):
         SHA-256; it is written create-only (the commit), then ``_latest`` advances. A
         writer fenced meanwhile is refused (:class:`~cairn.FencedError`) and nothing of
         the checkpoint stays committed. The manifest records the save's statistics
-        (:class:`~cairn.manifest.SaveStats`), from :meth:`prepare_global_plan` to the
+        (:class:`~cairn.format.manifest.SaveStats`), from :meth:`prepare_global_plan` to the
         commit point, every rank's requests and retries summed.
         """
         cid = self._checkpoint_id

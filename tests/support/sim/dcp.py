@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from cairn import CheckpointId
 from cairn.errors import CheckpointerError
-from cairn.manifest import CheckpointManifest
+from cairn.format.manifest import CheckpointManifest
 from cairn.torch import CairnReader, CairnWriter, SafeLoadPlanner, _dcpdir, _reader, _writer
 
 from ..dcp import ShardSavePlanner, raw, sharded

@@ -2,7 +2,7 @@
 
 Each mutant is a context manager that patches cairn's real code back to the way a hole
 once was, for one run. A simulator that finds none of them proves nothing; the tests
-(``tests/test_simulation.py``) state within how many schedules each is found.
+(``tests/protocol/test_simulation.py``) state within how many schedules each is found.
 
 * ``gc-ignores-leases``: GC sweeps an uncommitted directory by ``min_age`` alone, as it
   did before leases and claims: it neither honours a save's lease nor claims the id
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cairn import _commit, retention
+from cairn.protocol import _commit, retention
 
 __all__ = ["MUTANTS", "mutated"]
 

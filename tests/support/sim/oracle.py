@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cairn import CheckpointId, CheckpointPaths, LoadedCheckpoint, RetentionPolicy
-from cairn._pointer import WriterRecord, decode_pointer, decode_writer
 from cairn.errors import CorruptManifestError, IntegrityError
-from cairn.manifest import CheckpointManifest, SourceOffsetEntry, decode_root
+from cairn.format.manifest import CheckpointManifest, SourceOffsetEntry, decode_root
+from cairn.protocol._pointer import WriterRecord, decode_pointer, decode_writer
 
 from .scheduler import ACTOR
 

@@ -13,7 +13,7 @@ one seeded :class:`random.Random`, one of:
 * move the store's clock forwards (by seconds up to hours), as a long pause of every
   process would look to the store. A jump never lets a live actor's oldest pending call
   wait longer than :data:`MAX_STALL` of store time: the protocol's guarantee assumes no
-  save stalls as long as a tombstone is kept (``cairn._lease.TOMBSTONE_RETENTION``);
+  save stalls as long as a tombstone is kept (``cairn.protocol._lease.TOMBSTONE_RETENTION``);
 * when no call is pending, move the loop's clock to the next timer.
 
 Each applied call is a *step*: the oracle sees its effect before it happens and checks

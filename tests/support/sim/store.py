@@ -19,8 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cairn._buffer import Buffer
-from cairn._storetypes import Metadata, OpenChunks
 from cairn.errors import (
     InvalidInputError,
     ObjectExistsError,
@@ -28,7 +26,9 @@ from cairn.errors import (
     PreconditionFailedError,
     StoreError,
 )
+from cairn.format._buffer import Buffer
 from cairn.stores import Blob, IfMatch, ListDirResult, ObjectInfo, PutMode, StoreCapabilities
+from cairn.stores._types import Metadata, OpenChunks
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler

@@ -37,12 +37,12 @@ from cairn import (
     RetentionPolicy,
     SourceOffsetEntry,
 )
-from cairn import ids as cairn_ids
 from cairn.cli.copy import copy_checkpoints
 from cairn.cli.progress import Transfer
-from cairn.distributed import WorkerReport, commit_distributed, upload_partitions
 from cairn.errors import CheckpointerError
-from cairn.retry import RetryPolicy
+from cairn.format import ids as cairn_ids
+from cairn.integrations.distributed import WorkerReport, commit_distributed, upload_partitions
+from cairn.stores.retry import RetryPolicy
 
 from .loop import Deadlock
 from .mutants import mutated

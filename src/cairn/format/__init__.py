@@ -1,0 +1,9 @@
+"""The storage format: what cairn writes to a store, and how it is read back. Pure: no I/O.
+
+Identifiers (:mod:`~cairn.format.ids`), where each object lives
+(:mod:`~cairn.format.layout`), the manifest and its JSON (:mod:`~cairn.format.manifest`),
+compression (:mod:`~cairn.format.codecs`), digests (:mod:`~cairn.format.integrity`),
+objects of ranges (:mod:`~cairn.format.ranges`) and signatures
+(:mod:`~cairn.format.signing`). The format itself, object by object, is specified in
+``docs/format.md``.
+"""

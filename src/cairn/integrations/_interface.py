@@ -1,0 +1,192 @@
+"""The internal interface of cairn's integrations: what they may use beyond the public API.
+
+The integrations, :mod:`cairn.integrations.distributed` and the package
+:mod:`cairn.torch`, are built on the public modules (``cairn``, ``cairn.errors``,
+``cairn.format.ids``, ``cairn.format.layout``, ``cairn.format.manifest``,
+``cairn.data``, ``cairn.format.integrity``, ``cairn.format.signing``, ``cairn.stores``,
+``cairn.checkpointer``, ``cairn.sync``, ``cairn.format.codecs``) and on this module
+alone: they import no other private module. Everything private they need is named here,
+so this list is the whole of their coupling to cairn's internals:
+
+* a save in two phases, whose uploads and commit are separate calls (:func:`begin`,
+  :class:`TwoPhaseSave`), optionally building on a parent whose admission it checks:
+  its preconditions, its lease and its commit are the commit protocol's own
+  (:mod:`cairn.protocol._commit`), the same as a one-call ``save``'s; it uploads partitions and
+  directory partitions (the latter carrying unchanged files from that parent, as
+  :mod:`cairn.protocol._directories` decides);
+* :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`) and
+  directory partitions (:class:`~cairn.format.manifest.DirectoryEntry`);
+* :class:`SaveMeter`, what a save measures of itself for the statistics its manifest
+  records: its clock readings, and the store requests and retries of its committer and
+  its workers;
+* reading as ``load_latest`` does: :data:`DAMAGE`, :func:`latest_candidates`,
+  :func:`named_candidates`, :func:`checkpoint_names`, :func:`load_manifest`,
+  :func:`read_entry` (an artifact's bytes, verified) and :func:`read_sized` (the bytes
+  from an offset to the end of an object of known size);
+* :func:`run_blocking`, which runs a coroutine on the event-loop thread the blocking
+  API (:mod:`cairn.sync`) keeps;
+* settings and checks: :data:`DEFAULT_LEASE`, :func:`is_int`, :func:`positive_int`,
+  :data:`REMOTE_SCHEMES`; and helpers: :data:`Buffer`, :func:`bounded_gather`.
+
+Invariant: nothing here has logic of its own beyond adapting a checkpointer to the
+parts (its context, its observers); the parts keep theirs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Coroutine, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.data import ArtifactKey, DirectoryCheck
+from cairn.format._buffer import Buffer
+from cairn.format._validate import is_int, positive_int
+from cairn.format.ids import CheckpointId
+from cairn.format.manifest import CheckpointManifest, DirectoryEntry
+from cairn.observe import _dispatch
+from cairn.protocol import _commit, _directories, _upload
+from cairn.protocol._catalog import (
+    DAMAGE,
+    checkpoint_names,
+    latest_candidates,
+    load_manifest,
+    named_candidates,
+)
+from cairn.protocol._commit import SaveMeter, assemble_manifest
+from cairn.protocol._concurrency import bounded_gather
+from cairn.protocol._download import read_entry, read_sized
+from cairn.protocol._lease import DEFAULT_LEASE
+from cairn.protocol._upload import Entry, PartitionUpload
+from cairn.stores._urls import _REMOTE_SCHEMES
+from cairn.sync import _runner
+
+__all__ = [
+    "DAMAGE",
+    "DEFAULT_LEASE",
+    "REMOTE_SCHEMES",
+    "Buffer",
+    "Entry",
+    "SaveMeter",
+    "TwoPhaseSave",
+    "assemble_manifest",
+    "begin",
+    "bounded_gather",
+    "checkpoint_names",
+    "is_int",
+    "latest_candidates",
+    "load_manifest",
+    "named_candidates",
+    "positive_int",
+    "read_entry",
+    "read_sized",
+    "run_blocking",
+]
+
+T = TypeVar("T")
+
+REMOTE_SCHEMES = _REMOTE_SCHEMES
+"""The URL schemes of remote object stores :func:`cairn.open_store` opens."""
+
+
+class TwoPhaseSave:
+    """A save of one checkpoint whose uploads and commit are separate calls.
+
+    Made by :func:`begin`, which checked the preconditions and took the lease; the
+    lease is renewed until :meth:`commit` or :meth:`end` (or the ``async with`` block's
+    end), however long the caller takes between its steps.
+    """
+
+    def __init__(self, ckpt: ObjectStoreCheckpointer, pending: _commit.PendingSave) -> None:
+        self._ckpt = ckpt
+        self._pending = pending
+
+    @property
+    def checkpoint_id(self) -> CheckpointId:
+        """The checkpoint being saved."""
+        return self._pending.checkpoint_id
+
+    def admits(self, parent: CheckpointManifest) -> bool:
+        """True when ``parent`` may be built upon: not committed by a fenced writer after
+        the takeover (judged by the writer record this save's preconditions read)."""
+        record = self._pending.record
+        generation = parent.writer_generation or 0
+        return record is None or record.admits(
+            generation, (parent.epoch, parent.checkpoint_id.uuid.int)
+        )
+
+    async def upload(self, uploads: Sequence[PartitionUpload]) -> list[Entry]:
+        """Upload partitions of the checkpoint (checked as ``save_partitions_concurrent``
+        checks them); their entries. A failure ends the save."""
+        return await self._pending.upload(_upload.check_uploads(uploads))
+
+    async def upload_directories(
+        self,
+        directories: Mapping[ArtifactKey, str | os.PathLike[str]],
+        *,
+        check: DirectoryCheck = "mtime",
+    ) -> tuple[DirectoryEntry, ...]:
+        """Upload directory partitions of the checkpoint, ``(operator, partition)`` to a
+        local directory saved file by file as ``save`` saves ``CheckpointData.directories``;
+        their entries, for :func:`assemble_manifest`'s ``directories``.
+
+        With a parent (given to :func:`begin`), a file its partition of the same key holds
+        is carried by reference, decided by ``check`` as ``CheckpointData.directory_check``
+        decides; the parent's other directory partitions are not carried. Bad input is
+        :class:`~cairn.InvalidInputError` before any I/O; a failure ends the save.
+        """
+        checked = _directories.check_directories(directories, check)
+        return await self._pending.upload_directories(checked, check)
+
+    async def commit(
+        self, manifest: CheckpointManifest, meter: SaveMeter | None = None
+    ) -> CheckpointManifest:
+        """Commit ``manifest`` as ``ObjectStoreCheckpointer.commit`` does; the lease ends.
+        With ``meter``, the manifest records the save's statistics, measured up to the
+        commit point (the commit's own requests counted in the meter too)."""
+        with _dispatch.watching(self._ckpt.observers):
+            if meter is None:
+                return await self._pending.commit(manifest)
+            with meter.counting():
+                return await self._pending.commit(manifest, meter.finish(self._pending.ctx))
+
+    async def end(self) -> None:
+        """Stop renewing the lease (idempotent): the intent lapses unless committed."""
+        await self._pending.end()
+
+    async def __aenter__(self) -> TwoPhaseSave:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.end()
+
+
+async def begin(
+    ckpt: ObjectStoreCheckpointer,
+    checkpoint_id: CheckpointId,
+    parent_id: CheckpointId | None = None,
+) -> TwoPhaseSave:
+    """Begin a two-phase save of ``checkpoint_id`` through ``ckpt``, as the writer that
+    will commit it, building on ``parent_id`` (its lease keeps the parent's objects from
+    GC until the commit; None: no parent).
+
+    Raises :class:`~cairn.FencedError` if a newer writer generation has taken over and
+    :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is written then.
+    """
+    await ckpt.resolve_paths()
+    pending = await _commit.start(ckpt.context, checkpoint_id, parent_id)
+    return TwoPhaseSave(ckpt, pending)
+
+
+def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the blocking API's event-loop thread and wait for its result.
+
+    Raises :class:`~cairn.SyncInAsyncContextError` when called from a running loop.
+    """
+    return _runner.run(coro)

@@ -1,0 +1,109 @@
+"""Restore chains: which stored artifacts rebuild each partition, base snapshot first.
+
+Invariants:
+
+* cairn writes every partition's whole chain into each manifest (entries owned by
+  earlier checkpoints carry their ``owner``), so resolving a cairn manifest reads no other
+  manifest; a manifest written the reference's way lists only its own deltas, and their
+  base is found by walking ``parent_id`` (a loop or a missing parent is a
+  :class:`BrokenChainError` naming the link);
+* a new incremental checkpoint carries over, by reference, the parent's chain of every
+  partition it does not mention; a delta extends the parent's chain, a snapshot replaces
+  it; a delta whose partition the parent has no state for is refused before any upload;
+  a partition the new checkpoint saves as a directory drops the parent's chain of it
+  (directory partitions carry their files themselves: :mod:`cairn.protocol._directories`);
+* a parent committed by a fenced writer after the takeover is never built upon.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from cairn.data import ArtifactKey, CheckpointData
+from cairn.errors import BrokenChainError, CheckpointNotFoundError, InvalidCheckpointDataError
+from cairn.format.ids import CheckpointId
+from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.protocol import _catalog, _pointer
+from cairn.protocol._context import Context
+
+__all__ = ["Chains", "carried_chains", "check_admitted", "resolve_chains"]
+
+Chains = dict[ArtifactKey, list[tuple[CheckpointId, PartitionSnapshotEntry]]]
+"""Each partition's chain as ``(owner, entry)`` links, base first."""
+
+
+async def resolve_chains(
+    ctx: Context, manifest: CheckpointManifest, visiting: frozenset[CheckpointId] = frozenset()
+) -> Chains:
+    """Each partition's restore chain in ``manifest``, as ``(owner, entry)`` links."""
+    cid = manifest.checkpoint_id
+    chains: Chains = {}
+    for operator, entry in manifest.partition_entries():
+        link = (entry.owner or cid, entry)
+        chains.setdefault((operator, entry.partition_id), []).append(link)
+    headless = [key for key, links in chains.items() if links[0][1].is_delta]
+    if not headless:
+        return chains
+    parent_chains = await _parent_chains(ctx, manifest, visiting)
+    for key in headless:
+        if key not in parent_chains:
+            raise BrokenChainError(
+                f"{cid} {key!r}", f"no base: parent {manifest.parent_id} has no state for it"
+            )
+        chains[key] = parent_chains[key] + chains[key]
+    return chains
+
+
+async def _parent_chains(
+    ctx: Context, manifest: CheckpointManifest, visiting: frozenset[CheckpointId]
+) -> Chains:
+    cid, parent = manifest.checkpoint_id, manifest.parent_id
+    if parent is None:
+        raise BrokenChainError(str(cid), "it holds deltas but has no parent")
+    if parent in visiting:
+        raise BrokenChainError(str(parent), "the parent chain loops")
+    try:
+        parent_manifest = await _catalog.load_manifest(ctx, parent)
+    except CheckpointNotFoundError:
+        raise BrokenChainError(
+            f"parent {parent} of {cid}", "the parent checkpoint is missing"
+        ) from None
+    return await resolve_chains(ctx, parent_manifest, visiting | {cid})
+
+
+def check_admitted(parent: CheckpointManifest, record: _pointer.WriterRecord) -> None:
+    """Raise :class:`InvalidCheckpointDataError` unless ``record`` admits ``parent`` as
+    one to build upon (not a fenced writer's late commit, see :mod:`cairn.protocol._pointer`)."""
+    generation = parent.writer_generation or 0
+    if not record.admits(generation, (parent.epoch, parent.checkpoint_id.uuid.int)):
+        raise InvalidCheckpointDataError(
+            f"parent {parent.checkpoint_id} was committed by writer generation {generation} "
+            f"after generation {record.generation} took over (a fenced writer's "
+            "checkpoint): it is not one to build upon"
+        )
+
+
+async def carried_chains(
+    ctx: Context, data: CheckpointData, record: _pointer.WriterRecord
+) -> dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]:
+    """The parent's links the new checkpoint keeps, as ``(operator, entry)`` owned elsewhere.
+
+    Partitions ``data`` does not mention keep the parent's whole chain; a delta extends
+    it; a new snapshot replaces it. Refuses a parent that ``record`` does not admit (a
+    fenced writer's late commit, see :mod:`cairn.protocol._pointer`).
+    """
+    assert data.parent_id is not None
+    parent = await _catalog.load_manifest(ctx, data.parent_id)
+    check_admitted(parent, record)
+    parent_chains = await resolve_chains(ctx, parent)
+    missing_base = sorted(set(data.deltas) - set(parent_chains))
+    if missing_base:
+        raise InvalidCheckpointDataError(
+            f"delta {missing_base[0]!r} has no base: parent {data.parent_id} "
+            "holds no state for that partition"
+        )
+    return {
+        key: [(key[0], msgspec.structs.replace(entry, owner=owner)) for owner, entry in links]
+        for key, links in parent_chains.items()
+        if key not in data.snapshots and key not in data.directories
+    }

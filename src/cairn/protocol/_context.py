@@ -1,0 +1,52 @@
+"""What every part of one checkpointer shares: its store, its layout and its limits. Pure.
+
+The checkpointer's parts (:mod:`cairn.protocol._catalog`, :mod:`cairn.protocol._upload`,
+:mod:`cairn.protocol._download`, :mod:`cairn.protocol._chains`,
+:mod:`cairn.protocol._commit`) are functions whose first argument is a :class:`Context`;
+:class:`~cairn.ObjectStoreCheckpointer` builds one from its settings (a save in the
+background keeps the one it was started with). Invariants: ``store`` is the retrying
+store, so every call any part makes is retried only on transient failures, with the
+checkpointer's policy; with ``keys``, every manifest written is signed by the first and
+every manifest read for use is verified (see :mod:`cairn.format.signing`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from cairn.errors import InvalidInputError
+from cairn.format.codecs import Codec
+from cairn.format.ids import CheckpointId
+from cairn.format.layout import CheckpointPaths
+from cairn.format.signing import SigningKeys
+from cairn.stores import Store
+
+__all__ = ["Context", "check_id"]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """A checkpointer's store (retrying), layout, concurrency limits, codec, lease,
+    signing keys (None: manifests are neither signed nor verified) and the writer
+    generation it holds (0 until it takes over: see :mod:`cairn.protocol._pointer`)."""
+
+    store: Store
+    paths: CheckpointPaths
+    max_concurrent_uploads: int
+    max_concurrent_downloads: int
+    codec: Codec | None
+    lease: dt.timedelta
+    keys: SigningKeys | None = None
+    generation: int = 0
+
+
+def check_id(checkpoint_id: object) -> CheckpointId:
+    """``checkpoint_id`` if it is a :class:`CheckpointId`, the id its 36-character text
+    names if it is a ``str``; :class:`InvalidInputError` if neither. No I/O: a short id
+    needs the store's listing (:func:`cairn.protocol.discover.resolve_checkpoint_id`)."""
+    if isinstance(checkpoint_id, CheckpointId):
+        return checkpoint_id
+    if isinstance(checkpoint_id, str):
+        return CheckpointId.parse(checkpoint_id)
+    raise InvalidInputError(f"expected a CheckpointId or its text, got {checkpoint_id!r}")

@@ -1,0 +1,136 @@
+"""The public names are a contract: this pins them."""
+
+from __future__ import annotations
+
+import pytest
+
+import cairn
+from cairn import errors
+
+EXPECTED = {
+    "ArtifactKey",
+    "BrokenChainError",
+    "CheckpointAbortedError",
+    "ChainLink",
+    "CheckpointData",
+    "CheckpointExistsError",
+    "CheckpointId",
+    "CheckpointManifest",
+    "CheckpointNotFoundError",
+    "CheckpointPaths",
+    "Checkpointer",
+    "CheckpointerError",
+    "CodecError",
+    "CorruptManifestError",
+    "FencedError",
+    "GcResult",
+    "HmacSigner",
+    "ManifestSigner",
+    "SignatureError",
+    "SpecialFileError",
+    "RetentionPolicy",
+    "IncompleteCheckpointError",
+    "IntegrityError",
+    "IntegrityMismatchError",
+    "InvalidCheckpointDataError",
+    "InvalidInputError",
+    "InvalidNameError",
+    "InvalidStoreUrlError",
+    "MissingArtifactError",
+    "NotDurableError",
+    "ObjectNotFoundError",
+    "LoadedCheckpoint",
+    "ObjectExistsError",
+    "ObjectStoreCheckpointer",
+    "OperatorSnapshotEntry",
+    "OversizedArtifactError",
+    "PathsUnresolvedError",
+    "PartitionSnapshotEntry",
+    "PartitionUpload",
+    "PreconditionFailedError",
+    "RetryPolicy",
+    "SourceOffsetEntry",
+    "Store",
+    "StoreCredentialsError",
+    "StoreError",
+    "StoreNotFoundError",
+    "SyncCheckpointer",
+    "SyncInAsyncContextError",
+    "TransientStoreError",
+    "UndecodableArtifactError",
+    "UnsupportedManifestVersionError",
+    "WorkerReport",
+    "__version__",
+    "AmbiguousCheckpointIdError",
+    "ArtifactExistsError",
+    "CheckpointInUseError",
+    "CheckpointLocationError",
+    "commit_distributed",
+    "upload_partitions",
+    "open_store",
+    "sha256_hex",
+    "verify_integrity",
+}
+
+
+def test_all_is_pinned() -> None:
+    assert set(cairn.__all__) == EXPECTED
+    for name in cairn.__all__:
+        assert hasattr(cairn, name), name
+
+
+def test_every_error_has_one_root() -> None:
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), cairn.CheckpointerError), name
+    assert issubclass(cairn.CheckpointNotFoundError, FileNotFoundError)
+    assert issubclass(cairn.InvalidNameError, ValueError)
+
+
+def test_every_public_thing_has_a_docstring() -> None:
+    for name in cairn.__all__:
+        obj = getattr(cairn, name)
+        if (callable(obj) and not name[0].islower()) or name in ("open_store", "verify_integrity"):
+            assert (obj.__doc__ or "").strip(), name
+
+
+def test_a_missing_object_is_a_store_error_and_a_not_found_error() -> None:
+    assert issubclass(cairn.ObjectNotFoundError, cairn.StoreError)
+    assert issubclass(cairn.ObjectNotFoundError, cairn.CheckpointNotFoundError)
+    error = cairn.ObjectNotFoundError("get", "a/b")
+    assert (error.operation, error.path, str(error)) == ("get", "a/b", "object not found: 'a/b'")
+    for prose_free in (
+        cairn.MissingArtifactError,
+        cairn.UndecodableArtifactError,
+        cairn.OversizedArtifactError,
+    ):
+        assert issubclass(prose_free, cairn.IntegrityError)
+        assert not issubclass(prose_free, cairn.IntegrityMismatchError)
+
+
+def test_every_error_pickles_as_itself() -> None:
+    """Errors cross processes (DCP ranks, multiprocessing workers) with their attributes."""
+    import pickle
+
+    samples = [
+        cairn.IntegrityMismatchError("a/b", "0" * 64, "f" * 64),
+        cairn.FencedError(1, 2),
+        cairn.ObjectNotFoundError("get", "a/b"),
+        cairn.NotDurableError("put", "a/b", "written, but not made durable: EIO"),
+        cairn.CheckpointAbortedError("id", "a/manifest.json"),
+        cairn.InvalidNameError("operator", "x/y", "contains '/'"),
+        cairn.TransientStoreError("put", "a/b", "503", status=503),
+        cairn.OversizedArtifactError("a/b", "zstd", 1200),
+    ]
+    for error in samples:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert vars(copy) == vars(error)
+
+
+def test_a_removed_name_still_imports_with_a_warning() -> None:
+    from cairn.format.manifest import CheckpointManifest, CheckpointManifestV2
+
+    with pytest.warns(DeprecationWarning, match="import it from cairn.format.manifest"):
+        assert cairn.CheckpointManifestV2 is CheckpointManifestV2 is CheckpointManifest
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        cairn.NoSuchName  # noqa: B018

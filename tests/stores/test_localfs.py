@@ -1,0 +1,161 @@
+"""The local file primitives (cairn.stores._localfs) and how a local directory becomes a store.
+
+One walker and one atomic write serve the local store, the restore of an artifact to a
+path and ``cairn restore``: these pin what each promises on its own, with links planted
+where a walk or a write would meet them.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+from obstore.store import LocalStore as ObstoreLocalStore
+from obstore.store import MemoryStore, S3Store
+
+from cairn import ObjectStoreCheckpointer
+from cairn.stores import ObstoreStore, StoreCapabilities, as_store, capabilities_of, open_store
+from cairn.stores import _localfs as localfs
+from cairn.stores._local import LocalStore
+from cairn.stores._localfs import AtomicFile, LinkRefused, atomic_file_at, open_dirs
+
+
+def _staging(name: str) -> str:
+    return f"{name}#1"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """root/a/b (real directories), root/link -> outside, root/a/file (a file)."""
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "file").write_bytes(b"f")
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    return root
+
+
+def test_a_walk_reaches_real_directories_and_stops_at_a_link_naming_it(tree: Path) -> None:
+    with open_dirs(tree, ["a", "b"]) as dirs:
+        assert dirs.complete and len(dirs.fds) == 3 and dirs.link is None
+    with open_dirs(tree, ["link", "b"]) as dirs:
+        assert not dirs.complete and dirs.link == 1 and len(dirs.fds) == 1
+    with open_dirs(tree, ["a", "missing", "x"]) as dirs:
+        assert not dirs.complete and dirs.link is None and len(dirs.fds) == 2
+    with open_dirs(tree, ["a", "file"]) as dirs:
+        assert not dirs.complete and dirs.link is None
+    with open_dirs(tree / "no-root", ["a"]) as dirs:
+        assert dirs.fds == [] and not dirs.complete
+
+
+def test_a_walk_that_creates_makes_directories_and_refuses_links_and_files(tree: Path) -> None:
+    with open_dirs(tree, ["a", "new", "deeper"], create=True) as dirs:
+        assert dirs.complete
+    assert (tree / "a" / "new" / "deeper").is_dir()
+    with pytest.raises(LinkRefused) as refused, open_dirs(tree, ["link", "b"], create=True):
+        pass
+    assert refused.value.depth == 1
+    with pytest.raises(NotADirectoryError), open_dirs(tree, ["a", "file", "x"], create=True):
+        pass
+    assert not (tree.parent / "outside" / "b" / "x").exists()
+
+
+def test_an_atomic_file_appears_whole_or_not_at_all(tree: Path) -> None:
+    with atomic_file_at(tree, ["a", "b", "obj"], _staging) as (file, dirs):
+        file.write(b"half")
+        assert not (tree / "a" / "b" / "obj").exists()
+        assert (tree / "a" / "b" / "obj#1").read_bytes() == b"half"
+        file.write(b" and half")
+        file.commit(dirs.fds)
+    assert (tree / "a" / "b" / "obj").read_bytes() == b"half and half"
+    assert os.listdir(tree / "a" / "b") == ["obj"]
+
+    def fail_midway() -> None:
+        with atomic_file_at(tree, ["a", "b", "obj"], _staging) as (file, _):
+            file.write(b"never named")
+            raise RuntimeError("the write failed")
+
+    with pytest.raises(RuntimeError):
+        fail_midway()
+    assert (tree / "a" / "b" / "obj").read_bytes() == b"half and half"
+    assert os.listdir(tree / "a" / "b") == ["obj"], "the staging file is removed"
+
+
+def test_an_exclusive_commit_never_replaces(tree: Path) -> None:
+    def create_only() -> None:
+        with atomic_file_at(tree, ["a", "file"], _staging) as (file, dirs):
+            file.write(b"other")
+            file.commit(dirs.fds, exclusive=True)
+
+    with pytest.raises(FileExistsError):
+        create_only()
+    assert (tree / "a" / "file").read_bytes() == b"f"
+    assert sorted(os.listdir(tree / "a")) == ["b", "file"], "the staging file is removed"
+
+
+def test_an_atomic_file_refuses_a_link_at_its_name_and_on_its_way(tree: Path) -> None:
+    (tree / "a" / "name-link").symlink_to(tree.parent / "outside" / "created")
+    dir_fd = os.open(tree / "a", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(LinkRefused) as at_name:
+            AtomicFile(dir_fd, "name-link", _staging, 2)
+    finally:
+        os.close(dir_fd)
+    assert at_name.value.depth == 2
+    with (
+        pytest.raises(LinkRefused) as on_the_way,
+        atomic_file_at(tree, ["link", "b", "x"], _staging),
+    ):
+        pass
+    assert on_the_way.value.depth == 1
+    assert not (tree.parent / "outside" / "created").exists()
+    assert os.listdir(tree.parent / "outside" / "b") == []
+
+
+def test_every_way_of_naming_a_local_directory_gives_cairns_local_store(tmp_path: Path) -> None:
+    for store in (
+        ObstoreStore(ObstoreLocalStore(tmp_path)),
+        as_store(ObstoreLocalStore(tmp_path)),
+        as_store(str(tmp_path)),
+        as_store(tmp_path.as_uri()),
+        ObjectStoreCheckpointer(str(tmp_path)).store,
+    ):
+        while not isinstance(store, LocalStore):
+            store = store.inner  # type: ignore[attr-defined]
+        assert capabilities_of(store) == StoreCapabilities(local_path=tmp_path)
+    # open_store still gives obstore's store, as documented; the adapter adapts the rest.
+    assert isinstance(open_store(tmp_path.as_uri()), ObstoreLocalStore)
+    assert type(ObstoreStore(MemoryStore())) is ObstoreStore
+    assert repr(LocalStore(tmp_path)) == f"LocalStore({str(tmp_path)!r})"
+
+
+def test_both_kinds_of_store_pickle(tmp_path: Path) -> None:
+    # dcp.async_save in process mode pickles the writer, and the store in it.
+    local = pickle.loads(pickle.dumps(ObstoreStore(ObstoreLocalStore(tmp_path))))
+    assert isinstance(local, LocalStore) and local.root == tmp_path
+    s3 = pickle.loads(pickle.dumps(ObstoreStore(S3Store("bucket", region="us-east-1"))))
+    assert type(s3) is ObstoreStore and isinstance(s3.obstore, S3Store)
+
+
+def test_a_walk_opens_a_directory_another_writer_made_after_it_looked(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two puts make the same new folders: one finds a name missing, the other makes it
+    # before the first gets to make it. That is a directory to open, not a file in the way.
+    real = localfs.open_dir
+    made: list[str] = []
+
+    def racing(dir_fd: int, name: str) -> int | None:
+        if name not in made:
+            made.append(name)
+            os.mkdir(name, dir_fd=dir_fd)  # the other writer, just after this one looked
+            return None
+        return real(dir_fd, name)
+
+    monkeypatch.setattr(localfs, "open_dir", racing)
+    with open_dirs(tree, ["new", "deeper"], create=True) as dirs:
+        assert dirs.complete
+    assert made == ["new", "deeper"] and (tree / "new" / "deeper").is_dir()
