@@ -265,16 +265,9 @@ class ObjectStoreCheckpointer(Checkpointer):
         return self._paths
 
     async def _context(self) -> Context:
-        """:attr:`context`, once the layout is resolved: every coroutine's first step."""
+        """What the checkpointer's parts share (store, layout, limits), as set now, once
+        the layout is resolved: every coroutine's first step."""
         await self.resolve_paths()
-        return self.context
-
-    @property
-    def context(self) -> Context:
-        """What the checkpointer's parts share (store, layout, limits), as set now.
-
-        Raises :class:`PathsUnresolvedError` before the layout is resolved (see
-        :attr:`paths`)."""
         return Context(
             self.store,
             self.paths,

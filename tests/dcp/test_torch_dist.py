@@ -298,7 +298,8 @@ def test_sigkill_of_rank_1_during_write_data_commits_nothing(run: Run) -> None:
     after = CheckpointId.parse(run.ranks[0]["after_takeover"]["id"])
     assert committed[-1] == after and ckpt.read_latest() == after
     inner = ckpt.async_checkpointer
-    [orphan] = [cid for cid in _sync(_catalog.listed_ids(inner.context)) if cid not in committed]
+    listed = _sync(_catalog.listed_ids(_sync(inner._context())))
+    [orphan] = [cid for cid in listed if cid not in committed]
     directory = inner.paths.checkpoint_dir(orphan)
     left = sorted(info.path for info in _sync(inner.store.list(directory)))
     assert inner.paths.manifest(orphan) not in left, "nothing was committed"

@@ -107,12 +107,12 @@ async def test_the_newest_checkpoint_with_a_name_comes_first(tmp_path: Path) -> 
     await commit_named(ckpt, None, epoch=30)
 
     async def named(name: str) -> list[CheckpointId]:
-        return [cid async for cid in _catalog.named_candidates(ckpt.context, name)]
+        return [cid async for cid in _catalog.named_candidates(await ckpt._context(), name)]
 
     assert await named("step-10") == [second, first]
     assert await named("step-20") == [other]
     assert await named("step-30") == []
-    assert await _catalog.checkpoint_names(ckpt.context) == ["step-10", "step-20"]
+    assert await _catalog.checkpoint_names(await ckpt._context()) == ["step-10", "step-20"]
     generation = await ckpt.take_over()  # a newer writer generation outranks later ids
     newer = ObjectStoreCheckpointer(str(tmp_path), CheckpointPaths(PREFIX))
     newer.writer_generation = generation

@@ -418,7 +418,9 @@ async def test_a_save_failing_after_its_uploads_leaves_no_file_behind(tmp_path: 
         raise RuntimeError("stopped before the commit")
 
     with pytest.raises(RuntimeError):
-        await _commit.save(ckpt.context, CheckpointData(epoch=1, directories={KEY: src}), fail)
+        await _commit.save(
+            await ckpt._context(), CheckpointData(epoch=1, directories={KEY: src}), fail
+        )
     assert not [p for p in await stored_paths(ckpt) if ".file-" in p]
 
 

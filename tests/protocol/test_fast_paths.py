@@ -273,8 +273,8 @@ async def test_an_artifact_of_another_length_is_a_size_mismatch_naming_both(
 
 
 async def committed_by_heads(ckpt: ObjectStoreCheckpointer) -> list[CheckpointId]:
-    ids = await _catalog.listed_ids(ckpt.context)
-    return [cid for cid in ids if await _catalog.committed(ckpt.context, cid)]
+    ids = await _catalog.listed_ids(await ckpt._context())
+    return [cid for cid in ids if await _catalog.committed(await ckpt._context(), cid)]
 
 
 @pytest.mark.parametrize("artifacts", [1, 40])

@@ -131,7 +131,7 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
         CheckpointData(epoch=1, snapshots={("op", 0): b"base", ("op", 1): b"kept"})
     )
     data = CheckpointData(epoch=2, deltas={("op", 0): b"+1"}, parent_id=parent.checkpoint_id)
-    entries = await upload_all(ckpt.context, data, WriterRecord(0))
+    entries = await upload_all(await ckpt._context(), data, WriterRecord(0))
     manifest = assemble_manifest(data.id, data.epoch, entries, parent_id=data.parent_id)
     # Someone deletes an artifact the new manifest carries over from its parent.
     gone = artifact_path(ckpt.paths, parent, "op", 1)
@@ -142,7 +142,7 @@ async def test_commit_refuses_a_manifest_whose_artifacts_are_gone(raw_store: Obj
     assert not await ckpt.exists(data.id)
     # And one of its own.
     data2 = CheckpointData(epoch=3, snapshots={("op", 0): b"x" * 100})
-    entries2 = await upload_all(ckpt.context, data2, WriterRecord(0))
+    entries2 = await upload_all(await ckpt._context(), data2, WriterRecord(0))
     manifest2 = assemble_manifest(data2.id, data2.epoch, entries2)
     own = artifact_path(ckpt.paths, manifest2, "op", 0)
     await ckpt.store.delete([own])

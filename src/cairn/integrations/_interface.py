@@ -35,7 +35,7 @@ parts (its context, its observers); the parts keep theirs.
 from __future__ import annotations
 
 import os
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -44,19 +44,12 @@ from cairn.data import ArtifactKey, DirectoryCheck
 from cairn.format._buffer import Buffer
 from cairn.format._validate import is_int, positive_int
 from cairn.format.ids import CheckpointId
-from cairn.format.manifest import CheckpointManifest, DirectoryEntry
+from cairn.format.manifest import CheckpointManifest, DirectoryEntry, PartitionSnapshotEntry
 from cairn.observe import _dispatch
-from cairn.protocol import _commit, _directories, _upload
-from cairn.protocol._catalog import (
-    DAMAGE,
-    checkpoint_names,
-    latest_candidates,
-    load_manifest,
-    named_candidates,
-)
+from cairn.protocol import _catalog, _commit, _directories, _download, _upload
+from cairn.protocol._catalog import DAMAGE
 from cairn.protocol._commit import SaveMeter, assemble_manifest
 from cairn.protocol._concurrency import bounded_gather
-from cairn.protocol._download import read_entry, read_sized
 from cairn.protocol._lease import DEFAULT_LEASE
 from cairn.protocol._upload import Entry, PartitionUpload
 from cairn.stores._urls import _REMOTE_SCHEMES
@@ -179,8 +172,7 @@ async def begin(
     Raises :class:`~cairn.FencedError` if a newer writer generation has taken over and
     :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is written then.
     """
-    await ckpt.resolve_paths()
-    pending = await _commit.start(ckpt.context, checkpoint_id, parent_id)
+    pending = await _commit.start(await ckpt._context(), checkpoint_id, parent_id)
     return TwoPhaseSave(ckpt, pending)
 
 
@@ -190,3 +182,43 @@ def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
     Raises :class:`~cairn.SyncInAsyncContextError` when called from a running loop.
     """
     return _runner.run(coro)
+
+
+async def latest_candidates(ckpt: ObjectStoreCheckpointer) -> AsyncIterator[CheckpointId]:
+    """The checkpoints ``load_latest`` would try through ``ckpt``, best first (see
+    :func:`cairn.protocol._catalog.latest_candidates`)."""
+    async for cid in _catalog.latest_candidates(await ckpt._context()):
+        yield cid
+
+
+async def named_candidates(ckpt: ObjectStoreCheckpointer, name: str) -> AsyncIterator[CheckpointId]:
+    """The committed checkpoints named ``name``, newest admitted first."""
+    async for cid in _catalog.named_candidates(await ckpt._context(), name):
+        yield cid
+
+
+async def checkpoint_names(ckpt: ObjectStoreCheckpointer) -> list[str]:
+    """The names the committed checkpoints carry, sorted."""
+    return await _catalog.checkpoint_names(await ckpt._context())
+
+
+async def load_manifest(
+    ckpt: ObjectStoreCheckpointer, checkpoint_id: CheckpointId
+) -> CheckpointManifest:
+    """The manifest of committed ``checkpoint_id``, whole and checked (see
+    :func:`cairn.protocol._catalog.load_manifest`)."""
+    return await _catalog.load_manifest(await ckpt._context(), checkpoint_id)
+
+
+async def read_entry(
+    ckpt: ObjectStoreCheckpointer, path: str, entry: PartitionSnapshotEntry, verify: bool
+) -> Buffer:
+    """The bytes of the artifact ``entry`` describes at ``path``, decoded, and verified when
+    ``verify`` (see :func:`cairn.protocol._download.read_entry`)."""
+    return await _download.read_entry(await ckpt._context(), path, entry, verify)
+
+
+async def read_sized(ckpt: ObjectStoreCheckpointer, path: str, size: int, start: int = 0) -> Buffer:
+    """The bytes of the ``size``-byte object at ``path`` from ``start`` to its end, in one
+    request (see :func:`cairn.protocol._download.read_sized`)."""
+    return await _download.read_sized(await ckpt._context(), path, size, start)

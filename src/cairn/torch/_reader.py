@@ -337,8 +337,7 @@ async def open_dcp(
             raise CheckpointNotFoundError(
                 str(exc), "DCP metadata", f"checkpoint {target} was not saved by DCP"
             ) from None
-    ctx = ckpt.context
-    candidates = latest_candidates(ctx) if target is None else named_candidates(ctx, target)
+    candidates = latest_candidates(ckpt) if target is None else named_candidates(ckpt, target)
     search = _Search(target)
     async for cid in candidates:
         if cid in skip:
@@ -387,7 +386,7 @@ class _Search:
         elif self.name is None:
             detail = f"searched {where}: it holds no committed checkpoint"
         else:
-            names = await checkpoint_names(ckpt.context)
+            names = await checkpoint_names(ckpt)
             shown = ", ".join(repr(n) for n in names[:5]) + (
                 f" and {len(names) - 5} more" if len(names) > 5 else ""
             )
@@ -401,19 +400,19 @@ class _Search:
 
 
 async def _open_one(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> Opened:
-    ctx = ckpt.context
-    manifest = await load_manifest(ctx, cid)
+    paths = ckpt.paths
+    manifest = await load_manifest(ckpt, cid)
     entries = {entry.path: entry for _, entry in manifest.partition_entries()}
     if len(entries) != sum(1 for _ in manifest.partition_entries()):
         # Item records name artifacts by path alone: one path must mean one object.
         raise CorruptManifestError(
-            ctx.paths.manifest(cid), "two entries (of different owners) share a path"
+            paths.manifest(cid), "two entries (of different owners) share a path"
         )
     meta_entries = manifest.operators.get(METADATA_OPERATOR)
     if meta_entries is None or len(meta_entries.partitions) != 1:
-        raise _NotDcp(ctx.paths.checkpoint_dir(cid) + "operators/" + METADATA_OPERATOR)
+        raise _NotDcp(paths.checkpoint_dir(cid) + "operators/" + METADATA_OPERATOR)
     entry = meta_entries.partitions[0]
-    path = ctx.paths.resolve(entry.owner or cid, entry.path)
+    path = paths.resolve(entry.owner or cid, entry.path)
     try:
         if entry.index_size_bytes is not None:
             metadata, blocks = await _open_table(ckpt, path, entry)
@@ -437,7 +436,7 @@ async def _open_table(
         raise CorruptManifestError(path, "a DCP metadata object of ranges must be stored as is")
     split = entry.size_bytes - index_bytes
     start = 0 if entry.size_bytes <= WHOLE_METADATA_BYTES else split  # whole, or the index
-    tail = await read_sized(ckpt.context, path, entry.size_bytes, start)
+    tail = await read_sized(ckpt, path, entry.size_bytes, start)
     whole = tail if start == 0 else None
     index = memoryview(tail).cast("B")[split - start :]
     verify_integrity(path, index, entry.sha256, "sha256 of its range index")
@@ -636,7 +635,7 @@ async def _fetch_whole(
     """The artifact's bytes, decompressed, verified against the entry when ``verify``; read
     and decoded in memory bounded by its recorded sizes (see :mod:`cairn.protocol._download`)."""
     try:
-        return await read_entry(ckpt.context, path, entry, verify)
+        return await read_entry(ckpt, path, entry, verify)
     except UndecodableArtifactError as exc:  # a mismatch here, as for any damaged item
         raise IntegrityMismatchError(
             path, entry.sha256, f"undecodable {entry.codec} data ({exc.reason})"
