@@ -292,14 +292,80 @@ async def test_restore_refuses_a_dest_that_holds_something(tmp_path: Path) -> No
     src = tmp_path / "src"
     write_tree(src, {"a": b"a"})
     saved = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
-    with pytest.raises(InvalidInputError, match="not an empty"):
+    with pytest.raises(InvalidInputError, match="a directory that is not empty"):
         await ckpt.restore_directory(saved.checkpoint_id, *KEY, src)
+    assert read_tree(src) == {"a": b"a"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "linked").symlink_to(empty, target_is_directory=True)
+    with pytest.raises(InvalidInputError, match="linked': it is a symbolic link"):
+        await ckpt.restore_directory(saved.checkpoint_id, *KEY, tmp_path / "linked")
+    assert os.readlink(tmp_path / "linked") == str(empty) and os.listdir(empty) == []
+    with pytest.raises(InvalidInputError, match="a': it is a file, not a directory"):
+        await ckpt.restore_directory(saved.checkpoint_id, *KEY, src / "a")
     assert read_tree(src) == {"a": b"a"}
     gone = saved.directories[0].files[0]
     await ckpt.store.delete([ckpt.paths.resolve(saved.checkpoint_id, gone.path)])
     with pytest.raises(BrokenChainError, match="'a'"):
         await ckpt.restore_directory(saved.checkpoint_id, *KEY, tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
+
+
+class _SwappingStore(ForwardingStore):
+    """Swaps the staging directory of a restore into ``dest`` for a link to ``outside``
+    (moving the real one aside) as the restore reads its first file."""
+
+    def __init__(self, inner: Any, dest: Path, outside: Path) -> None:
+        super().__init__(inner)
+        self.dest, self.outside, self.swapped = dest, outside, False
+
+    async def _around(self, operation: str, path: str, call: Any, **kwargs: Any) -> Any:
+        if operation == "get_range" and not self.swapped:
+            [staging] = self.dest.parent.glob(f".{self.dest.name}.*.partial")
+            staging.rename(self.dest.parent / "moved-aside")
+            staging.symlink_to(self.outside, target_is_directory=True)
+            self.swapped = True
+        return await call()
+
+
+async def test_a_staging_directory_swapped_for_a_link_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    src, outside, dest = tmp_path / "src", tmp_path / "outside", tmp_path / "out" / "dest"
+    write_tree(src, {"a": b"a" * 10, "sub/b": b"b" * 20})
+    outside.mkdir()
+    store = as_store(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    saved = await make_checkpointer(store).save(CheckpointData(epoch=1, directories={KEY: src}))
+    swapping = _SwappingStore(store, dest, outside)
+    ckpt = make_checkpointer(swapping)
+
+    with pytest.raises(InvalidInputError, match="staging directory .* was replaced"):
+        await ckpt.restore_directory(saved.checkpoint_id, *KEY, dest)
+    assert swapping.swapped
+    assert os.listdir(outside) == [], "nothing written through the link"
+    assert not dest.exists() and not dest.is_symlink()
+
+
+async def test_a_link_swapped_in_at_dest_before_the_rename_is_refused_and_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, outside, dest = tmp_path / "src", tmp_path / "outside", tmp_path / "dest"
+    write_tree(src, {"a": b"a"})
+    outside.mkdir()
+    ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
+    saved = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
+    real_rename = os.rename
+
+    def swap_then_rename(*args: Any, **kwargs: Any) -> None:
+        dest.symlink_to(outside, target_is_directory=True)  # after the last check
+        real_rename(*args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", swap_then_rename)
+    with pytest.raises(InvalidInputError, match="dest': it is a symbolic link"):
+        await ckpt.restore_directory(saved.checkpoint_id, *KEY, dest)
+    monkeypatch.undo()
+    assert os.readlink(dest) == str(outside) and os.listdir(outside) == []
+    assert sorted(os.listdir(tmp_path)) == ["dest", "outside", "src"], "no staging left"
 
 
 def test_the_sync_twin_restores(tmp_path: Path) -> None:

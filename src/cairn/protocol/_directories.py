@@ -20,10 +20,12 @@ Invariants:
   from the parent, unless the save gives that partition as an artifact; a save in two
   phases (:func:`upload_directories`) gets entries only for the partitions it names, and
   its caller assembles the manifest;
-* a restore writes into a fresh staging directory beside ``dest``, verifies every file
-  against its size and SHA-256, fsyncs every file and directory, and only then renames
-  the staging directory onto ``dest`` (which must not exist, or be an empty directory):
-  any failure removes the staging directory and leaves ``dest`` as it was. Each file
+* a restore writes into a fresh staging directory beside ``dest``
+  (:class:`cairn.stores._localfs.StagedTree`: nothing written through a link), verifies
+  every file against its size and SHA-256, fsyncs every file and directory, and only
+  then renames the staging directory onto ``dest`` (which must be missing or an empty
+  directory, never a link): any failure removes the staging directory and leaves
+  ``dest`` as it was. Each file
   gets the mtime its entry records, so a save from the restored tree with the restored
   checkpoint as parent carries every file it did not change.
 """
@@ -32,12 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import hashlib
 import os
-import shutil
 import stat
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +63,15 @@ from cairn.protocol import _catalog
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context
 from cairn.protocol._download import RESTORE_CHUNK, stream_into
-from cairn.stores._localfs import DIR_FLAGS, open_dir, open_dirs
+from cairn.stores._localfs import (
+    LinkRefused,
+    StagedTree,
+    open_dir,
+    open_dirs,
+    open_file_at,
+    open_root,
+    run_to_end,
+)
 
 __all__ = [
     "ScannedFile",
@@ -103,7 +110,7 @@ def scan(root: Path) -> list[ScannedFile]:
     ``root`` itself may be a link (the caller chose it); nothing below it is followed.
     """
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = open_root(root)
     except OSError as exc:
         raise InvalidCheckpointDataError(f"directory {str(root)!r} cannot be read: {exc}") from None
     found: list[ScannedFile] = []
@@ -148,10 +155,10 @@ def _open_file(root: Path, relative: str) -> BinaryIO:
         if not dirs.complete:
             raise SpecialFileError(where, "path through a symbolic link or a missing directory")
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirs.fds[-1])
+            fd = open_file_at(dirs.fds[-1], name, len(parents) + 1)
+        except LinkRefused:
+            raise SpecialFileError(where, "symbolic link") from None
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EMLINK):
-                raise SpecialFileError(where, "symbolic link") from None
             raise InvalidCheckpointDataError(f"{where!r} cannot be read: {exc}") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -373,38 +380,14 @@ async def restore_directory(
     validate_partition(partition)
     manifest = await _catalog.load_manifest(ctx, checkpoint_id)
     directory = find_directory(manifest, operator, partition)
-    target = Path(dest)
-    await asyncio.to_thread(_check_dest, target)
-    staging = target.parent / f".{target.name}.{uuid.uuid4().hex}.partial"
-    await asyncio.to_thread(os.mkdir, staging, 0o777)
+    tree = await asyncio.to_thread(StagedTree, Path(dest), "restore a directory")
     try:
-        jobs = [_restore_job(ctx, checkpoint_id, directory, f, staging) for f in directory.files]
+        jobs = [_restore_job(ctx, checkpoint_id, directory, f, tree) for f in directory.files]
         await bounded_gather(ctx.max_concurrent_downloads, jobs)
-        await asyncio.to_thread(_sync_tree, staging)
-        await asyncio.to_thread(_check_dest, target)
-        await asyncio.to_thread(os.rename, staging, target)
-    except BaseException:
-        await asyncio.to_thread(shutil.rmtree, staging, True)
-        raise
-    await asyncio.to_thread(_fsync_dir, target.parent)
+        await run_to_end(tree.publish)
+    finally:
+        await run_to_end(tree.close)
     return list(directory.files)
-
-
-def _check_dest(target: Path) -> None:
-    """Refuse a ``dest`` that exists and is not an empty directory (a link never is one)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = os.lstat(target).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        with os.scandir(target) as entries:
-            if next(entries, None) is None:
-                return
-    raise InvalidInputError(
-        f"cannot restore a directory into {str(target)!r}: it exists and is not an empty "
-        "directory (a symbolic link is never followed)"
-    )
 
 
 def _restore_job(
@@ -412,7 +395,7 @@ def _restore_job(
     checkpoint_id: CheckpointId,
     directory: DirectoryEntry,
     file: FileEntry,
-    staging: Path,
+    tree: StagedTree,
 ) -> Callable[[], Awaitable[None]]:
     owner = file.owner or checkpoint_id
     path = ctx.paths.resolve(owner, file.path)
@@ -432,26 +415,24 @@ def _restore_job(
             raise BrokenChainError(named, f"file of checkpoint {owner} is gone") from None
         if size != file.size_bytes:
             raise IntegrityMismatchError(named, str(file.size_bytes), str(size), what="size")
-        handle = await asyncio.to_thread(_create_file, staging, file.relative_path)
+        handle = await run_to_end(_create_file, tree, file.relative_path)
         with handle:
             digest = await stream_into(ctx, path, size, handle, RESTORE_CHUNK)
-            await asyncio.to_thread(_finish_file, handle, file.mtime_ns)
+            await run_to_end(_finish_file, handle, file.mtime_ns)
         if digest != file.sha256:
             raise IntegrityMismatchError(named, file.sha256, digest)
 
     return job
 
 
-def _create_file(staging: Path, relative: str) -> BinaryIO:
-    *parents, name = check_relative_file(relative).split("/")
-    directory = staging.joinpath(*parents)
-    directory.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with open_dirs(staging, parents) as dirs:
-        if not dirs.complete:
-            raise InvalidInputError(f"cannot restore {relative!r}: its directory is not one")
-        fd = os.open(name, flags, 0o666, dir_fd=dirs.fds[-1])
-    return os.fdopen(fd, "wb")
+def _create_file(tree: StagedTree, relative: str) -> BinaryIO:
+    """A new file of the staged tree at ``relative`` (checked), its directories made."""
+    try:
+        return tree.create(check_relative_file(relative))
+    except (FileExistsError, NotADirectoryError, LinkRefused):
+        raise InvalidInputError(
+            f"cannot restore {relative!r}: its name, or a directory on its way, is taken"
+        ) from None
 
 
 def _finish_file(handle: BinaryIO, mtime_ns: int) -> None:
@@ -460,17 +441,3 @@ def _finish_file(handle: BinaryIO, mtime_ns: int) -> None:
     handle.flush()
     os.utime(handle.fileno(), ns=(mtime_ns, mtime_ns))
     os.fsync(handle.fileno())
-
-
-def _sync_tree(root: Path) -> None:
-    """fsync every directory under ``root`` (files were synced as they were written)."""
-    for directory, _, _ in os.walk(root, topdown=False):
-        _fsync_dir(Path(directory))
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, DIR_FLAGS & ~os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -4,7 +4,9 @@
 obstore's follows symbolic links (in listings, reads, writes and deletes), fsyncs
 nothing, and has no compare-and-swap. It keeps the layout obstore's writes (an object is
 the file at its path; the e-tag is the inode, the mtime in microseconds and the size, in
-hex), so either can open a directory the other wrote.
+hex), so either can open a directory the other wrote. Reads, writes and the
+compare-and-swap are here; object paths and their metadata are in
+:mod:`cairn.stores._localnames`, listings and deletes in :mod:`cairn.stores._localtree`.
 
 Invariants:
 
@@ -41,13 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import errno
 import fcntl
-import itertools
 import os
-import secrets
-import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -68,10 +66,12 @@ from cairn.stores._localfs import (
     LinkRefused,
     SyncFailed,
     atomic_file_at,
-    open_dir,
     open_dirs,
+    open_file_at,
     run_to_end,
 )
+from cairn.stores._localnames import object_info, object_parts, path_parts, staging_name
+from cairn.stores._localtree import delete_objects, list_level, list_tree, remove_tree
 from cairn.stores._translate import translate_error
 from cairn.stores._types import (
     Blob,
@@ -93,8 +93,6 @@ LOCAL_PUT_ATTEMPTS = 8
 the delete of an emptied directory can remove one the put just made before its staging
 file is there (once it is, the directory is not empty and stays); one removal costs one
 more try."""
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class _RangePastEnd(Exception):
@@ -140,7 +138,7 @@ class LocalStore:
         if isinstance(mode, IfMatch):
             return await self._compare_and_swap(path, data, mode)
         status = await self._io("put", path, _put_bytes, self.root, path, data, mode == "create")
-        return _info(path, status)
+        return object_info(path, status)
 
     async def put_stream(
         self, path: str, open_chunks: OpenChunks, *, metadata: object = None
@@ -159,19 +157,19 @@ class LocalStore:
             await run_to_end(_commit, path, file, dirs, False)
 
     async def list_dir(self, prefix: str) -> ListDirResult:
-        return await self._io("list", prefix, _list_dir, self.root, prefix)
+        return await self._io("list", prefix, list_level, self.root, prefix)
 
     async def list(self, prefix: str) -> list[ObjectInfo]:
-        return await self._io("list", prefix, _list, self.root, prefix)
+        return await self._io("list", prefix, list_tree, self.root, prefix)
 
     async def delete(self, paths: Sequence[str]) -> None:
         if paths:
-            await self._io("delete", paths[0], _delete, self.root, paths)
+            await self._io("delete", paths[0], delete_objects, self.root, paths)
 
     async def delete_prefix(self, prefix: str) -> None:
         await self.delete([info.path for info in await self.list(prefix)])
         if prefix.endswith("/") and prefix.strip("/"):
-            await self._io("delete", prefix, _remove_tree, self.root, prefix)
+            await self._io("delete", prefix, remove_tree, self.root, prefix)
 
     async def _compare_and_swap(self, path: str, data: Buffer, mode: IfMatch) -> ObjectInfo:
         """Compare-and-swap under an exclusive ``flock`` on the directory holding the object.
@@ -219,7 +217,7 @@ class LocalStore:
         try:
             yield
         except LinkRefused as exc:
-            link = "/".join(_parts(operation, path)[: exc.depth])
+            link = "/".join(path_parts(operation, path)[: exc.depth])
             if operation == "put":
                 raise StoreError(
                     "put",
@@ -234,58 +232,6 @@ class LocalStore:
             raise translate_error(operation, path, exc) from exc
 
 
-# -- paths and metadata ---------------------------------------------------------------------
-
-
-def _parts(operation: str, path: str) -> list[str]:
-    """The components of an object path, as obstore parses them; StoreError if invalid."""
-    parts = path.strip("/").split("/") if path.strip("/") else []
-    for part in parts:
-        if part in ("", ".", "..") or "\x00" in part:
-            raise StoreError(operation, path, f"not a valid object path (segment {part!r})")
-    return parts
-
-
-def _object_parts(operation: str, path: str) -> list[str]:
-    """The components of a path that names an object: not the root, not a staging file."""
-    parts = _parts(operation, path)
-    if not parts:
-        raise StoreError(operation, path, "not an object path")
-    if _is_staging(parts[-1]):
-        raise StoreError(operation, path, "a name ending in '#<digits>' is no object")
-    return parts
-
-
-def _is_staging(name: str) -> bool:
-    # A write's staging file is ``{name}#{n}`` (obstore's too): never listed nor addressed.
-    _, hash_sign, suffix = name.partition("#")
-    return bool(hash_sign) and suffix.isascii() and suffix.isdigit()
-
-
-def _staging_name(name: str) -> str:
-    return f"{name}#{secrets.randbelow(10**9)}"
-
-
-def _utf8(name: str) -> bool:
-    # A name that is not UTF-8 (decoded with surrogate escapes) is no object path.
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _info(path: str, st: os.stat_result) -> ObjectInfo:
-    # The metadata obstore's local store reports, so that a listing and a HEAD agree.
-    micros = st.st_mtime_ns // 1000
-    return ObjectInfo(
-        path=path,
-        size=st.st_size,
-        e_tag=f'"{st.st_ino:x}-{max(micros, 0):x}-{st.st_size:x}"',
-        last_modified=_EPOCH + dt.timedelta(microseconds=micros),
-    )
-
-
 # -- reads -----------------------------------------------------------------------------------
 
 
@@ -296,18 +242,13 @@ def _open_object(root: Path, operation: str, path: str) -> Iterator[tuple[int, o
     FileNotFoundError when it, or a directory on its way, is missing or not a regular
     file or directory; :class:`LinkRefused` when one is a symbolic link.
     """
-    parts = _parts(operation, path)
+    parts = path_parts(operation, path)
     with open_dirs(root, parts[:-1]) as dirs:
         if not parts or not dirs.complete:
             if dirs.link is not None:
                 raise LinkRefused(dirs.link)
             raise FileNotFoundError(errno.ENOENT, "no such object", path)
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirs.fds[-1])
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EMLINK):
-                raise LinkRefused(len(parts)) from None
-            raise
+        fd = open_file_at(dirs.fds[-1], parts[-1], len(parts))
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -334,7 +275,7 @@ def _read(root: Path, path: str) -> tuple[bytes, ObjectInfo]:
     """The whole object and the metadata of the version read (a rename replacing it
     meanwhile does not mix versions: the descriptor holds the old file)."""
     with _open_object(root, "get", path) as (fd, st):
-        return _read_exactly(fd, 0, st.st_size), _info(path, st)
+        return _read_exactly(fd, 0, st.st_size), object_info(path, st)
 
 
 def _read_range(root: Path, path: str, start: int, end: int) -> bytes:
@@ -350,7 +291,7 @@ def _read_range(root: Path, path: str, start: int, end: int) -> bytes:
 
 def _head(root: Path, path: str) -> ObjectInfo:
     with _open_object(root, "head", path) as (_, st):
-        return _info(path, st)
+        return object_info(path, st)
 
 
 # -- writes ----------------------------------------------------------------------------------
@@ -413,11 +354,11 @@ def _stage(root: Path, path: str) -> tuple[contextlib.ExitStack, Dirs, AtomicFil
     descriptors of the directories on its way; the stack closes them all and removes the
     staging file unless it was committed. Tries again while a concurrent delete removes a
     directory this just made (see :data:`LOCAL_PUT_ATTEMPTS`)."""
-    parts = _object_parts("put", path)
+    parts = object_parts("put", path)
     for attempt in range(1, LOCAL_PUT_ATTEMPTS + 1):
         stack = contextlib.ExitStack()
         try:
-            staged = atomic_file_at(root, parts, _staging_name, create=True)
+            staged = atomic_file_at(root, parts, staging_name, create=True)
             file, dirs = stack.enter_context(staged)
             return stack, dirs, file
         except FileNotFoundError as exc:
@@ -453,153 +394,13 @@ def _put_bytes(root: Path, path: str, data: Buffer, exclusive: bool) -> os.stat_
         return _commit(path, file, dirs, exclusive)
 
 
-# -- listings --------------------------------------------------------------------------------
-
-
-def _entries(dir_fd: int, key: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
-    """(name, object path, entry) of each real file or directory in ``dir_fd``: links,
-    staging files and names that are not UTF-8 are skipped."""
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            name = entry.name
-            if entry.is_symlink() or not _utf8(name) or _is_staging(name):
-                continue
-            yield name, f"{key}/{name}" if key else name, entry
-
-
-def _file_info(child: str, entry: os.DirEntry[str]) -> ObjectInfo | None:
-    try:
-        return _info(child, entry.stat(follow_symlinks=False))
-    except FileNotFoundError:
-        return None  # deleted since the scan
-
-
-def _scan_tree(dir_fd: int, key: str, found: list[ObjectInfo]) -> None:
-    """Append every regular file under ``dir_fd`` (whose object path is ``key``)."""
-    subdirs: list[tuple[str, str]] = []
-    for name, child, entry in _entries(dir_fd, key):
-        if entry.is_dir(follow_symlinks=False):
-            subdirs.append((name, child))
-        elif entry.is_file(follow_symlinks=False) and (info := _file_info(child, entry)):
-            found.append(info)
-    for name, child in subdirs:
-        fd = open_dir(dir_fd, name)
-        if fd is None:
-            continue  # deleted, or replaced by a link, since the scan
-        try:
-            _scan_tree(fd, child, found)
-        finally:
-            os.close(fd)
-
-
-def _list(root: Path, prefix: str) -> list[ObjectInfo]:
-    parts = _parts("list", prefix)
-    found: list[ObjectInfo] = []
-    with open_dirs(root, parts) as dirs:
-        if dirs.complete:
-            _scan_tree(dirs.fds[-1], "/".join(parts), found)
-    return found
-
-
-def _list_dir(root: Path, prefix: str) -> ListDirResult:
-    parts = _parts("list", prefix)
-    prefixes: list[str] = []
-    objects: list[ObjectInfo] = []
-    with open_dirs(root, parts) as dirs:
-        if dirs.complete:
-            for _, child, entry in _entries(dirs.fds[-1], "/".join(parts)):
-                if entry.is_dir(follow_symlinks=False):
-                    prefixes.append(child + "/")
-                elif entry.is_file(follow_symlinks=False) and (info := _file_info(child, entry)):
-                    objects.append(info)
-    objects.sort(key=lambda info: info.path)
-    return ListDirResult(prefixes=sorted(prefixes), objects=objects)
-
-
-# -- deletes ---------------------------------------------------------------------------------
-
-
-def _remove_emptied_dirs(dirs: Sequence[str], fds: Sequence[int]) -> None:
-    """Remove directory ``dirs[-1]``, then each one above it, for as long as they are empty.
-
-    ``dirs`` are the directories from just below the root down to the one a delete
-    emptied; ``fds[i]`` is the descriptor of the directory that holds ``dirs[i]`` (so
-    ``fds[0]`` is the root's, which is never removed). ``rmdir`` of a name in its
-    parent's descriptor removes only an empty directory, never follows a link (a link
-    swapped in is ENOTDIR), and never reaches above the root. One that is not empty
-    (another object, or a put that just made it: its staging file is in it before its
-    name is) stops the walk; one already gone (another cleanup) does not: its parent may
-    be empty now.
-
-    The parent is not fsynced after an ``rmdir``, as it is not after the unlinks that
-    emptied the directory: no guarantee of cairn rests on a delete surviving a power cut.
-    One that did not survive leaves what was there before: the files (which the next GC
-    deletes again) or an empty directory, which holds no object.
-    """
-    for depth in range(len(dirs), 0, -1):
-        try:
-            os.rmdir(dirs[depth - 1], dir_fd=fds[depth - 1])
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return  # ENOTEMPTY (or EEXIST), or not ours to remove: what is above stays too
-
-
-def _delete(root: Path, paths: Sequence[str]) -> None:
-    """Unlink each path's final name in its parent (a link is unlinked, not followed),
-    then remove the directories that emptied, up to (never including) the root: without
-    this each deleted checkpoint would leave its folders, for every later listing to walk.
-    """
-    split = sorted((_object_parts("delete", path), path) for path in paths)
-    for parent, group in itertools.groupby(split, key=lambda item: item[0][:-1]):
-        with open_dirs(root, parent) as dirs:
-            if not dirs.complete:
-                continue  # a parent is missing or a link: no such object here
-            removed = False
-            for parts, path in group:
-                try:
-                    os.unlink(parts[-1], dir_fd=dirs.fds[-1])
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise translate_error("delete", path, exc) from exc
-                removed = True
-            if removed:
-                _remove_emptied_dirs(parent, dirs.fds)
-
-
-def _remove_tree(root: Path, prefix: str) -> None:
-    """Remove directory ``prefix`` and all in it; a link there is removed as a link. Then
-    remove the directories above it that this emptied, up to (never including) the root."""
-    parts = _parts("delete", prefix)
-    with open_dirs(root, parts[:-1]) as dirs:
-        if not dirs.complete:
-            return  # a parent is missing or a link: nothing of ours under the prefix
-        name, parent_fd = parts[-1], dirs.fds[-1]
-        try:
-            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
-            if stat.S_ISLNK(mode):
-                os.unlink(name, dir_fd=parent_fd)
-            elif stat.S_ISDIR(mode):
-                # With dir_fd, rmtree opens each level relative to its parent and refuses
-                # (rather than follows) a link, also one swapped in while it runs.
-                shutil.rmtree(name, dir_fd=parent_fd)
-            else:
-                return
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise translate_error("delete", prefix, exc) from exc
-        _remove_emptied_dirs(parts[:-1], dirs.fds)
-
-
 # -- the compare-and-swap lock ---------------------------------------------------------------
 
 
 def _open_parent(root: Path, path: str) -> int | None:
     """A new descriptor of the directory that holds object ``path`` (reached without
     following a link); None if it, or one on its way, is missing or a link."""
-    parts = _object_parts("put", path)
+    parts = object_parts("put", path)
     with open_dirs(root, parts[:-1]) as dirs:
         return os.dup(dirs.fds[-1]) if dirs.complete else None
 
@@ -607,7 +408,7 @@ def _open_parent(root: Path, path: str) -> int | None:
 def _holds(root: Path, path: str, dir_fd: int) -> bool:
     """Whether ``dir_fd`` is still the directory at the place of object ``path``'s parent:
     not one removed since it was opened (and maybe made again, a new directory)."""
-    parts = _object_parts("put", path)
+    parts = object_parts("put", path)
     with open_dirs(root, parts[:-1]) as dirs:
         if not dirs.complete:
             return False

@@ -1,23 +1,31 @@
-"""Local files reached without following a symbolic link, and written atomically and durably.
+"""Local files reached without following a symbolic link, written atomically and durably.
 
-Two primitives, shared by the local store (:mod:`cairn.stores._local`), the restore of an
-artifact to a path (:mod:`cairn.protocol._download`) and the ``cairn restore`` command
-(:mod:`cairn.cli.files`):
+The one module of cairn that opens local files and directories by name: the local store
+(:mod:`cairn.stores._local`), directory partitions (:mod:`cairn.protocol._directories`),
+the restore of an artifact to a path (:mod:`cairn.protocol._download`), DCP's directory
+format (:mod:`cairn.torch`) and local files written for tools
+(:mod:`cairn.stores.localfiles`) all go through it. Its primitives:
 
 * :func:`open_dirs` walks from a root directory (which may itself be a link: the caller
   chose it) down a list of names, each opened relative to its parent's descriptor with
   ``O_NOFOLLOW``: a link below the root is never followed, also one swapped in while the
   walk runs. It stops at the first name that is missing, not a directory, or a link, and
   says which (:class:`Dirs`); asked to ``create``, it makes missing directories and
-  raises instead of stopping.
+  raises instead of stopping. :func:`open_file_at` opens a file the same way.
 * :class:`AtomicFile` writes a file under a staging name in a directory walked so, then
   gives it its final name in one ``rename`` (or, create-only, one ``link``, which fails
   if the name exists), never writing through a link at that name nor replacing one
   found there. It fsyncs the file before the rename and the directories after it, so a
   name that survives a power cut holds all its bytes.
+* :class:`StagedTree` builds a whole directory tree in a fresh staging directory beside
+  its destination, every entry made relative to the staging directory's descriptor,
+  and publishes it with one ``rename`` onto a destination that is missing or an empty
+  directory (never a link: :func:`check_destination` holds the one set of rules), once
+  every directory of it is fsynced; or removes it, leaving the destination as it was.
 
 Errors are ``OSError``; :class:`LinkRefused` (a ``FileNotFoundError``) names the link a
-walk or a write met.
+walk or a write met. An unusable destination of a :class:`StagedTree` is
+:class:`~cairn.errors.InvalidInputError` naming it and saying why.
 """
 
 from __future__ import annotations
@@ -26,35 +34,48 @@ import asyncio
 import contextlib
 import errno
 import os
+import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
+
+from cairn.errors import InvalidInputError
 
 __all__ = [
-    "DIR_FLAGS",
     "AtomicFile",
     "Dirs",
     "LinkRefused",
+    "StagedTree",
     "SyncFailed",
     "atomic_file_at",
+    "check_destination",
     "is_link_at",
     "open_dir",
     "open_dirs",
+    "open_file_at",
+    "open_root",
     "run_to_end",
 ]
 
 T = TypeVar("T")
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """How every directory below a root is opened: never through a link."""
+
+_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+"""How a root is opened: a link there is the caller's choice, and followed."""
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+"""A file made here: a new one (never one that exists, nor a link's target)."""
 
 _LINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})
 """What open(O_NOFOLLOW) reports for a link: ELOOP on Linux and macOS, EMLINK on FreeBSD;
 with O_DIRECTORY too, Linux reports ENOTDIR (as for any other non-directory)."""
-
-_STAGING_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class LinkRefused(FileNotFoundError):
@@ -78,12 +99,54 @@ class SyncFailed(OSError):
         self.named = named
 
 
+def _mode_at(dir_fd: int, name: str) -> int | None:
+    """The mode of ``name`` in ``dir_fd`` itself (a link's own); None if it is missing."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def is_link_at(dir_fd: int, name: str) -> bool:
     """Whether ``name`` in directory ``dir_fd`` is a symbolic link (False if missing)."""
+    mode = _mode_at(dir_fd, name)
+    return mode is not None and stat.S_ISLNK(mode)
+
+
+def open_root(root: Path) -> int:
+    """A descriptor of directory ``root``, which may be a link: the caller named it."""
+    return os.open(root, _ROOT_FLAGS)
+
+
+def open_dir(dir_fd: int, name: str) -> int | None:
+    """A new descriptor of directory ``name`` in ``dir_fd``; None if it is missing, not a
+    directory, or a symbolic link (never followed)."""
     try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError):
-        return False
+        return None
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            return None
+        raise
+
+
+def open_file_at(dir_fd: int, name: str, depth: int) -> int:
+    """A new read-only descriptor of ``name`` in ``dir_fd``, never through a link there
+    (:class:`LinkRefused` of ``depth``). What it opened may be any kind of file: the
+    caller checks ``os.fstat`` of it."""
+    try:
+        return os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            raise LinkRefused(depth) from None
+        raise
+
+
+def _new_file_at(dir_fd: int, name: str) -> int:
+    """A new, empty file ``name`` in ``dir_fd``, open for writing; ``FileExistsError`` if
+    the name is taken, by a link too (whose target is never created)."""
+    return os.open(name, _NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd)
 
 
 @dataclass
@@ -105,19 +168,6 @@ class Dirs:
         return len(self.fds) == len(self.names) + 1
 
 
-def open_dir(dir_fd: int, name: str) -> int | None:
-    """A new descriptor of directory ``name`` in ``dir_fd``; None if it is missing, not a
-    directory, or a symbolic link (never followed)."""
-    try:
-        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno in _LINK_ERRNOS:
-            return None
-        raise
-
-
 def _step(dirs: Dirs, name: str, create: bool) -> int | None:
     """Open directory ``name`` below ``dirs.fds[-1]`` (made first, with ``create``, if
     missing); None where the walk stops, noting a link in ``dirs.link``."""
@@ -125,10 +175,7 @@ def _step(dirs: Dirs, name: str, create: bool) -> int | None:
         fd = open_dir(dirs.fds[-1], name)
         if fd is not None:
             return fd
-        try:
-            mode: int | None = os.stat(name, dir_fd=dirs.fds[-1], follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            mode = None
+        mode = _mode_at(dirs.fds[-1], name)
         if mode is not None and stat.S_ISLNK(mode):
             dirs.link = len(dirs.fds)
             if create:
@@ -146,20 +193,25 @@ def _step(dirs: Dirs, name: str, create: bool) -> int | None:
 
 
 @contextlib.contextmanager
-def open_dirs(root: Path, names: Sequence[str], *, create: bool = False) -> Iterator[Dirs]:
+def open_dirs(root: Path | int, names: Sequence[str], *, create: bool = False) -> Iterator[Dirs]:
     """Walk from ``root`` down ``names`` (each a directory); all descriptors close on exit.
 
-    Stops at the first name that is missing, not a directory or a symbolic link (the
-    result is not ``complete``). With ``create``, makes ``root`` (and its parents) and
-    every missing directory instead, and raises where it would stop: :class:`LinkRefused`
-    for a link, ``NotADirectoryError`` for a file.
+    ``root`` is a path (which may be a link: the caller chose it) or the descriptor of
+    a directory (duplicated: the caller's stays open). Stops at the first name that is
+    missing, not a directory or a symbolic link (the result is not ``complete``). With
+    ``create``, makes ``root`` (and its parents) and every missing directory instead,
+    and raises where it would stop: :class:`LinkRefused` for a link,
+    ``NotADirectoryError`` for a file.
     """
     dirs = Dirs(names)
     try:
-        if create:
-            root.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            dirs.fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        if isinstance(root, int):
+            dirs.fds.append(os.dup(root))
+        else:
+            if create:
+                root.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                dirs.fds.append(open_root(root))
         if dirs.fds:
             for name in names:
                 fd = _step(dirs, name, create)
@@ -189,7 +241,7 @@ class AtomicFile:
         for _ in range(100):
             self.temp: str | None = staging(name)
             try:
-                self.fd = os.open(self.temp, _STAGING_FLAGS, 0o666, dir_fd=dir_fd)
+                self.fd = _new_file_at(dir_fd, self.temp)
                 return
             except FileExistsError:
                 continue
@@ -256,6 +308,172 @@ def atomic_file_at(
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(root))
         with AtomicFile(dirs.fds[-1], names[-1], staging, len(names)) as file:
             yield file, dirs
+
+
+# -- a staged directory tree, published whole ---------------------------------------------
+
+
+def check_destination(parent_fd: int, dest: Path, action: str) -> None:
+    """Refuse a destination ``dest`` (in directory ``parent_fd``) of a whole tree unless
+    it is missing or an empty directory, with :class:`~cairn.errors.InvalidInputError`
+    saying which rule it breaks: "cannot {action} into {dest}: ...".
+
+    A symbolic link there is refused whatever it points at: it is never followed, nor
+    replaced (a ``rename`` would replace the link itself, not fill its target).
+    """
+
+    def refuse(reason: str) -> InvalidInputError:
+        return InvalidInputError(
+            f"cannot {action} into {str(dest)!r}: {reason}; give a missing or empty directory"
+        )
+
+    mode = _mode_at(parent_fd, dest.name)
+    if mode is None:
+        return
+    if stat.S_ISLNK(mode):
+        raise refuse("it is a symbolic link, which is never followed")
+    fd = open_dir(parent_fd, dest.name) if stat.S_ISDIR(mode) else None
+    if fd is None:
+        raise refuse("it is a file, not a directory")
+    try:
+        with os.scandir(fd) as entries:
+            first = next(entries, None)
+    finally:
+        os.close(fd)
+    if first is not None:
+        raise refuse(
+            f"it is a directory that is not empty ({first.name!r} is in it): a whole "
+            "directory is written, never mixed with other files"
+        )
+
+
+def _sync_tree(dir_fd: int) -> None:
+    """fsync every directory below ``dir_fd``, deepest first, then ``dir_fd`` itself."""
+    with os.scandir(dir_fd) as entries:
+        names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+    for name in names:
+        fd = open_dir(dir_fd, name)
+        if fd is None:
+            raise FileNotFoundError(errno.ENOENT, "a staged directory is gone", name)
+        try:
+            _sync_tree(fd)
+        finally:
+            os.close(fd)
+    os.fsync(dir_fd)
+
+
+def _same_file(fd: int, dir_fd: int, name: str) -> bool:
+    """Whether ``name`` in ``dir_fd`` (not followed) is the very file ``fd`` is open on."""
+    try:
+        there = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
+class StagedTree:
+    """A directory tree that appears at ``dest`` whole and durable, or not at all.
+
+    Made as a fresh directory beside ``dest`` (``.{name}.{random}.partial``, in ``dest``'s
+    parent, which is made if missing: a link among the parents is the caller's choice),
+    once :func:`check_destination` accepts ``dest``. Every file and directory of the tree
+    is made relative to the staging directory's descriptor (:meth:`create`), so a link
+    swapped in for it, or planted inside it, is never written through. Each file is
+    fsynced by its writer; :meth:`publish` fsyncs every directory, checks ``dest`` again,
+    checks that the staging name still holds the directory it made, and renames it onto
+    ``dest`` relative to the parent's descriptor (a ``rename`` onto a missing name or an
+    empty directory is atomic), then fsyncs the parent. Use it as a context manager:
+    leaving it unpublished removes the staging directory (if the name still holds it),
+    and ``dest`` is as it was. ``action`` says what the tree is for, in error messages
+    ("export a DCP checkpoint").
+    """
+
+    def __init__(self, dest: Path, action: str) -> None:
+        if dest.name in ("", ".", ".."):
+            raise InvalidInputError(
+                f"cannot {action} into {str(dest)!r}: give the path of the directory itself"
+            )
+        self.dest, self.action = dest, action
+        self.published = False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self.parent_fd = open_root(dest.parent)
+        self.fd = -1
+        try:
+            check_destination(self.parent_fd, dest, action)
+            self.name = f".{dest.name}.{secrets.token_hex(8)}.partial"
+            os.mkdir(self.name, 0o777, dir_fd=self.parent_fd)
+            opened = open_dir(self.parent_fd, self.name)
+            if opened is None:
+                raise FileNotFoundError(errno.ENOENT, "the staging directory is gone", self.path)
+            self.fd = opened
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        """Where the staging directory is (for messages: nothing opens it by this path)."""
+        return self.dest.parent / self.name
+
+    def __enter__(self) -> StagedTree:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def create(self, relative: str) -> BinaryIO:
+        """A new file at ``relative`` (``/``-separated) in the tree, open for writing; the
+        directories on its way are made. ``FileExistsError`` if it exists,
+        :class:`LinkRefused` for a link on its way, ``NotADirectoryError`` for a file."""
+        *parents, name = relative.split("/")
+        with open_dirs(self.fd, parents, create=True) as dirs:
+            return os.fdopen(_new_file_at(dirs.fds[-1], name), "wb")
+
+    def open(self, relative: str) -> BinaryIO:
+        """A file of the tree, open for reading (to read back what was staged)."""
+        *parents, name = relative.split("/")
+        with open_dirs(self.fd, parents) as dirs:
+            if not dirs.complete:
+                raise FileNotFoundError(errno.ENOENT, "no such staged file", relative)
+            return os.fdopen(open_file_at(dirs.fds[-1], name, len(parents) + 1), "rb")
+
+    def names(self) -> list[str]:
+        """The names in the staging directory itself, sorted."""
+        with os.scandir(self.fd) as entries:
+            return sorted(entry.name for entry in entries)
+
+    def publish(self) -> None:
+        """fsync the tree, then rename it onto ``dest`` (see the class docstring)."""
+        _sync_tree(self.fd)
+        check_destination(self.parent_fd, self.dest, self.action)
+        if not _same_file(self.fd, self.parent_fd, self.name):
+            raise InvalidInputError(
+                f"cannot {self.action} into {str(self.dest)!r}: its staging directory "
+                f"{str(self.path)!r} was replaced while it was written; nothing was published"
+            )
+        try:
+            os.rename(
+                self.name, self.dest.name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd
+            )
+        except OSError:
+            check_destination(self.parent_fd, self.dest, self.action)  # filled meanwhile
+            raise
+        self.published = True
+        os.fsync(self.parent_fd)
+
+    def close(self) -> None:
+        """Remove the staging directory unless published; close the descriptors."""
+        if self.fd >= 0:
+            if not self.published and _same_file(self.fd, self.parent_fd, self.name):
+                # With dir_fd, rmtree opens each level relative to its parent and
+                # refuses (rather than follows) a link.
+                shutil.rmtree(self.name, dir_fd=self.parent_fd, ignore_errors=True)
+            os.close(self.fd)
+            self.fd = -1
+        if self.parent_fd >= 0:
+            os.close(self.parent_fd)
+            self.parent_fd = -1
 
 
 async def run_to_end(func: Callable[..., T], *args: Any) -> T:
