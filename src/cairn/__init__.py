@@ -29,6 +29,7 @@ from cairn import errors
 from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.errors import *  # noqa: F403 - the whole error tree, as errors.__all__ lists it
+from cairn.format.features import VERSION
 from cairn.format.ids import CheckpointId
 from cairn.format.integrity import sha256_hex, verify_integrity
 from cairn.format.layout import CheckpointPaths
@@ -47,7 +48,7 @@ from cairn.sync import SyncCheckpointer
 
 _shutdown.install()  # a clean exit right after a store call: see cairn/stores/_shutdown.py
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "ArtifactKey",

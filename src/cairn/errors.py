@@ -29,6 +29,8 @@ CheckpointerError
 │       │                          without parent, negative epoch, ...)
 │       └── SpecialFileError       a directory to save holds a link or special file
 ├── CodecError                     an artifact needs a codec this reader lacks
+├── NewerFormatError               a manifest needs format features this cairn does not
+│                                  know: a newer cairn wrote it (not damage)
 ├── SyncInAsyncContextError        (also RuntimeError) a blocking call inside an event loop
 ├── PathsUnresolvedError           (also RuntimeError) a checkpointer's default prefix is
 │                                  read before it was resolved against its store
@@ -73,6 +75,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidStoreUrlError",
     "MissingArtifactError",
+    "NewerFormatError",
     "NotDurableError",
     "ObjectExistsError",
     "ObjectNotFoundError",
@@ -429,6 +432,42 @@ class CodecError(CheckpointerError):
         self.codec = codec
         where = f"cannot decode {path!r} " if path else ""
         super().__init__(f"{where}(codec {codec!r}): {reason}")
+
+
+class NewerFormatError(CheckpointerError):
+    """The manifest (or manifest part) at ``path`` uses format features this cairn does
+    not know: a newer cairn wrote it.
+
+    It is not damage, and not an :class:`IntegrityError`: the checkpoint may be whole, and
+    a cairn that knows its features reads it (the bytes were checked against their
+    checksum, and with keys their signature, before this was raised). Nothing of it was
+    read beyond that, and nothing it names can be known: a reader neither loads it, nor
+    builds on it, nor deletes anything on the strength of what it would carry.
+
+    ``checkpoint_id`` is the id the manifest names (its text; None when it names none),
+    ``features`` the names this cairn does not know (sorted), ``written_by`` the version
+    of cairn that wrote it, as the manifest records it (None when it does not). See the
+    table of features in docs/format.md.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        checkpoint_id: str | None,
+        features: tuple[str, ...],
+        written_by: str | None,
+    ) -> None:
+        self.path = path
+        self.checkpoint_id = checkpoint_id
+        self.features = features
+        self.written_by = written_by
+        which = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "a checkpoint"
+        names = ", ".join(features)
+        writer = f"cairn {written_by}" if written_by is not None else "a cairn that did not say"
+        super().__init__(
+            f"{which} needs a newer cairn: {path!r} uses format feature(s) {names}, which "
+            f"this cairn does not know; it was written by {writer}"
+        )
 
 
 class SyncInAsyncContextError(CheckpointerError, RuntimeError):

@@ -37,6 +37,7 @@ EXPECTED = {
     "InvalidNameError",
     "InvalidStoreUrlError",
     "MissingArtifactError",
+    "NewerFormatError",
     "NotDurableError",
     "ObjectNotFoundError",
     "LoadedCheckpoint",
@@ -120,6 +121,7 @@ def test_every_error_pickles_as_itself() -> None:
         cairn.InvalidNameError("operator", "x/y", "contains '/'"),
         cairn.TransientStoreError("put", "a/b", "503", status=503),
         cairn.OversizedArtifactError("a/b", "zstd", 1200),
+        cairn.NewerFormatError("a/manifest.json", "id", ("x",), "9.0.0"),
     ]
     for error in samples:
         copy = pickle.loads(pickle.dumps(error))

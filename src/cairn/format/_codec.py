@@ -21,16 +21,31 @@ from cairn.errors import (
     CorruptManifestError,
     InvalidCheckpointDataError,
     InvalidInputError,
+    NewerFormatError,
     SignatureError,
     UnsupportedManifestVersionError,
 )
 from cairn.format._buffer import Buffer
 from cairn.format._checks import SHA256_HEX, check_manifest, check_part_records
 from cairn.format._schema import SUPPORTED_VERSIONS, CheckpointManifest
+from cairn.format.features import FEATURE_NAME, VERSION, WRITER_VERSION, unknown_features
 from cairn.format.ids import CheckpointId
+from cairn.format.layout import short_repr
 from cairn.format.signing import ManifestSignature, SigningKeys, signature_field, well_formed
 
-__all__ = ["dec_hook", "decode_record", "decode_root", "enc_hook", "encode_root"]
+__all__ = [
+    "HeaderPart",
+    "ManifestHeader",
+    "check_requires",
+    "dec_hook",
+    "decode_header",
+    "decode_record",
+    "decode_root",
+    "enc_hook",
+    "encode_root",
+    "newer_features",
+    "peeked_id",
+]
 
 _Record = TypeVar("_Record")
 
@@ -38,9 +53,12 @@ _ZERO_DIGEST = "0" * 64
 
 
 class _StoredManifest(CheckpointManifest, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The manifest as stored: with its signature, if signed, and the checksum of its
-    own bytes, which are not public. (Fields are written in this order: the checksum last.)"""
+    """The manifest as stored: the features it uses and its writer's version (computed
+    when encoding), its signature, if signed, and the checksum of its own bytes, none of
+    them public. (Fields are written in this order: the checksum last.)"""
 
+    requires: tuple[str, ...] = ()
+    written_by: str | None = None
     signature: ManifestSignature | None = None
     manifest_sha256: str | None = None
 
@@ -49,8 +67,16 @@ def _checksum_field(digest: str) -> bytes:
     return b'"manifest_sha256": "' + digest.encode() + b'"'
 
 
-class _VersionProbe(msgspec.Struct):
+class _Peek(msgspec.Struct):
+    """The top-level members a reader looks at before decoding strictly, any type: a
+    newer writer's manifest may hold members and values this decoder would refuse."""
+
     version: Any = msgspec.UNSET
+    checkpoint_id: Any = None
+    requires: Any = ()
+    written_by: Any = None
+    signature: Any = None
+    manifest_sha256: Any = None
 
 
 def enc_hook(value: object) -> object:
@@ -81,16 +107,26 @@ entry names its own), and parsing one takes 11 µs, most of decoding 100,000 ent
 
 _encoder = msgspec.json.Encoder(enc_hook=enc_hook, order="deterministic")
 _decoder = msgspec.json.Decoder(_StoredManifest, dec_hook=dec_hook)
-_probe_decoder = msgspec.json.Decoder(_VersionProbe)
+_peek_decoder = msgspec.json.Decoder(_Peek)
 
 
-def encode_root(manifest: CheckpointManifest, keys: SigningKeys | None, limit: int) -> bytes:
+def encode_root(
+    manifest: CheckpointManifest, keys: SigningKeys | None, limit: int, requires: tuple[str, ...]
+) -> bytes:
     """Human-readable, deterministic JSON of ``manifest`` as it is, ending with its own
-    checksum; signed when ``keys`` are given. Over ``limit`` bytes:
-    :class:`InvalidCheckpointDataError`."""
+    checksum; signed when ``keys`` are given. ``requires`` are the features it uses
+    (:func:`cairn.format.features.features_of` the manifest it stands for: a root's own
+    entries do not show its parts'); with any, this cairn's version is ``written_by``.
+    Over ``limit`` bytes: :class:`InvalidCheckpointDataError`."""
     fields = msgspec.structs.asdict(manifest)
     placeholder = None if keys is None else keys.placeholder()
-    stored = _StoredManifest(**fields, signature=placeholder, manifest_sha256=_ZERO_DIGEST)
+    stored = _StoredManifest(
+        **fields,
+        requires=requires,
+        written_by=VERSION if requires else None,
+        signature=placeholder,
+        manifest_sha256=_ZERO_DIGEST,
+    )
     body = msgspec.json.format(_encoder.encode(stored), indent=2) + b"\n"
     if keys is not None and placeholder is not None:
         body = _sign(body, keys, placeholder)
@@ -154,16 +190,12 @@ def decode_root(
     size = memoryview(data).nbytes
     if size > limit:
         raise CorruptManifestError(path, f"it is {size} bytes, over the limit of {limit} bytes")
-    try:
-        probe = _probe_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise CorruptManifestError(path, f"not a JSON object: {exc}") from None
-    except RecursionError:
-        raise CorruptManifestError(path, "its JSON is nested too deeply") from None
-    if probe.version is msgspec.UNSET:
+    peek = _peek(path, data)
+    if peek.version is msgspec.UNSET:
         raise CorruptManifestError(path, "no 'version' field")
-    if probe.version not in SUPPORTED_VERSIONS or isinstance(probe.version, bool):
-        raise UnsupportedManifestVersionError(path, probe.version, SUPPORTED_VERSIONS)
+    check_requires(path, data, peek, keys)
+    if peek.version not in SUPPORTED_VERSIONS or isinstance(peek.version, bool):
+        raise UnsupportedManifestVersionError(path, peek.version, SUPPORTED_VERSIONS)
     try:
         stored = _decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -174,7 +206,8 @@ def decode_root(
     if stored.manifest_sha256 is not None:
         checksum = _verify_checksum(path, data, stored.manifest_sha256)
     fields = msgspec.structs.asdict(stored)
-    del fields["manifest_sha256"], fields["signature"]
+    for stored_only in ("requires", "written_by", "signature", "manifest_sha256"):
+        del fields[stored_only]
     manifest = CheckpointManifest(**fields)
     try:
         check_manifest(manifest, stored=True)
@@ -184,6 +217,111 @@ def decode_root(
     if keys is not None:
         _verify_signature(path, data, stored.signature, checksum, keys)
     return manifest
+
+
+def _peek(path: str, data: Buffer) -> _Peek:
+    """The members of :class:`_Peek`, whatever their types; a body that is not a JSON
+    object is damage."""
+    try:
+        return _peek_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptManifestError(path, f"not a JSON object: {exc}") from None
+    except RecursionError:
+        raise CorruptManifestError(path, "its JSON is nested too deeply") from None
+
+
+def newer_features(
+    path: str, requires: object, written_by: object
+) -> tuple[tuple[str, ...], str | None]:
+    """The names in ``requires`` this cairn does not know, and ``written_by``, as read
+    (any type) from a manifest or part at ``path``; either one malformed (not a list of
+    feature names, not a version) is a :class:`CorruptManifestError`."""
+    if not isinstance(requires, list | tuple) or not all(
+        isinstance(name, str) and FEATURE_NAME.fullmatch(name) for name in requires
+    ):
+        raise CorruptManifestError(
+            path, f"requires is not a list of feature names: {short_repr(requires)}"
+        )
+    if written_by is not None and not (
+        isinstance(written_by, str) and WRITER_VERSION.fullmatch(written_by)
+    ):
+        raise CorruptManifestError(path, f"written_by is not a version: {short_repr(written_by)}")
+    return unknown_features(requires), written_by
+
+
+def peeked_id(value: object) -> str | None:
+    """The checkpoint id a manifest or part names, as text; None if it names none."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(_parse_id(value))
+    except InvalidInputError:
+        return None
+
+
+def check_requires(path: str, data: Buffer, peek: _Peek, keys: SigningKeys | None) -> None:
+    """Raise :class:`NewerFormatError` when the manifest ``data`` (read from ``path``,
+    ``peek`` its top level) requires a feature this cairn does not know, once its checksum
+    and, with ``keys``, its signature verify: damage, or a manifest nobody with a key
+    wrote, is never taken for a newer format."""
+    unknown, written_by = newer_features(path, peek.requires, peek.written_by)
+    if not unknown:
+        return
+    checksum = None
+    if peek.manifest_sha256 is not None:
+        if not isinstance(peek.manifest_sha256, str):
+            raise CorruptManifestError(path, "its manifest_sha256 field is damaged")
+        checksum = _verify_checksum(path, data, peek.manifest_sha256)
+    if keys is not None:
+        _verify_signature(path, data, _peeked_signature(path, peek.signature), checksum, keys)
+    raise NewerFormatError(path, peeked_id(peek.checkpoint_id), unknown, written_by)
+
+
+def _peeked_signature(path: str, value: object) -> ManifestSignature | None:
+    """The ``signature`` member read as any type, as a :class:`ManifestSignature`."""
+    if value is None:
+        return None
+    try:
+        return msgspec.convert(value, ManifestSignature)
+    except msgspec.ValidationError:
+        raise SignatureError(path, "its signature member is not one cairn writes") from None
+
+
+class HeaderPart(msgspec.Struct, frozen=True):
+    """How many entries a part of a large manifest holds (see :class:`ManifestHeader`)."""
+
+    entries: int = 0
+
+
+class ManifestHeader(msgspec.Struct, frozen=True):
+    """The members of a manifest that rank it among others (``writer_generation``,
+    ``epoch``, ``checkpoint_id``), its ``name``, and how many entries each of its parts
+    holds: what a catalog reads of every manifest, decoding nothing else and checking
+    nothing else (a manifest whose header decodes may still be damaged)."""
+
+    checkpoint_id: CheckpointId
+    epoch: int
+    writer_generation: int | None = None
+    name: str | None = None
+    parts: tuple[HeaderPart, ...] = ()
+
+
+_header_decoder = msgspec.json.Decoder(ManifestHeader, dec_hook=dec_hook)
+
+
+def decode_header(path: str, data: Buffer, keys: SigningKeys | None, limit: int) -> ManifestHeader:
+    """The :class:`ManifestHeader` of the manifest ``data`` read from ``path``: see
+    :func:`cairn.format.manifest.decode_header`."""
+    size = memoryview(data).nbytes
+    if size > limit:
+        raise CorruptManifestError(path, f"it is {size} bytes, over the limit of {limit} bytes")
+    check_requires(path, data, _peek(path, data), keys)
+    try:
+        return _header_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptManifestError(path, str(exc)) from None
+    except RecursionError:
+        raise CorruptManifestError(path, "its JSON is nested too deeply") from None
 
 
 _CHECKSUM_FIELD = re.compile(rb'"manifest_sha256": "([^"]*)"')

@@ -12,14 +12,26 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
-from cairn.errors import CorruptManifestError, InvalidCheckpointDataError, InvalidInputError
+from cairn.errors import (
+    CorruptManifestError,
+    InvalidCheckpointDataError,
+    InvalidInputError,
+    NewerFormatError,
+)
 from cairn.format._buffer import Buffer
 from cairn.format._checks import check_manifest
-from cairn.format._codec import dec_hook, decode_record, enc_hook, encode_root
+from cairn.format._codec import (
+    dec_hook,
+    decode_record,
+    enc_hook,
+    encode_root,
+    newer_features,
+    peeked_id,
+)
 from cairn.format._schema import (
     CheckpointManifest,
     ManifestPart,
@@ -27,6 +39,7 @@ from cairn.format._schema import (
     PartitionSnapshotEntry,
     chain_order,
 )
+from cairn.format.features import VERSION, entry_features, features_of
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKeys
@@ -60,7 +73,7 @@ def encode_stored(
     entries = sum(len(op.partitions) for op in manifest.operators.values())
     if entries <= part_entries:
         whole = msgspec.structs.replace(manifest, parts=()) if manifest.parts else manifest
-        return EncodedManifest(whole, encode_root(whole, keys, limit), ())
+        return EncodedManifest(whole, encode_root(whole, keys, limit, features_of(whole)), ())
     operators: dict[str, OperatorSnapshotEntry] = {}
     records: list[ManifestPart] = []
     blobs: list[tuple[str, bytes]] = []
@@ -71,7 +84,7 @@ def encode_stored(
         if len(ordered) < inline_below:
             continue  # stays in the root
         for chunk in _chunks(ordered, part_entries):
-            body = _part_encoder.encode(_PartBody(manifest.checkpoint_id, operator, chunk)) + b"\n"
+            body = _encode_part(manifest.checkpoint_id, operator, chunk)
             _check_part_size(manifest, len(body), limit)
             digest = hashlib.sha256(body).hexdigest()
             path = CheckpointPaths.relative_manifest_part(digest)
@@ -89,7 +102,7 @@ def encode_stored(
             blobs.append((path, body))
     if not records:  # every operator stays in the root: the manifest is stored whole
         whole = msgspec.structs.replace(manifest, operators=operators, parts=())
-        return EncodedManifest(whole, encode_root(whole, keys, limit), ())
+        return EncodedManifest(whole, encode_root(whole, keys, limit, features_of(whole)), ())
     parts = tuple(records)
     parted = {record.operator for record in records}
     root = msgspec.structs.replace(
@@ -101,7 +114,8 @@ def encode_stored(
         parts=parts,
     )
     assembled = msgspec.structs.replace(manifest, operators=operators, parts=parts)
-    return EncodedManifest(assembled, encode_root(root, keys, limit), tuple(blobs))
+    encoded = encode_root(root, keys, limit, features_of(assembled))
+    return EncodedManifest(assembled, encoded, tuple(blobs))
 
 
 def _chunks(
@@ -138,16 +152,38 @@ def _check_part_size(manifest: CheckpointManifest, size: int, limit: int) -> Non
         )
 
 
-class _PartBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A manifest part as stored: whose entries, of which operator."""
+class _PartBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A manifest part as stored: whose entries, of which operator, and the features
+    those entries use, with the version of the cairn that wrote them."""
 
     checkpoint_id: CheckpointId
     operator: str
     partitions: tuple[PartitionSnapshotEntry, ...]
+    requires: tuple[str, ...] = ()
+    written_by: str | None = None
+
+
+class _PartPeek(msgspec.Struct):
+    """The members of a part a reader looks at before decoding it strictly, any type."""
+
+    checkpoint_id: Any = None
+    requires: Any = ()
+    written_by: Any = None
 
 
 _part_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
 _part_decoder = msgspec.json.Decoder(_PartBody, dec_hook=dec_hook)
+_part_peek_decoder = msgspec.json.Decoder(_PartPeek)
+
+
+def _encode_part(
+    checkpoint_id: CheckpointId, operator: str, entries: tuple[PartitionSnapshotEntry, ...]
+) -> bytes:
+    """Compact JSON of a part holding ``entries`` of ``operator``, with a final newline."""
+    requires = tuple(sorted(entry_features(entries)))
+    written_by = VERSION if requires else None
+    body = _PartBody(checkpoint_id, operator, entries, requires, written_by)
+    return _part_encoder.encode(body) + b"\n"
 
 
 def decode_part(
@@ -156,7 +192,9 @@ def decode_part(
     """The entries of the part ``record`` of ``root`` describes, from ``data`` read at
     store ``path``: exactly its recorded size and digest, of the root's checkpoint and
     the record's operator, as many entries as recorded, in restore order within its
-    partition range. Anything else is a :class:`CorruptManifestError` naming ``path``."""
+    partition range. Anything else is a :class:`CorruptManifestError` naming ``path``,
+    but a part that requires features this cairn does not know: :class:`NewerFormatError`
+    (its bytes are those the root records)."""
     size = memoryview(data).nbytes
     if size != record.size_bytes:
         raise CorruptManifestError(
@@ -165,6 +203,10 @@ def decode_part(
     digest = hashlib.sha256(data).hexdigest()
     if digest != record.sha256:
         raise CorruptManifestError(path, f"part checksum mismatch: {digest} != {record.sha256}")
+    peek = decode_record(_part_peek_decoder, path, data, "manifest part", limit)
+    unknown, written_by = newer_features(path, peek.requires, peek.written_by)
+    if unknown:
+        raise NewerFormatError(path, peeked_id(peek.checkpoint_id), unknown, written_by)
     body = decode_record(_part_decoder, path, data, "manifest part", limit)
     entries = body.partitions
     if body.checkpoint_id != root.checkpoint_id or body.operator != record.operator:

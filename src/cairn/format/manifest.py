@@ -30,6 +30,7 @@ from cairn.format._checks import check_entry as check_entry
 from cairn.format._checks import check_manifest as check_manifest
 from cairn.format._checks import check_relative_file as check_relative_file
 from cairn.format._checks import check_source_offset as check_source_offset
+from cairn.format._codec import HeaderPart, ManifestHeader
 from cairn.format._codec import dec_hook as dec_hook
 from cairn.format._codec import decode_record as decode_record
 from cairn.format._codec import enc_hook as enc_hook
@@ -62,6 +63,8 @@ __all__ = [
     "DirectoryEntry",
     "EncodedManifest",
     "FileEntry",
+    "HeaderPart",
+    "ManifestHeader",
     "ManifestPart",
     "OperatorSnapshotEntry",
     "PartitionSnapshotEntry",
@@ -69,6 +72,7 @@ __all__ = [
     "SourceOffsetEntry",
     "StoreRequests",
     "assemble",
+    "decode_header",
     "decode_manifest",
     "decode_part",
     "decode_root",
@@ -168,6 +172,18 @@ def decode_root(path: str, data: Buffer, keys: SigningKeys | None = None) -> Che
     with ``parts`` is returned with its operators' entry lists empty, once its part
     records are checked (see :func:`assemble`)."""
     return _codec.decode_root(path, data, keys, MAX_MANIFEST_BYTES)
+
+
+def decode_header(path: str, data: Buffer, keys: SigningKeys | None = None) -> ManifestHeader:
+    """The :class:`ManifestHeader` of the manifest bytes read from ``path``: the members
+    that rank it, decoded alone, nothing else checked.
+
+    Raises :class:`~cairn.errors.NewerFormatError` as :func:`decode_root` does (a
+    manifest that requires a feature this cairn does not know, its checksum and, with
+    ``keys``, its signature verified), and :class:`~cairn.errors.CorruptManifestError`
+    when the header does not decode or the bytes are over :data:`MAX_MANIFEST_BYTES`.
+    """
+    return _codec.decode_header(path, data, keys, MAX_MANIFEST_BYTES)
 
 
 def decode_part(
