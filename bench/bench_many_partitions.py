@@ -52,7 +52,7 @@ from bench.harness import MiB, emit_json, memory_or_moto_store, table  # noqa: E
 from cairn import CheckpointData, CheckpointId, ObjectStoreCheckpointer  # noqa: E402
 from cairn.format import manifest as manifest_module  # noqa: E402
 from cairn.format.layout import CheckpointPaths  # noqa: E402
-from cairn.protocol._commit import assemble_manifest  # noqa: E402
+from cairn.protocol._save import assemble_manifest  # noqa: E402
 from cairn.stores import as_store  # noqa: E402
 
 recording: Any = importlib.import_module("support.recording")

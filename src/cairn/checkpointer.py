@@ -1,15 +1,20 @@
 """The checkpointer: the reference's interface, and its implementation over an object store.
 
-:class:`ObjectStoreCheckpointer` is a façade; each of its jobs lives in a module of its
-own, with the invariant it keeps written at its top:
+:class:`Checkpointer` is the reference's interface (:mod:`cairn._reference`).
+:class:`ObjectStoreCheckpointer` implements it as a façade; each of its jobs lives in a
+module of its own, with the invariant it keeps written at its top:
 
 ============================  =========================================================
-:mod:`cairn.protocol._commit`          the commit protocol: save, commit, rollback, delete
+:mod:`cairn.protocol._commit`          the commit protocol, written down: commit, rollback
+:mod:`cairn.protocol._save`            the ways to save: in one call, in two phases, in parts
+:mod:`cairn.protocol._background`      saves in call order, and in the background
+:mod:`cairn.protocol._delete`          deletion, and what it would break
 :mod:`cairn.protocol._upload`          artifact upload, hashed while it travels
 :mod:`cairn.protocol._download`        loading checkpoints and chains, verified; streamed restore
 :mod:`cairn.protocol._chains`          restore chains, and what an incremental save carries over
 :mod:`cairn.protocol._catalog`         what is committed, and which checkpoint is the latest
 :mod:`cairn.protocol._pointer`         ``_latest`` and the writer generation (fencing)
+:mod:`cairn.protocol._paths`           the layout: the one given, or one chosen from the store
 :mod:`cairn.protocol._lease`           a save in progress against GC: leases and claims
 :mod:`cairn.protocol.retention`        retention policies and GC
 ============================  =========================================================
@@ -20,23 +25,20 @@ transient failures, with the checkpointer's :class:`~cairn.stores.retry.RetryPol
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import datetime as dt
-import functools
-import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, BinaryIO, Self
 
 from obstore.store import ObjectStore
 
+from cairn._reference import Checkpointer
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.data.inputs import ArtifactData
-from cairn.errors import CheckpointNotFoundError, InvalidInputError, PathsUnresolvedError
+from cairn.errors import CheckpointNotFoundError, InvalidInputError
 from cairn.format._buffer import Buffer
 from cairn.format._validate import positive_int
 from cairn.format.codecs import get_codec
@@ -45,95 +47,34 @@ from cairn.format.layout import CheckpointPaths
 from cairn.format.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
 from cairn.format.signing import SigningKey, signing_keys
 from cairn.observe import Observer, Operation, _dispatch
-from cairn.protocol import _catalog, _commit, _directories, _download, _lease, _pointer, _upload
-from cairn.protocol._background import BackgroundGc, BackgroundSaves, BeforeCommit
-from cairn.protocol._context import Context, check_id
+from cairn.protocol import (
+    _catalog,
+    _commit,
+    _delete,
+    _directories,
+    _download,
+    _lease,
+    _read,
+    _save,
+    _upload,
+)
+from cairn.protocol._background import BackgroundGc, BackgroundSaves, close_background
+from cairn.protocol._context import Context, check_id, context_of
 from cairn.protocol._download import RESTORE_CHUNK
+from cairn.protocol._paths import ChosenPaths
 from cairn.protocol._upload import PartitionUpload
 from cairn.protocol.discover import (
     ManifestOrDamage,
     checkpoint_dirs,
-    default_paths,
     load_manifests,
     resolve_checkpoint_id,
 )
-from cairn.protocol.retention import GcResult, RetentionPolicy, abort_saves_in_flight, run_gc
+from cairn.protocol.retention import GcResult, RetentionPolicy, run_gc
 from cairn.stores import Store, as_store
 from cairn.stores._observed import ObservedStore
 from cairn.stores.retry import RetryingStore, RetryPolicy
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
-
-log = logging.getLogger("cairn")
-
-
-@contextlib.asynccontextmanager
-async def _observed_with(
-    observers: Sequence[Observer], name: str, attributes: dict[str, Any]
-) -> AsyncIterator[Operation]:
-    with _dispatch.watching(observers):
-        async with _dispatch.observed(None, name, **attributes) as op:
-            yield op
-
-
-class Checkpointer(abc.ABC):
-    """The checkpointer interface (the reference's trait), for engines and test doubles."""
-
-    @abc.abstractmethod
-    async def save_manifest(self, manifest: CheckpointManifest) -> None:
-        """Write a manifest to the checkpoint store: commits that checkpoint."""
-
-    @abc.abstractmethod
-    async def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
-        """Load a manifest by checkpoint id."""
-
-    @abc.abstractmethod
-    async def save_snapshot(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
-    ) -> str:
-        """Write a state snapshot for one operator partition; returns its SHA-256 hex."""
-
-    @abc.abstractmethod
-    async def save_delta(
-        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
-    ) -> str:
-        """Write an incremental delta for one operator partition; returns its SHA-256 hex."""
-
-    @abc.abstractmethod
-    async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
-        """Load a snapshot or delta by store path, verifying it when a digest is given."""
-
-    @abc.abstractmethod
-    async def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
-        """Point ``_latest`` at a committed checkpoint; returns whether it moved."""
-
-    @abc.abstractmethod
-    async def read_latest(self) -> CheckpointId | None:
-        """The checkpoint ``_latest`` names, or None when there is none."""
-
-    @abc.abstractmethod
-    async def list_checkpoints(self) -> list[CheckpointId]:
-        """Every committed checkpoint id, oldest first."""
-
-    @abc.abstractmethod
-    async def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
-        """Delete a checkpoint and all its artifacts; a missing one is not an error.
-
-        Refuses (:class:`CheckpointInUseError`) while other checkpoints or saves in
-        progress build on it, unless ``force``.
-        """
-
-    @abc.abstractmethod
-    async def save(self, data: CheckpointData) -> CheckpointManifest:
-        """Upload, commit and publish one checkpoint atomically."""
-
-    @abc.abstractmethod
-    async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
-        """Load a committed checkpoint with every artifact, verified."""
-
-    @abc.abstractmethod
-    async def load_latest(self) -> LoadedCheckpoint | None:
-        """The newest checkpoint that loads and verifies, or None when there is none."""
 
 
 class ObjectStoreCheckpointer(Checkpointer):
@@ -184,19 +125,14 @@ class ObjectStoreCheckpointer(Checkpointer):
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
         retention: RetentionPolicy | None = None,
     ) -> None:
-        if paths is not None and not isinstance(paths, CheckpointPaths):
-            raise InvalidInputError(f"paths must be a CheckpointPaths, got {paths!r}")
-        self._paths = paths
-        self._resolving = asyncio.Lock()
+        self._layout = ChosenPaths(paths)
         self.signing_keys = signing_keys(signing_key)
         self.codec = get_codec(compression) if compression is not None else None
         self.max_concurrent_uploads = positive_int("max_concurrent_uploads", max_concurrent_uploads)
         self.max_concurrent_downloads = positive_int(
             "max_concurrent_downloads", max_concurrent_downloads
         )
-        if not isinstance(lease, dt.timedelta) or lease <= dt.timedelta(0):
-            raise InvalidInputError(f"lease must be a positive timedelta, got {lease!r}")
-        self.lease = lease
+        self.lease = _lease.checked_lease(lease)
         self.retry = retry if retry is not None else RetryPolicy()
         self.observers = tuple(observers)
         for observer in self.observers:
@@ -211,7 +147,9 @@ class ObjectStoreCheckpointer(Checkpointer):
         self.writer_generation = 0
         self.background = BackgroundSaves(
             positive_int("max_saves_in_flight", max_saves_in_flight),
-            lambda count: _dispatch.saves_in_flight(self.observers, count),
+            self._context,
+            self.observers,
+            self._committed,
         )
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise InvalidInputError(f"retention must be a RetentionPolicy, got {retention!r}")
@@ -219,7 +157,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         self.background_gc = BackgroundGc(self._retention_gc)
 
     def __repr__(self) -> str:
-        shown = "paths not resolved yet" if self._paths is None else repr(self._paths)
+        chosen = self._layout.chosen
+        shown = "paths not resolved yet" if chosen is None else repr(chosen)
         return f"ObjectStoreCheckpointer({self.store!r}, {shown})"
 
     @property
@@ -228,12 +167,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         chose. Given no ``paths``, the checkpointer chooses on first use, so before any
         of its coroutines has run this raises :class:`PathsUnresolvedError` (rather than
         name a prefix that may not be the one it will use)."""
-        if self._paths is None:
-            raise PathsUnresolvedError(
-                "this checkpointer was given no paths and has not yet chosen its base "
-                "prefix from what its store holds: await ckpt.resolve_paths() first"
-            )
-        return self._paths
+        return self._layout.paths
 
     async def resolve_paths(self) -> CheckpointPaths:
         """The layout of the store, chosen on the first call when no ``paths`` was given.
@@ -245,39 +179,12 @@ class ObjectStoreCheckpointer(Checkpointer):
         holds for the checkpointer's life. Every coroutine of the checkpointer calls it
         before its first store call; an explicit ``paths`` is returned as it is, no I/O.
         """
-        if self._paths is None:
-            async with self._resolving:
-                if self._paths is None:
-                    chosen = await default_paths(self.store)
-                    if chosen.base_prefix:
-                        log.warning(
-                            "%r holds checkpoints under %r, cairn 0.1's default prefix, and "
-                            "none at its root (the default now): using %r. Pass "
-                            "paths=CheckpointPaths(%r) (with the cairn command line: "
-                            "--prefix %s) to keep it so explicitly",
-                            self.store,
-                            chosen.base_prefix,
-                            chosen.base_prefix,
-                            chosen.base_prefix,
-                            chosen.base_prefix,
-                        )
-                    self._paths = chosen
-        return self._paths
+        return await self._layout.resolve(self.store)
 
     async def _context(self) -> Context:
         """What the checkpointer's parts share (store, layout, limits), as set now, once
         the layout is resolved: every coroutine's first step."""
-        await self.resolve_paths()
-        return Context(
-            self.store,
-            self.paths,
-            self.max_concurrent_uploads,
-            self.max_concurrent_downloads,
-            self.codec,
-            self.lease,
-            self.signing_keys,
-            self.writer_generation,
-        )
+        return context_of(self, await self.resolve_paths())
 
     # -- writing: the commit protocol (protocol._commit, protocol._upload) ----------------
 
@@ -300,13 +207,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         back, or the fence checked after a failed swap), that :class:`StoreError`
         propagates and the checkpoint may be committed (:meth:`exists` tells).
         """
-        return await self.background.in_call_order(
-            functools.partial(self._save_now, data), functools.partial(self.save_async, data)
-        )
-
-    async def _save_now(self, data: CheckpointData) -> CheckpointManifest:
-        with _dispatch.watching(self.observers):
-            return self._committed(await _commit.save(await self._context(), data))
+        return await self.background.save(data)
 
     async def save_async(
         self, data: CheckpointData, *, copy: bool = False
@@ -326,25 +227,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         either way). A save still running when the event loop closes is cancelled and
         commits nothing: await :meth:`wait_for_saves` (or :meth:`close`) before that.
         """
-        return await self._submit_save(data, copy=copy)
-
-    async def _submit_save(
-        self, data: CheckpointData, *, copy: bool = False, seen: Callable[[], bool] | None = None
-    ) -> asyncio.Task[CheckpointManifest]:
-        """:meth:`save_async`, for façades whose caller watches another future than the
-        task: ``seen`` tells whether that caller saw the save's failure."""
-        if not isinstance(data, CheckpointData):
-            raise InvalidInputError(f"save_async takes a CheckpointData, got {data!r}")
-        if copy:
-            data = data.copied()
-        context = await self._context()
-        with _dispatch.watching(self.observers):  # the task copies this context
-
-            async def run(in_order: BeforeCommit) -> CheckpointManifest:
-                return self._committed(await _commit.save(context, data, in_order))
-
-            label = (str(data.id), context.paths.manifest(data.id))
-            return await self.background.submit(run, seen, checkpoint=label)
+        return await self.background.save_async(data, copy=copy)
 
     async def wait_for_saves(self) -> None:
         """Wait until every background save has ended; raise a failure nobody looked at."""
@@ -354,10 +237,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """Wait for the background saves (see :meth:`wait_for_saves`), then for the
         retention GC they started (whose failure is logged, not raised); nothing else to
         free. A failure of a save nobody looked at is raised after both have ended."""
-        try:
-            await self.background.wait()
-        finally:
-            await self.background_gc.wait()
+        await close_background(self.background, self.background_gc)
 
     async def __aenter__(self) -> Self:
         """The checkpointer itself: ``async with ObjectStoreCheckpointer(...) as ckpt``."""
@@ -377,14 +257,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         block that raised, the block's exception goes on, and the save failure is logged
         and added to it as a note, so that neither is lost.
         """
-        if exc is None:
-            await self.close()
-            return
-        try:
-            await self.close()
-        except Exception as failure:
-            log.error("a background save failed while the checkpointer closed: %s", failure)
-            exc.add_note(f"while closing the checkpointer, a background save failed: {failure!r}")
+        await close_background(self.background, self.background_gc, exc)
 
     def _committed(self, manifest: CheckpointManifest) -> CheckpointManifest:
         """``manifest`` was committed: ask for the retention GC, if there is a policy."""
@@ -447,7 +320,7 @@ class ObjectStoreCheckpointer(Checkpointer):
     ) -> str:
         cid = check_id(checkpoint_id)
         [checked] = _upload.check_uploads([upload])
-        entry = await _commit.upload_write_once(await self._context(), cid, checked)
+        entry = await _save.upload_write_once(await self._context(), cid, checked)
         return entry.sha256
 
     async def save_partitions_concurrent(
@@ -473,7 +346,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         """
         cid = check_id(checkpoint_id)
         checked = _upload.check_uploads(uploads)
-        return await _commit.upload_partitions(await self._context(), cid, checked, metadata_key)
+        return await _save.upload_partitions(await self._context(), cid, checked, metadata_key)
 
     async def delete_checkpoint(
         self, checkpoint_id: CheckpointId | str, *, force: bool = False
@@ -488,7 +361,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         ``_latest`` is moved, by compare-and-swap, to the newest checkpoint that remains
         (or to none). A checkpoint that does not exist is not an error.
         """
-        await _commit.delete_checkpoint(await self._context(), await self._id(checkpoint_id), force)
+        await _delete.delete_checkpoint(await self._context(), await self._id(checkpoint_id), force)
 
     async def dependents(self, checkpoint_id: CheckpointId | str) -> list[CheckpointId]:
         """What deleting ``checkpoint_id`` would break, oldest first.
@@ -498,9 +371,9 @@ class ObjectStoreCheckpointer(Checkpointer):
         saves in progress that build on it (a live lease). Reads every manifest of the
         store: one listing and one GET each; writes nothing.
         """
-        return await _commit.dependents(await self._context(), await self._id(checkpoint_id))
+        return await _delete.dependents(await self._context(), await self._id(checkpoint_id))
 
-    # -- fencing and the latest pointer (cairn.protocol._pointer) ---------------------------------
+    # -- fencing and the latest pointer (cairn.protocol._commit, _pointer) -----------------------
 
     async def take_over(self) -> int:
         """Become the writer of this store, fencing every earlier writer.
@@ -512,14 +385,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         :class:`FencedError` or :class:`CheckpointAbortedError`. Returns the new
         generation.
         """
-        paths = await self.resolve_paths()
-
-        async def abort_older_saves(generation: int) -> None:
-            await abort_saves_in_flight(self.store, paths)
-
-        self.writer_generation = await _pointer.take_over(
-            self.store, paths.writer_record(), paths.latest_pointer(), abort_older_saves
-        )
+        self.writer_generation = await _commit.take_over(self.store, await self.resolve_paths())
         return self.writer_generation
 
     async def update_latest(
@@ -622,14 +488,13 @@ class ObjectStoreCheckpointer(Checkpointer):
         :mod:`cairn.protocol._pointer`). Each one that does not load (a deleted or damaged manifest
         or artifact) is logged and skipped.
         """
-        with _dispatch.watching(self.observers):
-            async with _dispatch.observed(None, "load_latest") as op:
-                context = await self._context()
-                loaded = await _catalog.first_that_loads(
-                    context, lambda cid: _download.load(context, cid, True)
-                )
-                op.manifest = loaded.manifest if loaded is not None else None
-                return loaded
+        async with self.observed("load_latest") as op:
+            context = await self._context()
+            loaded = await _catalog.first_that_loads(
+                context, lambda cid: _download.load(context, cid, True)
+            )
+            op.manifest = loaded.manifest if loaded is not None else None
+            return loaded
 
     async def load_chain(
         self, checkpoint_id: CheckpointId | str, operator: str, partition: int
@@ -646,7 +511,7 @@ class ObjectStoreCheckpointer(Checkpointer):
 
     async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
         """The bytes at store ``path``, verified against ``expected_sha256`` when given."""
-        return await _download.load_artifact(await self._context(), path, expected_sha256)
+        return await _read.load_artifact((await self._context()).store, path, expected_sha256)
 
     async def load_artifact_to(
         self,
@@ -692,21 +557,22 @@ class ObjectStoreCheckpointer(Checkpointer):
         deleted and the result says what would be. See :mod:`cairn.protocol.retention`. A pinned
         id that does not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
         """
-        with _dispatch.watching(self.observers):
-            async with _dispatch.observed(None, "gc") as op:
-                op.gc = await run_gc(
-                    self.store, await self.resolve_paths(), policy, dry_run=dry_run, min_age=min_age
-                )
-                return op.gc
+        async with self.observed("gc") as op:
+            paths = await self.resolve_paths()
+            op.gc = await run_gc(self.store, paths, policy, dry_run=dry_run, min_age=min_age)
+            return op.gc
 
-    def observed(self, name: str, **attributes: Any) -> AbstractAsyncContextManager[Operation]:
+    @contextlib.asynccontextmanager
+    async def observed(self, name: str, **attributes: Any) -> AsyncIterator[Operation]:
         """Run a block as an operation ``name`` for this checkpointer's observers.
 
         For tools that compose the public API into an operation of their own (``cairn
         copy`` is ``"copy"``): its store calls and nested operations are reported under
         it. ``attributes`` (``checkpoint_id``, ``epoch``, ``bytes``) describe it.
         """
-        return _observed_with(self.observers, name, attributes)
+        with _dispatch.watching(self.observers):
+            async with _dispatch.observed(None, name, **attributes) as op:
+                yield op
 
     # -- finding checkpoints for tools (cairn.protocol.discover) ------------------------------
 
@@ -722,22 +588,6 @@ class ObjectStoreCheckpointer(Checkpointer):
         a manifest that is damaged or gone is its error in its place (see
         :func:`cairn.protocol.discover.load_manifests`). A store failure raises."""
         return await load_manifests(self.load_manifest, [await self._id(cid) for cid in ids])
-
-    async def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
-        """The bytes of ``entry`` at ``path`` as stored (compressed, if its codec says so),
-        no more than the size it records (:class:`IntegrityMismatchError` otherwise). Not
-        hashed: the digest covers the decoded bytes, which :meth:`load` verifies. For
-        copying a checkpoint byte for byte."""
-        return await _download.read_stored(await self._context(), path, entry)
-
-    async def load_pack(self, path: str, entries: Sequence[PartitionSnapshotEntry]) -> Buffer:
-        """The whole pack at ``path`` as stored (the object that several entries with an
-        ``offset`` name ranges of), once every range ``entries`` describe in it is
-        decoded and verified against its digest. For copying a pack byte for byte, once:
-        bytes that no entry names are not verified. Raises
-        :class:`IntegrityMismatchError` for a range that does not verify or runs past
-        the object's end."""
-        return await _download.read_pack(await self._context(), path, entries)
 
     # -- directory partitions (cairn.protocol._directories) ---------------------------------------
 
@@ -760,8 +610,7 @@ class ObjectStoreCheckpointer(Checkpointer):
         :class:`CheckpointNotFoundError` if the checkpoint has no such directory partition.
         """
         check_id(checkpoint_id)
-        with _dispatch.watching(self.observers):
-            async with _dispatch.observed(None, "restore_directory", checkpoint_id=checkpoint_id):
-                return await _directories.restore_directory(
-                    await self._context(), checkpoint_id, operator, partition, dest
-                )
+        async with self.observed("restore_directory", checkpoint_id=checkpoint_id):
+            return await _directories.restore_directory(
+                await self._context(), checkpoint_id, operator, partition, dest
+            )

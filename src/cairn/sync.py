@@ -1,7 +1,8 @@
 """A blocking façade over the async checkpointer, for code without an event loop.
 
 There is one implementation of every operation, the async one: each method here submits
-the async call to a private event loop running on a daemon thread and waits for it.
+the async call to cairn's private event loop, running on a daemon thread
+(:mod:`cairn._blocking`), and waits for it.
 Calling a method from a thread that is running an event loop raises
 :class:`SyncInAsyncContextError` instead of deadlocking that loop; use the async API there.
 
@@ -15,7 +16,6 @@ method's documentation is its async twin's, copied when the class is made
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import concurrent.futures.thread
 import datetime as dt
@@ -26,10 +26,11 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO, Concatenate, ParamSpec, Self, TypeVar, cast
 
+from cairn._blocking import run_blocking
 from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.data.inputs import ArtifactData
@@ -47,54 +48,6 @@ __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 T = TypeVar("T")
 P = ParamSpec("P")
 log = logging.getLogger("cairn")
-
-
-class _LoopThread:
-    """One event loop on a daemon thread, shared by every SyncCheckpointer."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=loop.run_forever, name="cairn-sync-loop", daemon=True
-                )
-                thread.start()
-                self._loop, self._thread = loop, thread
-                atexit.register(self.stop)
-            return self._loop
-
-    def stop(self) -> None:
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        if not thread.is_alive():
-            loop.close()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            coro.close()
-            raise SyncInAsyncContextError(
-                "SyncCheckpointer was called from inside a running event loop; "
-                "await the ObjectStoreCheckpointer methods there instead"
-            )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
-
-
-_runner = _LoopThread()
 
 
 class _WatchedFuture(concurrent.futures.Future[CheckpointManifest]):
@@ -230,25 +183,25 @@ class SyncCheckpointer:
 
     def resolve_paths(self) -> CheckpointPaths:
         """See :meth:`ObjectStoreCheckpointer.resolve_paths`."""
-        return _runner.run(self.async_checkpointer.resolve_paths())
+        return run_blocking(self.async_checkpointer.resolve_paths())
 
     def save_manifest(self, manifest: CheckpointManifest) -> None:
         """See :meth:`ObjectStoreCheckpointer.save_manifest`."""
-        _runner.run(self.async_checkpointer.save_manifest(manifest))
+        run_blocking(self.async_checkpointer.save_manifest(manifest))
 
     def exists(self, checkpoint_id: CheckpointId | str) -> bool:
         """See :meth:`ObjectStoreCheckpointer.exists`."""
-        return _runner.run(self.async_checkpointer.exists(checkpoint_id))
+        return run_blocking(self.async_checkpointer.exists(checkpoint_id))
 
     def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.load_manifest`."""
-        return _runner.run(self.async_checkpointer.load_manifest(checkpoint_id))
+        return run_blocking(self.async_checkpointer.load_manifest(checkpoint_id))
 
     def save_snapshot(
         self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.save_snapshot`."""
-        return _runner.run(
+        return run_blocking(
             self.async_checkpointer.save_snapshot(checkpoint_id, operator, partition, data)
         )
 
@@ -256,13 +209,13 @@ class SyncCheckpointer:
         self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.save_delta`."""
-        return _runner.run(
+        return run_blocking(
             self.async_checkpointer.save_delta(checkpoint_id, operator, partition, data)
         )
 
     def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
         """See :meth:`ObjectStoreCheckpointer.load_artifact`."""
-        return _runner.run(
+        return run_blocking(
             self.async_checkpointer.load_artifact(path, expected_sha256=expected_sha256)
         )
 
@@ -278,7 +231,7 @@ class SyncCheckpointer:
     ) -> str:
         """See :meth:`ObjectStoreCheckpointer.load_artifact_to` (``progress`` is called on
         the checkpointer's event-loop thread)."""
-        return _runner.run(
+        return run_blocking(
             self.async_checkpointer.load_artifact_to(
                 path,
                 dest,
@@ -291,27 +244,27 @@ class SyncCheckpointer:
 
     def update_latest(self, checkpoint_id: CheckpointId | str, *, force: bool = False) -> bool:
         """See :meth:`ObjectStoreCheckpointer.update_latest`."""
-        return _runner.run(self.async_checkpointer.update_latest(checkpoint_id, force=force))
+        return run_blocking(self.async_checkpointer.update_latest(checkpoint_id, force=force))
 
     def read_latest(self) -> CheckpointId | None:
         """See :meth:`ObjectStoreCheckpointer.read_latest`."""
-        return _runner.run(self.async_checkpointer.read_latest())
+        return run_blocking(self.async_checkpointer.read_latest())
 
     def latest_id(self) -> CheckpointId | None:
         """See :meth:`ObjectStoreCheckpointer.latest_id`."""
-        return _runner.run(self.async_checkpointer.latest_id())
+        return run_blocking(self.async_checkpointer.latest_id())
 
     def list_checkpoints(self) -> list[CheckpointId]:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoints`."""
-        return _runner.run(self.async_checkpointer.list_checkpoints())
+        return run_blocking(self.async_checkpointer.list_checkpoints())
 
     def delete_checkpoint(self, checkpoint_id: CheckpointId | str, *, force: bool = False) -> None:
         """See :meth:`ObjectStoreCheckpointer.delete_checkpoint`."""
-        _runner.run(self.async_checkpointer.delete_checkpoint(checkpoint_id, force=force))
+        run_blocking(self.async_checkpointer.delete_checkpoint(checkpoint_id, force=force))
 
     def dependents(self, checkpoint_id: CheckpointId | str) -> list[CheckpointId]:
         """See :meth:`ObjectStoreCheckpointer.dependents`."""
-        return _runner.run(self.async_checkpointer.dependents(checkpoint_id))
+        return run_blocking(self.async_checkpointer.dependents(checkpoint_id))
 
     def save_partitions_concurrent(
         self,
@@ -321,7 +274,7 @@ class SyncCheckpointer:
         metadata_key: str | None = None,
     ) -> list[tuple[str, PartitionSnapshotEntry]]:
         """See :meth:`ObjectStoreCheckpointer.save_partitions_concurrent`."""
-        return _runner.run(
+        return run_blocking(
             self.async_checkpointer.save_partitions_concurrent(
                 checkpoint_id, uploads, metadata_key=metadata_key
             )
@@ -329,11 +282,11 @@ class SyncCheckpointer:
 
     def take_over(self) -> int:
         """See :meth:`ObjectStoreCheckpointer.take_over`."""
-        return _runner.run(self.async_checkpointer.take_over())
+        return run_blocking(self.async_checkpointer.take_over())
 
     def save(self, data: CheckpointData) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.save`."""
-        manifest = _runner.run(self.async_checkpointer.save(data))
+        manifest = run_blocking(self.async_checkpointer.save(data))
         if self.async_checkpointer.retention is not None:
             _in_flight_at_exit.add(self)  # its retention GC runs on: let it end at exit
         return manifest
@@ -359,20 +312,21 @@ class SyncCheckpointer:
         future = _WatchedFuture()
 
         async def submit() -> None:  # on the loop thread: tasks are not thread-safe
-            task = await self.async_checkpointer._submit_save(data, copy=copy, seen=future.seen)
+            saves = self.async_checkpointer.background
+            task = await saves.save_async(data, copy=copy, seen=future.seen)
             task.add_done_callback(future.take_outcome)
 
-        _runner.run(submit())
+        run_blocking(submit())
         _in_flight_at_exit.add(self)
         return future
 
     def wait_for_saves(self) -> None:
         """See :meth:`ObjectStoreCheckpointer.wait_for_saves`."""
-        _runner.run(self.async_checkpointer.wait_for_saves())
+        run_blocking(self.async_checkpointer.wait_for_saves())
 
     def close(self) -> None:
         """See :meth:`ObjectStoreCheckpointer.close`."""
-        _runner.run(self.async_checkpointer.close())
+        run_blocking(self.async_checkpointer.close())
 
     def __enter__(self) -> Self:
         """The checkpointer itself: ``with SyncCheckpointer(...) as ckpt``."""
@@ -391,7 +345,7 @@ class SyncCheckpointer:
         here after a block that ended normally; after a block that raised, the block's
         exception goes on, and the save failure is logged and added to it as a note.
         """
-        _runner.run(self.async_checkpointer.__aexit__(exc_type, exc, traceback))
+        run_blocking(self.async_checkpointer.__aexit__(exc_type, exc, traceback))
 
     def load(
         self,
@@ -402,23 +356,23 @@ class SyncCheckpointer:
     ) -> LoadedCheckpoint:
         """See :meth:`ObjectStoreCheckpointer.load` (``progress`` is called on the
         checkpointer's event-loop thread)."""
-        return _runner.run(
+        return run_blocking(
             self.async_checkpointer.load(checkpoint_id, verify=verify, progress=progress)
         )
 
     def load_latest(self) -> LoadedCheckpoint | None:
         """See :meth:`ObjectStoreCheckpointer.load_latest`."""
-        return _runner.run(self.async_checkpointer.load_latest())
+        return run_blocking(self.async_checkpointer.load_latest())
 
     def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.commit`."""
-        return _runner.run(self.async_checkpointer.commit(manifest))
+        return run_blocking(self.async_checkpointer.commit(manifest))
 
     def load_chain(
         self, checkpoint_id: CheckpointId | str, operator: str, partition: int
     ) -> list[ChainLink]:
         """See :meth:`ObjectStoreCheckpointer.load_chain`."""
-        return _runner.run(self.async_checkpointer.load_chain(checkpoint_id, operator, partition))
+        return run_blocking(self.async_checkpointer.load_chain(checkpoint_id, operator, partition))
 
     def gc(
         self,
@@ -428,23 +382,15 @@ class SyncCheckpointer:
         min_age: dt.timedelta = dt.timedelta(hours=1),
     ) -> GcResult:
         """See :meth:`ObjectStoreCheckpointer.gc`."""
-        return _runner.run(self.async_checkpointer.gc(policy, dry_run=dry_run, min_age=min_age))
+        return run_blocking(self.async_checkpointer.gc(policy, dry_run=dry_run, min_age=min_age))
 
     def list_checkpoint_dirs(self) -> list[CheckpointId]:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoint_dirs`."""
-        return _runner.run(self.async_checkpointer.list_checkpoint_dirs())
+        return run_blocking(self.async_checkpointer.list_checkpoint_dirs())
 
     def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
         """See :meth:`ObjectStoreCheckpointer.load_manifests`."""
-        return _runner.run(self.async_checkpointer.load_manifests(ids))
-
-    def load_stored(self, path: str, entry: PartitionSnapshotEntry) -> Buffer:
-        """See :meth:`ObjectStoreCheckpointer.load_stored`."""
-        return _runner.run(self.async_checkpointer.load_stored(path, entry))
-
-    def load_pack(self, path: str, entries: Sequence[PartitionSnapshotEntry]) -> Buffer:
-        """See :meth:`ObjectStoreCheckpointer.load_pack`."""
-        return _runner.run(self.async_checkpointer.load_pack(path, entries))
+        return run_blocking(self.async_checkpointer.load_manifests(ids))
 
     def restore_directory(
         self,
@@ -454,6 +400,6 @@ class SyncCheckpointer:
         dest: os.PathLike[str] | str,
     ) -> list[FileEntry]:
         """See :meth:`ObjectStoreCheckpointer.restore_directory`."""
-        return _runner.run(
+        return run_blocking(
             self.async_checkpointer.restore_directory(checkpoint_id, operator, partition, dest)
         )

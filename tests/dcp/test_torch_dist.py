@@ -54,10 +54,10 @@ from cairn import (
     SyncCheckpointer,
     UndecodableArtifactError,
 )
+from cairn._blocking import run_blocking
 from cairn.format.manifest import StoreRequests
 from cairn.format.ranges import COMPRESSED_INDEX_MAGIC
 from cairn.protocol import _catalog
-from cairn.sync import _runner
 from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter
 
 T = TypeVar("T")
@@ -348,7 +348,7 @@ def test_a_flipped_byte_in_any_artifact_is_caught(run: Run, scenario: str) -> No
 
 def _sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run an async cairn call from this synchronous test, on cairn's own loop thread."""
-    return _runner.run(coro)
+    return run_blocking(coro)
 
 
 # -- CUDA and NCCL: the same save, load and reshard with a GPU per rank -------------------

@@ -29,7 +29,7 @@ from cairn import (
 )
 from cairn.format.layout import MAX_CHECKPOINT_NAME_BYTES, validate_checkpoint_name
 from cairn.format.manifest import decode_manifest, encode_manifest
-from cairn.protocol import _catalog, _commit
+from cairn.protocol import _catalog, _save
 
 OLD_STORE = DATA / "store-0.1.0"
 
@@ -92,7 +92,7 @@ async def commit_named(
 ) -> CheckpointId:
     cid = CheckpointId.now()
     entries = await ckpt.save_partitions_concurrent(cid, [("op", 0, False, f"{name}".encode())])
-    manifest = _commit.assemble_manifest(
+    manifest = _save.assemble_manifest(
         cid, epoch, entries, writer_generation=ckpt.writer_generation, name=name
     )
     await ckpt.commit(manifest)

@@ -36,7 +36,7 @@ from cairn import (
     TransientStoreError,
 )
 from cairn.format.manifest import encode_manifest
-from cairn.protocol._commit import assemble_manifest
+from cairn.protocol._save import assemble_manifest
 from cairn.stores import ObstoreStore, Store
 
 

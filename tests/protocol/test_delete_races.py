@@ -37,7 +37,7 @@ from cairn import (
     RetentionPolicy,
 )
 from cairn.errors import TransientStoreError
-from cairn.protocol import _commit, retention
+from cairn.protocol import _delete, retention
 from cairn.stores import ForwardingStore, ObstoreStore, PutMode, Store, StoreMethod
 
 T = TypeVar("T")
@@ -122,7 +122,7 @@ async def test_a_live_lease_is_judged_by_the_stores_time_not_the_deleters_clock(
     await at_commit.wait()
     # The deleting process's clock runs three days ahead: by it, the child's lease lapsed.
     clock = types.SimpleNamespace(datetime=_ClockDaysAhead, timedelta=dt.timedelta, UTC=dt.UTC)
-    monkeypatch.setattr(_commit, "dt", clock)
+    monkeypatch.setattr(_delete, "dt", clock)
     deleter = make_checkpointer(inner)
     with pytest.raises(CheckpointInUseError) as refused:
         await deleter.delete_checkpoint(base.id)

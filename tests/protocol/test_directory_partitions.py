@@ -47,7 +47,7 @@ from cairn.format.manifest import (
     encode_manifest,
 )
 from cairn.integrations._interface import assemble_manifest, begin
-from cairn.protocol import _commit
+from cairn.protocol import _save
 from cairn.stores import ForwardingStore, ObjectInfo, as_store
 
 KEY = ("db", 0)
@@ -484,7 +484,7 @@ async def test_a_save_failing_after_its_uploads_leaves_no_file_behind(tmp_path: 
         raise RuntimeError("stopped before the commit")
 
     with pytest.raises(RuntimeError):
-        await _commit.save(
+        await _save.save(
             await ckpt._context(), CheckpointData(epoch=1, directories={KEY: src}), fail
         )
     assert not [p for p in await stored_paths(ckpt) if ".file-" in p]

@@ -28,6 +28,7 @@ from cairn import (
 )
 from cairn.cli.errors import CliError
 from cairn.cli.maintain import delete
+from cairn.protocol._read import read_stored
 from cairn.protocol.discover import checkpoint_dirs, checkpoint_prefixes, newest_checkpoint_prefix
 from cairn.stores import ObstoreStore
 
@@ -92,14 +93,14 @@ def test_the_blocking_facade_finds_them_too(tmp_path: Path) -> None:
     ckpt.close()
 
 
-async def test_load_stored_returns_the_bytes_as_stored() -> None:
+async def test_read_stored_returns_the_bytes_as_stored() -> None:
     store = ObstoreStore(MemoryStore())
     ckpt = make_checkpointer(store, compression="zstd")
     state = b"state " * 10_000
     manifest = await ckpt.save(CheckpointData(epoch=0, snapshots={("op", 0): state}))
     [(_, entry)] = list(manifest.partition_entries())
     path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
-    stored = bytes(await ckpt.load_stored(path, entry))
+    stored = bytes(await read_stored(ckpt.store, path, entry))
     assert stored == bytes((await store.get(path)).data)
     assert entry.stored_size_bytes is not None
     assert len(stored) == entry.stored_size_bytes < len(state)

@@ -35,8 +35,8 @@ from cairn.format._buffer import Buffer, BufferPool
 from cairn.format.integrity import StreamHasher
 from cairn.format.layout import CheckpointPaths
 from cairn.protocol import _catalog, retention
-from cairn.protocol._commit import assemble_manifest
 from cairn.protocol._lease import TOMBSTONE_RETENTION, is_live
+from cairn.protocol._save import assemble_manifest
 from cairn.stores import ForwardingStore, ObstoreStore, Store
 
 KiB = 1024

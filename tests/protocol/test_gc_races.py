@@ -29,8 +29,8 @@ from cairn import (
     StoreError,
 )
 from cairn.format._buffer import Buffer
-from cairn.protocol._commit import assemble_manifest, upload_all
 from cairn.protocol._pointer import WriterRecord
+from cairn.protocol._save import assemble_manifest, upload_all
 from cairn.stores import ObjectInfo, ObstoreStore
 
 NOW = dt.timedelta(0)

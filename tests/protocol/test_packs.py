@@ -50,7 +50,8 @@ from cairn.format.manifest import (
     encode_manifest,
 )
 from cairn.protocol import _download, _upload
-from cairn.protocol._commit import assemble_manifest
+from cairn.protocol._read import read_pack, read_stored
+from cairn.protocol._save import assemble_manifest
 from cairn.stores import as_store
 
 ENTRY_LIMIT = 4096
@@ -173,7 +174,7 @@ async def test_a_pack_of_empty_artifacts_is_an_empty_object() -> None:
     assert {k: bytes(v) for k, v in loaded.artifacts.items()} == {("op", 0): b"", ("op", 1): b""}
     full = ckpt.paths.resolve(manifest.checkpoint_id, path)
     entries = [e for _, e in manifest.partition_entries()]
-    assert bytes(await ckpt.load_pack(full, entries)) == b""
+    assert bytes(await read_pack(ckpt.store, full, entries)) == b""
 
 
 async def test_compressed_members_are_each_compressed_and_read_on_their_own(
@@ -192,7 +193,7 @@ async def test_compressed_members_are_each_compressed_and_read_on_their_own(
     path = ckpt.paths.resolve(manifest.checkpoint_id, entry.path)
     stored = await ckpt.store.get_range(path, entry.offset, entry.offset + entry.stored_size_bytes)
     assert zstandard.ZstdDecompressor().decompress(bytes(stored)) == snapshots[("agg", 5)]
-    assert bytes(await ckpt.load_stored(path, entry)) == bytes(stored)
+    assert bytes(await read_stored(ckpt.store, path, entry)) == bytes(stored)
     store.log.clear()
     chain = await ckpt.load_chain(manifest.checkpoint_id, "agg", 5)
     assert bytes(chain[0].data) == snapshots[("agg", 5)]
@@ -247,13 +248,13 @@ async def test_damage_to_one_range_fails_only_that_range(small_packs: None) -> N
         await ckpt.load_chain(manifest.checkpoint_id, "agg", 3)
     named = list(entries.values())
     with pytest.raises(IntegrityMismatchError) as info:
-        await ckpt.load_pack(path, named)  # what copy and restore read: each range verified
+        await read_pack(ckpt.store, path, named)  # what copy and restore read: each range verified
     assert info.value.expected == entries[3].sha256
-    assert bytes(await ckpt.load_pack(path, [entries[4]])) == bytes(body)
+    assert bytes(await read_pack(ckpt.store, path, [entries[4]])) == bytes(body)
     # No manifest records a pack's size: a copy reads no more than a pack can hold.
     await ckpt.store.put(path, bytes(body) + bytes(2 * PACK_LIMIT))
     with pytest.raises(IntegrityMismatchError, match="size"):
-        await ckpt.load_pack(path, [entries[4]])
+        await read_pack(ckpt.store, path, [entries[4]])
     # A pack longer than its ranges is fine; a shorter one is a size mismatch, unverified
     # too, and a pack cut before a range's start as well.
     await ckpt.store.put(path, bytes(body) + b"more")

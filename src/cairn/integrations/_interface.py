@@ -11,7 +11,8 @@ so this list is the whole of their coupling to cairn's internals:
 * a save in two phases, whose uploads and commit are separate calls (:func:`begin`,
   :class:`TwoPhaseSave`), optionally building on a parent whose admission it checks:
   its preconditions, its lease and its commit are the commit protocol's own
-  (:mod:`cairn.protocol._commit`), the same as a one-call ``save``'s; it uploads partitions and
+  (:mod:`cairn.protocol._save`, :mod:`cairn.protocol._commit`), the same as a one-call
+  ``save``'s; it uploads partitions and
   directory partitions (the latter carrying unchanged files from that parent, as
   :mod:`cairn.protocol._directories` decides);
 * :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`) and
@@ -24,21 +25,23 @@ so this list is the whole of their coupling to cairn's internals:
   :func:`read_entry` (an artifact's bytes, verified) and :func:`read_sized` (the bytes
   from an offset to the end of an object of known size);
 * :func:`run_blocking`, which runs a coroutine on the event-loop thread the blocking
-  API (:mod:`cairn.sync`) keeps;
+  API (:mod:`cairn.sync`) runs on (:mod:`cairn._blocking`);
 * settings and checks: :data:`DEFAULT_LEASE`, :func:`is_int`, :func:`positive_int`,
   :data:`REMOTE_SCHEMES`; and helpers: :data:`Buffer`, :func:`bounded_gather`.
 
 Invariant: nothing here has logic of its own beyond adapting a checkpointer to the
-parts (its context, its observers); the parts keep theirs.
+parts (its context, made of its public settings by
+:func:`cairn.protocol._context.context_of`, and its observers); the parts keep theirs.
+Nothing here reaches into a private name of a public module.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
 
+from cairn._blocking import run_blocking
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.data import ArtifactKey, DirectoryCheck
 from cairn.format._buffer import Buffer
@@ -46,14 +49,15 @@ from cairn.format._validate import is_int, positive_int
 from cairn.format.ids import CheckpointId
 from cairn.format.manifest import CheckpointManifest, DirectoryEntry, PartitionSnapshotEntry
 from cairn.observe import _dispatch
-from cairn.protocol import _catalog, _commit, _directories, _download, _upload
+from cairn.protocol import _catalog, _directories, _read, _save, _upload
 from cairn.protocol._catalog import DAMAGE
-from cairn.protocol._commit import SaveMeter, assemble_manifest
 from cairn.protocol._concurrency import bounded_gather
+from cairn.protocol._context import Context, context_of
 from cairn.protocol._lease import DEFAULT_LEASE
+from cairn.protocol._meter import SaveMeter
+from cairn.protocol._save import assemble_manifest
 from cairn.protocol._upload import Entry, PartitionUpload
-from cairn.stores._urls import _REMOTE_SCHEMES
-from cairn.sync import _runner
+from cairn.stores._urls import REMOTE_SCHEMES
 
 __all__ = [
     "DAMAGE",
@@ -77,10 +81,10 @@ __all__ = [
     "run_blocking",
 ]
 
-T = TypeVar("T")
 
-REMOTE_SCHEMES = _REMOTE_SCHEMES
-"""The URL schemes of remote object stores :func:`cairn.open_store` opens."""
+async def _context(ckpt: ObjectStoreCheckpointer) -> Context:
+    """What the parts need of ``ckpt``: its context, its layout resolved."""
+    return context_of(ckpt, await ckpt.resolve_paths())
 
 
 class TwoPhaseSave:
@@ -91,7 +95,7 @@ class TwoPhaseSave:
     end), however long the caller takes between its steps.
     """
 
-    def __init__(self, ckpt: ObjectStoreCheckpointer, pending: _commit.PendingSave) -> None:
+    def __init__(self, ckpt: ObjectStoreCheckpointer, pending: _save.PendingSave) -> None:
         self._ckpt = ckpt
         self._pending = pending
 
@@ -172,34 +176,26 @@ async def begin(
     Raises :class:`~cairn.FencedError` if a newer writer generation has taken over and
     :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is written then.
     """
-    pending = await _commit.start(await ckpt._context(), checkpoint_id, parent_id)
+    pending = await _save.start(await _context(ckpt), checkpoint_id, parent_id)
     return TwoPhaseSave(ckpt, pending)
-
-
-def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on the blocking API's event-loop thread and wait for its result.
-
-    Raises :class:`~cairn.SyncInAsyncContextError` when called from a running loop.
-    """
-    return _runner.run(coro)
 
 
 async def latest_candidates(ckpt: ObjectStoreCheckpointer) -> AsyncIterator[CheckpointId]:
     """The checkpoints ``load_latest`` would try through ``ckpt``, best first (see
     :func:`cairn.protocol._catalog.latest_candidates`)."""
-    async for cid in _catalog.latest_candidates(await ckpt._context()):
+    async for cid in _catalog.latest_candidates(await _context(ckpt)):
         yield cid
 
 
 async def named_candidates(ckpt: ObjectStoreCheckpointer, name: str) -> AsyncIterator[CheckpointId]:
     """The committed checkpoints named ``name``, newest admitted first."""
-    async for cid in _catalog.named_candidates(await ckpt._context(), name):
+    async for cid in _catalog.named_candidates(await _context(ckpt), name):
         yield cid
 
 
 async def checkpoint_names(ckpt: ObjectStoreCheckpointer) -> list[str]:
     """The names the committed checkpoints carry, sorted."""
-    return await _catalog.checkpoint_names(await ckpt._context())
+    return await _catalog.checkpoint_names(await _context(ckpt))
 
 
 async def load_manifest(
@@ -207,18 +203,18 @@ async def load_manifest(
 ) -> CheckpointManifest:
     """The manifest of committed ``checkpoint_id``, whole and checked (see
     :func:`cairn.protocol._catalog.load_manifest`)."""
-    return await _catalog.load_manifest(await ckpt._context(), checkpoint_id)
+    return await _catalog.load_manifest(await _context(ckpt), checkpoint_id)
 
 
 async def read_entry(
     ckpt: ObjectStoreCheckpointer, path: str, entry: PartitionSnapshotEntry, verify: bool
 ) -> Buffer:
     """The bytes of the artifact ``entry`` describes at ``path``, decoded, and verified when
-    ``verify`` (see :func:`cairn.protocol._download.read_entry`)."""
-    return await _download.read_entry(await ckpt._context(), path, entry, verify)
+    ``verify`` (see :func:`cairn.protocol._read.read_entry`)."""
+    return await _read.read_entry(ckpt.store, path, entry, verify)
 
 
 async def read_sized(ckpt: ObjectStoreCheckpointer, path: str, size: int, start: int = 0) -> Buffer:
     """The bytes of the ``size``-byte object at ``path`` from ``start`` to its end, in one
-    request (see :func:`cairn.protocol._download.read_sized`)."""
-    return await _download.read_sized(await ckpt._context(), path, size, start)
+    request (see :func:`cairn.protocol._read.read_sized`)."""
+    return await _read.read_sized(ckpt.store, path, size, start)

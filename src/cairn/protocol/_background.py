@@ -1,12 +1,16 @@
 """Background saves: the caller goes on while a checkpoint uploads and commits.
 
+:class:`BackgroundSaves` is how both façades save: :meth:`BackgroundSaves.save` (a save
+the caller waits for) and :meth:`BackgroundSaves.save_async` (one in the background) run
+the one-call save of :mod:`cairn.protocol._save` in the pipeline this module keeps.
+
 Invariants:
 
 * at most ``limit`` background saves are in flight; a further submission waits for a
   slot (back-pressure: a job that checkpoints faster than the store takes them slows
   down instead of piling copies of its state in memory);
 * saves commit in submission order (a save the caller waits for too,
-  :meth:`BackgroundSaves.in_call_order`): each waits, just before its commit point, for the
+  :meth:`BackgroundSaves.save`): each waits, just before its commit point, for the
   one submitted before it to finish (uploads still overlap), so ``_latest`` moves in
   call order and never backwards;
 * a save commits only if the one submitted before it, still running when it was
@@ -35,13 +39,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from cairn.errors import CheckpointAbortedError
+from cairn.data import CheckpointData
+from cairn.errors import CheckpointAbortedError, InvalidInputError
 from cairn.format.manifest import CheckpointManifest
+from cairn.observe import Observer, _dispatch
+from cairn.protocol import _save
+from cairn.protocol._context import Context
 
-__all__ = ["BackgroundGc", "BackgroundSaves"]
+__all__ = ["BackgroundGc", "BackgroundSaves", "close_background"]
 
 log = logging.getLogger("cairn")
 
@@ -58,11 +66,24 @@ class _Failure:
 
 
 class BackgroundSaves:
-    """The background saves of one checkpointer (see the module docstring)."""
+    """The saves of one checkpointer, in call order (see the module docstring).
 
-    def __init__(self, limit: int, on_change: Callable[[int], None] | None = None) -> None:
+    ``limit`` saves at most run in the background at once. Each save runs on the
+    checkpointer's ``context`` as it is when the save starts, reports to ``observers``
+    (the saves in flight too), and hands its committed manifest to ``committed``.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        context: Callable[[], Awaitable[Context]],
+        observers: Sequence[Observer] = (),
+        committed: Callable[[CheckpointManifest], CheckpointManifest] = lambda manifest: manifest,
+    ) -> None:
         self.limit = limit
-        self._on_change = on_change
+        self._context = context
+        self._observers = observers
+        self._committed = committed
         self._slots: asyncio.Semaphore | None = None
         self._last: asyncio.Task[CheckpointManifest] | None = None
         self._running: set[asyncio.Task[CheckpointManifest]] = set()
@@ -74,6 +95,45 @@ class BackgroundSaves:
     def in_flight(self) -> int:
         """Background saves submitted and not finished."""
         return len(self._running)
+
+    async def save(self, data: CheckpointData) -> CheckpointManifest:
+        """A save of ``data`` the caller waits for, in call order with the background ones.
+
+        First raises a failure nobody saw. While background saves are in flight, the
+        save is submitted as one more (:meth:`save_async`) and awaited, so it commits
+        after them; otherwise it runs now.
+        """
+        self.raise_unobserved()
+        if self.in_flight:
+            return await (await self.save_async(data))
+        with _dispatch.watching(self._observers):
+            return self._committed(await _save.save(await self._context(), data))
+
+    async def save_async(
+        self,
+        data: CheckpointData,
+        *,
+        copy: bool = False,
+        seen: Callable[[], bool] | None = None,
+    ) -> asyncio.Task[CheckpointManifest]:
+        """A save of ``data`` in the background; its task, once a slot is free (see
+        :meth:`submit`). With ``copy``, every buffer of ``data`` is copied first.
+
+        ``seen`` is for a caller who watches another future than the task (the
+        blocking façade's): it tells whether that caller saw the save's failure.
+        """
+        if not isinstance(data, CheckpointData):
+            raise InvalidInputError(f"save_async takes a CheckpointData, got {data!r}")
+        if copy:
+            data = data.copied()
+        context = await self._context()
+        with _dispatch.watching(self._observers):  # the task copies this context
+
+            async def run(in_order: BeforeCommit) -> CheckpointManifest:
+                return self._committed(await _save.save(context, data, in_order))
+
+            label = (str(data.id), context.paths.manifest(data.id))
+            return await self.submit(run, seen, checkpoint=label)
 
     async def submit(
         self,
@@ -133,22 +193,6 @@ class BackgroundSaves:
         self._changed()
         return task
 
-    async def in_call_order(
-        self,
-        alone: Callable[[], Awaitable[CheckpointManifest]],
-        behind: Callable[[], Awaitable[asyncio.Task[CheckpointManifest]]],
-    ) -> CheckpointManifest:
-        """A save the caller waits for, in call order with the background ones.
-
-        First raises a failure nobody saw. While background saves are in flight, the
-        save is submitted as one more (``behind``) and awaited, so it commits after
-        them; otherwise it runs now (``alone``).
-        """
-        self.raise_unobserved()
-        if self.in_flight:
-            return await (await behind())
-        return await alone()
-
     def _finished(self, task: asyncio.Task[CheckpointManifest]) -> None:
         self._running.discard(task)
         assert self._slots is not None
@@ -156,8 +200,7 @@ class BackgroundSaves:
         self._changed()
 
     def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change(len(self._running))
+        _dispatch.saves_in_flight(self._observers, len(self._running))
 
     async def wait(self) -> None:
         """Wait for every save in flight; raise a failure nobody looked at."""
@@ -233,3 +276,22 @@ class BackgroundGc:
         """Wait until no GC runs (a failure is in ``last_error``, not raised)."""
         while self._task is not None and not self._task.done():
             await asyncio.wait([self._task])
+
+
+async def close_background(
+    saves: BackgroundSaves, gc: BackgroundGc, exc: BaseException | None = None
+) -> None:
+    """Wait for the ``saves`` in flight, never cancelled, then for the ``gc`` they started
+    (its failure is logged, not raised). A save failure nobody looked at is raised once
+    both have ended; after a block that raised ``exc``, it is logged and added to ``exc``
+    as a note instead, so that neither is lost."""
+    try:
+        try:
+            await saves.wait()
+        finally:
+            await gc.wait()
+    except Exception as failure:
+        if exc is None:
+            raise
+        log.error("a background save failed while the checkpointer closed: %s", failure)
+        exc.add_note(f"while closing the checkpointer, a background save failed: {failure!r}")

@@ -1,11 +1,21 @@
 """The commit protocol: how a checkpoint comes to exist, atomically, or not at all.
 
 This is the one place the protocol is written down; every way to commit goes through
-it: a save in one call (:func:`save`), a save in two phases whose uploads and commit
-are separate calls or processes (:func:`start` and :class:`PendingSave`, used by
-``save_partitions_concurrent``, :mod:`cairn.integrations.distributed` and :mod:`cairn.torch` through
+it: a save in one call (:func:`cairn.protocol._save.save`), a save in two phases whose
+uploads and commit are separate calls or processes (:func:`cairn.protocol._save.start`
+and :class:`cairn.protocol._save.PendingSave`, used by ``save_partitions_concurrent``,
+:mod:`cairn.integrations.distributed` and :mod:`cairn.torch` through
 :mod:`cairn.integrations._interface`), and a commit of artifacts the caller uploaded
 (:func:`commit`, :func:`save_manifest`).
+
+The protocol's parts, each in a module of its own that points here: the lease
+(:mod:`cairn.protocol._lease`), the ways to save (:mod:`cairn.protocol._save`: steps 1
+to 3, then this module's commit), the uploads (:mod:`cairn.protocol._upload`), what a
+save measures of itself (:mod:`cairn.protocol._meter`), the pointer and the fences
+(:mod:`cairn.protocol._pointer`) and deletion (:mod:`cairn.protocol._delete`: the last
+invariant below). This module keeps what decides whether a checkpoint exists: the
+preconditions (step 2), the commit point (step 4) and the publication (step 5), and the
+takeover that fences earlier writers.
 
 The steps, in order:
 
@@ -94,31 +104,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import datetime as dt
 import functools
 import logging
-import time
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
-    Sequence,
-)
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
-import msgspec
-
-from cairn.data import ArtifactKey, CheckpointData, DirectoryCheck
 from cairn.errors import (
     BrokenChainError,
     CheckpointAbortedError,
     CheckpointerError,
     CheckpointExistsError,
-    CheckpointInUseError,
     CheckpointNotFoundError,
     FencedError,
     InvalidInputError,
@@ -127,41 +121,22 @@ from cairn.errors import (
     StoreError,
 )
 from cairn.format.ids import CheckpointId
-from cairn.format.layout import is_attempt_artifact, is_cairn_name, new_attempt
-from cairn.format.manifest import (
-    CheckpointManifest,
-    DirectoryEntry,
-    OperatorSnapshotEntry,
-    PartitionSnapshotEntry,
-    SaveStats,
-    SourceOffsetEntry,
-    StoreRequests,
-    check_manifest,
-    encode_manifest,
-    encode_stored,
-)
+from cairn.format.layout import CheckpointPaths, is_attempt_artifact, new_attempt
+from cairn.format.manifest import CheckpointManifest, check_manifest, encode_manifest, encode_stored
 from cairn.observe import _dispatch
-from cairn.protocol import _catalog, _chains, _directories, _lease, _pointer, _upload, retention
+from cairn.protocol import _catalog, _lease, _pointer, retention
 from cairn.protocol._concurrency import bounded_gather
-from cairn.protocol._context import Context, check_id
-from cairn.stores import capabilities_of
+from cairn.protocol._context import Context
+from cairn.stores import Store
 
 __all__ = [
-    "PendingSave",
-    "SaveMeter",
-    "assemble_manifest",
-    "begin",
+    "Discard",
     "commit",
-    "delete_checkpoint",
-    "dependents",
+    "commit_and_publish",
     "preconditions",
-    "save",
     "save_manifest",
-    "start",
+    "take_over",
     "update_latest",
-    "upload_all",
-    "upload_partitions",
-    "upload_write_once",
 ]
 
 log = logging.getLogger("cairn")
@@ -187,453 +162,19 @@ async def preconditions(
     return record
 
 
-class PendingSave:
-    """A save of one checkpoint that has begun (steps 1 and 2) and not ended.
-
-    It holds the lease (renewed) until :meth:`commit` or :meth:`end`; its uploads run
-    under it. ``record`` is the writer record its preconditions read (None for a part of
-    a save that only uploads); ``parent_id`` the parent its lease names, the one checkpoint
-    :meth:`upload_directories` carries files from.
-    """
-
-    def __init__(
-        self,
-        ctx: Context,
-        checkpoint_id: CheckpointId,
-        record: _pointer.WriterRecord | None,
-        lease: _lease.Lease,
-        parent_id: CheckpointId | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self.checkpoint_id = checkpoint_id
-        self.record = record
-        self.parent_id = parent_id
-        self._lease = lease
-
-    @property
-    def intent(self) -> str:
-        """The intent this save's lease renews (its own: see :meth:`CheckpointPaths.intent`)."""
-        return self._lease.path
-
-    async def upload(
-        self,
-        uploads: Sequence[_upload.PartitionUpload],
-        metadata_key: str | None = None,
-        attempt: str | None = None,
-    ) -> list[_upload.Entry]:
-        """Step 3 for checked ``uploads``, as ``attempt`` (by default a new one); their
-        entries. A failure ends the save: its objects and its intent are removed."""
-        attempt = attempt if attempt is not None else new_attempt()
-        try:
-            return await _upload.upload_partitions(
-                self.ctx, self.checkpoint_id, uploads, attempt, metadata_key
-            )
-        except BaseException:
-            await self.abandon(uploads, attempt)
-            raise
-
-    async def upload_directories(
-        self, directories: Mapping[ArtifactKey, Path], check: DirectoryCheck = "mtime"
-    ) -> tuple[DirectoryEntry, ...]:
-        """Step 3 for checked directory partitions (:mod:`cairn.protocol._directories`), as a new
-        attempt; their entries. A file that the parent's partition of the same key holds
-        (decided by ``check``) is carried from it; partitions ``directories`` does not
-        name are not carried (the caller assembles the manifest). A parent that the
-        writer record does not admit is refused before any file is read or sent. A
-        failure ends the save: its objects and its intent are removed."""
-        attempt = new_attempt()
-        try:
-            parent = None
-            if self.parent_id is not None:
-                parent = await _catalog.load_manifest(self.ctx, self.parent_id)
-                if self.record is not None:
-                    _chains.check_admitted(parent, self.record)
-            return await _directories.upload_directories(
-                self.ctx, self.checkpoint_id, directories, parent, check, attempt
-            )
-        except BaseException:
-            await self.abandon([], attempt)
-            raise
-
-    async def abandon(
-        self, uploads: Sequence[_upload.PartitionUpload], attempt: str, packs: int = 0
-    ) -> None:
-        """End the save as failed: stop the lease, remove ``attempt``'s objects for
-        ``uploads``, its ``packs`` packs and its intent (best effort)."""
-        await self._lease.stop()
-        await _upload.discard_attempt(
-            self.ctx, self.checkpoint_id, uploads, attempt, packs, self._lease.path
-        )
-
-    async def commit(
-        self,
-        manifest: CheckpointManifest,
-        finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
-        discard: Discard | None = None,
-    ) -> CheckpointManifest:
-        """Steps 4 and 5 for ``manifest`` (of this checkpoint); the committed manifest.
-
-        ``finish`` and ``discard`` are those of :func:`_write_manifest`. The lease is
-        renewed until the create has happened, and ends with the commit either way.
-        """
-        if manifest.checkpoint_id != self.checkpoint_id:
-            raise InvalidInputError(
-                f"manifest of {manifest.checkpoint_id} given to the save of {self.checkpoint_id}"
-            )
-        try:
-            return await _commit_and_publish(self.ctx, manifest, self._lease, finish, discard)
-        finally:
-            await self._lease.stop()
-
-    async def end(self) -> None:
-        """Stop renewing the lease (idempotent; after a commit, nothing to do): the
-        intent stays, and lapses a lease from its last renewal."""
-        await self._lease.stop()
-
-
-async def start(
-    ctx: Context,
-    cid: CheckpointId,
-    parent_id: CheckpointId | None = None,
-    *,
-    commits: bool = True,
-) -> PendingSave:
-    """Begin a save of ``cid`` building on ``parent_id``: the lease, then
-    :func:`preconditions`. The caller ends it (:meth:`PendingSave.commit` or
-    :meth:`PendingSave.end`); one it drops stops renewing when it is garbage-collected.
-
-    The intent is written before the fence is read: a takeover raises the generation,
-    then claims every save whose intent it finds (:func:`abort_saves_in_flight`), so a
-    save either reads the new generation and stops, or its intent is found and its id
-    claimed before it can commit. Preconditions that fail end the lease and remove the
-    intent (best effort)."""
-    check_id(cid)
-    # A save that commits has an intent of its own; the processes that only upload parts
-    # of one save share one (``intent.json``), which its commit removes.
-    intent = ctx.paths.intent(cid, new_attempt() if commits else None)
-    lease = await _lease.Lease.start(ctx.store, intent, parent_id, ctx.lease)
-    try:
-        record = await preconditions(ctx, cid, commits=commits)
-    except BaseException:
-        await lease.stop()
-        with contextlib.suppress(CheckpointerError):
-            await ctx.store.delete([intent])
-        raise
-    return PendingSave(ctx, cid, record, lease, parent_id)
-
-
-@contextlib.asynccontextmanager
-async def begin(
-    ctx: Context,
-    cid: CheckpointId,
-    parent_id: CheckpointId | None = None,
-    *,
-    commits: bool = True,
-) -> AsyncIterator[PendingSave]:
-    """:func:`start` for a block; the lease ends with the block at the latest."""
-    pending = await start(ctx, cid, parent_id, commits=commits)
-    try:
-        yield pending
-    finally:
-        await pending.end()
-
-
-async def upload_partitions(
-    ctx: Context,
-    cid: CheckpointId,
-    uploads: Sequence[_upload.PartitionUpload],
-    metadata_key: str | None,
-) -> list[_upload.Entry]:
-    """A part of a save that only uploads (its commit comes from elsewhere): steps 1 to
-    3 for checked ``uploads``; the lease lapses a lease after they end."""
-    async with begin(ctx, cid, commits=False) as pending:
-        return await pending.upload(uploads, metadata_key)
-
-
-async def upload_write_once(
-    ctx: Context, cid: CheckpointId, upload: _upload.PartitionUpload
-) -> PartitionSnapshotEntry:
-    """One checked partition to the reference's attempt-less name, create-only
-    (:func:`cairn.protocol._upload.put_write_once`), as a part of a save that only uploads."""
-    async with begin(ctx, cid, commits=False):
-        encoded = await _upload.encode_write_once(ctx, cid, upload)
-        return await _upload.put_write_once(ctx, cid, encoded)
-
-
-async def save(
-    ctx: Context,
-    data: CheckpointData,
-    before_commit: Callable[[], Awaitable[None]] | None = None,
-) -> CheckpointManifest:
-    """Every step of the module docstring for ``data``; the committed manifest.
-
-    ``before_commit`` is awaited after the uploads, just before the commit point (a
-    background save waits there for the one before it). The manifest records
-    :class:`~cairn.format.manifest.SaveStats` of this save.
-    """
-    if not isinstance(data, CheckpointData):
-        raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
-    with _dispatch.counting_retries() as retries:
-        async with _dispatch.observed(None, "save", checkpoint_id=data.id, epoch=data.epoch) as op:
-            op.manifest = await _save(ctx, data, before_commit, retries)
-            return op.manifest
-
-
-async def _save(
-    ctx: Context,
-    data: CheckpointData,
-    before_commit: Callable[[], Awaitable[None]] | None,
-    retries: _dispatch.RetryCounter,
-) -> CheckpointManifest:
-    meter = SaveMeter(retries=retries)
-    cid = data.id
-    with meter.counting():
-        async with begin(ctx, cid, data.parent_id) as pending:
-            assert pending.record is not None
-            attempt = new_attempt()
-            plan = _upload.plan_packs(_uploads_of(data))
-            directories: tuple[DirectoryEntry, ...] = ()
-            try:
-                meter.uploading = time.perf_counter()
-                entries = await upload_all(ctx, data, pending.record, plan, attempt)
-                directories = await _directories.save_directories(ctx, data, attempt)
-                meter.uploaded = time.perf_counter()
-                if before_commit is not None:
-                    await before_commit()
-            except BaseException:
-                await _directories.discard_files(ctx, cid, directories)
-                await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
-                raise
-            manifest = assemble_manifest(
-                data.id,
-                data.epoch,
-                entries,
-                parent_id=data.parent_id,
-                source_offsets=data.source_offsets,
-                watermark=data.watermark,
-                timestamp_ms=data.timestamp_ms,
-                writer_generation=ctx.generation,
-            )
-            if directories:
-                manifest = msgspec.structs.replace(
-                    manifest,
-                    directories=directories,
-                    total_size_bytes=manifest.total_size_bytes
-                    + sum(d.total_bytes for d in directories),
-                )
-
-            async def discard(written: CheckpointManifest) -> None:
-                await _directories.discard_files(ctx, cid, written.directories)
-                await _upload.discard_attempt(
-                    ctx, cid, plan.alone, attempt, len(plan.packs), pending.intent
-                )
-
-            return await pending.commit(manifest, meter.finish(ctx), discard)
-
-
-@dataclasses.dataclass
-class SaveMeter:
-    """What a save measures of itself for its :class:`~cairn.format.manifest.SaveStats`.
-
-    ``began``, ``uploading`` and ``uploaded`` are ``time.perf_counter`` readings: the
-    save's start, and its upload phase's start and end (unset: the save's start, and
-    the check before its commit). ``requests`` and ``retries`` count the store requests
-    and retries made in its :meth:`counting` blocks (and the tasks started there, a
-    lease's renewals), and those :meth:`add` counts for another process (a worker of
-    the save). One meter may count in many blocks.
-    """
-
-    began: float = dataclasses.field(default_factory=time.perf_counter)
-    uploading: float | None = None
-    uploaded: float | None = None
-    requests: _dispatch.RequestCounter = dataclasses.field(default_factory=_dispatch.RequestCounter)
-    retries: _dispatch.RetryCounter = dataclasses.field(default_factory=_dispatch.RetryCounter)
-
-    @contextlib.contextmanager
-    def counting(self) -> Iterator[None]:
-        """Count the store requests and retries of the block (and its tasks) here."""
-        with _dispatch.counting_requests(self.requests), _dispatch.counting_retries(self.retries):
-            yield
-
-    def spent(self) -> tuple[StoreRequests, int]:
-        """The requests and retries counted so far: what a worker hands its committer."""
-        return StoreRequests(**dataclasses.asdict(self.requests)), self.retries.count
-
-    def add(self, requests: StoreRequests, retries: int) -> None:
-        """Count a worker's ``requests`` and ``retries`` (its :meth:`spent`) here."""
-        self.requests.add(_dispatch.RequestCounter(**msgspec.structs.asdict(requests)))
-        self.retries.count += retries
-
-    def finish(self, ctx: Context) -> Callable[[CheckpointManifest], CheckpointManifest]:
-        """A ``finish`` for :meth:`PendingSave.commit`: the checked manifest with the
-        statistics of this save (:func:`_save_stats`), measured up to that moment."""
-
-        def with_stats(checked: CheckpointManifest) -> CheckpointManifest:
-            stats = _save_stats(ctx, checked, self, time.perf_counter())
-            return msgspec.structs.replace(checked, stats=stats)
-
-        return with_stats
-
-
-def _save_stats(
-    ctx: Context, manifest: CheckpointManifest, meter: SaveMeter, checked: float
-) -> SaveStats:
-    """What :class:`SaveStats` says of a save of ``manifest``, about to be written, from
-    its entries, its ``meter`` and ``checked``, the clock reading before the write.
-
-    ``requests`` are the meter's plus those :func:`_create_manifest` makes once this
-    record is encoded, up to the commit: its fence check (a GET), then the manifest's
-    own writes (each part, then the manifest; one PUT each). ``stored_bytes`` are the
-    save's own objects, the parts and the manifest as they will be stored. The
-    manifest's size depends on the numbers it holds, so it is encoded until they agree
-    (twice; three times when a number gains a digit).
-    """
-    # A directory partition's files count as artifacts, each its own; so does each
-    # artifact of a pack (its stored range), and each object a DCP save carries in part
-    # (the bytes of the ranges it uses).
-    sizes = [(e.owner, _counted_bytes(e)) for _, e in manifest.partition_entries()]
-    sizes += [(f.owner, f.size_bytes) for _, f in manifest.file_entries()]
-    own = [size for owner, size in sizes if owner is None]
-    carried = [size for owner, size in sizes if owner is not None]
-    uploading = meter.uploading if meter.uploading is not None else meter.began
-    uploaded = meter.uploaded if meter.uploaded is not None else checked
-
-    def ms(seconds: float) -> int:
-        return max(0, round(seconds * 1000))
-
-    counted, retries = meter.spent()
-    objects = sum(size for owner, _, size in manifest.stored_objects() if owner is None)
-    stats = SaveStats(
-        duration_ms=ms(checked - meter.began),
-        upload_ms=ms(uploaded - uploading),
-        commit_ms=ms(checked - uploaded),
-        uploaded_bytes=sum(own),
-        uploaded_artifacts=len(own),
-        carried_bytes=sum(carried),
-        carried_artifacts=len(carried),
-        retries=retries,
-        stored_bytes=objects,
-        requests=counted,
-    )
-    for _ in range(5):  # the sizes only grow, by a digit at a time: a few rounds settle
-        encoded = encode_stored(msgspec.structs.replace(manifest, stats=stats), ctx.keys)
-        parts = [body for _, body in encoded.parts]
-        settled = msgspec.structs.replace(
-            stats,
-            stored_bytes=objects + sum(map(len, parts)) + len(encoded.root),
-            requests=msgspec.structs.replace(
-                counted, get=counted.get + 1, put=counted.put + len(parts) + 1
-            ),
-        )
-        if settled == stats:
-            break
-        stats = settled
-    return stats
-
-
-def _counted_bytes(entry: PartitionSnapshotEntry) -> int:
-    """The bytes :class:`SaveStats` counts for ``entry``: those it takes in the store, or
-    for a carried object of which this checkpoint uses ranges, those ranges'."""
-    if entry.owner is not None and entry.used_bytes is not None:
-        return entry.used_bytes
-    return entry.stored_length
-
-
-def _uploads_of(data: CheckpointData) -> list[_upload.PartitionUpload]:
-    """Every snapshot and delta ``data`` holds, as uploads."""
-    return [
-        *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
-        *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
-    ]
-
-
-async def upload_all(
-    ctx: Context,
-    data: CheckpointData,
-    record: _pointer.WriterRecord,
-    plan: _upload.PackPlan | None = None,
-    attempt: str | None = None,
-) -> list[_upload.Entry]:
-    """Upload what ``data`` holds as ``plan`` says (by default
-    :func:`~cairn.protocol._upload.plan_packs` of all of it: small artifacts merged into packs) as
-    ``attempt`` (by default a new one); the entries, with those carried from the parent.
-    The source offsets live in the manifest itself."""
-    cid = data.id
-    plan = plan if plan is not None else _upload.plan_packs(_uploads_of(data))
-    attempt = attempt if attempt is not None else new_attempt()
-    inherited: dict[ArtifactKey, list[_upload.Entry]] = {}
-    if data.parent_id is not None:
-        inherited = await _chains.carried_chains(ctx, data, record)
-    jobs: list[Callable[[], Awaitable[list[_upload.Entry]]]] = [
-        _upload.pack_job(ctx, cid, index, members, attempt)
-        for index, members in enumerate(plan.packs)
-    ]
-    jobs += [_alone(_upload.upload_job(ctx, cid, *upload, attempt)) for upload in plan.alone]
-    results = await bounded_gather(ctx.max_concurrent_uploads, jobs)
-    entries = [link for links in inherited.values() for link in links]
-    entries += [entry for result in results for entry in result]
-    return entries
-
-
-def _alone(
-    job: Callable[[], Awaitable[_upload.Entry]],
-) -> Callable[[], Awaitable[list[_upload.Entry]]]:
-    async def run() -> list[_upload.Entry]:
-        return [await job()]
-
-    return run
-
-
-def assemble_manifest(
-    checkpoint_id: CheckpointId,
-    epoch: int,
-    entries: Iterable[_upload.Entry],
-    *,
-    parent_id: CheckpointId | None = None,
-    source_offsets: Mapping[str, SourceOffsetEntry] | None = None,
-    watermark: int | None = None,
-    timestamp_ms: int | None = None,
-    writer_generation: int = 0,
-    name: str | None = None,
-    directories: Iterable[DirectoryEntry] = (),
-) -> CheckpointManifest:
-    """The manifest of ``(operator, entry)`` pairs: entries per operator, in chain order;
-    with ``directories`` (:meth:`PendingSave.upload_directories`), ordered by key."""
-    per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
-    for operator, entry in entries:
-        per_operator.setdefault(operator, []).append(entry)
-    operators = {op: OperatorSnapshotEntry.from_partitions(p) for op, p in per_operator.items()}
-    listed = tuple(sorted(directories, key=lambda d: (d.operator, d.partition_id)))
-    base = CheckpointManifest.new(checkpoint_id, epoch)
-    if timestamp_ms is not None:  # a copy keeps its original's time
-        base = msgspec.structs.replace(base, timestamp_ms=timestamp_ms)
-    return msgspec.structs.replace(
-        base,
-        operators=operators,
-        source_offsets=dict(source_offsets or {}),
-        parent_id=parent_id,
-        watermark=watermark,
-        total_size_bytes=sum(op.total_bytes for op in operators.values())
-        + sum(d.total_bytes for d in listed),
-        writer_generation=writer_generation or None,
-        name=name,
-        directories=listed,
-    )
-
-
 async def commit(ctx: Context, manifest: CheckpointManifest) -> CheckpointManifest:
     """Steps 4 and 5 for artifacts the caller uploaded; the committed manifest. The commit
     holds a lease of its own (its intent written before the fence is read, see
-    :func:`start`)."""
+    :func:`cairn.protocol._save.start`)."""
     intent = ctx.paths.intent(manifest.checkpoint_id, new_attempt())
     lease = await _lease.Lease.start(ctx.store, intent, manifest.parent_id, ctx.lease)
     try:
-        return await _commit_and_publish(ctx, manifest, lease)
+        return await commit_and_publish(ctx, manifest, lease)
     finally:
         await lease.stop()
 
 
-async def _commit_and_publish(
+async def commit_and_publish(
     ctx: Context,
     manifest: CheckpointManifest,
     lease: _lease.Lease | None,
@@ -971,51 +512,6 @@ async def _discard_uncommitted(ctx: Context, manifest: CheckpointManifest) -> No
         log.info("could not clean up after failed save of %s: %s", cid, exc)
 
 
-def _needs(manifest: CheckpointManifest, cid: CheckpointId) -> bool:
-    """True when ``manifest``'s restore chains need checkpoint ``cid`` (its bytes, or its
-    manifest for a delta listed without its base, the reference's way)."""
-    if any(file.owner == cid for _, file in manifest.file_entries()):
-        return True
-    heads: dict[tuple[str, int], bool] = {}
-    for operator, entry in manifest.partition_entries():
-        if entry.owner == cid:
-            return True
-        heads.setdefault((operator, entry.partition_id), entry.is_delta)
-    return manifest.parent_id == cid and any(heads.values())
-
-
-async def dependents(ctx: Context, checkpoint_id: CheckpointId) -> list[CheckpointId]:
-    """What deleting ``checkpoint_id`` would break, oldest first: the committed
-    checkpoints whose chains need it, and the saves in progress (a live lease) that build
-    on it.
-
-    Reads only, so this machine's clock judges the leases: an answer for people and
-    tools. :func:`delete_checkpoint` decides by the store's time.
-    """
-    check_id(checkpoint_id)
-    state = await retention.read_state(ctx.store, ctx.paths)
-    return _dependents_in(ctx, state, checkpoint_id, dt.datetime.now(dt.UTC))
-
-
-def _dependents_in(
-    ctx: Context,
-    state: retention.StoreState,
-    checkpoint_id: CheckpointId,
-    now: dt.datetime | None,
-) -> list[CheckpointId]:
-    """:func:`dependents` of ``checkpoint_id`` in ``state``, leases judged at ``now`` (None:
-    the committed ones alone)."""
-    found = {
-        cid
-        for cid, manifest in state.manifests.items()
-        if cid != checkpoint_id and _needs(manifest, checkpoint_id)
-    }
-    if now is not None:
-        busy, _ = retention.uncommitted_dirs(state, ctx.paths, now=now, min_age=dt.timedelta(0))
-        found.update(cid for cid, parents in busy.items() if checkpoint_id in parents)
-    return sorted(found)
-
-
 async def update_latest(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> bool:
     """Point ``_latest`` at committed ``checkpoint_id`` (forwards only unless ``force``);
     whether it moved. :class:`CheckpointNotFoundError` for an uncommitted id."""
@@ -1030,108 +526,15 @@ async def update_latest(ctx: Context, checkpoint_id: CheckpointId, force: bool) 
     )
 
 
-async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bool) -> None:
-    """Delete committed ``checkpoint_id``: its manifest first, then ``_latest`` moved off
-    it, then the objects its manifest names in its own directory. Refuses with
-    :class:`CheckpointInUseError` when something needs it, unless ``force``.
+async def take_over(store: Store, paths: CheckpointPaths) -> int:
+    """Become the writer of the store ``paths`` lay out: raise the writer generation above
+    every one visible, end every save in flight (each one's id claimed, see
+    :func:`cairn.protocol.retention.abort_saves_in_flight`), then claim ``_latest`` for
+    the new generation (:func:`cairn.protocol._pointer.take_over`); the new generation."""
 
-    It goes as GC goes for one checkpoint, every lease judged by the store's time
-    (:func:`cairn.protocol.retention.store_now`, one write). What needs it is decided from one
-    reading of the store (:func:`_dependents_in`); once its manifest is gone the store is
-    read again (:func:`cairn.protocol.retention.look_again`), so that a checkpoint committed on it
-    meanwhile, or a save in progress that carries it, keeps what it names, and a save on
-    it whose lease lapsed is claimed first (with ``force``, every save on it is claimed
-    and nothing is spared: what was committed on it no longer loads, and nothing can
-    commit on it any more). What else its directory holds (another attempt at the same
-    id, whose writer may be stalled at its commit point, an intent) stays whole: GC
-    judges it later as an uncommitted directory, claiming it once its lease lapsed. A
-    checkpoint whose directory holds an intent (the save that committed it has not
-    finished, and may retry its create), or that a fence names, is retired instead
-    (:func:`cairn.protocol._lease.retire`: its manifest becomes a tombstone). A
-    damaged manifest names nothing that can be trusted: every object in its directory
-    with a name cairn writes goes. A
-    checkpoint that is not committed is not an error, and nothing is deleted for it: its
-    directory, if any, is GC's to judge.
-    """
-    check_id(checkpoint_id)
-    state = await retention.read_state(ctx.store, ctx.paths)
-    manifest = state.manifests.get(checkpoint_id)
-    if manifest is None and checkpoint_id not in state.damaged:
-        return
-    if not force:
-        # Committed dependents need no clock: refused before anything is written.
-        found = _dependents_in(ctx, state, checkpoint_id, None)
-        if not found:
-            now = await retention.store_now(ctx.store, ctx.paths)
-            found = _dependents_in(ctx, state, checkpoint_id, now)
-        if found:
-            raise CheckpointInUseError(str(checkpoint_id), [str(cid) for cid in found])
-    else:
-        # Every save built on it can only commit naming what goes: claimed before the
-        # manifest goes, while it still protects what they carry from GC.
-        now = await retention.store_now(ctx.store, ctx.paths)
-        await retention.claim_saves_on(
-            ctx.store,
-            ctx.paths,
-            state,
-            state.manifests,
-            {checkpoint_id},
-            now=now,
-            min_age=dt.timedelta(0),
-            live=True,
-        )
-    manifest_path = ctx.paths.manifest(checkpoint_id)
-    directory = ctx.paths.checkpoint_dir(checkpoint_id)
-    if manifest is not None:
-        own = sorted(ctx.paths.resolve(checkpoint_id, p) for p in manifest.own_objects())
-    else:
-        own = [
-            info.path
-            for info in state.objects
-            if info.path.startswith(directory)
-            and info.path != manifest_path
-            and is_cairn_name(info.path.removeprefix(directory))
-        ]
-    listed = {info.path: info for info in state.objects if info.path.startswith(directory)}
-    unfinished = any(ctx.paths.is_intent_path(path) for path in listed)
-    if manifest is not None and (unfinished or checkpoint_id in state.fenced):
-        # The save that committed it may retry its create, or a fence names it: its id
-        # stays claimed (see cairn.protocol._lease.retire).
-        if not await _lease.retire(ctx.store, listed[manifest_path]):
-            return  # replaced meanwhile: the checkpoint asked for is gone already
-    else:
-        await ctx.store.delete([manifest_path])
-    await _move_latest_off(ctx, checkpoint_id)
-    spared_whole, spared = await retention.look_again(
-        ctx.store,
-        ctx.paths,
-        state.manifests,
-        {checkpoint_id},
-        min_age=dt.timedelta(0),
-        claim_live=force,
+    async def abort_older_saves(generation: int) -> None:
+        await retention.abort_saves_in_flight(store, paths)
+
+    return await _pointer.take_over(
+        store, paths.writer_record(), paths.latest_pointer(), abort_older_saves
     )
-    if not force:
-        own = [] if checkpoint_id in spared_whole else [p for p in own if p not in spared]
-    await ctx.store.delete(own)
-    if capabilities_of(ctx.store).local_path is not None and not await ctx.store.list(directory):
-        # A local directory can hold what no listing shows: the staging file of a write
-        # killed mid-way. Once nothing listed is left, the directory goes whole.
-        await ctx.store.delete_prefix(directory)
-
-
-async def _move_latest_off(ctx: Context, deleted: CheckpointId) -> None:
-    """If ``_latest`` names ``deleted``, point it at the newest checkpoint that remains
-    (by compare-and-swap, only while it still names ``deleted``), or at nothing."""
-    pointer, _, _ = await _pointer.read_pointer(ctx.store, ctx.paths.latest_pointer())
-    if pointer is None or pointer.checkpoint_id != deleted:
-        return
-    target: CheckpointManifest | None = None
-    async for cid in _catalog.latest_candidates(ctx):
-        if cid == deleted:
-            continue
-        try:
-            target = await _catalog.load_manifest(ctx, cid)
-        except _catalog.DAMAGE:
-            continue
-        break
-    await _pointer.retreat_latest(ctx.store, ctx.paths.latest_pointer(), deleted, target)

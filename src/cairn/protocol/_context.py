@@ -2,8 +2,9 @@
 
 The checkpointer's parts (:mod:`cairn.protocol._catalog`, :mod:`cairn.protocol._upload`,
 :mod:`cairn.protocol._download`, :mod:`cairn.protocol._chains`,
-:mod:`cairn.protocol._commit`) are functions whose first argument is a :class:`Context`;
-:class:`~cairn.ObjectStoreCheckpointer` builds one from its settings (a save in the
+:mod:`cairn.protocol._commit`, :mod:`cairn.protocol._save`, ...) are functions whose
+first argument is a :class:`Context`; :func:`context_of` builds one from a checkpointer's
+settings, for the checkpointer and for the integrations' interface alike (a save in the
 background keeps the one it was started with). Invariants: ``store`` is the retrying
 store, so every call any part makes is retried only on transient failures, with the
 checkpointer's policy; with ``keys``, every manifest written is signed by the first and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Protocol
 
 from cairn.errors import InvalidInputError
 from cairn.format.codecs import Codec
@@ -22,7 +24,7 @@ from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKeys
 from cairn.stores import Store
 
-__all__ = ["Context", "check_id"]
+__all__ = ["Context", "Settings", "check_id", "context_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,41 @@ class Context:
     lease: dt.timedelta
     keys: SigningKeys | None = None
     generation: int = 0
+
+
+class Settings(Protocol):
+    """What a checkpointer holds that its :class:`Context` is made of (its public
+    attributes: see :class:`~cairn.ObjectStoreCheckpointer`)."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def max_concurrent_uploads(self) -> int: ...
+    @property
+    def max_concurrent_downloads(self) -> int: ...
+    @property
+    def codec(self) -> Codec | None: ...
+    @property
+    def lease(self) -> dt.timedelta: ...
+    @property
+    def signing_keys(self) -> SigningKeys | None: ...
+    @property
+    def writer_generation(self) -> int: ...
+
+
+def context_of(settings: Settings, paths: CheckpointPaths) -> Context:
+    """The context of a checkpointer with ``settings``, as they are now, over its
+    resolved layout ``paths``."""
+    return Context(
+        settings.store,
+        paths,
+        settings.max_concurrent_uploads,
+        settings.max_concurrent_downloads,
+        settings.codec,
+        settings.lease,
+        settings.signing_keys,
+        settings.writer_generation,
+    )
 
 
 def check_id(checkpoint_id: object) -> CheckpointId:

@@ -1,26 +1,12 @@
-"""Artifact download: loading checkpoints and chains, and streamed restore to files.
+"""Downloads: loading checkpoints and chains, and streamed restore to files.
 
-Invariants:
+Each artifact is read as :mod:`cairn.protocol._read` reads one: bounded by what its
+entry records, decoded, and verified (see its invariants). Invariants of the downloads:
 
-* every byte handed out is verified against the SHA-256 its manifest records (unless
-  the caller asks not to), after decompression; large buffers in a worker thread, small
-  ones inline (a thread hop costs more than their hash); an object of ranges
-  (:mod:`cairn.format.ranges`) is handed out as stored, index included, once its index and
-  every range verify;
-* no read of an artifact an entry describes holds more than the entry records: its
-  stored bytes are read in one request of their recorded size (``size_bytes``, or
-  ``stored_size_bytes`` when compressed) plus one byte, so an object of any other length
-  is an :class:`IntegrityMismatchError` on the size, also unverified (a :func:`load`
-  with ``progress`` reads an uncompressed one over :data:`LOAD_PART_BYTES` in ranged
-  parts of that size instead, one after the other, the last one plus one byte, so that
-  progress advances as they arrive: the same bytes, the same checks); and they are
-  decoded by the bounded decoder of :mod:`cairn.format.codecs`, which stops as soon as the
-  output passes ``size_bytes`` (holding at most that plus one piece) with an
-  :class:`OversizedArtifactError` naming the artifact: a decompression bomb;
-* an entry with an ``offset`` (a range of a pack, see :mod:`cairn.format.manifest`) is read with
-  one ranged request of exactly its stored length from its offset: fewer bytes (a pack
-  shorter than the manifest says) are an :class:`IntegrityMismatchError` on the size;
-  its bytes are decoded and verified on their own, like a whole object's;
+* a :func:`load` with ``progress`` reads an uncompressed artifact over
+  :data:`LOAD_PART_BYTES` in ranged parts of that size, one after the other, the last
+  one plus one byte, so that progress advances as they arrive: the same bytes, the same
+  checks as one read of its recorded size;
 * :func:`load` reads the ranges it needs of one pack with few requests: ranges that lie
   close together (at most :data:`SPAN_GAP_BYTES` apart) are read as one span of at most
   :data:`SPAN_BYTES`, then cut into each entry's bytes, each decoded and verified on its
@@ -50,7 +36,7 @@ import itertools
 import os
 import stat
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,22 +47,16 @@ from cairn.errors import (
     IntegrityError,
     IntegrityMismatchError,
     InvalidInputError,
-    StoreError,
 )
 from cairn.format._buffer import Buffer
 from cairn.format._validate import positive_int
 from cairn.format.codecs import Codec, get_codec
 from cairn.format.ids import CheckpointId
-from cairn.format.integrity import (
-    StreamHasher,
-    off_loop_if_large,
-    verify_integrity,
-    verify_integrity_async,
-)
+from cairn.format.integrity import StreamHasher, off_loop_if_large
 from cairn.format.layout import validate_name, validate_partition
 from cairn.format.manifest import PartitionSnapshotEntry
-from cairn.format.ranges import group_spans, verify_ranges
-from cairn.protocol import _catalog, _chains, _upload
+from cairn.format.ranges import group_spans
+from cairn.protocol import _catalog, _chains, _read
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context
 from cairn.stores._localfs import LinkRefused, atomic_file_at, run_to_end
@@ -84,16 +64,12 @@ from cairn.stores._localfs import LinkRefused, atomic_file_at, run_to_end
 __all__ = [
     "RESTORE_CHUNK",
     "load",
-    "load_artifact",
     "load_artifact_to",
     "load_chain",
-    "read_entry",
-    "read_pack",
-    "read_range",
-    "read_sized",
-    "read_stored",
     "stream_into",
+    "write_atomically",
 ]
+
 
 RESTORE_CHUNK = 1024 * 1024
 """Bytes per ranged read of a streamed restore (``load_artifact_to``'s ``chunk_size``).
@@ -105,20 +81,26 @@ ranges cost a 2 GiB restore 80-120 MiB of peak memory where 1 MiB ranges cost 28
 on a local store. The restore fetches several ranges ahead
 (:data:`RANGE_BYTES_AHEAD`), so a remote store's latency stays hidden."""
 
+
 RANGE_BYTES_AHEAD = 4 * 1024 * 1024
 """A streamed restore fetches this many bytes of ranges ahead of the one it writes (at
 least one range, at most MAX_RANGES_AHEAD): enough to keep a remote store's latency out of
 the way with small ranges, without holding more than needed with large ones."""
+
+
 MAX_RANGES_AHEAD = 8
+
 
 SPAN_BYTES = 8 * 1024 * 1024
 """The most bytes :func:`load` reads of a pack in one request (8 MiB, the size of a read
 chunk elsewhere): the ranges of many small artifacts, read together."""
 
+
 SPAN_GAP_BYTES = 64 * 1024
 """The most bytes between two ranges of a pack that :func:`load` reads through, unused,
 to read both with one request (a pack carried from an earlier checkpoint may hold ranges
 this one does not need): less than the bytes a request costs in time on a remote store."""
+
 
 LOAD_PART_BYTES = 32 * 1024 * 1024
 """A :func:`load` with ``progress`` reads an uncompressed artifact larger than this in
@@ -126,6 +108,7 @@ ranged parts of this size, one after the other (the read counts as one of the
 ``max_concurrent_downloads``), and reports each part once it arrived: a progress bar
 over one large artifact moves while it is read. Large enough that a part's request
 costs little beside its bytes on a remote store."""
+
 
 _Link = tuple[ArtifactKey, CheckpointId, PartitionSnapshotEntry]
 """One link of a restore chain: the partition it rebuilds, its owner, its entry."""
@@ -186,156 +169,6 @@ async def load_chain(
         ChainLink(entry=entry, owner=owner, data=blob)
         for (owner, entry), blob in zip(links, blobs, strict=True)
     ]
-
-
-async def load_artifact(ctx: Context, path: str, expected_sha256: str | None) -> Buffer:
-    """The bytes at store ``path``, verified against ``expected_sha256`` when given."""
-    if not isinstance(path, str) or not path:
-        raise InvalidInputError(f"artifact path must be a non-empty string, got {path!r}")
-    blob = await ctx.store.get(path)
-    if expected_sha256 is not None:
-        await verify_integrity_async(path, blob.data, expected_sha256)
-    return blob.data
-
-
-async def read_sized(ctx: Context, path: str, size: int, start: int = 0) -> Buffer:
-    """The bytes at ``path`` from ``start`` on, the object being exactly ``size`` bytes,
-    in one request.
-
-    A GET is two round trips through obstore (the response, then its body), a ranged
-    read one: with many small artifacts that halves the calls. Asking for one byte more
-    than expected tells a longer object from the right one, so nothing is hidden that a
-    whole read would have shown, and no more than that byte is read: any other length
-    is an :class:`IntegrityMismatchError` on the size. With nothing to read (an empty
-    object, or ``start`` at its size) a HEAD checks the size: an empty range reads
-    nothing.
-    """
-    if size == start:
-        got = (await ctx.store.head(path)).size
-        if got != size:
-            raise IntegrityMismatchError(path, str(size), str(got), what="size")
-        return b""
-    data = await ctx.store.get_range(path, start, size + 1)
-    got = start + memoryview(data).nbytes
-    if got != size:
-        if got > size:  # longer than written: its whole length, for the error, from a HEAD
-            got = max(got, (await ctx.store.head(path)).size)
-        raise IntegrityMismatchError(path, str(size), str(got), what="size")
-    return data
-
-
-async def read_range(ctx: Context, path: str, offset: int, length: int) -> Buffer:
-    """Exactly ``length`` bytes from ``offset`` of the object at ``path``, in one request.
-
-    An object that ends before ``offset + length`` (the store returns fewer bytes, or
-    refuses a range that starts past its end) is an :class:`IntegrityMismatchError` on
-    the size of that range; an empty range checks by a HEAD that the object reaches
-    ``offset``.
-    """
-    what = f"size of bytes {offset}..{offset + length}"
-    data = await _read_at_most(ctx, path, offset, length)
-    if data is None:
-        ends = " (the object ends before)" if length == 0 else ""
-        raise IntegrityMismatchError(path, str(length), "0", what=what + ends)
-    got = memoryview(data).nbytes
-    if got != length:
-        raise IntegrityMismatchError(path, str(length), str(got), what=what)
-    return data
-
-
-async def _read_at_most(ctx: Context, path: str, offset: int, length: int) -> Buffer | None:
-    """The ``length`` bytes from ``offset`` of the object at ``path``, in one request, or
-    fewer where the object ends before ``offset + length``; None where it ends before
-    ``offset`` (an empty range is checked by a HEAD)."""
-    if length == 0:
-        return b"" if (await ctx.store.head(path)).size >= offset else None
-    try:
-        return await ctx.store.get_range(path, offset, offset + length)
-    except CheckpointNotFoundError:
-        raise
-    except StoreError:
-        # A store refuses a range that starts at or past the object's end: is that it?
-        size = (await ctx.store.head(path)).size
-        if size > offset:
-            raise
-        return b"" if size == offset else None
-
-
-async def read_stored(ctx: Context, path: str, entry: PartitionSnapshotEntry) -> Buffer:
-    """The bytes of ``entry`` at ``path`` as stored (compressed, if it is), which must be
-    the size it records (:func:`read_sized`); for an entry with an offset, its range of
-    the pack (:func:`read_range`)."""
-    if entry.offset is not None:
-        return await read_range(ctx, path, entry.offset, entry.stored_length)
-    if entry.codec is None:
-        return await read_sized(ctx, path, entry.size_bytes)
-    if entry.stored_size_bytes is None:  # a hand-made entry: the decoder still bounds it
-        return (await ctx.store.get(path)).data
-    return await read_sized(ctx, path, entry.stored_size_bytes)
-
-
-async def read_pack(ctx: Context, path: str, entries: Sequence[PartitionSnapshotEntry]) -> Buffer:
-    """The whole object at ``path``, a pack, as stored; first every range of it that
-    ``entries`` (entries with offsets, all at ``path``) describe is decoded and verified.
-
-    For copying a pack once, byte for byte: a range that runs past the object's end is
-    an :class:`IntegrityMismatchError` on the size, bytes that do not hash as recorded
-    an :class:`IntegrityMismatchError`; bytes no entry names are copied unverified (no
-    digest covers them). No manifest records a pack's own size, so the read is bounded
-    by what a pack can hold: twice :data:`~cairn.protocol._upload.PACK_BYTES`, or the end of the
-    furthest range if that is more; a longer object is a size mismatch, read no further.
-    """
-    if any(entry.offset is None for entry in entries):
-        raise InvalidInputError(f"read_pack of {path!r}: an entry without an offset")
-    ends = [(entry.offset or 0) + entry.stored_length for entry in entries]
-    limit = max([2 * _upload.PACK_BYTES, *ends])
-    try:
-        data = await ctx.store.get_range(path, 0, limit + 1)
-    except CheckpointNotFoundError:
-        raise
-    except StoreError:  # a store refuses a range of an empty object: is it empty?
-        if (await ctx.store.head(path)).size > 0:
-            raise
-        data = b""
-    view = memoryview(data)
-    if view.nbytes > limit:
-        size = (await ctx.store.head(path)).size
-        raise IntegrityMismatchError(path, str(limit), str(size), what="size (at most)")
-    pieces = [(index, entry, _cut(path, view, 0, entry)) for index, entry in enumerate(entries)]
-    _, damaged = await asyncio.to_thread(_decode_each, path, pieces, True)
-    if damaged:
-        raise damaged[0][1]
-    return data
-
-
-async def read_entry(
-    ctx: Context, path: str, entry: PartitionSnapshotEntry, verify: bool
-) -> Buffer:
-    """The bytes ``entry`` describes, from ``path``: read and decoded in memory bounded by
-    what the entry records (see the module docstring), verified when ``verify``."""
-    if entry.codec is not None:
-        get_codec(entry.codec, path=path)  # a codec this cairn cannot decode fails before I/O
-    stored = await read_stored(ctx, path, entry)
-    if entry.codec is not None or entry.index_size_bytes is not None:
-        # Decoded on a worker thread, whatever its stored size (an object of ranges may
-        # hold frames that decode to far more than they take).
-        return await asyncio.to_thread(_decoded, path, stored, entry, verify)
-    return await off_loop_if_large(stored, _decoded, path, stored, entry, verify)
-
-
-def _decoded(path: str, stored: Buffer, entry: PartitionSnapshotEntry, verify: bool) -> Buffer:
-    """The bytes ``entry`` describes, from its ``stored`` bytes read from ``path``: decoded
-    in memory bounded by the entry (see the module docstring) and, when ``verify``,
-    checked against its digest (an object of ranges range by range)."""
-    data = stored
-    if entry.codec is not None:
-        codec = get_codec(entry.codec, path=path)
-        data = codec.decompress(stored, path=path, size_bytes=entry.size_bytes)
-    if verify and entry.index_size_bytes is not None:
-        verify_ranges(path, data, entry.index_size_bytes, entry.sha256)
-    elif verify:
-        verify_integrity(path, data, entry.sha256)
-    return data
 
 
 async def _fetch_links(
@@ -419,7 +252,7 @@ def _fetch_span(
 
     async def job() -> list[tuple[int, Buffer]]:
         try:
-            data = await _read_at_most(ctx, path, start, end - start)
+            data = await _read.read_at_most(ctx.store, path, start, end - start)
         except CheckpointNotFoundError:
             for index, (key, owner, _) in span:
                 gone = BrokenChainError(path, f"artifact of checkpoint {owner} is gone")
@@ -429,10 +262,10 @@ def _fetch_span(
         pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]] = []
         for index, (key, _, entry) in span:
             try:
-                pieces.append((index, entry, _cut(path, view, start, entry)))
+                pieces.append((index, entry, _read.cut(path, view, start, entry)))
             except IntegrityError as exc:
                 damage.append((index, exc.located(*key)))
-        found, damaged = await asyncio.to_thread(_decode_each, path, pieces, verify)
+        found, damaged = await asyncio.to_thread(_read.decode_each, path, pieces, verify)
         damage.extend((index, exc.located(*keys[index])) for index, exc in damaged)
         if progress is not None:
             for _, piece in found:
@@ -440,40 +273,6 @@ def _fetch_span(
         return found
 
     return job
-
-
-def _cut(
-    path: str, view: memoryview | None, start: int, entry: PartitionSnapshotEntry
-) -> memoryview:
-    """The stored bytes of ``entry``, a range of the pack at ``path``, out of ``view``:
-    the pack's bytes from ``start`` on that were read (None: the pack ends before
-    ``start``). A range they do not hold whole is an :class:`IntegrityMismatchError` on
-    its size: the pack is shorter than the manifest says."""
-    offset = entry.offset or 0
-    end = offset + entry.stored_length
-    held = start + view.nbytes if view is not None else -1
-    if view is None or end > held:
-        got = max(0, held - offset)
-        what = f"size of bytes {offset}..{end}"
-        raise IntegrityMismatchError(path, str(entry.stored_length), str(got), what=what)
-    return view[offset - start : end - start]
-
-
-def _decode_each(
-    path: str,
-    pieces: list[tuple[int, PartitionSnapshotEntry, memoryview]],
-    verify: bool,
-) -> tuple[list[tuple[int, Buffer]], list[tuple[int, IntegrityError]]]:
-    """Each piece's stored bytes :func:`_decoded` (and verified when ``verify``), each on
-    its own: the pieces that decode, and the damage of those that do not."""
-    found: list[tuple[int, Buffer]] = []
-    damaged: list[tuple[int, IntegrityError]] = []
-    for index, entry, stored in pieces:
-        try:
-            found.append((index, _decoded(path, stored, entry, verify)))
-        except IntegrityError as exc:
-            damaged.append((index, exc))
-    return found, damaged
 
 
 def _fetch_link(
@@ -494,8 +293,8 @@ def _fetch_link(
             if in_parts:
                 assert progress is not None
                 stored = await _read_in_parts(ctx, path, entry.size_bytes, progress)
-                return await off_loop_if_large(stored, _decoded, path, stored, entry, verify)
-            data = await read_entry(ctx, path, entry, verify)
+                return await off_loop_if_large(stored, _read.decoded, path, stored, entry, verify)
+            data = await _read.read_entry(ctx.store, path, entry, verify)
         except CheckpointNotFoundError:
             gone = BrokenChainError(path, f"artifact of checkpoint {owner} is gone")
             raise gone.located(*key) from None
@@ -512,19 +311,19 @@ def _fetch_link(
 async def _read_in_parts(
     ctx: Context, path: str, size: int, progress: Callable[[int], None]
 ) -> Buffer:
-    """:func:`read_sized` of ``size`` bytes at ``path``, in ranged parts of
-    :data:`LOAD_PART_BYTES` read in turn (the last one asks for one byte more, as
-    :func:`read_sized` does), ``progress`` called with each part's bytes once it is in
-    place. A part the store retries (:class:`~cairn.stores.retry.RetryingStore`) is reported
-    once, after its read succeeded."""
+    """:func:`cairn.protocol._read.read_sized` of ``size`` bytes at ``path``, in ranged
+    parts of :data:`LOAD_PART_BYTES` read in turn (the last one asks for one byte more,
+    as that function does), ``progress`` called with each part's bytes once it is in
+    place. A part the store retries (:class:`~cairn.stores.retry.RetryingStore`) is
+    reported once, after its read succeeded."""
     whole = bytearray(size)
     view = memoryview(whole)
     for start in range(0, size, LOAD_PART_BYTES):
         end = min(start + LOAD_PART_BYTES, size)
         if end < size:
-            data = await read_range(ctx, path, start, end - start)
+            data = await _read.read_range(ctx.store, path, start, end - start)
         else:
-            data = await read_sized(ctx, path, size, start)
+            data = await _read.read_sized(ctx.store, path, size, start)
         view[start:end] = memoryview(data).cast("B")
         progress(end - start)
     return whole

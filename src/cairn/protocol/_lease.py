@@ -54,6 +54,7 @@ import msgspec
 from cairn.errors import (
     CheckpointerError,
     CheckpointNotFoundError,
+    InvalidInputError,
     ObjectExistsError,
     PreconditionFailedError,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "TOMBSTONE_RETENTION",
     "Intent",
     "Lease",
+    "checked_lease",
     "claim",
     "decode_intent",
     "is_live",
@@ -85,6 +87,14 @@ TOMBSTONE = b""
 """The content of a claimed id's ``manifest.json``."""
 TOMBSTONE_RETENTION = dt.timedelta(days=1)
 """How long GC keeps a tombstone after its directory was swept."""
+
+
+def checked_lease(lease: object) -> dt.timedelta:
+    """``lease`` if it is a positive :class:`~datetime.timedelta` (a save's lease);
+    :class:`InvalidInputError` naming it otherwise."""
+    if not isinstance(lease, dt.timedelta) or lease <= dt.timedelta(0):
+        raise InvalidInputError(f"lease must be a positive timedelta, got {lease!r}")
+    return lease
 
 
 class Intent(msgspec.Struct, frozen=True, omit_defaults=True):

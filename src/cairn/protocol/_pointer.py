@@ -359,7 +359,7 @@ async def take_over(
     pointer; a damaged ``_writer`` is replaced (see the module docstring for why the
     repaired generation fences every earlier writer). ``before_claim`` is awaited with
     the new generation between the two: a checkpointer aborts there the saves in flight
-    of older generations (see :func:`cairn.protocol._commit.abort_saves_in_flight`). Returns the
+    of older generations (see :func:`cairn.protocol.retention.abort_saves_in_flight`). Returns the
     new generation. Every writer of an older generation is fenced from then on.
     """
     new_generation, repair = await update_record(

@@ -1,6 +1,6 @@
 """Artifact upload: every snapshot, delta and source offset of an uncommitted checkpoint.
 
-A one-phase save (:func:`cairn.protocol._commit.save`) merges small artifacts into packs
+A one-phase save (:func:`cairn.protocol._save.save`) merges small artifacts into packs
 (:func:`plan_packs`): every artifact whose data is a buffer of fewer than
 :data:`PACK_ENTRY_BYTES` goes, in the order of the save's uploads, into a pack of at most
 :data:`PACK_BYTES` of the caller's bytes, one object
@@ -29,7 +29,7 @@ Invariants:
   once those in flight have ended;
 * nothing here writes a manifest or an intent: an upload is invisible to every reader
   until :mod:`cairn.protocol._commit` commits it, and it runs inside a save that
-  :mod:`cairn.protocol._commit` began, which holds the checkpoint's lease
+  :mod:`cairn.protocol._save` began, which holds the checkpoint's lease
   (:mod:`cairn.protocol._lease`);
 * no upload replaces an object another save attempt wrote: every name written here
   carries the attempt's own token (:func:`cairn.format.layout.new_attempt`), except the

@@ -30,6 +30,7 @@ from cairn.stores._translate import credentials_error, first_line
 
 __all__ = [
     "DEFAULT_CLIENT_RETRY",
+    "REMOTE_SCHEMES",
     "explain_store_error",
     "local_directory",
     "open_store",
@@ -69,7 +70,8 @@ Pass ``retry_config=...`` to :func:`open_store` to choose otherwise.
 """
 
 
-_REMOTE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https"})
+REMOTE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https"})
+"""The URL schemes of the remote object stores :func:`open_store` opens."""
 
 
 _URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -106,7 +108,7 @@ def store_url(location: str) -> str:
         return Path(os.path.abspath(os.path.expanduser(location))).as_uri()
     name = scheme.group(1).lower()
     slashes = location[scheme.end() :].startswith("//")
-    if name not in _REMOTE_SCHEMES and name not in ("memory", "file"):
+    if name not in REMOTE_SCHEMES and name not in ("memory", "file"):
         hint = "" if slashes else f" (a local directory named so is written ./{location})"
         raise InvalidStoreUrlError(
             location, f"unknown scheme {scheme.group(1)!r}; use memory, file, s3, gs or az{hint}"

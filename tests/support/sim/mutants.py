@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cairn.protocol import _commit, retention
+from cairn.protocol import _commit, _save, retention
 
 __all__ = ["MUTANTS", "mutated"]
 
@@ -53,7 +53,11 @@ def gc_ignores_leases() -> Iterator[None]:
 
 @contextlib.contextmanager
 def fixed_attempt_names() -> Iterator[None]:
-    with _patched(_commit, "new_attempt", lambda: "0" * 12):
+    def fixed() -> str:
+        return "0" * 12
+
+    # Every name a save attempt writes: its artifacts (_save), and its commit's intent.
+    with _patched(_save, "new_attempt", fixed), _patched(_commit, "new_attempt", fixed):
         yield
 
 

@@ -1,0 +1,384 @@
+"""The ways to save: each runs the steps of the commit protocol in order.
+
+The protocol, its steps and why each is where it is, is written down once, in
+:mod:`cairn.protocol._commit`. Here are the ways through it: a save in one call
+(:func:`save`); a save in two phases (:func:`start`, :func:`begin` and
+:class:`PendingSave`: its uploads and its commit are separate calls, or processes); the
+parts of a save that only upload (:func:`upload_partitions`, :func:`upload_write_once`),
+whose commit comes from elsewhere; and the manifest of what was uploaded
+(:func:`assemble_manifest`).
+
+Invariants: every way takes the lease before it reads anything (step 1), checks the
+preconditions before it uploads anything (step 2), uploads under that lease with names
+of its own attempt (step 3), and commits through
+:func:`cairn.protocol._commit.commit_and_publish` (steps 4 and 5); one that fails before
+its commit removes what its attempt uploaded, and its intent (best effort).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+
+from cairn.data import ArtifactKey, CheckpointData, DirectoryCheck
+from cairn.errors import CheckpointerError, InvalidInputError
+from cairn.format.ids import CheckpointId
+from cairn.format.layout import new_attempt
+from cairn.format.manifest import (
+    CheckpointManifest,
+    DirectoryEntry,
+    OperatorSnapshotEntry,
+    PartitionSnapshotEntry,
+    SourceOffsetEntry,
+)
+from cairn.observe import _dispatch
+from cairn.protocol import _catalog, _chains, _commit, _directories, _lease, _pointer, _upload
+from cairn.protocol._concurrency import bounded_gather
+from cairn.protocol._context import Context, check_id
+from cairn.protocol._meter import SaveMeter
+
+__all__ = [
+    "PendingSave",
+    "assemble_manifest",
+    "begin",
+    "save",
+    "start",
+    "upload_all",
+    "upload_partitions",
+    "upload_write_once",
+]
+
+
+class PendingSave:
+    """A save of one checkpoint that has begun (steps 1 and 2) and not ended.
+
+    It holds the lease (renewed) until :meth:`commit` or :meth:`end`; its uploads run
+    under it. ``record`` is the writer record its preconditions read (None for a part of
+    a save that only uploads); ``parent_id`` the parent its lease names, the one checkpoint
+    :meth:`upload_directories` carries files from.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        checkpoint_id: CheckpointId,
+        record: _pointer.WriterRecord | None,
+        lease: _lease.Lease,
+        parent_id: CheckpointId | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.checkpoint_id = checkpoint_id
+        self.record = record
+        self.parent_id = parent_id
+        self._lease = lease
+
+    @property
+    def intent(self) -> str:
+        """The intent this save's lease renews (its own: see :meth:`CheckpointPaths.intent`)."""
+        return self._lease.path
+
+    async def upload(
+        self,
+        uploads: Sequence[_upload.PartitionUpload],
+        metadata_key: str | None = None,
+        attempt: str | None = None,
+    ) -> list[_upload.Entry]:
+        """Step 3 for checked ``uploads``, as ``attempt`` (by default a new one); their
+        entries. A failure ends the save: its objects and its intent are removed."""
+        attempt = attempt if attempt is not None else new_attempt()
+        try:
+            return await _upload.upload_partitions(
+                self.ctx, self.checkpoint_id, uploads, attempt, metadata_key
+            )
+        except BaseException:
+            await self.abandon(uploads, attempt)
+            raise
+
+    async def upload_directories(
+        self, directories: Mapping[ArtifactKey, Path], check: DirectoryCheck = "mtime"
+    ) -> tuple[DirectoryEntry, ...]:
+        """Step 3 for checked directory partitions (:mod:`cairn.protocol._directories`), as a new
+        attempt; their entries. A file that the parent's partition of the same key holds
+        (decided by ``check``) is carried from it; partitions ``directories`` does not
+        name are not carried (the caller assembles the manifest). A parent that the
+        writer record does not admit is refused before any file is read or sent. A
+        failure ends the save: its objects and its intent are removed."""
+        attempt = new_attempt()
+        try:
+            parent = None
+            if self.parent_id is not None:
+                parent = await _catalog.load_manifest(self.ctx, self.parent_id)
+                if self.record is not None:
+                    _chains.check_admitted(parent, self.record)
+            return await _directories.upload_directories(
+                self.ctx, self.checkpoint_id, directories, parent, check, attempt
+            )
+        except BaseException:
+            await self.abandon([], attempt)
+            raise
+
+    async def abandon(
+        self, uploads: Sequence[_upload.PartitionUpload], attempt: str, packs: int = 0
+    ) -> None:
+        """End the save as failed: stop the lease, remove ``attempt``'s objects for
+        ``uploads``, its ``packs`` packs and its intent (best effort)."""
+        await self._lease.stop()
+        await _upload.discard_attempt(
+            self.ctx, self.checkpoint_id, uploads, attempt, packs, self._lease.path
+        )
+
+    async def commit(
+        self,
+        manifest: CheckpointManifest,
+        finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
+        discard: _commit.Discard | None = None,
+    ) -> CheckpointManifest:
+        """Steps 4 and 5 for ``manifest`` (of this checkpoint); the committed manifest.
+
+        ``finish`` and ``discard`` are those of
+        :func:`cairn.protocol._commit._write_manifest`. The lease is renewed until the
+        create has happened, and ends with the commit either way.
+        """
+        if manifest.checkpoint_id != self.checkpoint_id:
+            raise InvalidInputError(
+                f"manifest of {manifest.checkpoint_id} given to the save of {self.checkpoint_id}"
+            )
+        try:
+            return await _commit.commit_and_publish(
+                self.ctx, manifest, self._lease, finish, discard
+            )
+        finally:
+            await self._lease.stop()
+
+    async def end(self) -> None:
+        """Stop renewing the lease (idempotent; after a commit, nothing to do): the
+        intent stays, and lapses a lease from its last renewal."""
+        await self._lease.stop()
+
+
+async def start(
+    ctx: Context,
+    cid: CheckpointId,
+    parent_id: CheckpointId | None = None,
+    *,
+    commits: bool = True,
+) -> PendingSave:
+    """Begin a save of ``cid`` building on ``parent_id``: the lease, then
+    :func:`cairn.protocol._commit.preconditions`. The caller ends it
+    (:meth:`PendingSave.commit` or :meth:`PendingSave.end`); one it drops stops renewing
+    when it is garbage-collected.
+
+    The intent is written before the fence is read: a takeover raises the generation,
+    then claims every save whose intent it finds
+    (:func:`cairn.protocol.retention.abort_saves_in_flight`), so a save either reads the
+    new generation and stops, or its intent is found and its id claimed before it can
+    commit. Preconditions that fail end the lease and remove the
+    intent (best effort)."""
+    check_id(cid)
+    # A save that commits has an intent of its own; the processes that only upload parts
+    # of one save share one (``intent.json``), which its commit removes.
+    intent = ctx.paths.intent(cid, new_attempt() if commits else None)
+    lease = await _lease.Lease.start(ctx.store, intent, parent_id, ctx.lease)
+    try:
+        record = await _commit.preconditions(ctx, cid, commits=commits)
+    except BaseException:
+        await lease.stop()
+        with contextlib.suppress(CheckpointerError):
+            await ctx.store.delete([intent])
+        raise
+    return PendingSave(ctx, cid, record, lease, parent_id)
+
+
+@contextlib.asynccontextmanager
+async def begin(
+    ctx: Context,
+    cid: CheckpointId,
+    parent_id: CheckpointId | None = None,
+    *,
+    commits: bool = True,
+) -> AsyncIterator[PendingSave]:
+    """:func:`start` for a block; the lease ends with the block at the latest."""
+    pending = await start(ctx, cid, parent_id, commits=commits)
+    try:
+        yield pending
+    finally:
+        await pending.end()
+
+
+async def upload_partitions(
+    ctx: Context,
+    cid: CheckpointId,
+    uploads: Sequence[_upload.PartitionUpload],
+    metadata_key: str | None,
+) -> list[_upload.Entry]:
+    """A part of a save that only uploads (its commit comes from elsewhere): steps 1 to
+    3 for checked ``uploads``; the lease lapses a lease after they end."""
+    async with begin(ctx, cid, commits=False) as pending:
+        return await pending.upload(uploads, metadata_key)
+
+
+async def upload_write_once(
+    ctx: Context, cid: CheckpointId, upload: _upload.PartitionUpload
+) -> PartitionSnapshotEntry:
+    """One checked partition to the reference's attempt-less name, create-only
+    (:func:`cairn.protocol._upload.put_write_once`), as a part of a save that only uploads."""
+    async with begin(ctx, cid, commits=False):
+        encoded = await _upload.encode_write_once(ctx, cid, upload)
+        return await _upload.put_write_once(ctx, cid, encoded)
+
+
+async def save(
+    ctx: Context,
+    data: CheckpointData,
+    before_commit: Callable[[], Awaitable[None]] | None = None,
+) -> CheckpointManifest:
+    """Every step of the module docstring for ``data``; the committed manifest.
+
+    ``before_commit`` is awaited after the uploads, just before the commit point (a
+    background save waits there for the one before it). The manifest records
+    :class:`~cairn.format.manifest.SaveStats` of this save.
+    """
+    if not isinstance(data, CheckpointData):
+        raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
+    with _dispatch.counting_retries() as retries:
+        async with _dispatch.observed(None, "save", checkpoint_id=data.id, epoch=data.epoch) as op:
+            op.manifest = await _save(ctx, data, before_commit, retries)
+            return op.manifest
+
+
+async def _save(
+    ctx: Context,
+    data: CheckpointData,
+    before_commit: Callable[[], Awaitable[None]] | None,
+    retries: _dispatch.RetryCounter,
+) -> CheckpointManifest:
+    meter = SaveMeter(retries=retries)
+    cid = data.id
+    with meter.counting():
+        async with begin(ctx, cid, data.parent_id) as pending:
+            assert pending.record is not None
+            attempt = new_attempt()
+            plan = _upload.plan_packs(_uploads_of(data))
+            directories: tuple[DirectoryEntry, ...] = ()
+            try:
+                meter.uploading = time.perf_counter()
+                entries = await upload_all(ctx, data, pending.record, plan, attempt)
+                directories = await _directories.save_directories(ctx, data, attempt)
+                meter.uploaded = time.perf_counter()
+                if before_commit is not None:
+                    await before_commit()
+            except BaseException:
+                await _directories.discard_files(ctx, cid, directories)
+                await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
+                raise
+            manifest = assemble_manifest(
+                data.id,
+                data.epoch,
+                entries,
+                parent_id=data.parent_id,
+                source_offsets=data.source_offsets,
+                watermark=data.watermark,
+                timestamp_ms=data.timestamp_ms,
+                writer_generation=ctx.generation,
+            )
+            if directories:
+                manifest = msgspec.structs.replace(
+                    manifest,
+                    directories=directories,
+                    total_size_bytes=manifest.total_size_bytes
+                    + sum(d.total_bytes for d in directories),
+                )
+
+            async def discard(written: CheckpointManifest) -> None:
+                await _directories.discard_files(ctx, cid, written.directories)
+                await _upload.discard_attempt(
+                    ctx, cid, plan.alone, attempt, len(plan.packs), pending.intent
+                )
+
+            return await pending.commit(manifest, meter.finish(ctx), discard)
+
+
+def _uploads_of(data: CheckpointData) -> list[_upload.PartitionUpload]:
+    """Every snapshot and delta ``data`` holds, as uploads."""
+    return [
+        *((op, p, False, buf) for (op, p), buf in data.snapshots.items()),
+        *((op, p, True, buf) for (op, p), buf in data.deltas.items()),
+    ]
+
+
+async def upload_all(
+    ctx: Context,
+    data: CheckpointData,
+    record: _pointer.WriterRecord,
+    plan: _upload.PackPlan | None = None,
+    attempt: str | None = None,
+) -> list[_upload.Entry]:
+    """Upload what ``data`` holds as ``plan`` says (by default
+    :func:`~cairn.protocol._upload.plan_packs` of all of it: small artifacts merged into packs) as
+    ``attempt`` (by default a new one); the entries, with those carried from the parent.
+    The source offsets live in the manifest itself."""
+    cid = data.id
+    plan = plan if plan is not None else _upload.plan_packs(_uploads_of(data))
+    attempt = attempt if attempt is not None else new_attempt()
+    inherited: dict[ArtifactKey, list[_upload.Entry]] = {}
+    if data.parent_id is not None:
+        inherited = await _chains.carried_chains(ctx, data, record)
+    jobs: list[Callable[[], Awaitable[list[_upload.Entry]]]] = [
+        _upload.pack_job(ctx, cid, index, members, attempt)
+        for index, members in enumerate(plan.packs)
+    ]
+    jobs += [_alone(_upload.upload_job(ctx, cid, *upload, attempt)) for upload in plan.alone]
+    results = await bounded_gather(ctx.max_concurrent_uploads, jobs)
+    entries = [link for links in inherited.values() for link in links]
+    entries += [entry for result in results for entry in result]
+    return entries
+
+
+def _alone(
+    job: Callable[[], Awaitable[_upload.Entry]],
+) -> Callable[[], Awaitable[list[_upload.Entry]]]:
+    async def run() -> list[_upload.Entry]:
+        return [await job()]
+
+    return run
+
+
+def assemble_manifest(
+    checkpoint_id: CheckpointId,
+    epoch: int,
+    entries: Iterable[_upload.Entry],
+    *,
+    parent_id: CheckpointId | None = None,
+    source_offsets: Mapping[str, SourceOffsetEntry] | None = None,
+    watermark: int | None = None,
+    timestamp_ms: int | None = None,
+    writer_generation: int = 0,
+    name: str | None = None,
+    directories: Iterable[DirectoryEntry] = (),
+) -> CheckpointManifest:
+    """The manifest of ``(operator, entry)`` pairs: entries per operator, in chain order;
+    with ``directories`` (:meth:`PendingSave.upload_directories`), ordered by key."""
+    per_operator: dict[str, list[PartitionSnapshotEntry]] = {}
+    for operator, entry in entries:
+        per_operator.setdefault(operator, []).append(entry)
+    operators = {op: OperatorSnapshotEntry.from_partitions(p) for op, p in per_operator.items()}
+    listed = tuple(sorted(directories, key=lambda d: (d.operator, d.partition_id)))
+    base = CheckpointManifest.new(checkpoint_id, epoch)
+    if timestamp_ms is not None:  # a copy keeps its original's time
+        base = msgspec.structs.replace(base, timestamp_ms=timestamp_ms)
+    return msgspec.structs.replace(
+        base,
+        operators=operators,
+        source_offsets=dict(source_offsets or {}),
+        parent_id=parent_id,
+        watermark=watermark,
+        total_size_bytes=sum(op.total_bytes for op in operators.values())
+        + sum(d.total_bytes for d in listed),
+        writer_generation=writer_generation or None,
+        name=name,
+        directories=listed,
+    )
