@@ -6,9 +6,10 @@ the async call to cairn's private event loop, running on a daemon thread
 Calling a method from a thread that is running an event loop raises
 :class:`SyncInAsyncContextError` instead of deadlocking that loop; use the async API there.
 
-The methods are written out (so that editors and type checkers see real signatures);
-``tests/protocol/test_sync.py`` compares each with its async twin, so they cannot drift apart.
-The constructor takes the async checkpointer's parameters, written once, there, and each
+Parameters are written once, on the async side: the constructor takes the async
+checkpointer's (:func:`_arguments_of`), and each blocking method its async twin's
+(:func:`_twin_of`), for callers, type checkers and :func:`inspect.signature` alike;
+``tests/protocol/test_sync.py`` checks that every async method has its twin here. Each
 method's documentation is its async twin's, copied when the class is made
 (:func:`_blocking_docs`), so ``help(SyncCheckpointer.save)`` says what ``save`` does.
 """
@@ -18,30 +19,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import concurrent.futures.thread
-import datetime as dt
 import functools
 import inspect
 import logging
-import os
 import re
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, BinaryIO, Concatenate, ParamSpec, Self, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
 from cairn._blocking import run_blocking
-from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
-from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
-from cairn.data.inputs import ArtifactData
+from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.data import CheckpointData
 from cairn.errors import SyncInAsyncContextError
-from cairn.format._buffer import Buffer
-from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths
-from cairn.format.manifest import CheckpointManifest, FileEntry, PartitionSnapshotEntry
-from cairn.protocol._download import RESTORE_CHUNK
-from cairn.protocol.discover import ManifestOrDamage
-from cairn.protocol.retention import GcResult, RetentionPolicy
+from cairn.format.manifest import CheckpointManifest
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 
@@ -118,6 +111,22 @@ def _arguments_of(
     return give
 
 
+def _twin_of(
+    twin: Callable[Concatenate[ObjectStoreCheckpointer, P], Coroutine[Any, Any, T]],
+) -> Callable[[Callable[..., Any]], Callable[Concatenate[SyncCheckpointer, P], T]]:
+    """Give the decorated blocking method the parameters and the result of its async
+    ``twin``, for callers, type checkers and :func:`inspect.signature` alike: they are
+    written once, on the twin."""
+
+    def give(method: Callable[..., Any]) -> Callable[Concatenate[SyncCheckpointer, P], T]:
+        return cast(
+            "Callable[Concatenate[SyncCheckpointer, P], T]",
+            functools.update_wrapper(method, twin, assigned=(), updated=()),
+        )
+
+    return give
+
+
 _POINTER = re.compile(r"See :meth:`ObjectStoreCheckpointer\.(\w+)`[;.]?\s*")
 
 _BLOCKING = (
@@ -181,108 +190,86 @@ class SyncCheckpointer:
         first use when no ``paths`` was given."""
         return self.resolve_paths()
 
-    def resolve_paths(self) -> CheckpointPaths:
+    @_twin_of(ObjectStoreCheckpointer.resolve_paths)
+    def resolve_paths(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.resolve_paths`."""
-        return run_blocking(self.async_checkpointer.resolve_paths())
+        return run_blocking(self.async_checkpointer.resolve_paths(*args, **kwargs))
 
-    def save_manifest(self, manifest: CheckpointManifest) -> None:
+    @_twin_of(ObjectStoreCheckpointer.save_manifest)
+    def save_manifest(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.save_manifest`."""
-        run_blocking(self.async_checkpointer.save_manifest(manifest))
+        return run_blocking(self.async_checkpointer.save_manifest(*args, **kwargs))
 
-    def exists(self, checkpoint_id: CheckpointId | str) -> bool:
+    @_twin_of(ObjectStoreCheckpointer.exists)
+    def exists(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.exists`."""
-        return run_blocking(self.async_checkpointer.exists(checkpoint_id))
+        return run_blocking(self.async_checkpointer.exists(*args, **kwargs))
 
-    def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
+    @_twin_of(ObjectStoreCheckpointer.load_manifest)
+    def load_manifest(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.load_manifest`."""
-        return run_blocking(self.async_checkpointer.load_manifest(checkpoint_id))
+        return run_blocking(self.async_checkpointer.load_manifest(*args, **kwargs))
 
-    def save_snapshot(
-        self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
-    ) -> str:
+    @_twin_of(ObjectStoreCheckpointer.save_snapshot)
+    def save_snapshot(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.save_snapshot`."""
-        return run_blocking(
-            self.async_checkpointer.save_snapshot(checkpoint_id, operator, partition, data)
-        )
+        return run_blocking(self.async_checkpointer.save_snapshot(*args, **kwargs))
 
-    def save_delta(
-        self, checkpoint_id: CheckpointId | str, operator: str, partition: int, data: ArtifactData
-    ) -> str:
+    @_twin_of(ObjectStoreCheckpointer.save_delta)
+    def save_delta(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.save_delta`."""
-        return run_blocking(
-            self.async_checkpointer.save_delta(checkpoint_id, operator, partition, data)
-        )
+        return run_blocking(self.async_checkpointer.save_delta(*args, **kwargs))
 
-    def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
+    @_twin_of(ObjectStoreCheckpointer.load_artifact)
+    def load_artifact(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.load_artifact`."""
-        return run_blocking(
-            self.async_checkpointer.load_artifact(path, expected_sha256=expected_sha256)
-        )
+        return run_blocking(self.async_checkpointer.load_artifact(*args, **kwargs))
 
-    def load_artifact_to(
-        self,
-        path: str,
-        dest: os.PathLike[str] | BinaryIO,
-        *,
-        expected_sha256: str | None = None,
-        chunk_size: int = RESTORE_CHUNK,
-        codec: str | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> str:
+    @_twin_of(ObjectStoreCheckpointer.load_artifact_to)
+    def load_artifact_to(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.load_artifact_to` (``progress`` is called on
         the checkpointer's event-loop thread)."""
-        return run_blocking(
-            self.async_checkpointer.load_artifact_to(
-                path,
-                dest,
-                expected_sha256=expected_sha256,
-                chunk_size=chunk_size,
-                codec=codec,
-                progress=progress,
-            )
-        )
+        return run_blocking(self.async_checkpointer.load_artifact_to(*args, **kwargs))
 
-    def update_latest(self, checkpoint_id: CheckpointId | str, *, force: bool = False) -> bool:
+    @_twin_of(ObjectStoreCheckpointer.update_latest)
+    def update_latest(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.update_latest`."""
-        return run_blocking(self.async_checkpointer.update_latest(checkpoint_id, force=force))
+        return run_blocking(self.async_checkpointer.update_latest(*args, **kwargs))
 
-    def read_latest(self) -> CheckpointId | None:
+    @_twin_of(ObjectStoreCheckpointer.read_latest)
+    def read_latest(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.read_latest`."""
-        return run_blocking(self.async_checkpointer.read_latest())
+        return run_blocking(self.async_checkpointer.read_latest(*args, **kwargs))
 
-    def latest_id(self) -> CheckpointId | None:
+    @_twin_of(ObjectStoreCheckpointer.latest_id)
+    def latest_id(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.latest_id`."""
-        return run_blocking(self.async_checkpointer.latest_id())
+        return run_blocking(self.async_checkpointer.latest_id(*args, **kwargs))
 
-    def list_checkpoints(self) -> list[CheckpointId]:
+    @_twin_of(ObjectStoreCheckpointer.list_checkpoints)
+    def list_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoints`."""
-        return run_blocking(self.async_checkpointer.list_checkpoints())
+        return run_blocking(self.async_checkpointer.list_checkpoints(*args, **kwargs))
 
-    def delete_checkpoint(self, checkpoint_id: CheckpointId | str, *, force: bool = False) -> None:
+    @_twin_of(ObjectStoreCheckpointer.delete_checkpoint)
+    def delete_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.delete_checkpoint`."""
-        run_blocking(self.async_checkpointer.delete_checkpoint(checkpoint_id, force=force))
+        return run_blocking(self.async_checkpointer.delete_checkpoint(*args, **kwargs))
 
-    def dependents(self, checkpoint_id: CheckpointId | str) -> list[CheckpointId]:
+    @_twin_of(ObjectStoreCheckpointer.dependents)
+    def dependents(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.dependents`."""
-        return run_blocking(self.async_checkpointer.dependents(checkpoint_id))
+        return run_blocking(self.async_checkpointer.dependents(*args, **kwargs))
 
-    def save_partitions_concurrent(
-        self,
-        checkpoint_id: CheckpointId | str,
-        uploads: Sequence[PartitionUpload],
-        *,
-        metadata_key: str | None = None,
-    ) -> list[tuple[str, PartitionSnapshotEntry]]:
+    @_twin_of(ObjectStoreCheckpointer.save_partitions_concurrent)
+    def save_partitions_concurrent(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.save_partitions_concurrent`."""
-        return run_blocking(
-            self.async_checkpointer.save_partitions_concurrent(
-                checkpoint_id, uploads, metadata_key=metadata_key
-            )
-        )
+        return run_blocking(self.async_checkpointer.save_partitions_concurrent(*args, **kwargs))
 
-    def take_over(self) -> int:
+    @_twin_of(ObjectStoreCheckpointer.take_over)
+    def take_over(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.take_over`."""
-        return run_blocking(self.async_checkpointer.take_over())
+        return run_blocking(self.async_checkpointer.take_over(*args, **kwargs))
 
     def save(self, data: CheckpointData) -> CheckpointManifest:
         """See :meth:`ObjectStoreCheckpointer.save`."""
@@ -320,13 +307,15 @@ class SyncCheckpointer:
         _in_flight_at_exit.add(self)
         return future
 
-    def wait_for_saves(self) -> None:
+    @_twin_of(ObjectStoreCheckpointer.wait_for_saves)
+    def wait_for_saves(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.wait_for_saves`."""
-        run_blocking(self.async_checkpointer.wait_for_saves())
+        return run_blocking(self.async_checkpointer.wait_for_saves(*args, **kwargs))
 
-    def close(self) -> None:
+    @_twin_of(ObjectStoreCheckpointer.close)
+    def close(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.close`."""
-        run_blocking(self.async_checkpointer.close())
+        return run_blocking(self.async_checkpointer.close(*args, **kwargs))
 
     def __enter__(self) -> Self:
         """The checkpointer itself: ``with SyncCheckpointer(...) as ckpt``."""
@@ -347,59 +336,43 @@ class SyncCheckpointer:
         """
         run_blocking(self.async_checkpointer.__aexit__(exc_type, exc, traceback))
 
-    def load(
-        self,
-        checkpoint_id: CheckpointId | str,
-        *,
-        verify: bool = True,
-        progress: Callable[[int], None] | None = None,
-    ) -> LoadedCheckpoint:
+    @_twin_of(ObjectStoreCheckpointer.load)
+    def load(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.load` (``progress`` is called on the
         checkpointer's event-loop thread)."""
-        return run_blocking(
-            self.async_checkpointer.load(checkpoint_id, verify=verify, progress=progress)
-        )
+        return run_blocking(self.async_checkpointer.load(*args, **kwargs))
 
-    def load_latest(self) -> LoadedCheckpoint | None:
+    @_twin_of(ObjectStoreCheckpointer.load_latest)
+    def load_latest(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.load_latest`."""
-        return run_blocking(self.async_checkpointer.load_latest())
+        return run_blocking(self.async_checkpointer.load_latest(*args, **kwargs))
 
-    def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
+    @_twin_of(ObjectStoreCheckpointer.commit)
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.commit`."""
-        return run_blocking(self.async_checkpointer.commit(manifest))
+        return run_blocking(self.async_checkpointer.commit(*args, **kwargs))
 
-    def load_chain(
-        self, checkpoint_id: CheckpointId | str, operator: str, partition: int
-    ) -> list[ChainLink]:
+    @_twin_of(ObjectStoreCheckpointer.load_chain)
+    def load_chain(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.load_chain`."""
-        return run_blocking(self.async_checkpointer.load_chain(checkpoint_id, operator, partition))
+        return run_blocking(self.async_checkpointer.load_chain(*args, **kwargs))
 
-    def gc(
-        self,
-        policy: RetentionPolicy,
-        *,
-        dry_run: bool = False,
-        min_age: dt.timedelta = dt.timedelta(hours=1),
-    ) -> GcResult:
+    @_twin_of(ObjectStoreCheckpointer.gc)
+    def gc(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.gc`."""
-        return run_blocking(self.async_checkpointer.gc(policy, dry_run=dry_run, min_age=min_age))
+        return run_blocking(self.async_checkpointer.gc(*args, **kwargs))
 
-    def list_checkpoint_dirs(self) -> list[CheckpointId]:
+    @_twin_of(ObjectStoreCheckpointer.list_checkpoint_dirs)
+    def list_checkpoint_dirs(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoint_dirs`."""
-        return run_blocking(self.async_checkpointer.list_checkpoint_dirs())
+        return run_blocking(self.async_checkpointer.list_checkpoint_dirs(*args, **kwargs))
 
-    def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
+    @_twin_of(ObjectStoreCheckpointer.load_manifests)
+    def load_manifests(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.load_manifests`."""
-        return run_blocking(self.async_checkpointer.load_manifests(ids))
+        return run_blocking(self.async_checkpointer.load_manifests(*args, **kwargs))
 
-    def restore_directory(
-        self,
-        checkpoint_id: CheckpointId,
-        operator: str,
-        partition: int,
-        dest: os.PathLike[str] | str,
-    ) -> list[FileEntry]:
+    @_twin_of(ObjectStoreCheckpointer.restore_directory)
+    def restore_directory(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.restore_directory`."""
-        return run_blocking(
-            self.async_checkpointer.restore_directory(checkpoint_id, operator, partition, dest)
-        )
+        return run_blocking(self.async_checkpointer.restore_directory(*args, **kwargs))

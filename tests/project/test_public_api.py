@@ -80,6 +80,32 @@ def test_all_is_pinned() -> None:
         assert hasattr(cairn, name), name
 
 
+COPY = {
+    "DELETED_NOTE",
+    "Copied",
+    "CopyProgress",
+    "copy_checkpoints",
+    "directory_bytes",
+    "stored_bytes",
+}
+
+
+def test_the_public_copy_module_is_pinned() -> None:
+    from cairn.protocol import copy
+
+    assert set(copy.__all__) == COPY
+    for name in copy.__all__:
+        assert hasattr(copy, name), name
+        if callable(getattr(copy, name)):
+            assert (getattr(copy, name).__doc__ or "").strip(), name
+
+
+def test_bytes_as_stored_are_read_by_the_copy_module_not_the_checkpointers() -> None:
+    for checkpointer in (cairn.ObjectStoreCheckpointer, cairn.SyncCheckpointer):
+        for removed in ("load_stored", "load_pack"):
+            assert not hasattr(checkpointer, removed), (checkpointer, removed)
+
+
 def test_every_error_has_one_root() -> None:
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), cairn.CheckpointerError), name

@@ -56,7 +56,8 @@ async def test_sync_inside_a_running_loop_raises_clearly() -> None:
 
 
 def test_every_async_method_has_a_sync_twin_with_the_same_signature() -> None:
-    """The blocking façade is written out by hand: this is what keeps it from drifting."""
+    """Every public coroutine of the async checkpointer has a blocking twin, with its
+    parameters (taken from the twin, or written out where the twin does more)."""
     import inspect
 
     from cairn import ObjectStoreCheckpointer, SyncCheckpointer
