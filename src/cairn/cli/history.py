@@ -23,7 +23,7 @@ from rich.text import Text
 
 from cairn import CheckpointId, CheckpointManifest
 from cairn.cli.output import human_size, iso_time
-from cairn.cli.views import id_texts, kind, manifest_doc
+from cairn.cli.views.summary import id_texts, kind, manifest_doc
 
 __all__ = ["Point", "history_chart", "history_doc"]
 
