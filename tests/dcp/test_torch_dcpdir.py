@@ -8,7 +8,9 @@ tests adapt PyTorch's ``test/distributed/checkpoint/test_format_utils.py``
 
 from __future__ import annotations
 
+import asyncio
 import io
+import os
 import pickle
 import subprocess
 import sys
@@ -37,11 +39,12 @@ from cairn import (
     IntegrityMismatchError,
     InvalidInputError,
     MissingArtifactError,
+    ObjectStoreCheckpointer,
     SyncCheckpointer,
 )
 from cairn.cli import dcp as cli_dcp
 from cairn.cli.errors import CliError
-from cairn.torch import CairnReader, CairnWriter, export_dcp, import_dcp
+from cairn.torch import CairnReader, CairnWriter, export_dcp, export_dcp_async, import_dcp
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
@@ -125,7 +128,7 @@ def test_an_export_reads_in_dcp_as_a_file_system_save_does(tmp_path: Path) -> No
     assert names == sorted(name for name, _ in exported.files)
     assert exported.files[-1][0] == ".metadata"
     assert all(n == ".metadata" or (n.startswith("__0_") and n.endswith(".distcp")) for n in names)
-    assert [p.name for p in tmp_path.iterdir() if "cairn-export" in p.name] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     # FileSystemReader loads it bit-exactly.
     loaded = blank_like(state)
     dcp_load(loaded, storage_reader=FileSystemReader(str(tmp_path / "out")), no_dist=True)
@@ -160,6 +163,10 @@ def test_an_export_verifies_every_byte_and_writes_all_or_nothing(tmp_path: Path)
     with pytest.raises(InvalidInputError, match="not empty"):
         export_dcp(store, writer.checkpoint_id, occupied, prefix=PREFIX)
     assert [p.name for p in occupied.iterdir()] == ["keep.txt"]
+    (tmp_path / "linked").symlink_to(tmp_path / "missing", target_is_directory=True)
+    with pytest.raises(InvalidInputError, match="linked': it is a symbolic link"):
+        export_dcp(store, writer.checkpoint_id, tmp_path / "linked", prefix=PREFIX)
+    assert (tmp_path / "linked").is_symlink() and not (tmp_path / "missing").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     manifest = SyncCheckpointer(store, CheckpointPaths(PREFIX)).load_manifest(writer.checkpoint_id)
@@ -168,10 +175,51 @@ def test_an_export_verifies_every_byte_and_writes_all_or_nothing(tmp_path: Path)
     with pytest.raises(IntegrityMismatchError, match="sha256"):
         export_dcp(store, writer.checkpoint_id, empty, prefix=PREFIX)
     assert list(empty.iterdir()) == [] and not (tmp_path / "missing").exists()
-    assert [p.name for p in tmp_path.iterdir() if "cairn-export" in p.name] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     with pytest.raises(CheckpointNotFoundError, match="named 'nope'"):
         export_dcp(store, "nope", tmp_path / "missing", prefix=PREFIX)
     assert not (tmp_path / "missing").exists()
+
+
+def test_an_export_never_writes_through_its_staging_directory_swapped_for_a_link(
+    tmp_path: Path,
+) -> None:
+    store = str(tmp_path / "store")
+    save(store, {"x": torch.arange(8.0)})
+    outside, dest = tmp_path / "outside", tmp_path / "out"
+    outside.mkdir()
+
+    def swap(_: int) -> None:  # told of the first file written: the staging directory exists
+        [staging] = tmp_path.glob(".out.*")
+        staging.rename(tmp_path / "moved-aside")
+        staging.symlink_to(outside, target_is_directory=True)
+
+    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(PREFIX))
+    with pytest.raises(InvalidInputError, match="staging directory .* was replaced"):
+        asyncio.run(export_dcp_async(ckpt, None, dest, progress=swap))
+    assert os.listdir(outside) == [], "nothing written through the link"
+    assert not dest.exists() and not dest.is_symlink()
+
+
+def test_an_export_refuses_a_link_swapped_in_at_its_destination_before_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = str(tmp_path / "store")
+    save(store, {"x": torch.arange(8.0)})
+    outside, dest = tmp_path / "outside", tmp_path / "out"
+    outside.mkdir()
+    real_rename = os.rename
+
+    def swap_then_rename(*args: Any, **kwargs: Any) -> None:
+        dest.symlink_to(outside, target_is_directory=True)  # after the last check
+        real_rename(*args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", swap_then_rename)
+    with pytest.raises(InvalidInputError, match="out': it is a symbolic link"):
+        export_dcp(store, None, dest, prefix=PREFIX)
+    monkeypatch.undo()
+    assert os.readlink(dest) == str(outside) and os.listdir(outside) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "outside", "store"]
 
 
 # -- import ------------------------------------------------------------------------------
@@ -364,6 +412,23 @@ def test_what_import_does_not_read_is_refused(tmp_path: Path) -> None:
         import_dcp(str(tmp_path / "store"), local, prefix=PREFIX)
     with pytest.raises(InvalidInputError, match="checkpoint id, not a name"):
         import_dcp(str(tmp_path / "store"), local, name=str(_an_id()), prefix=PREFIX)
+
+
+def test_an_import_reads_no_file_through_a_link(tmp_path: Path) -> None:
+    source = fs_save({"a": torch.ones(4)}, tmp_path / "linked-metadata")
+    elsewhere = tmp_path / "elsewhere.metadata"
+    (source / ".metadata").rename(elsewhere)
+    (source / ".metadata").symlink_to(elsewhere)
+    store = str(tmp_path / "store")
+    with pytest.raises(InvalidInputError, match=r"\.metadata: it is a symbolic link"):
+        import_dcp(store, source, prefix=PREFIX)
+    (source / ".metadata").unlink()
+    elsewhere.rename(source / ".metadata")
+    (source / "__0_0.distcp").rename(tmp_path / "elsewhere.distcp")
+    (source / "__0_0.distcp").symlink_to(tmp_path / "elsewhere.distcp")
+    with pytest.raises(InvalidInputError, match=r"__0_0\.distcp: it is a symbolic link"):
+        import_dcp(store, source, prefix=PREFIX)
+    assert SyncCheckpointer(store, CheckpointPaths(PREFIX)).list_checkpoints() == []
 
 
 def _an_id() -> Any:

@@ -39,8 +39,10 @@ from cairn.format.ids import CheckpointId
 from cairn.format.ranges import StoredRange, decode_index
 from cairn.stores import as_store
 from cairn.sync import SyncCheckpointer
-from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter, _reader
+from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter, _opendcp
 from cairn.torch import _itemtable as itemtable
+from cairn.torch import _tableread as tableread
+from cairn.torch._finish import distinct_entries
 
 RANKS = 4
 
@@ -103,7 +105,7 @@ def test_the_metadata_is_a_table_and_one_block_per_rank(saved: Saved) -> None:
     metadata = saved.reader().read_metadata()
     chunks = metadata.state_dict_metadata["w"]
     assert isinstance(chunks, TensorStorageMetadata)
-    assert isinstance(chunks.chunks, itemtable.ChunkList) and len(chunks.chunks) == RANKS
+    assert isinstance(chunks.chunks, tableread.ChunkList) and len(chunks.chunks) == RANKS
     assert [list(c.offsets) for c in chunks.chunks] == [[0, 0], [3, 0], [6, 0], [9, 0]]
     assert [list(c.sizes) for c in chunks.chunks] == [[3, 6], [3, 6], [3, 6], [1, 6]]
     # Every item has a record: 4 chunks of w and of b, 3 of e, the byte item.
@@ -115,9 +117,9 @@ def test_the_metadata_is_a_table_and_one_block_per_rank(saved: Saved) -> None:
 def test_a_rank_reads_the_table_and_its_own_block_only(
     saved: Saved, rank: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_reader, "WHOLE_METADATA_BYTES", 0)  # as a large one is read
+    monkeypatch.setattr(_opendcp, "WHOLE_METADATA_BYTES", 0)  # as a large one is read
     path, _, _ = saved.metadata_object()
-    byte_block = itemtable.decode_table("m", table_metadata(saved), RANKS).byte_blocks["step"]
+    byte_block = tableread.decode_table("m", table_metadata(saved), RANKS).byte_blocks["step"]
     saved.store.log.clear()
     state = sharded(saved.whole, RANKS, rank, blank=True)
     load_rank(saved.reader(), state)
@@ -196,7 +198,7 @@ def table_metadata(saved: Saved) -> Any:
 
 
 def test_the_saved_table_decodes_and_places_every_item(saved: Saved) -> None:
-    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    table = tableread.decode_table("m", table_metadata(saved), RANKS)
     assert sum(table.count_in(b) for b in range(RANKS)) == 4 + 4 + 3 + 1
     assert table.block_of(MetadataIndex("w", torch.Size([6, 0]))) == 2
     assert table.block_of(MetadataIndex("w", torch.Size([5, 0]))) is None
@@ -231,7 +233,6 @@ def rows_as(d: dict[str, Any], change: Any) -> None:
         lambda d: d.update(rows=d["rows"][:-3]),
         lambda d: d.update(block_sizes=d["block_sizes"][:-1]),
         lambda d: d.update(block_sizes=[-1] * RANKS),
-        lambda d: d.update(format=itemtable.FORMAT_V1),
     ],
     ids=[
         "more-blocks",
@@ -247,36 +248,63 @@ def rows_as(d: dict[str, Any], change: Any) -> None:
         "rows-cut-short",
         "a-block-size-missing",
         "a-negative-block-size",
-        "the-first-version-with-the-second-fields",
     ],
 )
 def test_a_forged_table_is_refused(saved: Saved, forge: Any) -> None:
     metadata = table_metadata(saved)
     forge(metadata.storage_data)
     with pytest.raises(CorruptManifestError, match="chunk table"):
-        itemtable.decode_table("m", metadata, RANKS)
+        tableread.decode_table("m", metadata, RANKS)
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        # The first version of the table (rows and blocks uncompressed, no block sizes),
+        # which no release wrote: refused as any version this reader does not know.
+        {"format": "cairn-dcp-chunk-table-v1", "block_sizes": None},
+        {"format": "cairn-dcp-chunk-table-v3"},
+        {"format": 2},
+    ],
+    ids=["v1", "v3", "not-a-name"],
+)
+def test_a_table_of_a_version_this_reader_does_not_know_is_refused(
+    saved: Saved, version: dict[str, Any]
+) -> None:
+    metadata = table_metadata(saved)
+    stored = metadata.storage_data
+    for key, value in version.items():
+        if value is None:
+            del stored[key]
+        else:
+            stored[key] = value
+    with pytest.raises(CorruptManifestError, match="not one this version of cairn reads") as info:
+        tableread.decode_table("m", metadata, RANKS)
+    assert info.value.path == "m"
+    assert f"format {version['format']!r}" in str(info.value)
+    assert "'cairn-dcp-chunk-table-v2'" in str(info.value)
 
 
 def test_a_block_with_another_ranks_record_is_refused(saved: Saved) -> None:
     _, data, ranges = saved.metadata_object()
-    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    table = tableread.decode_table("m", table_metadata(saved), RANKS)
     one, two = (data[r.offset : r.offset + r.length] for r in ranges[2:4])
-    assert itemtable.decode_block("m", table, 1, one)
+    assert tableread.decode_block("m", table, 1, one)
     assert table.block_sizes is not None
     sizes = [*table.block_sizes]
     sizes[1] = len(unzstd(two))  # block 2's bytes, decoding to the size the table says
     forged = dataclasses.replace(table, block_sizes=sizes)
     with pytest.raises(CorruptManifestError, match="places elsewhere"):
-        itemtable.decode_block("m", forged, 1, two)
+        tableread.decode_block("m", forged, 1, two)
     with pytest.raises(CorruptManifestError, match="does not decode to"):
-        itemtable.decode_block("m", table, 1, two)
+        tableread.decode_block("m", table, 1, two)
 
 
 def test_a_block_that_inflates_past_its_size_is_refused_unread(saved: Saved) -> None:
-    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    table = tableread.decode_table("m", table_metadata(saved), RANKS)
     bomb = zstd(b"\0" * (64 << 20))  # 64 MiB of zeros in a few KB
     with pytest.raises(CorruptManifestError, match="does not decode to"):
-        itemtable.decode_block("m", table, 1, bomb)
+        tableread.decode_block("m", table, 1, bomb)
 
 
 def test_a_commit_without_one_ranks_results_commits_nothing() -> None:
@@ -294,7 +322,7 @@ def test_a_commit_without_one_ranks_results_commits_nothing() -> None:
 
 def test_a_block_naming_a_string_it_lacks_is_refused(saved: Saved) -> None:
     _, data, ranges = saved.metadata_object()
-    table = itemtable.decode_table("m", table_metadata(saved), RANKS)
+    table = tableread.decode_table("m", table_metadata(saved), RANKS)
     one = unzstd(data[ranges[2].offset : ranges[2].offset + ranges[2].length])
     block = msgspec.msgpack.decode(one)
     block[0] = block[0][:1]  # the names list cut to its first string
@@ -303,7 +331,7 @@ def test_a_block_naming_a_string_it_lacks_is_refused(saved: Saved) -> None:
     sizes = [*table.block_sizes]
     sizes[1] = len(forged)
     with pytest.raises(CorruptManifestError, match="names string"):
-        itemtable.decode_block("m", dataclasses.replace(table, block_sizes=sizes), 1, zstd(forged))
+        tableread.decode_block("m", dataclasses.replace(table, block_sizes=sizes), 1, zstd(forged))
 
 
 def test_the_table_is_the_same_whatever_order_the_ranks_wrote_their_items_in() -> None:
@@ -394,7 +422,7 @@ def test_the_table_places_every_chunk_whatever_its_size_and_dimensions(
         assert per_rank[1].dims == 2  # narrower than the table's 3
     stored = itemtable.build_table(metadata, per_rank)
     assert stored.metadata.storage_data["dtype"] == ("int32" if rows < 2**31 else "int64")
-    table = itemtable.decode_table("m", stored.metadata, len(per_rank))
+    table = tableread.decode_table("m", stored.metadata, len(per_rank))
     for fqn, md in metadata.state_dict_metadata.items():
         decoded = table.chunk_lists[fqn]
         assert [(list(c.offsets), list(c.sizes)) for c in decoded] == [
@@ -408,7 +436,6 @@ def test_ranks_carrying_one_object_report_the_sum_of_the_bytes_they_use() -> Non
     """Two ranks that carry tensors of one parent object each count their own bytes of
     it; the manifest gets one entry with the sum. Any other difference is refused."""
     from cairn.format.manifest import PartitionSnapshotEntry
-    from cairn.torch._writer import _distinct_entries
 
     owner = CheckpointId.now()
     base = PartitionSnapshotEntry(
@@ -421,11 +448,11 @@ def test_ranks_carrying_one_object_report_the_sum_of_the_bytes_they_use() -> Non
         index_size_bytes=56,
     )
     one, two = (msgspec.structs.replace(base, used_bytes=n) for n in (300, 200))
-    [(operator, merged)] = _distinct_entries([("rank-0", one), ("rank-0", two)])
+    [(operator, merged)] = distinct_entries([("rank-0", one), ("rank-0", two)])
     assert operator == "rank-0" and merged == msgspec.structs.replace(base, used_bytes=500)
     other = msgspec.structs.replace(two, sha256="1" * 64)
     with pytest.raises(IncompleteCheckpointError, match="two different entries"):
-        _distinct_entries([("rank-0", one), ("rank-0", other)])
+        distinct_entries([("rank-0", one), ("rank-0", other)])
 
 
 def test_each_rank_of_an_incremental_save_reads_its_own_block_of_the_parent(
@@ -433,7 +460,7 @@ def test_each_rank_of_an_incremental_save_reads_its_own_block_of_the_parent(
 ) -> None:
     """The coordinator opens the parent (index and range 0); each rank reads the block
     of the records it may carry, no other; everything unchanged is carried."""
-    monkeypatch.setattr(_reader, "WHOLE_METADATA_BYTES", 0)  # as a large one is read
+    monkeypatch.setattr(_opendcp, "WHOLE_METADATA_BYTES", 0)  # as a large one is read
     path, _, _ = saved.metadata_object()
     reads: dict[str, list[int]] = {"prepare_global_plan": [], "write_data": []}
 

@@ -48,6 +48,7 @@ __all__ = [
     "AtomicFile",
     "Dirs",
     "LinkRefused",
+    "LocalDirectory",
     "StagedTree",
     "SyncFailed",
     "atomic_file_at",
@@ -56,6 +57,7 @@ __all__ = [
     "open_dir",
     "open_dirs",
     "open_file_at",
+    "open_plain_file",
     "open_root",
     "run_to_end",
 ]
@@ -310,6 +312,67 @@ def atomic_file_at(
             yield file, dirs
 
 
+# -- reading a directory's plain files ------------------------------------------------------
+
+
+def open_plain_file(dir_fd: int, relative: str, shown: Path) -> BinaryIO:
+    """The plain file ``relative`` (``/``-separated) below directory ``dir_fd`` (``shown``
+    in messages), open for reading, reached without following a link.
+
+    ``FileNotFoundError`` if it (or a directory on its way) is missing;
+    :class:`~cairn.errors.InvalidInputError` naming it for a link on its way or at its
+    name, and for anything but a regular file.
+    """
+    *parents, name = relative.split("/")
+    path = shown.joinpath(*relative.split("/"))
+    with open_dirs(dir_fd, parents) as dirs:
+        if dirs.link is not None:
+            link = shown.joinpath(*parents[: dirs.link])
+            raise InvalidInputError(
+                f"cannot read {path}: {link} is a symbolic link, never followed"
+            )
+        if not dirs.complete:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        try:
+            fd = open_file_at(dirs.fds[-1], name, len(parents) + 1)
+        except LinkRefused:
+            raise InvalidInputError(
+                f"cannot read {path}: it is a symbolic link, never followed"
+            ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InvalidInputError(f"cannot read {path}: it is not a plain file")
+    return os.fdopen(fd, "rb")
+
+
+class LocalDirectory:
+    """A directory whose plain files are read without following a link below it.
+
+    ``root`` may itself be a link (the caller named it); it is opened anew by each call,
+    so nothing stays open between them.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.path = root
+
+    def names(self) -> list[str]:
+        """The names in the directory itself, sorted."""
+        fd = open_root(self.path)
+        try:
+            with os.scandir(fd) as entries:
+                return sorted(entry.name for entry in entries)
+        finally:
+            os.close(fd)
+
+    def open(self, relative: str) -> BinaryIO:
+        """A plain file of the directory, open for reading (see :func:`open_plain_file`)."""
+        fd = open_root(self.path)
+        try:
+            return open_plain_file(fd, relative, self.path)
+        finally:
+            os.close(fd)
+
+
 # -- a staged directory tree, published whole ---------------------------------------------
 
 
@@ -431,12 +494,8 @@ class StagedTree:
             return os.fdopen(_new_file_at(dirs.fds[-1], name), "wb")
 
     def open(self, relative: str) -> BinaryIO:
-        """A file of the tree, open for reading (to read back what was staged)."""
-        *parents, name = relative.split("/")
-        with open_dirs(self.fd, parents) as dirs:
-            if not dirs.complete:
-                raise FileNotFoundError(errno.ENOENT, "no such staged file", relative)
-            return os.fdopen(open_file_at(dirs.fds[-1], name, len(parents) + 1), "rb")
+        """A plain file of the tree, open for reading (see :func:`open_plain_file`)."""
+        return open_plain_file(self.fd, relative, self.path)
 
     def names(self) -> list[str]:
         """The names in the staging directory itself, sorted."""

@@ -1,24 +1,29 @@
-"""Local files that a tool writes from what it read, atomically and never through a link.
+"""Local files that tools and integrations write and read, never through a symbolic link.
 
-For tools built on cairn that turn what they read from a store into local files (the
-``cairn restore`` command stages a checkpoint's files, checks them, then moves each into
-place). Paths and bytes in; what a tool cannot use is a
+What the command line and :mod:`cairn.torch` do with local files, as a small public
+interface over cairn's link-safe file system module: ``cairn restore`` stages a
+checkpoint's files (:func:`write_file`), checks them, then moves each into place
+(:func:`move_file`); ``export_dcp`` writes a whole directory that appears at once
+(:class:`StagedTree`); ``import_dcp`` reads a directory's plain files
+(:class:`LocalDirectory`). Paths and bytes in; what a caller cannot use is a
 :class:`~cairn.errors.InvalidInputError` naming the path, other failures of the file
 system are ``OSError``.
 
 Invariants:
 
-* ``root`` (the directory a tool writes into) may itself be a symbolic link, and so may
-  its parents: the caller named them. Below ``root`` no link is ever followed nor
-  replaced: a link at a file's name, or at a directory on the way to it, is refused
-  (:class:`~cairn.errors.InvalidInputError`, "cannot write through {link}: it is a
-  symbolic link ...") before anything is written there, also one swapped in while the
-  file is written (every directory is opened relative to its parent's descriptor);
+* a root (the directory named by the caller) may itself be a symbolic link, and so may
+  its parents: the caller named them. Below it no link is ever followed nor replaced: a
+  link at a file's name, or at a directory on the way to it, is refused
+  (:class:`~cairn.errors.InvalidInputError` naming the link) before anything is
+  written there or read from it, also one swapped in meanwhile (every directory is
+  opened relative to its parent's descriptor);
 * :func:`write_file` gives a name all of its bytes or none: a staging file beside it,
   fsynced, renamed onto the name, then the directory fsynced. A process killed
   meanwhile may leave a ``.{name}.{random}.tmp`` file, never a torn ``name``;
 * :func:`move_file` moves a file written under another root of the same file system
-  (a staging directory) to its name with one ``rename``, then fsyncs the directory.
+  (a staging directory) to its name with one ``rename``, then fsyncs the directory;
+* a :class:`StagedTree` appears at its destination whole and durable, or not at all,
+  and only where the destination is missing or an empty directory (never a link).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import Literal
 from cairn.errors import InvalidInputError
 from cairn.stores._localfs import (
     LinkRefused,
+    LocalDirectory,
+    StagedTree,
     atomic_file_at,
     is_link_at,
     open_dirs,
@@ -42,7 +49,15 @@ from cairn.stores._localfs import (
     open_root,
 )
 
-__all__ = ["FileState", "file_state", "find_link", "move_file", "write_file"]
+__all__ = [
+    "FileState",
+    "LocalDirectory",
+    "StagedTree",
+    "file_state",
+    "find_link",
+    "move_file",
+    "write_file",
+]
 
 FileState = Literal["absent", "same", "different", "other"]
 """What :func:`file_state` finds at a name."""

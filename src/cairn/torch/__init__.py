@@ -158,11 +158,12 @@ from cairn.torch._dcpdir import (
     import_dcp,
     import_dcp_async,
 )
+from cairn.torch._format import METADATA_OPERATOR, rank_operator
 from cairn.torch._latest import load_latest
 from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
 from cairn.torch._target import interpret as interpret_checkpoint_id
-from cairn.torch._writer import METADATA_OPERATOR, CairnWriter, rank_operator
+from cairn.torch._writer import CairnWriter
 
 __all__ = [
     "METADATA_OPERATOR",

@@ -41,7 +41,8 @@ from cairn.errors import CheckpointNotFoundError
 from cairn.format.ids import CheckpointId
 from cairn.format.integrity import sha256_hex
 from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.torch._format import StoredRecord
+from cairn.torch._opendcp import load_records, open_dcp
+from cairn.torch._rankobject import Written
 from cairn.torch._target import Target
 
 __all__ = [
@@ -59,13 +60,9 @@ HASH_THREADS = min(8, os.cpu_count() or 1)
 GIL while it hashes a large buffer)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Carried:
-    """The parent's record of one item, and the entry (owner set) of its artifact."""
-
-    record: StoredRecord
-    operator: str
-    entry: PartitionSnapshotEntry
+Carried = Written
+"""The parent's record of one item, and the operator and entry (owner set) of the
+artifact holding it: what an item carried by reference is written as."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +80,6 @@ async def open_parent(ckpt: ObjectStoreCheckpointer, target: Target | None) -> P
 
     An explicit ``target`` that is not there raises :class:`CheckpointNotFoundError`.
     """
-    from cairn.torch._reader import open_dcp  # the reader imports the writer
-
     try:
         opened = await open_dcp(ckpt, target)
     except CheckpointNotFoundError:
@@ -103,8 +98,6 @@ async def carry_for(
     artifact holding it, owner set: what a rank saving ``items`` may carry. The parent is
     opened and verified again (its id is fixed; its manifest, written create-only, is
     the one the coordinator checked), and only the blocks holding these records read."""
-    from cairn.torch._reader import load_records, open_dcp  # the reader imports the writer
-
     opened = await open_dcp(ckpt, parent_id)
     indices = [item.index for item in items]
     await load_records(ckpt, opened, indices)

@@ -34,6 +34,7 @@ from cairn.format.layout import validate_relative_path
 from cairn.integrations._interface import Buffer
 
 __all__ = [
+    "METADATA_OPERATOR",
     "ItemRecord",
     "StoredRecord",
     "copy_bytes_into",
@@ -41,9 +42,19 @@ __all__ = [
     "dump_metadata",
     "load_metadata",
     "parse_record",
+    "rank_operator",
     "tensor_bytes",
     "tensor_from_bytes",
 ]
+
+METADATA_OPERATOR = "dcp-metadata"
+"""The operator whose partition 0 holds DCP's metadata."""
+
+
+def rank_operator(rank: int) -> str:
+    """The operator under which rank ``rank`` stores its items."""
+    return f"rank-{rank}"
+
 
 StoredRecord = (
     tuple[str, int, int, str, str, tuple[int, ...]]

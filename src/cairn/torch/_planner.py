@@ -17,7 +17,7 @@ Invariants:
 * :class:`~cairn.torch.CairnReader` hands a byte item to any other planner only after
   it passed the same weights-only load (:func:`check_byte_item`), so no planner loading
   through cairn unpickles arbitrary objects;
-* against a chunk table (:mod:`cairn.torch._itemtable`), its plan has the read items
+* against a chunk table (:mod:`cairn.torch._tableread`), its plan has the read items
   DCP's default planner makes (storage positions included; their order within a tensor
   may differ when DCP's sweep would choose another dimension): it only hands DCP's
   planner, for each tensor, the saved chunks that overlap this rank's.
@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 # object with ``__create_chunk_list__``); private, so a torch change shows in the tests.
 from torch.distributed.checkpoint.planner_helpers import _create_chunk_list
 
-from cairn.torch._itemtable import ChunkList, has_table, overlapping
+from cairn.torch._tableread import ChunkList, has_table, overlapping
 
 __all__ = ["SafeLoadPlanner", "check_byte_item", "load_byte_item", "unpickles_safely"]
 
@@ -96,7 +96,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     def create_local_plan(self) -> LoadPlan:
         """DCP's default local plan. Against metadata stored as a chunk table
-        (:mod:`cairn.torch._itemtable`), each tensor's chunks are first narrowed to those
+        (:mod:`cairn.torch._tableread`), each tensor's chunks are first narrowed to those
         this rank's chunks overlap, all tensors in one vectorized pass, so planning
         takes time in proportion to this rank's items, not to every rank's."""
         metadata = self.metadata

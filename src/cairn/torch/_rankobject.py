@@ -112,7 +112,9 @@ def split_into_objects(items: Sequence[WriteItem], limit: int) -> list[list[Writ
 
 @dataclasses.dataclass(frozen=True)
 class Written:
-    """One item's ``WriteResult.storage_data``: its record, and its artifact's entry."""
+    """Where one item of a save is: its record, and the operator and entry of the
+    artifact holding it (a carried item's: the parent's record, the entry's ``owner``
+    set). A ``WriteResult``'s ``storage_data`` until the rank hands in its block."""
 
     record: StoredRecord
     operator: str

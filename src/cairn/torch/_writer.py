@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import functools
@@ -10,66 +9,42 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import msgspec
-from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.errors import IncompleteCheckpointError, InvalidInputError
+from cairn.errors import InvalidInputError
 from cairn.format.ids import CheckpointId
-from cairn.format.integrity import sha256_hex
 from cairn.format.layout import CheckpointPaths
-from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.format.ranges import Range, RangeSource
 from cairn.format.signing import SigningKey
 from cairn.integrations._interface import (
     DEFAULT_LEASE,
     SaveMeter,
     TwoPhaseSave,
-    assemble_manifest,
     begin,
     is_int,
 )
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
-from cairn.torch._format import ItemRecord, dump_metadata
-from cairn.torch._itemtable import (
-    RankItems,
-    StoredTable,
-    build_table,
-    carries_ranges,
-    rank_items,
-)
+from cairn.torch._finish import commit_dcp
+from cairn.torch._format import rank_operator
+from cairn.torch._itemtable import rank_items
 from cairn.torch._rankobject import RANK_OBJECT_BYTES, Resolved, Written, rank_uploads
 from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run, travels
 from cairn.torch._target import Target, interpret, well_formed
 
-__all__ = [
-    "METADATA_OPERATOR",
-    "CairnWriter",
-    "commit_dcp",
-    "rank_operator",
-]
+__all__ = ["COPY_BUDGET", "CairnWriter"]
 
 log = logging.getLogger("cairn")
 T = TypeVar("T")
 
-METADATA_OPERATOR = "dcp-metadata"
-"""The operator whose partition 0 holds DCP's pickled metadata."""
-
 COPY_BUDGET = 256 << 20
 """Bytes of tensors that had to be copied (from a device, or made contiguous) that one
 rank holds at once: past it, what is resolved so far is uploaded before resolving more."""
-
-
-def rank_operator(rank: int) -> str:
-    """The operator under which rank ``rank`` stores its items."""
-    return f"rank-{rank}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +364,7 @@ class CairnWriter(StorageWriter):
             )
             for (item, resolved), match in zip(window, matches, strict=True):
                 if match is not None:
-                    written = Written(match.record, match.operator, match.entry)
-                    results.append(WriteResult(item.index, resolved.view.nbytes, written))
+                    results.append(WriteResult(item.index, resolved.view.nbytes, match))
                     carried.add(item.index)
 
         for item in items:
@@ -472,159 +446,3 @@ async def _counted(meter: SaveMeter, call: Callable[[], Awaitable[T]]) -> T:
     this one would be left unawaited.)"""
     with meter.counting():
         return await call()
-
-
-async def commit_dcp(
-    ckpt: ObjectStoreCheckpointer,
-    save: TwoPhaseSave,
-    epoch: int,
-    metadata: Metadata,
-    results: list[list[WriteResult]],
-    save_id: str,
-    name: str | None,
-    parent_id: CheckpointId | None = None,
-    meter: SaveMeter | None = None,
-) -> CheckpointManifest:
-    """Store DCP's ``metadata`` (with every rank's item records) as an artifact of
-    ``save``, then commit its manifest naming it and every rank's artifacts (those
-    carried from ``parent_id``, the checkpoint an incremental save built on, included).
-
-    Ranks that handed in :class:`RankItems` (a save) get the chunk table and their
-    blocks (:mod:`cairn.torch._itemtable`); results with a record each (an import, or a
-    save by an earlier cairn) get the metadata pickled whole with those records. With
-    ``meter`` (the save's, which counted the caller's requests), the manifest records
-    the save's statistics, with the requests and retries each rank handed in."""
-    cid = save.checkpoint_id
-    metadata.version = CURRENT_DCP_VERSION
-    metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
-    per_rank = _handed_in(results)
-    body: bytes | RangeSource
-    if per_rank is not None:
-        if meter is not None:
-            for rank in per_rank:
-                if rank.requests is not None:
-                    meter.add(rank.requests, rank.retries)
-        stored = await asyncio.to_thread(build_table, metadata, per_rank)
-        entries = _distinct_entries(pair for rank in per_rank for pair in rank.entries)
-        body = await asyncio.to_thread(_MetadataRanges.of, stored)
-    else:
-        records, entries = _collect(results)
-        metadata.storage_data = records
-        body = dump_metadata(metadata)
-    uploaded = await save.upload([(METADATA_OPERATOR, 0, False, body)])
-    if meter is not None:
-        meter.uploaded = time.perf_counter()
-    manifest = assemble_manifest(
-        cid,
-        epoch,
-        [*entries, *uploaded],
-        writer_generation=ckpt.writer_generation,
-        name=name,
-        parent_id=parent_id,
-    )
-    committed = await save.commit(manifest, meter)
-    named = f" named {name!r}" if name is not None else ""
-    log.info("DCP checkpoint %s%s committed (epoch %d)", cid, named, epoch)
-    return committed
-
-
-class _MetadataRanges(RangeSource):
-    """The metadata object of a save with a chunk table: range 0 the pickled metadata,
-    then each rank's block, with the digest its rank computed."""
-
-    def __init__(self, ranges: list[Range]) -> None:
-        self._ranges = ranges
-
-    @classmethod
-    def of(cls, stored: StoredTable) -> _MetadataRanges:
-        """The ranges of ``stored`` (the metadata pickled and hashed here)."""
-        head = dump_metadata(stored.metadata)
-        blocks = [Range(block, digest) for block, digest in stored.blocks]
-        return cls([Range(head, sha256_hex(head)), *blocks])
-
-    async def _each(self) -> AsyncIterator[Range]:
-        for each in self._ranges:
-            yield each
-
-    def open(self) -> AsyncIterator[Range]:
-        """The same ranges on every attempt."""
-        return self._each()
-
-
-def _handed_in(results: Sequence[Sequence[WriteResult]]) -> list[RankItems] | None:
-    """The :class:`RankItems` of each rank that wrote items, in rank order, when their
-    results carry them; None when they carry a record each (an import)."""
-    per_rank: list[RankItems] = []
-    per_item = False
-    for rank_results in results:
-        if not rank_results:
-            continue
-        first = rank_results[0].storage_data
-        if not isinstance(first, RankItems):
-            per_item = True
-            continue
-        # Not every result is looked at, which would take a second per million items:
-        # the rank made them all alike, and the table is checked against DCP's metadata.
-        last = rank_results[-1].storage_data
-        if not isinstance(last, RankItems) or last.block_sha256 != first.block_sha256:
-            raise IncompleteCheckpointError(
-                f"the write results of {first.operator} carry another rank's items"
-            )
-        per_rank.append(first)
-    if per_rank and per_item:
-        raise IncompleteCheckpointError(
-            "some ranks' write results carry a rank's block of records, others a record "
-            "per item: the ranks ran different CairnWriter settings or versions"
-        )
-    return per_rank or None
-
-
-def _collect(
-    results: Iterable[Iterable[WriteResult]],
-) -> tuple[dict[Any, tuple[Any, ...]], list[tuple[str, PartitionSnapshotEntry]]]:
-    """Every rank's item records, and the entries of the artifacts they name (once each)."""
-    records: dict[Any, tuple[Any, ...]] = {}
-    named: list[tuple[str, PartitionSnapshotEntry]] = []
-    for rank_results in results:
-        for result in rank_results:
-            written = result.storage_data
-            if not isinstance(written, Written):
-                raise IncompleteCheckpointError(
-                    f"a write result for {result.index.fqn!r} did not come from CairnWriter"
-                )
-            if result.index in records:
-                raise IncompleteCheckpointError(f"item {result.index} was written twice")
-            records[result.index] = written.record
-            entry = written.entry
-            if carries_ranges(entry):
-                used = ItemRecord(*written.record).extent[1]
-                entry = msgspec.structs.replace(entry, used_bytes=used)
-            named.append((written.operator, entry))
-    return records, _distinct_entries(named)
-
-
-def _distinct_entries(
-    named: Iterable[tuple[str, PartitionSnapshotEntry]],
-) -> list[tuple[str, PartitionSnapshotEntry]]:
-    """The artifacts ``named`` (operator and entry), each once, in order; an artifact
-    reported with two different entries is :class:`IncompleteCheckpointError`. A carried
-    artifact reported several times (by several ranks, or once per item) gets the sum of
-    their ``used_bytes``: each names other ranges of it."""
-    entries: dict[tuple[str, int], PartitionSnapshotEntry] = {}
-    for operator, entry in named:
-        key = (operator, entry.partition_id)
-        known = entries.setdefault(key, entry)
-        if known is entry:
-            continue
-        if known.used_bytes is not None and entry.used_bytes is not None:
-            unused = msgspec.structs.replace(entry, used_bytes=known.used_bytes)
-            if unused == known:
-                # Distinct items are distinct ranges; capped in case two share one.
-                used = min(known.used_bytes + entry.used_bytes, known.size_bytes)
-                entries[key] = msgspec.structs.replace(known, used_bytes=used)
-                continue
-        if known != entry:
-            raise IncompleteCheckpointError(
-                f"artifact {entry.path!r} of {operator!r} was reported with two different entries"
-            )
-    return [(operator, entry) for (operator, _), entry in entries.items()]
