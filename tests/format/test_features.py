@@ -9,7 +9,6 @@ import json
 import pickle
 import re
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -243,6 +242,7 @@ def test_damage_is_never_taken_for_a_newer_format() -> None:
 
 def test_with_keys_only_a_signed_manifest_is_a_newer_format() -> None:
     keys = signing_keys(KEY)
+    assert keys is not None
     unsigned = spliced(encode_manifest(USING["packs"]), NEWER)
     with pytest.raises(SignatureError, match="it is not signed"):
         decode_manifest("m", unsigned, keys)
@@ -312,24 +312,3 @@ def test_the_version_is_one_and_the_same_everywhere() -> None:
 
 def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(number) for number in version.split("."))
-
-
-FORMAT_PAGE = REPO / "docs" / "format.md"
-
-
-def table_rows(page: Path, header: str) -> list[list[str]]:
-    """The rows of the table of ``page`` whose header line is ``header``."""
-    lines = page.read_text(encoding="utf-8").splitlines()
-    start = lines.index(header) + 2
-    rows: list[list[str]] = []
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    return rows
-
-
-def test_the_spec_lists_exactly_the_features_of_the_module() -> None:
-    rows = table_rows(FORMAT_PAGE, "| feature | since | what it is |")
-    expected = [[f"`{f.name}`", f.since, f.summary] for f in features.FEATURES]
-    assert rows == expected

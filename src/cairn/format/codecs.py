@@ -1,25 +1,24 @@
 """Optional compression of artifacts in the store. Pure: no I/O.
 
 A checkpointer made with ``compression="zstd"`` stores each artifact zstd-compressed and
-records ``codec="zstd"`` in its manifest entry, with ``stored_size_bytes``. The SHA-256
-always covers the bytes the caller handed in (decompressed), so integrity is checked on
-exactly what the engine restores. Reading an entry whose codec is unknown, or whose
-library is not installed (``pip install 'cairn-checkpoint[zstd]'``), raises :class:`CodecError`
-naming the artifact and the codec.
+records ``codec="zstd"`` in its manifest entry; reading an entry whose codec is unknown,
+or whose library is not installed (``pip install 'cairn-checkpoint[zstd]'``), raises
+:class:`CodecError` naming the artifact and the codec. How compressed artifacts are
+stored and read is specified in docs/format.md, section "Compression".
 
-Decompression is bounded, whatever the stored bytes say of themselves. Every read
-decodes through one :class:`Decoder`, as a stream: the decoded bytes come out in pieces
-of at most ``piece_size`` bytes as they are produced, never all at once, and decoding
-stops at the piece that takes the output past its ``limit`` (for a whole artifact, the
-``size_bytes`` its entry records), which is dropped, with :class:`OversizedArtifactError`
-naming the artifact; a whole artifact that decodes short of ``size_bytes`` is an
-:class:`IntegrityMismatchError` on the size. The content size a zstd frame declares is
-never trusted nor used to allocate, and a frame that asks for a window of more than
-MAX_WINDOW_SIZE is refused as :class:`UndecodableArtifactError` (cairn writes 2 MiB
-windows). So a decompression bomb, a few KB stored that would inflate to GBs, costs a
-whole-artifact read at most its recorded size plus one piece of memory, a streamed one
-(``load_artifact_to``, which knows no size) about one piece, and fails like any other
-damage.
+Invariants:
+
+* the SHA-256 and ``size_bytes`` of an entry always cover the decoded bytes, so
+  integrity is checked on exactly what the engine restores;
+* decompression is bounded, whatever the stored bytes say of themselves: every read
+  decodes through one :class:`Decoder`, as a stream, in pieces of at most
+  ``piece_size`` bytes, and stops at the piece that takes the output past its ``limit``
+  (dropped, with :class:`OversizedArtifactError`). A frame's declared content size is
+  never trusted nor used to allocate, and a window over :data:`MAX_WINDOW_SIZE` is
+  refused (:class:`UndecodableArtifactError`). So a decompression bomb costs a
+  whole-artifact read at most its recorded size plus one piece of memory, a streamed
+  one (``load_artifact_to``, which knows no size) about one piece, and fails like any
+  other damage.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Invariant: ids made by :meth:`CheckpointId.now` in one process are strictly incr
 even within one millisecond or when the wall clock steps back, because the generator
 falls back to incrementing the last id's 74 random bits (RFC 9562 section 6.2, method 2).
 The hyphenated text of a UUIDv7 sorts like its integer, so the lexical order of
-checkpoint directories in a store is their time order.
+checkpoint directories in a store is their time order. See docs/format.md, section
+"Checkpoint directories".
 """
 
 from __future__ import annotations

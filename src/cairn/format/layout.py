@@ -1,40 +1,8 @@
-"""Where every object of a checkpoint store lives. Pure: no I/O.
+"""Where every object of a checkpoint store lives, and the rules its names follow. Pure: no I/O.
 
-```
-{base}_latest                                        hint: id of the newest commit
-{base}_writer                                        fencing record: current writer generation
-{base}_clock                                         GC's probe of the store's own time
-{base}{id}/manifest.json                             the commit marker, written last
-{base}{id}/operators/{operator}/partition-{p}.{attempt}.snap   full state
-{base}{id}/operators/{operator}/partition-{p}.{attempt}.delta  incremental delta
-{base}{id}/operators/{operator}/partition-{p}.{attempt}.file-{n}  a directory partition's file
-{base}{id}/packs/pack-{n}.{attempt}.pack             small snapshots and deltas, merged
-{base}{id}/parts/part-{sha256}.json                  entries of a large manifest, by digest
-{base}{id}/intent.json                               a save in progress: its lease, its parent
-```
-
-``{attempt}`` is 12 lowercase hex digits drawn afresh by every save attempt
-(:func:`new_attempt`), so two writers of one id never write the same object: the manifest
-names exactly the objects its own writer uploaded, and a loser's objects are garbage that
-GC sweeps. The reference's own calls (``save_snapshot``, ``save_delta``) write the
-attempt-less names ``partition-{p}.snap``/``.delta`` create-only, and checkpoints written
-before attempts existed (those names, and copies of their offsets in
-``offsets/{source}.json``) keep loading.
-
-A pack (:meth:`CheckpointPaths.relative_pack`) holds the stored bytes of many small
-artifacts of one save, one after the other; each artifact's manifest entry names the
-pack and the byte range its bytes take in it (see :mod:`cairn.format.manifest`). Pack names
-carry the attempt token too, and nothing else (there is no attempt-less pack name).
-
-A manifest part (:meth:`CheckpointPaths.relative_manifest_part`) holds some of the entries
-of a large manifest (see :mod:`cairn.format.manifest`). It is named by the SHA-256 of its bytes,
-not by an attempt: two writers that write one part name write the same bytes, so writing
-it again changes nothing a committed manifest names.
-
-:func:`is_cairn_name` tells these names (and the older ones above) from anything else
-under a directory named like a checkpoint id: the store's root is the default base, so a
-bucket shared with other data may hold another application's ``{uuid7}/data.parquet``,
-which nothing of cairn's may delete.
+Every object's path, the attempt tokens that make names unique to one save attempt, and
+the names cairn writes (:func:`is_cairn_name`) are specified in docs/format.md, section
+"Layout".
 
 Invariants:
 
@@ -43,8 +11,10 @@ Invariants:
   else it may hold is not cairn's (:func:`is_cairn_name`) and is never deleted;
 * operator and source names are validated before they become path segments, so no name
   can climb out of its checkpoint or collide with another object's path;
-* an object name that carries an attempt token is written by one save attempt only, so no
-  write through cairn replaces an object that another attempt's manifest names;
+* an object name that carries an attempt token (:func:`new_attempt`) is written by one
+  save attempt only, so no write through cairn replaces an object that another
+  attempt's manifest names; a manifest part is named by the SHA-256 of its bytes, so
+  writing it again writes the same bytes;
 * paths recorded in manifests are relative to the checkpoint directory, so a checkpoint
   copied to another prefix or store still resolves; :func:`validate_relative_path`
   rejects any relative path that is absolute or climbs out;

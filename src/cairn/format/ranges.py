@@ -4,20 +4,8 @@ A DCP rank's tensors are saved as one such object (see :mod:`cairn.torch`): one
 multipart upload instead of an object per tensor, while a read of one tensor stays one
 ranged GET checked against that tensor's own SHA-256. Pass a :class:`RangeSource` as a
 partition's data to :meth:`~cairn.ObjectStoreCheckpointer.save_partitions_concurrent`.
-
-The stored object is the ranges' bytes end to end, then its *index*::
-
-    b"cairn-ranges-v1\\n"                         16 bytes
-    per range: length (8 bytes, big-endian), SHA-256 (32 bytes)
-
-A source whose :attr:`RangeSource.codec` is ``"zstd"`` stores each range as a zstd frame
-of its own, so that a range still decodes alone, and its index records both sizes::
-
-    b"cairn-ranges-z1\\n"                         16 bytes
-    per range: stored length, decoded length (8 bytes each, big-endian), SHA-256 (32)
-
-Its manifest entry records the whole object's size as stored (``size_bytes``), the
-index's size (``index_size_bytes``) and the index's SHA-256 (``sha256``).
+The object, its two kinds of index and its manifest entry are specified in
+docs/format.md, section "Objects of ranges".
 
 Invariants:
 

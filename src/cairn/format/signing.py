@@ -15,12 +15,9 @@ that is not signed by one of its keys.
 * a sequence of those: the first signs, every one verifies. That is key rotation: put
   the new key first and keep the old ones while checkpoints they signed are needed.
 
-Where the signature lives. :func:`cairn.format.manifest.encode_manifest` writes a member
-``"signature": {"alg", "key_id", "value"}`` just before ``manifest_sha256``, first with
-an empty ``value``; the signer signs those exact bytes (with the checksum still zeroed);
-then the value (hex) takes its place and the checksum is computed over the result. So
-the manifest stays one object, the signature covers every byte of it except its own
-value and the checksum, and the checksum covers the signature too.
+Where the signature lives in a manifest and which bytes it covers (every byte but its
+own value, with the checksum zeroed; the checksum covers the signature too) are
+specified in docs/format.md, section "The signature".
 
 Invariants:
 
