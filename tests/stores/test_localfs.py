@@ -1,8 +1,9 @@
 """The local file primitives (cairn.stores._localfs) and how a local directory becomes a store.
 
-One walker and one atomic write serve the local store, the restore of an artifact to a
-path and ``cairn restore``: these pin what each promises on its own, with links planted
-where a walk or a write would meet them.
+One walker, one atomic write and one staged tree serve the local store, the restore of
+an artifact or a directory partition to a path, ``cairn restore`` and DCP's directories
+(through :mod:`cairn.stores.localfiles`): these pin what each promises on its own, with
+links planted where a walk, a read or a write would meet them.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import pytest
 from obstore.store import LocalStore as ObstoreLocalStore
 from obstore.store import MemoryStore, S3Store
 
-from cairn import ObjectStoreCheckpointer
+from cairn import InvalidInputError, ObjectStoreCheckpointer
 from cairn.stores import ObstoreStore, StoreCapabilities, as_store, capabilities_of, open_store
 from cairn.stores import _localfs as localfs
 from cairn.stores._local import LocalStore
 from cairn.stores._localfs import AtomicFile, LinkRefused, atomic_file_at, open_dirs
+from cairn.stores.localfiles import LocalDirectory, StagedTree, file_state
 
 
 def _staging(name: str) -> str:
@@ -159,3 +161,95 @@ def test_a_walk_opens_a_directory_another_writer_made_after_it_looked(
     with open_dirs(tree, ["new", "deeper"], create=True) as dirs:
         assert dirs.complete
     assert made == ["new", "deeper"] and (tree / "new" / "deeper").is_dir()
+
+
+def test_a_staged_tree_appears_whole_at_a_missing_or_empty_destination(tmp_path: Path) -> None:
+    for dest in (tmp_path / "new" / "dest", tmp_path / "empty"):
+        if dest.name == "empty":
+            dest.mkdir()
+        with StagedTree(dest, "stage") as tree:
+            with tree.create("a/b/file") as handle:
+                handle.write(b"bytes")
+            assert not dest.exists() or os.listdir(dest) == []
+            with tree.open("a/b/file") as staged:
+                assert staged.read() == b"bytes" and tree.names() == ["a"]
+            tree.publish()
+        assert (dest / "a" / "b" / "file").read_bytes() == b"bytes"
+        assert [p.name for p in dest.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_staged_tree_left_unpublished_leaves_nothing(tmp_path: Path) -> None:
+    with StagedTree(tmp_path / "dest", "stage") as tree, tree.create("file") as handle:
+        handle.write(b"never published")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("link", "it is a symbolic link, which is never followed"),
+        ("dangling", "it is a symbolic link, which is never followed"),
+        ("file", "it is a file, not a directory"),
+        (
+            "full",
+            "it is a directory that is not empty ('x' is in it): a whole directory is "
+            "written, never mixed with other files",
+        ),
+    ],
+)
+def test_a_staged_tree_refuses_every_other_destination(
+    tmp_path: Path, kind: str, reason: str
+) -> None:
+    dest, empty = tmp_path / "dest", tmp_path / "empty"
+    empty.mkdir()
+    if kind == "link":
+        dest.symlink_to(empty, target_is_directory=True)
+    elif kind == "dangling":
+        dest.symlink_to(tmp_path / "missing")
+    elif kind == "file":
+        dest.write_bytes(b"f")
+    else:
+        dest.mkdir()
+        (dest / "x").write_bytes(b"x")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(InvalidInputError) as refused:
+        StagedTree(dest, "stage")
+    assert str(refused.value) == (
+        f"cannot stage into {str(dest)!r}: {reason}; give a missing or empty directory"
+    )
+    assert sorted(os.listdir(tmp_path)) == before and os.listdir(empty) == []
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_link_planted_in_a_staged_tree_is_never_written_through(tree: Path) -> None:
+    outside = tree.parent / "outside"
+    with StagedTree(tree.parent / "dest", "stage") as staged:
+        (staged.path / "sub").symlink_to(outside, target_is_directory=True)
+        with pytest.raises(LinkRefused):
+            staged.create("sub/file")
+        (staged.path / "name").symlink_to(outside / "created")
+        with pytest.raises(FileExistsError):
+            staged.create("name")
+        with pytest.raises(InvalidInputError, match="is a symbolic link, never followed"):
+            staged.open("sub/b")
+    assert sorted(os.listdir(outside)) == ["b"] and os.listdir(outside / "b") == []
+
+
+def test_a_local_directory_reads_plain_files_only(tree: Path) -> None:
+    directory = LocalDirectory(tree)
+    assert directory.names() == ["a", "link"]
+    with directory.open("a/file") as plain:
+        assert plain.read() == b"f"
+    (tree / "a" / "file-link").symlink_to(tree / "a" / "file")
+    for relative, link in (("a/file-link", "a/file-link"), ("link/b", "link")):
+        with pytest.raises(InvalidInputError, match=f"{tree / link}.* symbolic link"):
+            directory.open(relative)
+    with pytest.raises(InvalidInputError, match="not a plain file"):
+        directory.open("a/b")
+    with pytest.raises(FileNotFoundError):
+        directory.open("a/missing")
+    assert file_state(tree / "a" / "file-link", b"f") == "other"
+    assert file_state(tree / "a" / "file", b"f") == "same"
+    assert file_state(tree / "a" / "file", b"g") == "different"
+    assert file_state(tree / "a" / "file" / "x", b"f") == "other"
+    assert file_state(tree / "a" / "missing", b"f") == "absent"

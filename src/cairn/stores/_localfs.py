@@ -11,7 +11,9 @@ format (:mod:`cairn.torch`) and local files written for tools
   ``O_NOFOLLOW``: a link below the root is never followed, also one swapped in while the
   walk runs. It stops at the first name that is missing, not a directory, or a link, and
   says which (:class:`Dirs`); asked to ``create``, it makes missing directories and
-  raises instead of stopping. :func:`open_file_at` opens a file the same way.
+  raises instead of stopping. :func:`open_file_at` opens a file the same way, and
+  :func:`open_plain_file` (and :class:`LocalDirectory`, over a root named by a path)
+  a regular file below a directory's descriptor.
 * :class:`AtomicFile` writes a file under a staging name in a directory walked so, then
   gives it its final name in one ``rename`` (or, create-only, one ``link``, which fails
   if the name exists), never writing through a link at that name nor replacing one
@@ -24,7 +26,8 @@ format (:mod:`cairn.torch`) and local files written for tools
   every directory of it is fsynced; or removes it, leaving the destination as it was.
 
 Errors are ``OSError``; :class:`LinkRefused` (a ``FileNotFoundError``) names the link a
-walk or a write met. An unusable destination of a :class:`StagedTree` is
+walk or a write met. An unusable destination of a :class:`StagedTree`, and a link or a
+special file where :func:`open_plain_file` wants a plain file, are
 :class:`~cairn.errors.InvalidInputError` naming it and saying why.
 """
 

@@ -70,7 +70,7 @@ log = logging.getLogger("cairn")
 @dataclasses.dataclass(frozen=True)
 class Blocks:
     """Where the item records of metadata stored as a chunk table are
-    (:mod:`cairn.torch._itemtable`): block ``b`` is range ``ranges[b + 1]`` of the
+    (:mod:`cairn.torch._tableread`): block ``b`` is range ``ranges[b + 1]`` of the
     metadata object at ``path``; ``loaded`` the blocks read so far."""
 
     path: str
