@@ -7,10 +7,19 @@ its binary cannot run); every test that takes ``raw_store`` or ``ckpt`` runs onc
 backend. The tools behind them are in ``support/`` (``backends``: stores and
 checkpointers; ``policies``: retry policies; ``cli``: the ``local`` store of the
 command-line tests), which tests import directly.
+
+Markers (registered in ``pyproject.toml``, which sets ``--strict-markers``): tests are
+marked ``servers``, ``slow``, ``subprocess`` and ``torch`` here, at collection, by the
+rules of :mod:`support.markers`, so that ``pytest -m "not servers"`` starts no server.
+While a test not marked ``servers`` runs, starting an emulator fails it
+(:func:`support.servers.refusing_starts`): a test the rules miss is found in every run.
+A module that is slow as a whole carries ``slow`` in its own ``pytestmark``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -26,8 +35,31 @@ from support.fixtures import (  # noqa: F401
     s3_proxy,
     s3_server,
 )
+from support.markers import markers_of
+from support.servers import refusing_starts
 
 from cairn import ObjectStoreCheckpointer
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by the rules of :mod:`support.markers`."""
+    for item in items:
+        for name in markers_of(item):
+            item.add_marker(name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Run a test not marked ``servers`` where no emulator can start (fixtures included)."""
+    if item.get_closest_marker("servers") is not None:
+        guard: AbstractContextManager[None] = nullcontext()
+    else:
+        guard = refusing_starts(
+            f"{item.nodeid} is not marked `servers`, and a test that needs a server must be "
+            "(see tests/support/markers.py)"
+        )
+    with guard:
+        return (yield)
 
 
 @pytest.fixture(params=BACKENDS)

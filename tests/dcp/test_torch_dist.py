@@ -62,9 +62,13 @@ from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter
 
 T = TypeVar("T")
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
-)
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
+    ),
+    pytest.mark.slow,
+    pytest.mark.subprocess,
+]
 
 LEASE_S = 2  # the killed save's lease: short, so the test can see GC sweep after it
 

@@ -37,9 +37,13 @@ from cairn import (
 from cairn.format.manifest import encode_manifest
 from cairn.torch import CairnReader, CairnWriter, _format
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
-)
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
+    ),
+    pytest.mark.slow,
+    pytest.mark.subprocess,
+]
 
 PREFIX = "dcp/"
 MIB = 1 << 20

@@ -34,6 +34,8 @@ from cairn import (
     upload_partitions,
 )
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 OPERATORS = ("join", "agg")
 KEYS = [(op, p) for op in OPERATORS for p in range(8)]  # 16 partitions over 4 workers
 CTX = multiprocessing.get_context("spawn")

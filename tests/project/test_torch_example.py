@@ -17,6 +17,8 @@ from support.paths import REPO
 
 pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.torch]
+
 EXAMPLE = REPO / "examples" / "torch_train.py"
 
 

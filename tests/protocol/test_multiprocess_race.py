@@ -32,6 +32,8 @@ from support.crash_child import parse_lines, race_data
 from cairn import CheckpointId, ObjectStoreCheckpointer
 from cairn.format.manifest import decode_manifest
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 WRITERS = 8
 ROUNDS = 5
 RUN_TIMEOUT = 120.0  # every writer must be done within this after "go"

@@ -47,6 +47,8 @@ from support.crash_child import (
 
 from cairn import CheckpointId, CheckpointManifest, ObjectStoreCheckpointer
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 T = TypeVar("T")
 
 KILLS_PER_BACKEND = int(os.environ.get("CAIRN_KILLS", "20"))  # more for a soak run

@@ -23,6 +23,8 @@ from support.paths import REPO
 from support.sim import Outcome, run
 from support.sim.mutants import MUTANTS
 
+pytestmark = pytest.mark.slow
+
 SCHEDULES = 10_000
 PARTS = 4
 """The search is split so that a failure names its range of seeds early."""

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from support.paths import REPO
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 SRC = REPO / "src"
 
 SCRIPT = textwrap.dedent(

@@ -44,6 +44,11 @@ What obstore 0.12.1 gets from these servers (checked against moto 5.2.5 and Azur
   ``HEAD`` and ``GET`` put around them (cairn's store adapter quotes them, as it does
   Azure's). A server that cannot run on this machine (no binary for this
   platform, or one the OS cannot execute) raises :class:`ServerUnavailableError`.
+
+Inside :func:`refusing_starts`, starting one of these three emulators raises
+:class:`ServerRefusedError` before any process is spawned: the test suite runs every test
+not marked ``servers`` that way, so a selection without that marker starts no emulator
+and needs neither moto's server nor Node.js, Azurite or fake-gcs-server.
 """
 
 from __future__ import annotations
@@ -64,10 +69,12 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from email.utils import formatdate
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Self, TypedDict
+from typing import IO, TYPE_CHECKING, ClassVar, Self, TypedDict
 from urllib.parse import quote
 
 from .gcs_proxy import GcsXmlProxy
@@ -86,6 +93,7 @@ __all__ = [
     "GcsServer",
     "S3Options",
     "S3Server",
+    "ServerRefusedError",
     "ServerStartError",
     "ServerUnavailableError",
     "azure_store_options",
@@ -94,6 +102,7 @@ __all__ = [
     "gcs_env",
     "gcs_service_account_key",
     "gcs_store_options",
+    "refusing_starts",
     "s3_store_options",
     "unique_name",
 ]
@@ -118,6 +127,26 @@ class ServerStartError(RuntimeError):
 
 class ServerUnavailableError(ServerStartError):
     """A test server cannot run on this machine at all (the message says why)."""
+
+
+class ServerRefusedError(ServerStartError):
+    """An emulator's start inside :func:`refusing_starts` (the message says who refused)."""
+
+
+_refusal: str | None = None
+"""While set (inside :func:`refusing_starts`), why no emulator may start."""
+
+
+@contextmanager
+def refusing_starts(reason: str) -> Iterator[None]:
+    """Within the block, starting moto, Azurite or fake-gcs-server raises
+    :class:`ServerRefusedError` with ``reason``, and spawns nothing."""
+    global _refusal
+    outer, _refusal = _refusal, reason
+    try:
+        yield
+    finally:
+        _refusal = outer
 
 
 class S3Options(TypedDict):
@@ -274,6 +303,8 @@ class _ServerProcess:
     """Start/stop/readiness shared by the servers; subclasses give the command line."""
 
     name = "server"
+    emulator: ClassVar[bool] = False
+    """One of the store emulators, whose starts :func:`refusing_starts` refuses."""
 
     def __init__(self, *, startup_timeout: float = 20.0) -> None:
         self.startup_timeout = startup_timeout
@@ -307,6 +338,8 @@ class _ServerProcess:
     def start(self) -> Self:
         if self._proc is not None:
             raise RuntimeError(f"{self.name} server already started")
+        if self.emulator and _refusal is not None:
+            raise ServerRefusedError(f"{self.name} server not started: {_refusal}")
         began = time.monotonic()
         deadline = began + self.startup_timeout
         for _attempt in range(3):
@@ -387,6 +420,7 @@ class S3Server(_ServerProcess):
     """moto's standalone server (``python -m moto.server``) from this interpreter's env."""
 
     name = "moto"
+    emulator = True
 
     def _command(self, port: int) -> list[str]:
         return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
@@ -410,6 +444,7 @@ class AzuriteServer(_ServerProcess):
     """Azurite's blob service, in memory, from ``node_modules/.bin`` under the repo root."""
 
     name = "azurite"
+    emulator = True
 
     def __init__(
         self, *, executable: Path = AZURITE_BLOB_BIN, startup_timeout: float = 20.0
@@ -475,6 +510,7 @@ class GcsServer(_ServerProcess):
     """
 
     name = "fake-gcs-server"
+    emulator = True
 
     def __init__(self, *, executable: Path | None = None, startup_timeout: float = 20.0) -> None:
         super().__init__(startup_timeout=startup_timeout)
