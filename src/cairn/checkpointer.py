@@ -30,6 +30,7 @@ import contextlib
 import datetime as dt
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, BinaryIO, Self
 
@@ -77,6 +78,15 @@ from cairn.stores.retry import RetryingStore, RetryPolicy
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
 
 
+@contextlib.asynccontextmanager
+async def _observed_with(
+    observers: Sequence[Observer], name: str, attributes: dict[str, Any]
+) -> AsyncIterator[Operation]:
+    with _dispatch.watching(observers):
+        async with _dispatch.observed(None, name, **attributes) as op:
+            yield op
+
+
 class ObjectStoreCheckpointer(Checkpointer):
     """Production checkpointer over any object store.
 
@@ -87,7 +97,8 @@ class ObjectStoreCheckpointer(Checkpointer):
     (see :mod:`cairn.format.codecs`); readers decompress whatever each entry records. A save in
     progress holds a ``lease`` on its directory, renewed every third of it, that keeps
     GC away however long the save runs (see :mod:`cairn.protocol._lease`). At most
-    ``max_saves_in_flight`` saves run in the background at once (:meth:`save_async`).
+    ``max_saves_in_flight`` saves run in the background at once (:meth:`save_async`;
+    ``background`` holds the saves, both façades save through it).
     With ``signing_key`` (HMAC key bytes, a :class:`~cairn.format.signing.ManifestSigner`, or
     a sequence of them: the first signs, all verify), every manifest committed is
     signed, and every manifest used is refused with :class:`SignatureError` unless one
@@ -562,17 +573,14 @@ class ObjectStoreCheckpointer(Checkpointer):
             op.gc = await run_gc(self.store, paths, policy, dry_run=dry_run, min_age=min_age)
             return op.gc
 
-    @contextlib.asynccontextmanager
-    async def observed(self, name: str, **attributes: Any) -> AsyncIterator[Operation]:
+    def observed(self, name: str, **attributes: Any) -> AbstractAsyncContextManager[Operation]:
         """Run a block as an operation ``name`` for this checkpointer's observers.
 
         For tools that compose the public API into an operation of their own (``cairn
         copy`` is ``"copy"``): its store calls and nested operations are reported under
         it. ``attributes`` (``checkpoint_id``, ``epoch``, ``bytes``) describe it.
         """
-        with _dispatch.watching(self.observers):
-            async with _dispatch.observed(None, name, **attributes) as op:
-                yield op
+        return _observed_with(self.observers, name, attributes)
 
     # -- finding checkpoints for tools (cairn.protocol.discover) ------------------------------
 
