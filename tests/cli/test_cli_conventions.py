@@ -245,3 +245,26 @@ def test_dash_o_and_a_flag_that_ask_for_other_output_are_a_usage_error(local: Fi
     assert early.json()["error"]["type"] == "UsageError"  # --json given: the error is JSON
     assert agree.code == 0 and str(local.newest) in agree.stdout, agree.explain()
     assert unknown.code == 2 and "'xml' is not one of" in unknown.stderr, unknown.explain()
+
+
+def test_a_usage_error_names_the_help_of_the_command_it_is_in() -> None:
+    in_command, before_command, no_command, as_json = cairn_many(
+        [
+            ["list", "--bogus"],
+            ["--bogus", "list"],
+            ["bogus"],
+            ["gc", "--keep-last", "x", "--json"],
+        ]
+    )
+    assert in_command.code == 2, in_command.explain()
+    assert in_command.error_line() == "error: No such option: --bogus (see 'cairn list --help')"
+    assert before_command.code == 2, before_command.explain()
+    assert before_command.error_line() == "error: No such option: --bogus (see 'cairn --help')"
+    assert no_command.code == 2, no_command.explain()
+    assert no_command.error_line() == "error: No such command 'bogus'. (see 'cairn --help')"
+    assert as_json.code == 2 and as_json.stderr.startswith("error: "), as_json.explain()
+    assert as_json.json()["error"] == {
+        "type": "UsageError",
+        "message": "Invalid value for '--keep-last': not an integer: 'x' (see 'cairn gc --help')",
+        "exit_code": 2,
+    }

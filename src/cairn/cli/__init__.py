@@ -3,7 +3,11 @@
 ``main()`` is the console script's entry point (``cairn = "cairn.cli:main"``); it is
 also what ``python -m cairn`` and ``python -m cairn.cli`` run. The modules, one job each:
 
-* :mod:`cairn.cli.app`: the typer commands (option parsing, then one call each);
+* :mod:`cairn.cli.app`: the ``cairn`` group, its options and the table of commands;
+* :mod:`cairn.cli.commands`: the commands, grouped by what they do (their options,
+  their ``--help``, what each does);
+* :mod:`cairn.cli.options`: the options the commands share, and which value of each a
+  command runs with;
 * :mod:`cairn.cli.session`: the store URL and prefix, running a command, logging;
 * :mod:`cairn.cli.errors`: exit codes and the one-line error messages;
 * :mod:`cairn.cli.limits`: the bounds of numeric and duration options;
@@ -31,38 +35,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     with ``--json``, as the ``error`` of one JSON document on stdout); every other
     failure is handled by the command itself (see :mod:`cairn.cli.errors`).
     """
-    import importlib
     import sys
 
     import typer
 
-    from cairn.cli.app import app
-    from cairn.cli.errors import ExitCode, click_exceptions, one_line
-    from cairn.cli.output import Output, no_color
+    from cairn.cli.app import Invocation, app
+    from cairn.cli.errors import ExitCode, one_line
+    from cairn.cli.output import Output
 
-    if no_color():  # --help too: typer's console writes no style escape without colours
-        vars(importlib.import_module("typer.rich_utils"))["COLOR_SYSTEM"] = None
     args = list(argv) if argv is not None else sys.argv[1:]
     output = Output(json_mode="--json" in args)
-    errors = click_exceptions()
-    # typer >= 0.26 keeps Abort in typer.exceptions, beside its vendored click; older
-    # versions raise click's own.
-    aborted = getattr(errors, "Abort", None) or importlib.import_module("typer.exceptions").Abort
-    command = typer.main.get_command(app)
+    invocation = Invocation()
     try:
-        result = command.main(args=args, prog_name="cairn", standalone_mode=False)
-    except errors.UsageError as exc:
-        if not exc.format_message().strip():  # no arguments at all: the help was printed
+        # Not standalone: typer returns the exit code and raises the usage errors, which
+        # are reported here, as every other failure is.
+        result = app(args=args, prog_name="cairn", standalone_mode=False, obj=invocation)
+    except typer.TyperException as exc:
+        message = one_line(exc.format_message())
+        if not message:  # no arguments at all: the help was printed
             return int(ExitCode.USAGE)
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        output.fail("UsageError", f"{one_line(exc.format_message())}{hint}", ExitCode.USAGE)
-        output.emit()
-        return int(ExitCode.USAGE)
-    except errors.ClickException as exc:
-        output.fail("UsageError", one_line(exc.format_message()), exc.exit_code)
+        if exc.exit_code == ExitCode.USAGE:
+            message += f" (see '{invocation.command_path()} --help')"
+        output.fail("UsageError", message, exc.exit_code)
         output.emit()
         return int(exc.exit_code)
-    except aborted:
+    except typer.Abort:
         output.fail("Interrupted", "aborted", ExitCode.INTERRUPTED)
         output.emit()
         return int(ExitCode.INTERRUPTED)

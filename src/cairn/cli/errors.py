@@ -26,9 +26,9 @@ object on stdout: ``{"schema_version": 1, "error": {"type", "message", "exit_cod
 from __future__ import annotations
 
 import enum
-import importlib
-from types import ModuleType
 from typing import Any
+
+import typer
 
 from cairn import (
     CheckpointerError,
@@ -52,7 +52,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "CliError",
     "ExitCode",
-    "click_exceptions",
     "describe",
     "error_doc",
     "error_type",
@@ -95,22 +94,14 @@ _KIND_OF_CODE = {
 }
 
 
-def click_exceptions() -> ModuleType:
-    """click's exception classes as typer raises them.
-
-    typer >= 0.26 vendors click as ``typer._click``; older versions use ``click`` itself.
-    """
-    for name in ("typer._click.exceptions", "click.exceptions"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError("neither typer._click nor click is installed")
-
-
 def is_usage_error(exc: BaseException) -> bool:
-    """True for a command-line usage error (unknown option, missing argument, ...)."""
-    return isinstance(exc, click_exceptions().UsageError)
+    """True for a command-line usage error (unknown option, missing argument, ...).
+
+    typer raises the errors of the command line as instances of
+    :class:`typer.TyperException` (:class:`typer.BadParameter` is one), each with the
+    exit code it stands for: 2 for bad usage.
+    """
+    return isinstance(exc, typer.TyperException) and exc.exit_code == ExitCode.USAGE
 
 
 class CliError(Exception):
@@ -170,7 +161,7 @@ def describe(exc: BaseException, store_url: str | None = None) -> str:
         text = f"store failure: {exc}"
     elif isinstance(exc, CheckpointerError):
         text = str(exc)
-    elif isinstance(exc, click_exceptions().ClickException):
+    elif isinstance(exc, typer.TyperException):
         text = exc.format_message()
     else:
         text = f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)"

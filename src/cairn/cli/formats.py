@@ -8,12 +8,16 @@ terminal), ``-o wide`` (every column and whole ids: ``--wide``), ``-o ids`` (who
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated
 
 import typer
 
-__all__ = ["OutputFormat", "OutputOption", "apply_output"]
+from cairn.cli.errors import CliError, ExitCode
+
+__all__ = ["OutputFormat", "OutputOption", "Shown", "apply_output"]
 
 
 class OutputFormat(enum.StrEnum):
@@ -41,19 +45,32 @@ _FLAG_OF = {OutputFormat.WIDE: "--wide", OutputFormat.IDS: "--ids", OutputFormat
 _AGREES = {OutputFormat.WIDE: {"--wide", "--ids"}}  # wide tables show whole ids already
 
 
-def apply_output(
-    output: OutputFormat, json_mode: bool, given: dict[str, Any]
-) -> tuple[bool, str | None]:
-    """Apply ``-o output`` to a command's ``--json`` (``json_mode``) and its ``wide`` and
-    ``full_ids`` parameters (in ``given``, changed in place): the ``--json`` to use, and
-    the usage error to report when a flag given asks for other output (else None)."""
-    flags = {"--json": json_mode, "--wide": given.get("wide"), "--ids": given.get("full_ids")}
+@dataclass(frozen=True)
+class Shown:
+    """What a command prints: one JSON document (``json_mode``), or tables with every
+    column and whole ids (``wide``) or with whole ids (``full_ids``)."""
+
+    json_mode: bool = False
+    wide: bool = False
+    full_ids: bool = False
+
+
+def apply_output(output: OutputFormat | None, flags: Shown) -> Shown:
+    """What ``-o output`` (None: not given) and the flags given (``--json``, ``--wide``,
+    ``--ids``, as ``flags``) ask for together; a usage error naming both when a flag asks
+    for other output than ``-o``."""
+    if output is None:
+        return flags
+    given = {"--json": flags.json_mode, "--wide": flags.wide, "--ids": flags.full_ids}
     allowed = _AGREES.get(output, {_FLAG_OF.get(output)})
-    clash = [flag for flag, on in flags.items() if on and flag not in allowed]
+    clash = [flag for flag, on in given.items() if on and flag not in allowed]
     if clash:
-        return json_mode, f"-o {output.value} and {clash[0]} ask for different output: give one"
-    if output is OutputFormat.WIDE:
-        given["wide"] = True
-    elif output is OutputFormat.IDS:
-        given["full_ids"] = True
-    return json_mode or output is OutputFormat.JSON, None
+        raise CliError(
+            f"-o {output.value} and {clash[0]} ask for different output: give one", ExitCode.USAGE
+        )
+    return dataclasses.replace(
+        flags,
+        json_mode=flags.json_mode or output is OutputFormat.JSON,
+        wide=flags.wide or output is OutputFormat.WIDE,
+        full_ids=flags.full_ids or output is OutputFormat.IDS,
+    )

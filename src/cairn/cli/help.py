@@ -12,15 +12,24 @@ classes here, used for every command and for the group, change only that:
 * the usage line lists each argument once, as ``NAME``, ``[NAME]`` when it is optional
   and ``NAME...`` when it repeats;
 * each paragraph of a help text is joined into one line for rich to wrap at the width
-  of the terminal (a paragraph that starts with ``\\b`` keeps its lines, as in click).
+  of the terminal (a paragraph that starts with ``\\b`` keeps its lines, as in click);
+* with ``$NO_COLOR`` set, the help is printed without any style escape, as every other
+  output of cairn is (rich's own ``NO_COLOR`` handling drops colours only, and keeps
+  bold, dim and italics): typer's rendering is captured and printed as plain text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import sys
 from typing import Any
 
+from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+from cairn.cli.output import no_color
 
 __all__ = ["CairnCommand", "CairnGroup", "reflow"]
 
@@ -75,6 +84,15 @@ class _Tidied:
     def get_params(self, ctx: Any) -> list[Any]:
         """The parameters, the help option included, tidied for display."""
         return _tidy(list(super().get_params(ctx)))  # type: ignore[misc]
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The help as typer renders it, without any style escape when ``$NO_COLOR`` is set."""
+        if not no_color():
+            super().format_help(ctx, formatter)  # type: ignore[misc]
+            return
+        with contextlib.redirect_stdout(io.StringIO()) as styled:
+            super().format_help(ctx, formatter)  # type: ignore[misc]
+        sys.stdout.write(Text.from_ansi(styled.getvalue()).plain)
 
 
 class CairnCommand(_Tidied, TyperCommand):

@@ -69,10 +69,13 @@ class Output:
 
     In ``--json`` mode the command's document is kept (:meth:`json`) and printed once,
     when the command ends (:meth:`emit`), with the ``error`` of a failure merged in, so
-    stdout holds exactly one JSON object whether the command succeeded or not.
+    stdout holds exactly one JSON object whether the command succeeded or not. Tables
+    keep every column and whole ids when ``wide``, whole ids when ``full_ids``.
     """
 
     json_mode: bool = False
+    wide: bool = False
+    full_ids: bool = False
     out: Console = field(default_factory=lambda: _console(stderr=False))
     err: Console = field(default_factory=lambda: _console(stderr=True))
     document: dict[str, Any] | None = None

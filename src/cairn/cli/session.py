@@ -44,12 +44,14 @@ from urllib.parse import unquote, urlsplit
 import typer
 
 from cairn import (
+    CheckpointId,
     CheckpointPaths,
     InvalidInputError,
     ObjectStoreCheckpointer,
     __version__,
     open_store,
 )
+from cairn.cli.catalog import resolve
 from cairn.cli.errors import CliError, ExitCode, describe, error_type, exit_code_for
 from cairn.cli.output import Output
 from cairn.cli.progress import Transfer
@@ -163,10 +165,19 @@ class Session:
 
     @classmethod
     def create(
-        cls, store: str | None, prefix: str | None, json_mode: bool, debug: bool = False
+        cls,
+        store: str | None,
+        prefix: str | None,
+        json_mode: bool,
+        debug: bool = False,
+        *,
+        wide: bool = False,
+        full_ids: bool = False,
     ) -> Session:
-        """A session for ``--store``, ``--prefix`` (None: not given) and ``--json``."""
-        return cls(store, prefix, Output(json_mode=json_mode), debug)
+        """A session for ``--store``, ``--prefix`` (None: not given) and ``--json``, its
+        tables as ``--wide`` and ``--ids`` ask."""
+        output = Output(json_mode=json_mode, wide=wide, full_ids=full_ids)
+        return cls(store, prefix, output, debug)
 
     @property
     def default_store(self) -> bool:
@@ -228,6 +239,17 @@ class Session:
     async def elsewhere(self, ckpt: ObjectStoreCheckpointer) -> str:
         """A hint naming the other prefixes that hold checkpoints, or ``""``."""
         return other_prefixes_hint(await checkpoint_prefixes(ckpt.store, self.prefix))
+
+    async def resolve(self, ckpt: ObjectStoreCheckpointer, ref: str) -> CheckpointId:
+        """The checkpoint ``ref`` names (:func:`cairn.cli.catalog.resolve`); when there is
+        none, the error names the other prefixes that hold checkpoints."""
+        try:
+            return await resolve(ckpt, ref, self.where())
+        except CliError as exc:
+            hint = await self.elsewhere(ckpt)
+            if not hint:
+                raise
+            raise CliError(exc.message + hint, exc.code, exc.kind) from None
 
 
 def open_checkpointer(

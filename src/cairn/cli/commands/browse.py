@@ -1,0 +1,207 @@
+"""``cairn list``, ``cairn history`` and ``cairn show``: what a store holds, read only.
+
+None of them writes to the store. When there are no checkpoints under the prefix,
+``list`` and ``history`` name the prefixes of the store that hold some, and ``show``
+does when the checkpoint it is given is not there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from cairn import ObjectStoreCheckpointer
+from cairn.cli import views
+from cairn.cli.catalog import parse_ref, read_manifests
+from cairn.cli.errors import CliError, ExitCode
+from cairn.cli.formats import OutputOption
+from cairn.cli.history import Point, history_chart, history_doc
+from cairn.cli.maintain import parse_since, window
+from cairn.cli.options import (
+    DebugOption,
+    Given,
+    IdsOption,
+    JsonOption,
+    LimitOption,
+    PrefixOption,
+    RefArgument,
+    SinceOption,
+    StoreOption,
+    WideOption,
+    launch,
+)
+from cairn.cli.session import Session, checkpoint_prefixes, other_prefixes_hint
+from cairn.cli.verify import signature_of, signature_state
+
+__all__ = ["history_command", "list_command", "show_command"]
+
+
+def list_command(
+    ctx: typer.Context,
+    limit: LimitOption = None,
+    since: SinceOption = None,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
+    output: OutputOption = None,
+    store: StoreOption = None,
+    prefix: PrefixOption = None,
+    json_mode: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size.
+
+    Ids are shown short: the fewest characters (8 or more) that tell them apart, which
+    every command takes. The table fits the terminal, dropping its least useful columns
+    when narrow; --wide shows every column and whole ids, --ids whole ids. When there
+    are none under the prefix, names the prefixes of the store that hold some.
+    --since and --limit list only the newest (by the time an id carries).
+    """
+    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
+    launch(ctx, given, lambda session: _list(session, limit, since))
+
+
+async def _list(session: Session, limit: int | None, since: str | None) -> None:
+    since_ms = _since(since)
+    ckpt = await session.open()
+    every = await ckpt.list_checkpoints()
+    ids = window(every, limit, since_ms)
+    if every and not ids:
+        session.output.json(views.list_doc(session.doc(), [], None, []))
+        session.output.line(
+            f"no checkpoints since {since} under prefix {session.prefix!r} of {session.url} "
+            f"({len(every)} older)"
+        )
+        return
+    if not ids:
+        others = await _none_under_prefix(session, ckpt)
+        session.output.json(views.list_doc(session.doc(), [], None, others))
+        return
+    listed = await read_manifests(ckpt, ids)
+    latest = await ckpt.latest_id()
+    session.output.json(views.list_doc(session.doc(), listed, latest, []))
+    out = session.output
+    out.show(views.list_table(listed, latest, full_ids=out.full_ids, wide=out.wide))
+    for item in listed:
+        if item.error is not None:
+            session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
+
+
+def history_command(
+    ctx: typer.Context,
+    limit: LimitOption = None,
+    since: SinceOption = None,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
+    output: OutputOption = None,
+    store: StoreOption = None,
+    prefix: PrefixOption = None,
+    json_mode: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Draw the checkpoints over time: size uploaded and carried, duration, full or
+    incremental, and the saves that did not commit and long gaps, at a glance.
+
+    --since and --limit draw only the newest saves, committed or not. When there are
+    none under the prefix, names the prefixes of the store that hold some.
+    """
+    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
+    launch(ctx, given, lambda session: _history(session, limit, since))
+
+
+async def _history(session: Session, limit: int | None, since: str | None) -> None:
+    since_ms = _since(since)
+    ckpt = await session.open()
+    committed = set(await ckpt.list_checkpoints())
+    dirs = await ckpt.list_checkpoint_dirs()
+    if not dirs:
+        others = await _none_under_prefix(session, ckpt)
+        session.output.json({**history_doc(session.doc(), []), "other_prefixes": others})
+        return
+    listed = {item.checkpoint_id: item for item in await read_manifests(ckpt, sorted(committed))}
+    points = [
+        Point(cid, "uncommitted")
+        if cid not in committed
+        else Point(cid, "committed", listed[cid].manifest)
+        if listed[cid].manifest is not None
+        else Point(cid, "unreadable")
+        for cid in window(dirs, limit, since_ms)
+    ]
+    out = session.output
+    chart = history_chart(points, full_ids=out.full_ids, wide=out.wide)
+    out.report(history_doc(session.doc(), points), chart)
+
+
+def _since(text: str | None) -> int | None:
+    """``--since`` in milliseconds after 1970 (None: not given), or a usage error."""
+    if text is None:
+        return None
+    try:
+        return parse_since(text, time.time_ns() // 1_000_000)
+    except ValueError as exc:
+        raise CliError(f"--since: {exc}", ExitCode.USAGE) from None
+
+
+async def _none_under_prefix(session: Session, ckpt: ObjectStoreCheckpointer) -> list[str]:
+    """Say there are no checkpoints under the prefix, naming the prefixes of the store
+    that hold some; returns those."""
+    others = await checkpoint_prefixes(ckpt.store, session.prefix)
+    session.output.line(
+        f"no checkpoints under prefix {session.prefix!r} of {session.url}"
+        + other_prefixes_hint(others)
+    )
+    return others
+
+
+def show_command(
+    ctx: typer.Context,
+    ref: RefArgument,
+    partitions: Annotated[
+        bool,
+        typer.Option(
+            "--partitions",
+            help="List every artifact and source, however many (with --json too).",
+        ),
+    ] = False,
+    wide: WideOption = False,
+    full_ids: IdsOption = False,
+    output: OutputOption = None,
+    store: StoreOption = None,
+    prefix: PrefixOption = None,
+    json_mode: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Show one checkpoint: sources, offsets, the artifacts of its restore chains, and
+    whether it is signed (with CAIRN_SIGNING_KEY, one not signed by it is refused).
+
+    Over 200 artifacts (or 50 sources), a summary per operator instead; --partitions
+    lists every artifact and source. --json follows the same rule: a summary has
+    "listed": false and no "entries".
+    """
+    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
+    launch(ctx, given, lambda session: _show(session, ref, partitions))
+
+
+async def _show(session: Session, ref: str, partitions: bool) -> None:
+    parse_ref(ref)
+    ckpt = await session.open()
+    cid = await session.resolve(ckpt, ref)
+    manifest = await ckpt.load_manifest(cid)  # with keys: refused unless signed by one
+    signature = await signature_of(ckpt, cid)
+    state = signature_state(ckpt, signature, verified=True)
+    key_id = signature.key_id if signature is not None else None
+    latest = cid == await ckpt.latest_id()
+    listed = views.show_lists_entries(manifest, partitions)
+    doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
+    out = session.output
+    table = views.show_table(
+        manifest,
+        latest,
+        listed,
+        signature=state,
+        key_id=key_id,
+        full_ids=out.full_ids,
+        wide=out.wide,
+    )
+    out.report({**session.doc(), **doc}, table)
