@@ -23,6 +23,7 @@ pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh
 
 import torch
 from support.cli import cairn, document, failure
+from support.swaps import link_before_rename
 from support.torch_worker import BLANK_SEED, digests, make_state
 from torch import nn
 from torch.distributed.checkpoint._traverse import set_element
@@ -208,16 +209,9 @@ def test_an_export_refuses_a_link_swapped_in_at_its_destination_before_the_renam
     save(store, {"x": torch.arange(8.0)})
     outside, dest = tmp_path / "outside", tmp_path / "out"
     outside.mkdir()
-    real_rename = os.rename
-
-    def swap_then_rename(*args: Any, **kwargs: Any) -> None:
-        dest.symlink_to(outside, target_is_directory=True)  # after the last check
-        real_rename(*args, **kwargs)
-
-    monkeypatch.setattr(os, "rename", swap_then_rename)
+    link_before_rename(monkeypatch, dest, outside)
     with pytest.raises(InvalidInputError, match="out': it is a symbolic link"):
         export_dcp(store, None, dest, prefix=PREFIX)
-    monkeypatch.undo()
     assert os.readlink(dest) == str(outside) and os.listdir(outside) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "outside", "store"]
 

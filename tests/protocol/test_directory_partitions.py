@@ -23,6 +23,7 @@ from support.backends import make_checkpointer, make_store
 from support.cli import PREFIX, cairn, cairn_many
 from support.intents import intents_of, is_intent_path
 from support.recording import RecordingStore
+from support.swaps import link_before_rename
 
 from cairn import (
     BrokenChainError,
@@ -354,16 +355,9 @@ async def test_a_link_swapped_in_at_dest_before_the_rename_is_refused_and_kept(
     outside.mkdir()
     ckpt = make_checkpointer(make_store("memory", tmp_path, None))  # type: ignore[arg-type]
     saved = await ckpt.save(CheckpointData(epoch=1, directories={KEY: src}))
-    real_rename = os.rename
-
-    def swap_then_rename(*args: Any, **kwargs: Any) -> None:
-        dest.symlink_to(outside, target_is_directory=True)  # after the last check
-        real_rename(*args, **kwargs)
-
-    monkeypatch.setattr(os, "rename", swap_then_rename)
+    link_before_rename(monkeypatch, dest, outside)
     with pytest.raises(InvalidInputError, match="dest': it is a symbolic link"):
         await ckpt.restore_directory(saved.checkpoint_id, *KEY, dest)
-    monkeypatch.undo()
     assert os.readlink(dest) == str(outside) and os.listdir(outside) == []
     assert sorted(os.listdir(tmp_path)) == ["dest", "outside", "src"], "no staging left"
 
