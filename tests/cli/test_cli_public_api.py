@@ -1,10 +1,11 @@
-"""The command line uses typer, click and rich through their public names only.
+"""The command line uses typer, click and rich through their documented names only.
 
 typer 0.26 and later vendor click as ``typer._click`` and say that code there is not
 for applications; click itself is not a dependency of cairn. So the source of the
 command line (and the docs hook that renders its help) may name typer's top-level
-names only, never a typer submodule or click (imported, or named in a string for importlib to
-load), a private name of rich, or a rewritten ``__signature__``. The one exception is
+names only, never a typer submodule or click (imported, or named in a string for
+importlib to load), a module of rich its reference does not document or a private
+name of rich, nor a rewritten ``__signature__``. The one exception is
 :mod:`cairn.cli.help`: it adjusts typer's rendering through the classes typer's
 ``cls=`` takes (``typer.core``), on the typer minor ``pyproject.toml`` pins, and
 ``tests/cli/test_cli_help.py`` checks what it prints.
@@ -30,6 +31,14 @@ CLI = REPO / "src" / "cairn" / "cli"
 SOURCES = [*sorted(CLI.rglob("*.py")), REPO / "docs" / "_hooks" / "cli_help.py"]
 HELP = CLI / "help.py"
 HELP_CLASSES = {"TyperArgument", "TyperCommand", "TyperGroup", "TyperOption"}
+RICH_DOCUMENTED = {
+    *("abc", "align", "bar", "box", "color", "columns", "console", "control", "emoji"),
+    *("highlighter", "json", "layout", "live", "logging", "markdown", "markup", "measure"),
+    *("padding", "panel", "pretty", "progress", "progress_bar", "prompt", "protocol"),
+    *("rule", "segment", "spinner", "status", "style", "styled", "syntax", "table"),
+    *("text", "theme", "traceback", "tree"),
+}
+"""The modules of rich its API reference documents (rich.readthedocs.io, Reference)."""
 PUBLIC_TYPER = {
     name
     for name, value in vars(typer).items()
@@ -76,7 +85,10 @@ def _from_import(where: str, node: ast.ImportFrom, path: Path) -> list[str]:
         return []
     if _outside(module):
         return [f"{where} imports {module}"]
-    if module.split(".")[0] == "rich" and any(name.startswith("_") for name in names):
+    top, _, submodule = module.partition(".")
+    if top == "rich" and submodule and submodule not in RICH_DOCUMENTED:
+        return [f"{where} imports {module}, which rich's reference does not document"]
+    if top == "rich" and any(name.startswith("_") for name in names):
         return [f"{where} imports private names of {module}"]
     return []
 
@@ -107,6 +119,7 @@ def test_the_scan_sees_what_it_forbids(tmp_path: Path) -> None:
         "from typer.main import get_command\n"
         "from typer.core import TyperGroup\n"
         "from rich.console import _STD_STREAMS\n"
+        "from rich.cells import cell_len\n"
         "errors = importlib.import_module('typer._click.exceptions')\n"
         "typer.rich_utils.COLOR_SYSTEM = None\n"
         "def f(): pass\n"
@@ -118,9 +131,10 @@ def test_the_scan_sees_what_it_forbids(tmp_path: Path) -> None:
         "sample.py:4 imports typer.main",
         "sample.py:5 imports typer.core",
         "sample.py:6 imports private names of rich.console",
-        "sample.py:7 names typer._click.exceptions",
-        "sample.py:8 uses typer.rich_utils",
-        "sample.py:10 touches __signature__",
+        "sample.py:7 imports rich.cells, which rich's reference does not document",
+        "sample.py:8 names typer._click.exceptions",
+        "sample.py:9 uses typer.rich_utils",
+        "sample.py:11 touches __signature__",
     ]
 
 

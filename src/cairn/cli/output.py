@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich import box
-from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
@@ -206,7 +205,12 @@ _FOLDED = 30
 
 
 def _width(cell: Text) -> int:
-    return max((cell_len(line) for line in cell.plain.splitlines()), default=0)
+    return max((_cells(line) for line in cell.plain.splitlines()), default=0)
+
+
+def _cells(text: str) -> int:
+    """The columns ``text`` takes in a terminal (a wide character takes two)."""
+    return Text(text).cell_len
 
 
 class FitTable:
@@ -225,7 +229,7 @@ class FitTable:
     def kept(self, width: int) -> list[int]:
         """The indexes of the columns drawn at ``width`` columns."""
         widths = [
-            max([cell_len(col.header.removeprefix(">"))] + [_width(r[i]) for r in self.rows])
+            max([_cells(col.header.removeprefix(">"))] + [_width(r[i]) for r in self.rows])
             for i, col in enumerate(self.columns)
         ]
         # A message column folds over lines: it claims no more than _FOLDED columns.
