@@ -253,3 +253,14 @@ def test_a_local_directory_reads_plain_files_only(tree: Path) -> None:
     assert file_state(tree / "a" / "file", b"g") == "different"
     assert file_state(tree / "a" / "file" / "x", b"f") == "other"
     assert file_state(tree / "a" / "missing", b"f") == "absent"
+
+
+def test_a_staged_tree_closed_under_a_late_worker_refuses_it(tmp_path: Path) -> None:
+    # A worker thread that outlived a cancelled export must not reach a descriptor
+    # closed (and maybe reused for another directory) under it.
+    tree = StagedTree(tmp_path / "dest", "stage")
+    tree.close()
+    for call in (lambda: tree.create("late"), lambda: tree.open("late"), tree.publish):
+        with pytest.raises(ValueError, match="is closed"):
+            call()
+    assert os.listdir(tmp_path) == []

@@ -40,6 +40,7 @@ import os
 import secrets
 import shutil
 import stat
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -452,7 +453,8 @@ class StagedTree:
     empty directory is atomic), then fsyncs the parent. Use it as a context manager:
     leaving it unpublished removes the staging directory (if the name still holds it),
     and ``dest`` is as it was. ``action`` says what the tree is for, in error messages
-    ("export a DCP checkpoint").
+    ("export a DCP checkpoint"). Its calls may come from several threads at once;
+    :meth:`close` waits for those in flight, and a call after it raises ``ValueError``.
     """
 
     def __init__(self, dest: Path, action: str) -> None:
@@ -462,6 +464,7 @@ class StagedTree:
             )
         self.dest, self.action = dest, action
         self.published = False
+        self._lock = threading.Lock()
         dest.parent.mkdir(parents=True, exist_ok=True)
         self.parent_fd = open_root(dest.parent)
         self.fd = -1
@@ -488,54 +491,69 @@ class StagedTree:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def _open_tree(self) -> Iterator[int]:
+        """The staging directory's descriptor, held open until the block ends: a call
+        from a worker thread that outlived its caller meets a closed tree, never a
+        descriptor closed under it (and maybe reused for another directory)."""
+        with self._lock:
+            if self.fd < 0:
+                raise ValueError(f"the staged tree {str(self.path)!r} is closed")
+            yield self.fd
+
     def create(self, relative: str) -> BinaryIO:
         """A new file at ``relative`` (``/``-separated) in the tree, open for writing; the
         directories on its way are made. ``FileExistsError`` if it exists,
         :class:`LinkRefused` for a link on its way, ``NotADirectoryError`` for a file."""
         *parents, name = relative.split("/")
-        with open_dirs(self.fd, parents, create=True) as dirs:
+        with self._open_tree() as fd, open_dirs(fd, parents, create=True) as dirs:
             return os.fdopen(_new_file_at(dirs.fds[-1], name), "wb")
 
     def open(self, relative: str) -> BinaryIO:
         """A plain file of the tree, open for reading (see :func:`open_plain_file`)."""
-        return open_plain_file(self.fd, relative, self.path)
+        with self._open_tree() as fd:
+            return open_plain_file(fd, relative, self.path)
 
     def names(self) -> list[str]:
         """The names in the staging directory itself, sorted."""
-        with os.scandir(self.fd) as entries:
+        with self._open_tree() as fd, os.scandir(fd) as entries:
             return sorted(entry.name for entry in entries)
 
     def publish(self) -> None:
         """fsync the tree, then rename it onto ``dest`` (see the class docstring)."""
-        _sync_tree(self.fd)
-        check_destination(self.parent_fd, self.dest, self.action)
-        if not _same_file(self.fd, self.parent_fd, self.name):
-            raise InvalidInputError(
-                f"cannot {self.action} into {str(self.dest)!r}: its staging directory "
-                f"{str(self.path)!r} was replaced while it was written; nothing was published"
-            )
-        try:
-            os.rename(
-                self.name, self.dest.name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd
-            )
-        except OSError:
-            check_destination(self.parent_fd, self.dest, self.action)  # filled meanwhile
-            raise
-        self.published = True
-        os.fsync(self.parent_fd)
+        with self._open_tree() as fd:
+            _sync_tree(fd)
+            check_destination(self.parent_fd, self.dest, self.action)
+            if not _same_file(fd, self.parent_fd, self.name):
+                raise InvalidInputError(
+                    f"cannot {self.action} into {str(self.dest)!r}: its staging directory "
+                    f"{str(self.path)!r} was replaced while it was written; nothing was "
+                    "published"
+                )
+            try:
+                os.rename(
+                    self.name, self.dest.name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd
+                )
+            except OSError:
+                check_destination(self.parent_fd, self.dest, self.action)  # filled meanwhile
+                raise
+            self.published = True
+            os.fsync(self.parent_fd)
 
     def close(self) -> None:
-        """Remove the staging directory unless published; close the descriptors."""
-        if self.fd >= 0:
-            if not self.published and _same_file(self.fd, self.parent_fd, self.name):
-                # With dir_fd, rmtree opens each level relative to its parent and
-                # refuses (rather than follows) a link.
-                shutil.rmtree(self.name, dir_fd=self.parent_fd, ignore_errors=True)
-            os.close(self.fd)
-            self.fd = -1
-        if self.parent_fd >= 0:
-            os.close(self.parent_fd)
-            self.parent_fd = -1
+        """Remove the staging directory unless published; close the descriptors. Waits
+        for a call on the tree in flight in another thread to end first."""
+        with self._lock:
+            if self.fd >= 0:
+                if not self.published and _same_file(self.fd, self.parent_fd, self.name):
+                    # With dir_fd, rmtree opens each level relative to its parent and
+                    # refuses (rather than follows) a link.
+                    shutil.rmtree(self.name, dir_fd=self.parent_fd, ignore_errors=True)
+                os.close(self.fd)
+                self.fd = -1
+            if self.parent_fd >= 0:
+                os.close(self.parent_fd)
+                self.parent_fd = -1
 
 
 async def run_to_end(func: Callable[..., T], *args: Any) -> T:
