@@ -1,6 +1,6 @@
 """The checkpointer: the reference's interface, and its implementation over an object store.
 
-:class:`Checkpointer` is the reference's interface (:mod:`cairn._reference`).
+:class:`Checkpointer` is the reference's interface (:mod:`cairn.protocol._reference`).
 :class:`ObjectStoreCheckpointer` implements it as a façade; each of its jobs lives in a
 module of its own, with the invariant it keeps written at its top:
 
@@ -36,7 +36,6 @@ from typing import Any, BinaryIO, Self
 
 from obstore.store import ObjectStore
 
-from cairn._reference import Checkpointer
 from cairn.data import ChainLink, CheckpointData, LoadedCheckpoint
 from cairn.data.inputs import ArtifactData
 from cairn.errors import CheckpointNotFoundError, InvalidInputError
@@ -63,6 +62,7 @@ from cairn.protocol._background import BackgroundGc, BackgroundSaves, close_back
 from cairn.protocol._context import Context, check_id, context_of
 from cairn.protocol._download import RESTORE_CHUNK
 from cairn.protocol._paths import ChosenPaths
+from cairn.protocol._reference import Checkpointer
 from cairn.protocol._upload import PartitionUpload
 from cairn.protocol.discover import (
     ManifestOrDamage,

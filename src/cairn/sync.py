@@ -2,7 +2,7 @@
 
 There is one implementation of every operation, the async one: each method here submits
 the async call to cairn's private event loop, running on a daemon thread
-(:mod:`cairn._blocking`), and waits for it.
+(:mod:`cairn.protocol._blocking`), and waits for it.
 Calling a method from a thread that is running an event loop raises
 :class:`SyncInAsyncContextError` instead of deadlocking that loop; use the async API there.
 
@@ -29,12 +29,12 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
-from cairn._blocking import run_blocking
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.data import CheckpointData
 from cairn.errors import SyncInAsyncContextError
 from cairn.format.layout import CheckpointPaths
 from cairn.format.manifest import CheckpointManifest
+from cairn.protocol._blocking import run_blocking
 
 __all__ = ["SyncCheckpointer", "SyncInAsyncContextError"]
 

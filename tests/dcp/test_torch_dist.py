@@ -54,10 +54,10 @@ from cairn import (
     SyncCheckpointer,
     UndecodableArtifactError,
 )
-from cairn._blocking import run_blocking
 from cairn.format.manifest import StoreRequests
 from cairn.format.ranges import COMPRESSED_INDEX_MAGIC
 from cairn.protocol import _catalog
+from cairn.protocol._blocking import run_blocking
 from cairn.torch import METADATA_OPERATOR, CairnReader, CairnWriter
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ so this list is the whole of their coupling to cairn's internals:
   :func:`read_entry` (an artifact's bytes, verified) and :func:`read_sized` (the bytes
   from an offset to the end of an object of known size);
 * :func:`run_blocking`, which runs a coroutine on the event-loop thread the blocking
-  API (:mod:`cairn.sync`) runs on (:mod:`cairn._blocking`);
+  API (:mod:`cairn.sync`) runs on (:mod:`cairn.protocol._blocking`);
 * settings and checks: :data:`DEFAULT_LEASE`, :func:`is_int`, :func:`positive_int`,
   :data:`REMOTE_SCHEMES`; and helpers: :data:`Buffer`, :func:`bounded_gather`.
 
@@ -41,7 +41,6 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 
-from cairn._blocking import run_blocking
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.data import ArtifactKey, DirectoryCheck
 from cairn.format._buffer import Buffer
@@ -50,6 +49,7 @@ from cairn.format.ids import CheckpointId
 from cairn.format.manifest import CheckpointManifest, DirectoryEntry, PartitionSnapshotEntry
 from cairn.observe import _dispatch
 from cairn.protocol import _catalog, _directories, _read, _save, _upload
+from cairn.protocol._blocking import run_blocking
 from cairn.protocol._catalog import DAMAGE
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context, context_of
