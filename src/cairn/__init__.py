@@ -106,10 +106,20 @@ _MOVED_MODULES = {
 }
 """Public modules that moved into a subpackage: the old name, and where it lives now."""
 
+_REPLACED_MODULES = {
+    "cairn.localfs": "cairn.stores.localfiles",
+}
+"""Moved modules that became private, and the public module to use instead."""
+
 
 def _warn_moved(old: str) -> str:
     new = _MOVED_MODULES[old]
-    warnings.warn(f"{old} moved to {new}; import it from there", DeprecationWarning, stacklevel=3)
+    replacement = _REPLACED_MODULES.get(old)
+    if replacement is None:
+        advice = f"{old} moved to {new}; import it from there"
+    else:
+        advice = f"{old} is no longer public; use {replacement}"
+    warnings.warn(advice, DeprecationWarning, stacklevel=3)
     return new
 
 

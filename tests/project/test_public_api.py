@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import re
+import sys
+
 import pytest
 
 import cairn
@@ -162,3 +166,23 @@ def test_a_removed_name_still_imports_with_a_warning() -> None:
         assert cairn.CheckpointManifestV2 is CheckpointManifestV2 is CheckpointManifest
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
         cairn.NoSuchName  # noqa: B018
+
+
+@pytest.mark.parametrize("old", sorted(cairn._MOVED_MODULES))
+def test_a_moved_module_imports_by_its_old_name_as_the_same_module(old: str) -> None:
+    """``import cairn.retention`` (and every other moved module) still works, warns, and
+    gives the very module object of the new path: classes and state are shared."""
+    new = cairn._MOVED_MODULES[old]
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=re.escape(old)):
+        by_old_name = importlib.import_module(old)
+    assert by_old_name is importlib.import_module(new)
+    vars(cairn).pop(old.removeprefix("cairn."), None)  # set by the import just above
+    with pytest.warns(DeprecationWarning, match=re.escape(old)):
+        assert getattr(cairn, old.removeprefix("cairn.")) is by_old_name
+
+
+def test_a_module_made_private_names_its_public_replacement() -> None:
+    sys.modules.pop("cairn.localfs", None)
+    with pytest.warns(DeprecationWarning, match="use cairn.stores.localfiles"):
+        importlib.import_module("cairn.localfs")
