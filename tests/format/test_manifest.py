@@ -165,3 +165,43 @@ def test_unknown_fields_are_refused() -> None:
     body["surprise"] = 1
     with pytest.raises(CorruptManifestError, match="surprise"):
         decode_manifest("m", json.dumps(body).encode())
+
+
+PUBLIC_MANIFEST_NAMES = {
+    "MANIFEST_VERSION",
+    "MAX_INT64",
+    "MAX_MANIFEST_BYTES",
+    "MAX_TIMESTAMP_MS",
+    "CheckpointManifest",
+    "CheckpointManifestV2",
+    "DirectoryEntry",
+    "EncodedManifest",
+    "FileEntry",
+    "HeaderPart",
+    "ManifestHeader",
+    "ManifestPart",
+    "OperatorSnapshotEntry",
+    "PartitionSnapshotEntry",
+    "SaveStats",
+    "SourceOffsetEntry",
+    "StoreRequests",
+    "assemble",
+    "decode_header",
+    "decode_manifest",
+    "decode_part",
+    "decode_root",
+    "encode_manifest",
+    "encode_stored",
+    "part_of",
+}
+
+
+def test_the_manifest_module_exports_each_type_of_its_schema_bound_to_the_same_object() -> None:
+    from cairn.format import _schema, manifest
+
+    assert set(manifest.__all__) == PUBLIC_MANIFEST_NAMES
+    assert len(manifest.__all__) == len(PUBLIC_MANIFEST_NAMES)
+    for name in _schema.__all__:
+        assert getattr(manifest, name) is getattr(_schema, name), name
+    for name in manifest.__all__:
+        assert hasattr(manifest, name), name

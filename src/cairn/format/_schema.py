@@ -4,6 +4,8 @@ Invariant: every optional field has a default and is omitted from the JSON when 
 it, so a manifest written before a field existed decodes unchanged, and one that does
 not use a field encodes byte for byte as before it existed. See docs/format.md,
 section "The manifest".
+
+``__all__`` names what :mod:`cairn.format.manifest` makes public of this module.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ __all__ = [
     "MANIFEST_VERSION",
     "MAX_INT64",
     "MAX_TIMESTAMP_MS",
-    "SUPPORTED_VERSIONS",
     "CheckpointManifest",
     "DirectoryEntry",
     "FileEntry",
@@ -28,7 +29,6 @@ __all__ = [
     "SaveStats",
     "SourceOffsetEntry",
     "StoreRequests",
-    "chain_order",
 ]
 
 MANIFEST_VERSION = 2

@@ -22,10 +22,11 @@ Invariants:
 from __future__ import annotations
 
 from cairn.errors import InvalidInputError
-from cairn.format import _codec, _parts
+from cairn.format import _codec, _parts, _schema
 from cairn.format._buffer import Buffer
 
-# Names other modules of cairn import from here, outside __all__: explicit re-exports.
+# Explicit re-exports: the types and limits _schema.__all__ names, public here (see
+# __all__), and names other modules of cairn import from here, outside __all__.
 from cairn.format._checks import check_entry as check_entry
 from cairn.format._checks import check_manifest as check_manifest
 from cairn.format._checks import check_relative_file as check_relative_file
@@ -35,42 +36,28 @@ from cairn.format._codec import dec_hook as dec_hook
 from cairn.format._codec import decode_record as decode_record
 from cairn.format._codec import enc_hook as enc_hook
 from cairn.format._parts import EncodedManifest, assemble, part_of
-from cairn.format._schema import (
-    MANIFEST_VERSION,
-    MAX_INT64,
-    MAX_TIMESTAMP_MS,
-    CheckpointManifest,
-    DirectoryEntry,
-    FileEntry,
-    ManifestPart,
-    OperatorSnapshotEntry,
-    PartitionSnapshotEntry,
-    SaveStats,
-    SourceOffsetEntry,
-    StoreRequests,
-)
+from cairn.format._schema import MANIFEST_VERSION as MANIFEST_VERSION
+from cairn.format._schema import MAX_INT64 as MAX_INT64
+from cairn.format._schema import MAX_TIMESTAMP_MS as MAX_TIMESTAMP_MS
 from cairn.format._schema import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
+from cairn.format._schema import CheckpointManifest as CheckpointManifest
+from cairn.format._schema import DirectoryEntry as DirectoryEntry
+from cairn.format._schema import FileEntry as FileEntry
+from cairn.format._schema import ManifestPart as ManifestPart
+from cairn.format._schema import OperatorSnapshotEntry as OperatorSnapshotEntry
+from cairn.format._schema import PartitionSnapshotEntry as PartitionSnapshotEntry
+from cairn.format._schema import SaveStats as SaveStats
+from cairn.format._schema import SourceOffsetEntry as SourceOffsetEntry
+from cairn.format._schema import StoreRequests as StoreRequests
 from cairn.format._schema import chain_order as chain_order
 from cairn.format.signing import SigningKeys
 
 __all__ = [
-    "MANIFEST_VERSION",
-    "MAX_INT64",
     "MAX_MANIFEST_BYTES",
-    "MAX_TIMESTAMP_MS",
-    "CheckpointManifest",
     "CheckpointManifestV2",
-    "DirectoryEntry",
     "EncodedManifest",
-    "FileEntry",
     "HeaderPart",
     "ManifestHeader",
-    "ManifestPart",
-    "OperatorSnapshotEntry",
-    "PartitionSnapshotEntry",
-    "SaveStats",
-    "SourceOffsetEntry",
-    "StoreRequests",
     "assemble",
     "decode_header",
     "decode_manifest",
@@ -80,6 +67,7 @@ __all__ = [
     "encode_stored",
     "part_of",
 ]
+__all__ += _schema.__all__
 
 MAX_MANIFEST_BYTES = 64 * 2**20
 """The largest manifest cairn writes or reads: 64 MiB.
