@@ -1,7 +1,10 @@
-"""Damaged records never block recovery (issue 10: items 5-10 and 14).
+"""Damaged records never block recovery.
 
-Every damaged manifest, ``_latest``, ``_writer`` or worker report raises a typed cairn
-error naming it, at decode time; and after the damage is put straight into a store,
+Every damaged manifest, ``_latest``, ``_writer`` or worker report (a number where an id
+belongs, nesting too deep, an entry path outside the layout, an unknown codec, a number
+out of range, a manifest over the size limit) raises a typed cairn error naming it, at
+decode time; names at their limits save and load, and one byte over is refused before
+any I/O; and after the damage is put straight into a store,
 ``load_latest`` still finds the older good checkpoint (or the damage is a fence that
 ``take_over`` repairs), and ``save``, ``take_over`` and ``gc`` still work through the API.
 """
@@ -148,7 +151,7 @@ def cairn_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-# -- 5: a JSON number where a checkpoint id belongs -----------------------------------------
+# -- a JSON number where a checkpoint id belongs -------------------------------------------
 
 
 def test_a_number_for_an_id_is_a_corrupt_record_naming_the_field() -> None:
@@ -215,7 +218,7 @@ async def test_a_number_for_a_parent_in_a_manifest_falls_back(raw: ObjectStore) 
     await assert_recovers(ckpt, good)
 
 
-# -- 6: JSON nested 100,000 deep ------------------------------------------------------------
+# -- JSON nested 100,000 deep --------------------------------------------------------------
 
 
 def test_deep_nesting_is_a_corrupt_record_in_every_decoder() -> None:
@@ -263,7 +266,7 @@ async def test_a_deeply_nested_latest_blocks_nothing(raw: ObjectStore) -> None:
     await assert_recovers(ckpt, good)
 
 
-# -- 7: entry paths that no store could hold, or that pass through a file -------------------
+# -- entry paths that no store could hold, or that pass through a file ---------------------
 
 
 @pytest.mark.parametrize(
@@ -315,7 +318,7 @@ async def test_an_impossible_entry_path_is_damage_not_a_store_failure(tmp_path: 
     await assert_recovers(ckpt, good)
 
 
-# -- 8: an unknown codec; a damaged writer record --------------------------------------------
+# -- an unknown codec; a damaged writer record ---------------------------------------------
 
 
 def test_an_unknown_codec_is_damage_and_a_known_one_is_not() -> None:
@@ -415,7 +418,7 @@ async def test_a_lost_writer_record_cannot_leave_take_over_below_the_pointer(
     await assert_writes(new)
 
 
-# -- 9: names at the limit of a local file system --------------------------------------------
+# -- names at the limit of a local file system ---------------------------------------------
 
 
 async def test_names_at_the_limit_save_load_and_restore_on_a_local_store(tmp_path: Path) -> None:
@@ -468,7 +471,7 @@ def test_a_stored_manifest_keeps_the_longer_source_names_older_writers_allowed()
         decode_manifest("m", body.replace(source.encode(), source.encode() + b"s"))
 
 
-# -- 10: epochs and times every reader can hold -------------------------------------------
+# -- epochs and times every reader can hold ------------------------------------------------
 
 
 def test_epochs_times_and_watermarks_are_bounded_when_constructed() -> None:
@@ -554,7 +557,7 @@ def test_views_never_crash_on_a_time_with_no_date() -> None:
     assert f"{far} ms after 1970 (not a date)" in text and "in the future" in text
 
 
-# -- 14: a bound on the size of a manifest --------------------------------------------------
+# -- a bound on the size of a manifest -----------------------------------------------------
 
 
 def big_manifest(entries: int, operators: int = 1) -> CheckpointManifest:

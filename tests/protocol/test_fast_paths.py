@@ -1,7 +1,9 @@
-"""The fast paths of issue 15 keep every guarantee: reused read buffers are never refilled
-while anything reads them, hashing overlaps the transfer and stays in order, restores
-write in order, single-request reads see every wrong length, and the listing and GC
-shortcuts answer exactly what the slow paths answer."""
+"""The fast paths (pooled read buffers, hashing beside the transfer, restores written as
+ranges arrive, one request per small artifact, ranged manifest reads in listings and GC)
+keep every guarantee: reused read buffers are never refilled while anything reads them,
+hashing overlaps the transfer and stays in order, restores write in order, single-request
+reads see every wrong length, and the listing and GC shortcuts answer exactly what the
+slow paths answer."""
 
 from __future__ import annotations
 
