@@ -126,7 +126,7 @@ class CheckpointNotFoundError(CheckpointerError, FileNotFoundError):
 
     def __str__(self) -> str:
         # FileNotFoundError's own __str__ would print "[Errno None] ..." otherwise.
-        detail = getattr(self, "detail", "")  # errors pickled before it existed lack it
+        detail = getattr(self, "detail", "")  # absent from a pickled state that lacks it
         return f"{self.what} not found: {self.path!r}" + (f": {detail}" if detail else "")
 
 

@@ -67,8 +67,9 @@ def _check_int(what: str, value: object, low: int, high: int) -> None:
 def check_source_offset(source: str, offset: object, *, stored: bool = False) -> None:
     """Raise :class:`InvalidInputError` unless ``offset`` is a valid entry for ``source``.
 
-    ``stored`` accepts the longer source names older writers allowed (see
-    :func:`check_manifest`).
+    ``stored`` accepts source names of up to :data:`MAX_NAME_BYTES`, as a stored
+    manifest may hold them (see :func:`check_manifest`); a new one is held to
+    :data:`~cairn.format.layout.MAX_SOURCE_NAME_BYTES`.
     """
     validate_name("source", source, max_bytes=MAX_NAME_BYTES if stored else None)
     if not isinstance(offset, SourceOffsetEntry):
@@ -271,7 +272,7 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
 
 def _check_stats(stats: object) -> None:
     """Every count of ``stats`` (a :class:`SaveStats`) is an int in ``[0, MAX_INT64]``;
-    ``stored_bytes`` and ``requests`` may be UNSET (written before they existed)."""
+    ``stored_bytes`` and ``requests`` may be UNSET (absent from the stored record)."""
     if not isinstance(stats, SaveStats):
         raise InvalidInputError(f"stats must be a SaveStats, got {short_repr(stats)}")
     for field in SaveStats.__struct_fields__:

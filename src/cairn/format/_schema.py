@@ -1,8 +1,8 @@
 """The types a manifest is made of: msgspec structs, public as :mod:`cairn.format.manifest`.
 
 Invariant: every optional field has a default and is omitted from the JSON when it has
-it, so a manifest written before a field existed decodes unchanged, and one that does
-not use a field encodes byte for byte as before it existed. See docs/format.md,
+it, so a manifest without the field decodes to the default, and one that does not use
+a field encodes byte for byte the same as a manifest without it. See docs/format.md,
 section "The manifest".
 
 ``__all__`` names what :mod:`cairn.format.manifest` makes public of this module.
@@ -158,11 +158,11 @@ class SaveStats(msgspec.Struct, frozen=True, kw_only=True):
     intent's delete, the ``_latest`` swap), nor can a lease renewal that races the
     manifest write. A DCP save counts every rank's requests and retries.
 
-    Both are :data:`msgspec.UNSET` (falsy) in manifests written before cairn recorded
-    them, and then not written: UNSET, unlike a default, is omitted whatever the
-    others do, so such statistics encode byte for byte as they were written (``retries``
-    included, even 0). A reader ignores fields of the statistics it does not know
-    (nothing here forbids them), so older cairn reads newer statistics.
+    Both are :data:`msgspec.UNSET` (falsy) in statistics stored without them, and then
+    not written: UNSET, unlike a default, is omitted whatever the others do, so such
+    statistics encode byte for byte as they were stored (``retries`` included, even 0).
+    A reader ignores fields of the statistics it does not know (nothing here forbids
+    them), so a reader reads statistics with fields it lacks.
     """
 
     duration_ms: int
@@ -230,7 +230,7 @@ class ManifestPart(msgspec.Struct, frozen=True, kw_only=True):
 class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The commit record of one checkpoint (schema version 2).
 
-    ``stats`` (optional; absent in manifests written before it existed) says how the
+    ``stats`` (optional: a manifest may lack it) says how the
     checkpoint was made: see :class:`SaveStats`. ``name`` (optional) is a label the
     writer gave the checkpoint besides its id, such as the ``checkpoint_id`` a DCP save
     was given (``step-100``; see :mod:`cairn.torch`): several checkpoints may carry one

@@ -101,10 +101,11 @@ _ATTEMPT_ARTIFACT = re.compile(
 )
 _PACK = re.compile(rf"packs/pack-(?:0|[1-9][0-9]*)\.[0-9a-f]{{{_ATTEMPT_HEX}}}\.pack")
 _MANIFEST_PART = re.compile(r"parts/part-[0-9a-f]{64}\.json")
-# intent.{attempt}.json, as intent() names a save's; intent.json, as cairn before those.
+# intent.{attempt}.json, as intent() names a save's; intent.json, the intent shared by the
+# processes that upload parts of one save.
 _INTENT = re.compile(rf"intent(?:\.[0-9a-f]{{{_ATTEMPT_HEX}}})?\.json")
 # operators/{operator}/partition-{p}.{snap|delta}: the reference's attempt-less names
-# (save_snapshot, save_delta, and checkpoints written before attempts existed).
+# (save_snapshot, save_delta, and stored checkpoints whose names carry no attempt).
 _PLAIN_ARTIFACT = re.compile(
     r"operators/(?P<operator>[^/]+)/partition-(?P<partition>0|[1-9][0-9]*)\.(?:snap|delta)"
 )

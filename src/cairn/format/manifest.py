@@ -15,7 +15,7 @@ Invariants:
   :class:`~cairn.errors.SignatureError`) naming the path it was read from, so a reader
   can skip the checkpoint and fall back; nothing half-valid is returned;
 * the same manifest always encodes to the same bytes, and a manifest that does not use
-  an optional field encodes byte for byte as before the field existed;
+  an optional field encodes byte for byte the same as one without the field;
 * no manifest or part over :data:`MAX_MANIFEST_BYTES` is written, and none is parsed.
 """
 
@@ -74,9 +74,9 @@ MAX_MANIFEST_BYTES = 64 * 2**20
 
 An entry takes about 250 bytes (420 for a carried, compressed delta), so this holds
 some 150,000 restore-chain links: 20,000 partitions with chains of seven. Decoding one
-takes about three times its size in memory at peak (its bytes, then the entries:
-190 MiB for 63 MiB, measured); the bound keeps a damaged or hostile manifest from
-costing more, and is checked before any byte is parsed."""
+takes a few times its size in memory at peak (its bytes, then the entries); the bound
+keeps a damaged or hostile manifest from costing more, and is checked before any byte
+is parsed."""
 
 INLINE_BELOW = 64
 """An operator with fewer entries than this (or than the part size, if smaller) keeps
@@ -89,10 +89,9 @@ PART_ENTRIES = 4096
 """The most artifact entries a manifest holds itself, and about the most a part holds.
 
 A larger manifest is stored as a root and parts (see :func:`encode_stored`), so that a
-reader of one partition reads the root and one part: ``load_chain`` of one of 100,000
-partitions took 0.033 s, against 1.67 s with the same entries in one 27 MiB manifest
-(``python bench/bench_many_partitions.py``, memory store). The root of that checkpoint
-is 9 KiB and lists 25 parts."""
+reader of one partition reads and decodes the root and one part, not every entry of the
+checkpoint (``python bench/bench_many_partitions.py`` measures ``load_chain`` of one
+partition both ways)."""
 
 CheckpointManifestV2 = CheckpointManifest
 """The reference's name for the version-2 manifest."""

@@ -29,7 +29,8 @@ Invariants:
   manifest's path, which readers treat as damage (``load_latest`` falls back past it);
 * a reader without keys ignores signatures: it loads signed and unsigned checkpoints
   alike, checking digests only;
-* an unsigned manifest is byte for byte what cairn wrote before signatures existed;
+* an unsigned manifest has no ``signature`` member: it is byte for byte the manifest
+  without signing;
 * the same keys sign the same bytes the same way within a process (each signature is
   remembered for the bytes it signed), so a commit whose reply was lost is recognised by
   reading its bytes back, whatever the signer;

@@ -76,9 +76,9 @@ RESTORE_CHUNK = 1024 * 1024
 
 Smaller than READ_CHUNK on purpose: each range is a fresh buffer the store allocates on
 its own threads, and glibc keeps freed 8 MiB blocks in those threads' arenas, so 8 MiB
-ranges cost a 2 GiB restore 80-120 MiB of peak memory where 1 MiB ranges cost 28-39
-(bench/bench_stream.py). The price is a store call per MiB: about 15% more CPU per byte
-on a local store. The restore fetches several ranges ahead
+ranges cost a restore several times the peak memory 1 MiB ranges cost
+(``bench/bench_stream.py`` measures both). The price is a store call per MiB, and more
+CPU per byte on a local store. The restore fetches several ranges ahead
 (:data:`RANGE_BYTES_AHEAD`), so a remote store's latency stays hidden."""
 
 

@@ -100,7 +100,7 @@ def checked_lease(lease: object) -> dt.timedelta:
 class Intent(msgspec.Struct, frozen=True, omit_defaults=True):
     """Content of ``intent.json``: what a save in progress builds on, and its lease.
 
-    ``lease_ms`` 0 (intents written before leases existed) protects nothing by itself:
+    ``lease_ms`` 0 (an intent stored without a lease) protects nothing by itself:
     GC then goes by the age of the directory's objects (``min_age``).
     """
 

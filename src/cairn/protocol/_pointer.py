@@ -32,7 +32,7 @@ committed by a fenced writer after the takeover, and is never returned by
 ``load_latest``, named as the latest, or built upon. A takeover that died between its
 claim and its fence is completed by the next takeover (``_latest`` still names what the
 claim left there, since only the dead writer could have moved it); generations older
-than every recorded fence (stores written before fences existed) are bounded by nothing
+than every recorded fence (a ``_writer`` record without fences) are bounded by nothing
 but ``_latest`` itself.
 
 ``_latest`` moves forwards only, with one exception: deleting the checkpoint it names
@@ -159,7 +159,7 @@ class WriterRecord(msgspec.Struct, frozen=True):
             return True
         bounds = [fence for fence in self.fences if fence.generation >= generation]
         if not bounds:
-            return True  # no record of where it ended (written before fences existed)
+            return True  # no fence records where it ended
         return order <= min(bounds, key=lambda fence: fence.generation).order()
 
 

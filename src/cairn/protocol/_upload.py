@@ -22,7 +22,7 @@ Invariants:
 * a pack is its members' stored bytes one after the other, without gaps or framing;
   with a codec each member is compressed on its own, so each stays readable, and
   verifiable, by one ranged read of its own range; a pack holds at least two members
-  (a lone small artifact keeps its own object, as before packs);
+  (a lone small artifact keeps its own object);
 * at most ``max_concurrent_uploads`` uploads are in flight, a pack counting as one (and
   built only once its upload may start, so at most that many packs are held in
   memory); on the first failure no further upload starts, and the failure is raised
@@ -345,9 +345,9 @@ def upload_job(
 
 COALESCE_BELOW = 128 * 1024
 """Ranges smaller than this are copied together into chunks of up to READ_CHUNK bytes;
-larger ones are sent from their own memory. Each chunk handed to obstore costs about
-0.1 ms, so below about 128 KiB a copy is cheaper than a chunk of its own, and above it
-the copy costs more (``bench/bench_range_chunks.py``)."""
+larger ones are sent from their own memory. Each chunk handed to obstore has a fixed
+cost, so below this size a copy is cheaper than a chunk of its own, and above it the
+copy costs more (``bench/bench_range_chunks.py`` measures both)."""
 
 
 def _ranges_job(

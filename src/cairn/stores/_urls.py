@@ -215,7 +215,7 @@ def explain_store_error(exc: BaseException, url: str | None = None) -> str | Non
     The library raises those failures as their own errors, whose messages say it all:
     :class:`~cairn.StoreNotFoundError` (a bucket or container that does not exist) and
     :class:`~cairn.StoreCredentialsError` (credentials missing or refused). This returns
-    that message (``url`` is accepted for callers of earlier versions, and unused).
+    that message (``url`` is accepted, and unused).
     """
     del url
     if isinstance(exc, StoreNotFoundError | StoreCredentialsError):

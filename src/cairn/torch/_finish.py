@@ -64,7 +64,7 @@ async def commit_dcp(
 
     Ranks that handed in :class:`RankItems` (a save) get the chunk table and their
     blocks (:mod:`cairn.torch._itemtable`); results with a record each (an import, or a
-    save by an earlier cairn) get the metadata pickled whole with those records. With
+    save whose ranks handed in records) get the metadata pickled whole with those records. With
     ``meter`` (the save's, which counted the caller's requests), the manifest records
     the save's statistics, with the requests and retries each rank handed in."""
     cid = save.checkpoint_id

@@ -4,9 +4,10 @@ A rank's items become artifacts of operator ``rank-{r}``: one object of ranges p
 rank (:mod:`cairn.torch._rankobject`; with compression, each item a frame of its own in
 it). Each item is described by an :class:`ItemRecord` (where its bytes are, their
 SHA-256, and for a tensor its dtype and shape), in a block of its rank's records
-(:mod:`cairn.torch._itemtable`). Checkpoints of earlier versions keep theirs as plain
-tuples in DCP's ``Metadata.storage_data``, and may place items in artifacts of one
-tensor, or bundles of several, compressed whole: records of those are read the same way.
+(:mod:`cairn.torch._itemtable`). A stored checkpoint may instead keep its records as
+plain tuples in DCP's ``Metadata.storage_data``, and place items in artifacts of one
+tensor, or bundles of several, compressed whole: records of those are read the same way
+(docs/format.md, section "DCP checkpoints").
 
 Invariants:
 

@@ -64,7 +64,7 @@ class _Record(msgspec.Struct, array_like=True, frozen=True):
     :class:`~cairn.torch._format.ItemRecord`'s fields, the artifact and dtype as numbers
     in ``names`` too, the digest as bytes; ``stored_length`` only for a compressed range
     (:func:`rank_items` leaves it out otherwise, so that a block of uncompressed items
-    is encoded as before it existed)."""
+    has no such member)."""
 
     fqn: int
     offsets: list[int] | None
