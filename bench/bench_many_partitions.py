@@ -79,7 +79,7 @@ async def one_run(
     start = time.perf_counter()
     if layout in ("packs", "one-manifest"):
         manifest = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots))
-    else:  # one object per partition, as before packs
+    else:  # one object per partition, no packs
         cid = CheckpointId.now()
         uploads = [(op, p, False, data) for (op, p), data in snapshots.items()]
         entries = await ckpt.save_partitions_concurrent(cid, uploads)

@@ -3,7 +3,7 @@
 Every buffer is sent zero-copy as flat bytes (whatever its format or dimensions), on each
 upload path: plain, compressed, streamed, distributed. Non-contiguous buffers and chunks
 that are not bytes-like raise a typed error naming the artifact, and nothing is committed
-(an iterable of ints used to be stored as zero bytes, and verified).
+(a chunk that is an int is refused, never stored as zero bytes).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ TODAY = b"""\
   "manifest_sha256": "713487ed54df6a5d3fc9803f7fc58c4e232ad657a7ae91c7c9723f1a3e7627cc"
 }
 """
-"""A manifest as cairn wrote it before signatures existed (every optional field set)."""
+"""An unsigned manifest (every optional field set): the bytes a save without keys writes."""
 
 
 def keyed(store: ObjectStore, key: object = KEY) -> ObjectStoreCheckpointer:

@@ -2,7 +2,7 @@
 
 A name is a label recorded in a manifest (DCP saves record their ``checkpoint_id``
 there, see ``test_torch_names.py``). These tests pin what it must not change: a
-manifest without one is written byte for byte as before; a bad one is refused when
+manifest without one is written byte for byte as one without the field; a bad one is refused when
 committing and is damage when reading; the newest checkpoint with a name is found by
 writer generation and id; ``cairn list``/``show`` print it (text and JSON, the JSON
 checked against its schema) and ``cairn copy`` keeps it.

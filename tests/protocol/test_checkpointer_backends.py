@@ -274,7 +274,7 @@ async def test_manifest_entries_cannot_escape_their_checkpoint(
     manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"x"}))
     path = ckpt.paths.manifest(manifest.checkpoint_id)
     body = bytes((await ckpt.store.get(path)).data)
-    body = re.sub(rb',\n  "manifest_sha256": "[0-9a-f]{64}"', b"", body)  # as a legacy writer would
+    body = re.sub(rb',\n  "manifest_sha256": "[0-9a-f]{64}"', b"", body)  # as the reference does
     for evil in ("../../_latest", "/etc/passwd", "operators/../../x"):
         [(_, entry)] = manifest.partition_entries()
         await ckpt.store.put(path, body.replace(entry.path.encode(), evil.encode()))

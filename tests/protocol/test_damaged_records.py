@@ -88,8 +88,8 @@ def data(epoch: int) -> CheckpointData:
     )
 
 
-def legacy_json(manifest: CheckpointManifest, change: Callable[[dict[str, Any]], None]) -> bytes:
-    """``manifest`` as JSON without its checksum (as older writers wrote it), then changed.
+def bare_json(manifest: CheckpointManifest, change: Callable[[dict[str, Any]], None]) -> bytes:
+    """``manifest`` as JSON without its checksum (as the reference writes it), then changed.
 
     Without the checksum nothing but the decoder's own checks stands between the damage
     and the reader, which is what these tests are about.
@@ -157,7 +157,7 @@ def cairn_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_number_for_an_id_is_a_corrupt_record_naming_the_field() -> None:
     manifest = CheckpointManifest.new(CheckpointId.now(), 1)
     for field in ("checkpoint_id", "parent_id"):
-        body = legacy_json(manifest, lambda b, f=field: b.__setitem__(f, 7))  # type: ignore[misc]
+        body = bare_json(manifest, lambda b, f=field: b.__setitem__(f, 7))  # type: ignore[misc]
         with pytest.raises(CorruptManifestError, match=rf"checkpoint id string.*\$\.{field}") as e:
             decode_manifest("ckpt/x/manifest.json", body)
         assert e.value.path == "ckpt/x/manifest.json"
@@ -211,7 +211,7 @@ async def test_a_number_for_a_parent_in_a_manifest_falls_back(raw: ObjectStore) 
     ckpt = checkpointer(raw)
     good, newer_path = await good_then_newer(ckpt)
     newer = decode_manifest(newer_path, (await ckpt.store.get(newer_path)).data)
-    await ckpt.store.put(newer_path, legacy_json(newer, lambda b: b.__setitem__("parent_id", 7)))
+    await ckpt.store.put(newer_path, bare_json(newer, lambda b: b.__setitem__("parent_id", 7)))
     with pytest.raises(CorruptManifestError, match=r"\$\.parent_id") as info:
         await ckpt.load_manifest(newer.checkpoint_id)
     assert info.value.path == newer_path
@@ -287,7 +287,7 @@ def test_entry_paths_must_be_the_layouts(path: str, reason: str) -> None:
         CheckpointManifest.new(CheckpointId.now(), 1),
         operators={"op": OperatorSnapshotEntry((part,), 3)},
     )
-    body = legacy_json(manifest, lambda b: first_entry(b).__setitem__("path", path))
+    body = bare_json(manifest, lambda b: first_entry(b).__setitem__("path", path))
     with pytest.raises(CorruptManifestError, match=reason) as info:
         decode_manifest("m", body)
     assert repr(path)[:40] in str(info.value), "the message names the entry"
@@ -301,7 +301,7 @@ async def test_an_impossible_entry_path_is_damage_not_a_store_failure(tmp_path: 
     good, newer_path = await good_then_newer(ckpt)
     newer = decode_manifest(newer_path, (await ckpt.store.get(newer_path)).data)
     for path in ("operators/op/" + "x" * 300 + ".snap", "manifest.json/x"):
-        damaged = legacy_json(newer, lambda b, p=path: first_entry(b).__setitem__("path", p))  # type: ignore[misc]
+        damaged = bare_json(newer, lambda b, p=path: first_entry(b).__setitem__("path", p))  # type: ignore[misc]
         await ckpt.store.put(newer_path, damaged)
         with pytest.raises(CorruptManifestError) as info:
             await ckpt.load(newer.checkpoint_id)
@@ -332,8 +332,8 @@ def test_an_unknown_codec_is_damage_and_a_known_one_is_not() -> None:
         return lambda b: first_entry(b).update(codec=name, stored_size_bytes=2)
 
     with pytest.raises(CorruptManifestError, match="codec 'lz4', which this cairn does not know"):
-        decode_manifest("m", legacy_json(manifest, codec("lz4")))
-    decoded = decode_manifest("m", legacy_json(manifest, codec("zstd")))
+        decode_manifest("m", bare_json(manifest, codec("lz4")))
+    decoded = decode_manifest("m", bare_json(manifest, codec("zstd")))
     assert decoded.operators["op"].partitions[0].codec == "zstd"
 
 
@@ -342,7 +342,7 @@ async def test_an_unknown_codec_falls_back(raw: ObjectStore) -> None:
     good, newer_path = await good_then_newer(ckpt)
     newer = decode_manifest(newer_path, (await ckpt.store.get(newer_path)).data)
     await ckpt.store.put(
-        newer_path, legacy_json(newer, lambda b: first_entry(b).update(codec="brotli"))
+        newer_path, bare_json(newer, lambda b: first_entry(b).update(codec="brotli"))
     )
     await assert_recovers(ckpt, good)
 
@@ -458,9 +458,9 @@ def test_names_one_byte_over_the_limit_are_refused_before_any_io(
         make("n" * (limit + 1))
 
 
-def test_a_stored_manifest_keeps_the_longer_source_names_older_writers_allowed() -> None:
+def test_a_stored_manifest_keeps_source_names_longer_than_new_ones_may_be() -> None:
     source = "s" * MAX_NAME_BYTES
-    body = legacy_json(
+    body = bare_json(
         CheckpointManifest.new(CheckpointId.now(), 1),
         lambda b: b.__setitem__(
             "source_offsets", {source: {"source_type": "t", "offsets": {}, "epoch": 1}}
@@ -504,8 +504,8 @@ def test_epochs_times_and_watermarks_are_bounded_when_constructed() -> None:
 def test_a_manifest_out_of_range_is_damage(field: str, value: int, reason: str) -> None:
     manifest = CheckpointManifest.new(CheckpointId.now(), 1)
     with pytest.raises(CorruptManifestError, match=reason):
-        decode_manifest("m", legacy_json(manifest, lambda b: b.__setitem__(field, value)))
-    edge = legacy_json(manifest, lambda b: b.update(epoch=MAX_INT64, timestamp_ms=MAX_TIMESTAMP_MS))
+        decode_manifest("m", bare_json(manifest, lambda b: b.__setitem__(field, value)))
+    edge = bare_json(manifest, lambda b: b.update(epoch=MAX_INT64, timestamp_ms=MAX_TIMESTAMP_MS))
     assert decode_manifest("m", edge).epoch == MAX_INT64
 
 
@@ -526,7 +526,7 @@ async def test_a_manifest_from_after_year_9999_falls_back_and_the_cli_lists_it(
     ckpt = checkpointer(LocalStore(root))
     good, newer_path = await good_then_newer(ckpt)
     newer = decode_manifest(newer_path, (await ckpt.store.get(newer_path)).data)
-    future = legacy_json(newer, lambda b: b.__setitem__("timestamp_ms", 10**17))
+    future = bare_json(newer, lambda b: b.__setitem__("timestamp_ms", 10**17))
     await ckpt.store.put(newer_path, future)
     with pytest.raises(CorruptManifestError, match="timestamp_ms 100000000000000000 is out"):
         await ckpt.load_manifest(newer.checkpoint_id)
@@ -581,7 +581,7 @@ def big_manifest(entries: int, operators: int = 1) -> CheckpointManifest:
 
 
 def test_a_manifest_over_the_limit_is_refused_on_read_before_parsing() -> None:
-    body = legacy_json(CheckpointManifest.new(CheckpointId.now(), 1), lambda b: None)
+    body = bare_json(CheckpointManifest.new(CheckpointId.now(), 1), lambda b: None)
     padded = bytearray(body)
     padded.extend(b" " * (MAX_MANIFEST_BYTES - len(body)))  # white space: still valid JSON
     assert decode_manifest("m", padded).epoch == 1, "exactly at the limit reads"
@@ -593,7 +593,7 @@ def test_a_manifest_over_the_limit_is_refused_on_read_before_parsing() -> None:
 
 
 def test_a_manifest_over_the_limit_is_refused_on_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(manifest_module, "PART_ENTRIES", 10**9)  # one object, as before parts
+    monkeypatch.setattr(manifest_module, "PART_ENTRIES", 10**9)  # stored whole, as one object
     manifest = big_manifest(260_000)
     with pytest.raises(
         InvalidCheckpointDataError, match="260000 artifact entries.*limit of 67108864"

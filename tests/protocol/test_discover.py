@@ -1,6 +1,6 @@
 """Finding checkpoints for tools (cairn.protocol.discover), and the command line relying on it.
 
-The library answers what the command line used to compute itself: which directories
+The library answers what the command line needs: which directories
 are checkpoints, which prefixes of a store hold some, which run is the newest, many
 manifests at once with damage in its place, the stored bytes of an entry, and (through
 ``delete_checkpoint``) whether a checkpoint may be deleted.

@@ -341,7 +341,7 @@ def reference_plan(
     min_age: dt.timedelta,
     claimed: set[CheckpointId],
 ) -> retention.GcPlan:
-    """plan_gc as it was before planning was made fast: the oracle of the test below."""
+    """plan_gc computed the plain way, from the whole state: the oracle of the test below."""
     manifests = state.manifests
     now_ms = int(now.timestamp() * 1000)
     keep = policy.retained(manifests, now_ms) & set(manifests) | set(policy.pinned)

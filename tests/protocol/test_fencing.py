@@ -26,8 +26,8 @@ async def stale_commit_after_takeover(
     epoch 6, which lands and is never published. Returns (new writer, old ids, stale id).
 
     A takeover claims the id of every save in flight, so the stale commit cannot land
-    by itself: the claim is taken away again, as a takeover by an older cairn (which
-    claimed nothing) would have left it. What is tested is the readers' own defense."""
+    by itself: the claim is taken away again, as a takeover that claims nothing
+    leaves it. What is tested is the readers' own defense."""
     inner = ObstoreStore(raw_store)
     new = make_checkpointer(inner)
     state = {"took_over": False, "committed": False}  # the hook's own progress

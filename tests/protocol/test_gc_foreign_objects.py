@@ -6,7 +6,7 @@ checkpoint id (a UUIDv7), even inside a real checkpoint's directory. Neither GC 
 ``delete_checkpoint`` deletes them, GC claims no directory that holds only such objects,
 and GC reports them (:attr:`GcResult.foreign_objects`). Whatever cairn writes inside a
 checkpoint directory is a name :func:`cairn.format.layout.is_cairn_name` accepts (checked here
-against what every writer puts, and against stores older releases wrote).
+against what every writer puts, and against the stored layouts under ``tests/data``).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ the store.
 ``stored_bytes`` is checked against the objects the save left in its directory, and
 ``requests`` against the calls a recording store wrapper saw, one by one, up to and
 including the manifest's write (the commit point: what follows cannot be in the record).
-Manifests written before these fields existed keep loading, and the fields of a newer
-cairn's statistics do not stop an older reader.
+Manifests whose statistics lack these fields load, and fields of the statistics a
+reader does not know do not stop it.
 """
 
 from __future__ import annotations

@@ -148,8 +148,8 @@ def test_a_restored_file_is_fsynced_and_so_is_its_directory(
 def test_many_concurrent_local_swaps_finish(tmp_path: Path) -> None:
     """More compare-and-swap waiters than the loop has worker threads: all finish.
 
-    A waiter used to block in ``flock`` on a worker thread; with every worker taken by
-    waiters, the lock holder could not get one to fsync its put, and all of them hung.
+    A waiter that blocked in ``flock`` on a worker thread would, with every worker taken
+    by waiters, leave the lock holder no thread to fsync its put, and all of them hang.
     """
     store = _store(tmp_path / "store")
     waiters = 4 * (min(32, (os.cpu_count() or 1) + 4))
@@ -224,8 +224,8 @@ def test_a_save_that_cannot_be_made_durable_commits_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
     """A manifest (or artifact) whose fsync fails: the save fails and nothing stands as
-    committed, although the manifest's bytes had landed (it used to count as committed:
-    "our own bytes at the manifest path")."""
+    committed, although the manifest's bytes landed (they are not counted as committed
+    as "our own bytes at the manifest path")."""
     root = tmp_path / "store"
     root.mkdir()
     ckpt = ObjectStoreCheckpointer(str(root))

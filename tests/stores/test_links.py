@@ -1,7 +1,7 @@
 """Symbolic links in a local store, or in a restore target, are never followed.
 
 Each test plants links inside a ``file://`` store (or a ``cairn restore`` target) that
-point at real files in a directory outside it, runs the operation that used to follow
+point at real files in a directory outside it, runs an operation that could follow
 them (delete, GC, listing, loads, writes, the command line), and checks that every
 file outside is still there, byte for byte, and that nothing new appeared there. See
 the invariants of :mod:`cairn.stores` and :mod:`cairn.cli.files`.
@@ -394,8 +394,8 @@ async def test_local_listing_and_delete_keep_obstore_semantics(root: Path) -> No
 async def test_a_restore_to_a_path_neither_follows_nor_replaces_a_link_there(
     root: Path, outside: Outside, tmp_path: Path
 ) -> None:
-    # load_artifact_to(path) used to rename its verified file over whatever held the
-    # name: a link there was silently replaced, unlike everywhere else in cairn.
+    # load_artifact_to(path) must not rename its verified file over whatever holds the
+    # name: a link there is refused, as everywhere else in cairn.
     ckpt = checkpointer(root)
     cid = await save(ckpt, 1)
     manifest = await ckpt.load_manifest(cid)
