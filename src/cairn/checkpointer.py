@@ -449,20 +449,24 @@ class ObjectStoreCheckpointer(Checkpointer):
     async def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
         """Load and check the manifest of ``checkpoint_id``.
 
-        Raises :class:`CheckpointNotFoundError` if it is not committed and
-        :class:`CorruptManifestError` if the bytes there are not its valid manifest.
+        Raises :class:`CheckpointNotFoundError` if it is not committed,
+        :class:`CorruptManifestError` if the bytes there are not its valid manifest, and
+        :class:`NewerFormatError` if a newer cairn wrote it (see :meth:`load_latest`).
         """
         return await _catalog.load_manifest(await self._context(), await self._id(checkpoint_id))
 
-    async def latest_id(self) -> CheckpointId | None:
+    async def latest_id(self, *, skip_newer_format: bool = False) -> CheckpointId | None:
         """What "latest" means: the checkpoint :meth:`load_latest` tries first, by manifest.
 
         The same order as :meth:`load_latest`, skipping checkpoints whose manifest does
         not read, without reading artifacts: a checkpoint whose artifacts are damaged is
         still the latest here (so ``cairn verify latest`` reports it), while
-        :meth:`load_latest` moves on to an older one. None when nothing is committed.
+        :meth:`load_latest` moves on to an older one. None when nothing is committed. A
+        checkpoint a newer cairn wrote raises :class:`NewerFormatError` as in
+        :meth:`load_latest` (and is passed over with ``skip_newer_format``).
         """
-        return await _catalog.latest_id(await self._context())
+        context = await self._context()
+        return await _catalog.latest_id(context, skip_newer_format=skip_newer_format)
 
     # -- reading, verified (cairn.protocol._download) ---------------------------------------------
 
@@ -488,7 +492,7 @@ class ObjectStoreCheckpointer(Checkpointer):
                 op.manifest = loaded.manifest
                 return loaded
 
-    async def load_latest(self) -> LoadedCheckpoint | None:
+    async def load_latest(self, *, skip_newer_format: bool = False) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads and verifies, or None if there is none.
 
         Tries the committed checkpoints in the order "latest" means (see
@@ -498,11 +502,19 @@ class ObjectStoreCheckpointer(Checkpointer):
         A checkpoint committed by a fenced writer after the takeover never counts (see
         :mod:`cairn.protocol._pointer`). Each one that does not load (a deleted or damaged manifest
         or artifact) is logged and skipped.
+
+        One that a newer cairn wrote (its manifest requires format features this cairn
+        does not know) is not damage: rather than restore older state past it, this
+        raises :class:`NewerFormatError`. With ``skip_newer_format=True`` it is passed
+        over like damage, with a warning naming it. One older than the checkpoint that
+        loads is never reached, so it does not matter.
         """
         async with self.observed("load_latest") as op:
             context = await self._context()
             loaded = await _catalog.first_that_loads(
-                context, lambda cid: _download.load(context, cid, True)
+                context,
+                lambda cid: _download.load(context, cid, True),
+                skip_newer_format=skip_newer_format,
             )
             op.manifest = loaded.manifest if loaded is not None else None
             return loaded

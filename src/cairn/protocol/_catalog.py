@@ -18,7 +18,14 @@ Invariants:
 * ranking reads every manifest but decodes only its three ranking fields. A manifest
   whose header decodes but whose whole does not fails when it is loaded, so the order
   tried is exactly that of decoding every manifest in full: a valid manifest's header is
-  its content.
+  its content. A manifest a newer cairn wrote (its ``requires`` names a feature this one
+  does not know, its checksum verified) is ranked too, by what its header says, or, when
+  even that does not decode, above every other: the search stops there;
+* the search for the latest never restores older state past a checkpoint it cannot
+  read because a newer cairn wrote it: it raises
+  :class:`~cairn.errors.NewerFormatError`, unless the caller opts into falling back
+  (``skip_newer_format``), and then it says, with a warning, which one it passed over.
+  One it cannot read that ranks below the one that loads is never reached.
 """
 
 from __future__ import annotations
@@ -29,10 +36,22 @@ from typing import TypeVar
 
 import msgspec
 
-from cairn.errors import CheckpointNotFoundError, CorruptManifestError, IntegrityError
+from cairn.errors import (
+    CheckpointNotFoundError,
+    CorruptManifestError,
+    IntegrityError,
+    NewerFormatError,
+)
 from cairn.format._buffer import Buffer
 from cairn.format.ids import CheckpointId
-from cairn.format.manifest import CheckpointManifest, dec_hook, decode_root
+from cairn.format.manifest import (
+    MAX_INT64,
+    CheckpointManifest,
+    dec_hook,
+    decode_header,
+    decode_root,
+)
+from cairn.format.signing import SigningKeys
 from cairn.observe import _dispatch
 from cairn.protocol import _lease, _parts, _pointer
 from cairn.protocol._concurrency import bounded_gather
@@ -51,6 +70,7 @@ __all__ = [
     "load_manifest",
     "load_partition_manifest",
     "named_candidates",
+    "passed_over_newer",
     "read_latest",
 ]
 
@@ -68,7 +88,24 @@ damage, so raised: a :class:`~cairn.errors.StoreError` (a store that refuses or 
 read would refuse the older checkpoints too, and answering None, "no checkpoint", would
 be a lie) and a :class:`~cairn.errors.CodecError` (a known codec this environment lacks:
 restoring older state silently would hide a missing install).
+
+Nor is a :class:`~cairn.errors.NewerFormatError` (a checkpoint a newer cairn wrote): the
+searches for the latest raise it unless their caller opts into passing over it
+(:func:`passed_over_newer`).
 """
+
+
+def passed_over_newer(cid: CheckpointId, exc: NewerFormatError, skip_newer_format: bool) -> None:
+    """Let a search for the latest pass over ``cid``, which a newer cairn wrote (``exc``),
+    when ``skip_newer_format``: with a warning naming it. Otherwise raise ``exc``: older
+    state is never restored in silence past a checkpoint this cairn cannot read."""
+    if not skip_newer_format:
+        raise exc
+    log.warning(
+        "passing over checkpoint %s, which this cairn cannot read (%s): loading an older one",
+        cid,
+        exc,
+    )
 
 
 async def load_manifest(ctx: Context, checkpoint_id: CheckpointId) -> CheckpointManifest:
@@ -248,31 +285,48 @@ async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
         yield header.checkpoint_id
 
 
-async def latest_id(ctx: Context) -> CheckpointId | None:
+async def latest_id(ctx: Context, *, skip_newer_format: bool = False) -> CheckpointId | None:
     """The latest checkpoint by manifest: the first of :func:`latest_candidates` whose
-    manifest loads (artifacts unread); None when nothing is committed."""
+    manifest loads (artifacts unread); None when nothing is committed.
+
+    One a newer cairn wrote raises :class:`NewerFormatError`, unless
+    ``skip_newer_format`` (see :func:`passed_over_newer`).
+    """
     async for cid in latest_candidates(ctx):
         try:
             await load_manifest(ctx, cid)
         except DAMAGE as exc:
             log.warning("checkpoint %s has no readable manifest (%s)", cid, exc)
             continue
+        except NewerFormatError as exc:
+            passed_over_newer(cid, exc, skip_newer_format)
+            continue
         return cid
     return None
 
 
-async def first_that_loads(ctx: Context, load: Callable[[CheckpointId], Awaitable[T]]) -> T | None:
+async def first_that_loads(
+    ctx: Context,
+    load: Callable[[CheckpointId], Awaitable[T]],
+    *,
+    skip_newer_format: bool = False,
+) -> T | None:
     """``load`` of the first of :func:`latest_candidates` that loads; None when none does.
 
     A checkpoint that does not load for :data:`DAMAGE` is logged, reported to the
-    observers (:func:`cairn.observe._dispatch.fell_back`) and passed over; any other failure is
-    raised.
+    observers (:func:`cairn.observe._dispatch.fell_back`) and passed over. One a newer
+    cairn wrote raises :class:`NewerFormatError`, unless ``skip_newer_format``: then it
+    is passed over as damage is, with a warning naming it (:func:`passed_over_newer`).
+    Any other failure is raised.
     """
     async for cid in latest_candidates(ctx):
         try:
             return await load(cid)
         except DAMAGE as exc:
             log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
+            _dispatch.fell_back(cid, exc)
+        except NewerFormatError as exc:
+            passed_over_newer(cid, exc, skip_newer_format)
             _dispatch.fell_back(cid, exc)
     return None
 
@@ -372,23 +426,84 @@ async def _read_headers(ctx: Context, ids: list[CheckpointId]) -> list[_Manifest
                 blob = await ctx.store.get(path)
             except CheckpointNotFoundError:
                 return None  # not committed (or deleted since the listing)
-            return _decode_header(path, cid, blob.data)
+            return _decode_header(path, cid, blob.data, ctx.keys)
 
         return job
 
     return await bounded_gather(ctx.max_concurrent_downloads, map(read, ids))
 
 
-def _decode_header(path: str, cid: CheckpointId, data: Buffer) -> _ManifestHeader | None:
-    """The ranking fields of the manifest at ``path``; None (with a warning) if unreadable."""
+def _decode_header(
+    path: str, cid: CheckpointId, data: Buffer, keys: SigningKeys | None
+) -> _ManifestHeader | None:
+    """The ranking fields of the manifest at ``path``; None (with a warning) if unreadable.
+
+    A header that does not decode may be a newer cairn's (see :func:`_newer_header`).
+    """
     if _lease.is_tombstone(data):
         return None  # a tombstone: GC claimed this id
     try:
         header = _header_decoder.decode(data)
     except (msgspec.DecodeError, RecursionError) as exc:
-        log.warning("skipping checkpoint %s: corrupt manifest at %r: %s", cid, path, exc)
-        return None
+        newer = _newer_header(path, cid, data, keys)
+        if newer is None:
+            log.warning("skipping checkpoint %s: corrupt manifest at %r: %s", cid, path, exc)
+        return newer
     if header.checkpoint_id != cid:
         log.warning("skipping checkpoint %s: %r describes %s", cid, path, header.checkpoint_id)
         return None
     return header
+
+
+class _LenientHeader(msgspec.Struct, frozen=True):
+    """The ranking fields of a newer cairn's manifest, read as whatever they hold."""
+
+    epoch: object = None
+    writer_generation: object = None
+    name: object = None
+
+
+_lenient_decoder = msgspec.json.Decoder(_LenientHeader)
+
+
+def _newer_header(
+    path: str, cid: CheckpointId, data: Buffer, keys: SigningKeys | None
+) -> _ManifestHeader | None:
+    """The ranking fields of ``cid``'s manifest at ``path``, whose header does not decode,
+    when a newer cairn wrote it (its checksum and, with ``keys``, its signature checked,
+    see :func:`cairn.format.manifest.decode_header`); None when it is damage.
+
+    Each field is taken where it holds what this cairn would write; when the epoch or
+    the generation does not, the checkpoint ranks above every other, so that the search
+    for the latest stops at it rather than restore older state past it.
+    """
+    try:
+        decode_header(path, data, keys)
+    except NewerFormatError as exc:
+        if exc.checkpoint_id != str(cid):
+            return None
+    except IntegrityError:
+        return None
+    else:
+        return None  # its header decodes strictly, so it is damage elsewhere
+    try:
+        seen = _lenient_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    name = seen.name if isinstance(seen.name, str) else None
+    epoch, generation = seen.epoch, seen.writer_generation
+    if isinstance(epoch, int) and _is_int64(epoch):
+        if generation is None:
+            return _ManifestHeader(cid, epoch, None, name)
+        if isinstance(generation, int) and _is_int64(generation):
+            return _ManifestHeader(cid, epoch, generation, name)
+    log.warning(
+        "checkpoint %s was written by a newer cairn whose header this one cannot rank: "
+        "ranking it above every other",
+        cid,
+    )
+    return _ManifestHeader(cid, MAX_INT64, MAX_INT64, name)
+
+
+def _is_int64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT64

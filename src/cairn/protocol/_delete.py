@@ -6,14 +6,16 @@ progress that builds on the one deleted (:class:`~cairn.errors.CheckpointInUseEr
 unless forced); it removes the manifest first, so a half-deleted checkpoint is never
 listed, and then moves ``_latest`` off it, by compare-and-swap, to the newest checkpoint
 that remains. It decides as GC does (:mod:`cairn.protocol.retention`), by the store's
-time, and looks again once the manifest is gone.
+time, and looks again once the manifest is gone. Like GC, it deletes nothing while the
+store holds a checkpoint whose manifest a newer cairn wrote
+(:class:`~cairn.errors.NewerFormatError`): what that manifest names cannot be known.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from cairn.errors import CheckpointInUseError
+from cairn.errors import CheckpointInUseError, NewerFormatError
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import is_cairn_name
 from cairn.format.manifest import CheckpointManifest
@@ -91,9 +93,18 @@ async def delete_checkpoint(ctx: Context, checkpoint_id: CheckpointId, force: bo
     with a name cairn writes goes. A
     checkpoint that is not committed is not an error, and nothing is deleted for it: its
     directory, if any, is GC's to judge.
+
+    While the store holds a checkpoint whose manifest (or a part of it) a newer cairn
+    wrote, this refuses with that :class:`NewerFormatError` and writes nothing, also with
+    ``force``: ``force`` breaks the dependents this cairn can see, but what such a
+    manifest names cannot be known (any object of the store, the one deleted included),
+    nor, when it is the one deleted, which of the objects in its directory are its own
+    or how its format must be deleted. A cairn that knows its features deletes it.
     """
     check_id(checkpoint_id)
     state = await retention.read_state(ctx.store, ctx.paths)
+    if state.newer:
+        raise state.newer.get(checkpoint_id, next(iter(state.newer.values())))
     manifest = state.manifests.get(checkpoint_id)
     if manifest is None and checkpoint_id not in state.damaged:
         return
@@ -172,5 +183,7 @@ async def _move_latest_off(ctx: Context, deleted: CheckpointId) -> None:
             target = await _catalog.load_manifest(ctx, cid)
         except _catalog.DAMAGE:
             continue
+        except NewerFormatError:
+            target = None  # the pointer goes: readers rank, and meet it first
         break
     await _pointer.retreat_latest(ctx.store, ctx.paths.latest_pointer(), deleted, target)

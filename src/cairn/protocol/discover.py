@@ -15,8 +15,10 @@ too. Whether it is committed is its manifest's business
   user who named the wrong prefix;
 * :func:`newest_checkpoint_prefix`: of the prefixes one level under a parent (runs of
   one job, say), the one holding the newest checkpoint id (ids are time-ordered);
-* :func:`load_manifests`: many manifests, read concurrently, where one that is damaged
-  or deleted since it was listed is reported in its place instead of failing the lot
+* :func:`load_manifests`: many manifests, read concurrently, where one that is damaged,
+  deleted since it was listed, or written by a newer cairn (not damage: a
+  :class:`~cairn.errors.NewerFormatError`) is reported in its place instead of failing
+  the lot
   (:meth:`~cairn.ObjectStoreCheckpointer.load_manifests` on a checkpointer);
 * :func:`resolve_checkpoint_id`: the committed checkpoint a full id or a *short id* (a
   unique prefix of its text, at least :data:`MIN_SHORT_ID` characters, as git takes
@@ -44,6 +46,7 @@ from cairn.errors import (
     CheckpointNotFoundError,
     IntegrityError,
     InvalidInputError,
+    NewerFormatError,
 )
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import LEGACY_BASE_PREFIX, CheckpointPaths
@@ -84,10 +87,11 @@ of millisecond time, so two ids share it only when made within about a minute)."
 _ID_FORM = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
 _HEX = frozenset("0123456789abcdef")
 
-ManifestOrDamage = CheckpointManifest | IntegrityError | CheckpointNotFoundError
+ManifestOrDamage = CheckpointManifest | IntegrityError | CheckpointNotFoundError | NewerFormatError
 """A manifest, or what made it unloadable: damage (an :class:`IntegrityError`, a
-signature a reader's keys refuse among them) or a checkpoint deleted since it was
-listed."""
+signature a reader's keys refuse among them), a checkpoint deleted since it was
+listed, or one a newer cairn wrote (a :class:`NewerFormatError`, which is not damage:
+tools show it as needing a newer cairn)."""
 
 
 async def checkpoint_dirs(store: Store, paths: CheckpointPaths) -> list[CheckpointId]:
@@ -178,7 +182,7 @@ async def load_manifests(
     limit: int = MAX_CONCURRENT_READS,
 ) -> list[ManifestOrDamage]:
     """``load(cid)`` for each of ``ids``, at most ``limit`` at once, in the order given;
-    where it raises damage or not-found (see :data:`ManifestOrDamage`), that error in
+    where it raises damage, not-found or newer-format (see :data:`ManifestOrDamage`), that error in
     its place. Any other error (a store failure) is raised."""
     gate = asyncio.Semaphore(limit)
 
@@ -186,7 +190,7 @@ async def load_manifests(
         async with gate:
             try:
                 return await load(cid)
-            except (IntegrityError, CheckpointNotFoundError) as exc:
+            except (IntegrityError, CheckpointNotFoundError, NewerFormatError) as exc:
                 return exc
 
     return list(await asyncio.gather(*(one(cid) for cid in ids)))

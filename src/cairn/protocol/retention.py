@@ -10,6 +10,11 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   every committed checkpoint; any object a kept checkpoint's chain references, wherever
   it lives; a checkpoint whose manifest does not decode, or misses a part (left alone and
   reported in :attr:`GcResult.damaged`; ``failures`` are only deletions that failed);
+* a run that meets a manifest (root or part) a newer cairn wrote, which requires format
+  features this cairn does not know, deletes and claims nothing at all: that manifest
+  may name any object of the store, whatever checkpoint wrote it. The run reports it
+  (:attr:`GcResult.newer_format`) and writes nothing; should the second look meet one
+  (committed while the run went), no artifact is deleted;
 * only objects whose names cairn writes are deleted (:func:`cairn.format.layout.is_cairn_name`):
   the store's root is the default base, and a bucket shared with other data may hold
   another application's objects under a prefix named like a checkpoint id. They are left
@@ -70,6 +75,7 @@ from cairn.errors import (
     CheckpointNotFoundError,
     IntegrityError,
     InvalidInputError,
+    NewerFormatError,
     StoreError,
 )
 from cairn.format._buffer import Buffer
@@ -293,6 +299,11 @@ class GcResult:
     foreign_objects: list[str] = field(default_factory=list)
     """The objects left alone in checkpoints' directories because cairn never writes
     their names (:attr:`GcPlan.foreign`): another application's data."""
+    newer_format: dict[CheckpointId, str] = field(default_factory=dict)
+    """The committed checkpoints a newer cairn wrote (a manifest requiring format
+    features this cairn does not know), each with why. When there is one, the run
+    deleted and claimed nothing (``deleted`` is empty): what such a manifest names
+    cannot be known, and it may be anything in the store."""
 
 
 def _reachable(
@@ -351,6 +362,9 @@ class StoreState:
     ended: frozenset[CheckpointId] = frozenset()
     """Uncommitted directories whose intent was listed but was gone when read: their
     save ended meanwhile, committed (its manifest is there now) or not."""
+    newer: Mapping[CheckpointId, NewerFormatError] = field(default_factory=dict)
+    """Committed checkpoints whose manifest (or a part of it) a newer cairn wrote: what
+    they name cannot be known, so nothing may be deleted."""
 
 
 def uncommitted_dirs(
@@ -411,7 +425,9 @@ def _uncommitted_dirs(
     min_age: dt.timedelta,
 ) -> tuple[dict[CheckpointId, frozenset[CheckpointId]], set[CheckpointId]]:
     """:func:`uncommitted_dirs`, given :func:`_owners` of ``state.objects``."""
-    settled = state.manifests.keys() | state.damaged.keys() | state.tombstones.keys()
+    settled = (
+        state.manifests.keys() | state.damaged.keys() | state.tombstones.keys() | state.newer.keys()
+    )
     newest: dict[CheckpointId, dt.datetime] = {}
     for info, cid in zip(state.objects, owners, strict=True):
         if cid is None or cid in settled:
@@ -685,6 +701,7 @@ async def _read_state(
     objects = await store.list(paths.base_prefix)
     manifests: dict[CheckpointId, CheckpointManifest] = {}
     damaged: dict[CheckpointId, str] = {}
+    newer: dict[CheckpointId, NewerFormatError] = {}
     tombstones: dict[CheckpointId, ObjectInfo] = {}
     intents: dict[CheckpointId, list[tuple[ObjectInfo, Intent | None]]] = {}
     committed: dict[CheckpointId, ObjectInfo] = {}
@@ -712,6 +729,8 @@ async def _read_state(
                 return  # deleted since the listing
             except IntegrityError as exc:
                 damaged[cid] = str(exc)
+            except NewerFormatError as exc:
+                newer[cid] = exc
 
         return job
 
@@ -733,7 +752,7 @@ async def _read_state(
     reads += [read_intent(cid, info) for cid, info in intent_infos if cid not in committed]
     await bounded_gather(MANIFEST_READ_CONCURRENCY, reads)
     state = StoreState(
-        manifests, objects, intents, tombstones, damaged, latest, fenced, frozenset(ended)
+        manifests, objects, intents, tombstones, damaged, latest, fenced, frozenset(ended), newer
     )
     return state, owners
 
@@ -778,6 +797,8 @@ async def run_gc(
     if not isinstance(policy, RetentionPolicy):
         raise InvalidInputError(f"gc takes a RetentionPolicy, got {policy!r}")
     state, owners = await _read_state(store, paths)
+    if state.newer:
+        return _untouched(state, dry_run=dry_run)
     unknown_pins = [cid for cid in policy.pinned if cid not in state.manifests]
     if unknown_pins:
         raise InvalidInputError(f"pinned checkpoint {unknown_pins[0]} does not exist")
@@ -808,9 +829,18 @@ async def run_gc(
             standing.add(cid)  # still listed: it keeps whatever it names, as a kept one
     result.deleted = [cid for cid in plan.deleted if cid not in standing]
     # Phase 2: look again for saves that started or committed since the plan.
-    spared_whole, spared = await look_again(
-        store, paths, state.manifests, set(result.deleted), min_age=min_age
-    )
+    try:
+        spared_whole, spared = await look_again(
+            store, paths, state.manifests, set(result.deleted), min_age=min_age
+        )
+    except NewerFormatError as exc:
+        # Committed since the reading: it may name anything, so no artifact goes.
+        owner = paths.checkpoint_of(exc.path)
+        if owner is None:
+            raise  # not a manifest of this base: nothing more is deleted either way
+        _say_newer({owner: exc})
+        result.newer_format = {owner: str(exc)}
+        return result
     kept_whole, kept = _reachable(paths, standing, state.manifests)
     spared_whole |= kept_whole
     spared |= kept
@@ -838,7 +868,9 @@ async def look_again(
 
     Called once the manifests of ``doomed`` are deleted and before their objects are:
     reads the store again, and returns the checkpoints to keep whole and the object paths
-    they reference. They are the checkpoints committed since ``known`` (the manifests the
+    they reference (or raises :class:`NewerFormatError` when it meets a manifest a newer
+    cairn wrote: nothing may then be deleted). They are the checkpoints committed since
+    ``known`` (the manifests the
     deletion was planned from) was read, and the parents of saves in progress (a live
     lease, or an object younger than ``min_age``), by the store's time.
 
@@ -853,6 +885,8 @@ async def look_again(
     commit naming what goes.
     """
     state = await read_state(store, paths)
+    if state.newer:
+        raise next(iter(state.newer.values()))
     now = await store_now(store, paths)
     busy, _ = uncommitted_dirs(state, paths, now=now, min_age=min_age)
     everything = {**known, **state.manifests}
@@ -947,7 +981,8 @@ async def _read_manifest(
 ) -> CheckpointManifest | None:
     """``cid``'s whole manifest (parts read); None when it is gone or does not decode (a
     deletion then spares nothing for it: what it names cannot be known, and a damaged
-    checkpoint does not load anyway)."""
+    checkpoint does not load anyway). One a newer cairn wrote raises
+    :class:`NewerFormatError`: a deletion must then stop, as it may need anything."""
     path = paths.manifest(cid)
     try:
         root = decode_root(path, (await store.get(path)).data)
@@ -1003,6 +1038,24 @@ def _report(
     )
     result.orphans_deleted = [info.path for info in plan.orphans]
     return result
+
+
+def _untouched(state: StoreState, *, dry_run: bool) -> GcResult:
+    """The result of a run that met manifests a newer cairn wrote: nothing deleted,
+    nothing claimed, every checkpoint it could read retained, and each it could not
+    named in :attr:`GcResult.newer_format`."""
+    _say_newer(state.newer)
+    return GcResult(
+        retained=sorted(state.manifests),
+        dry_run=dry_run,
+        damaged=dict(state.damaged),
+        newer_format={cid: str(exc) for cid, exc in sorted(state.newer.items())},
+    )
+
+
+def _say_newer(newer: Mapping[CheckpointId, NewerFormatError]) -> None:
+    for cid, exc in sorted(newer.items()):
+        log.warning("checkpoint %s needs a newer cairn: nothing deleted (%s)", cid, exc)
 
 
 def _result(state: StoreState, plan: GcPlan, *, dry_run: bool) -> GcResult:
