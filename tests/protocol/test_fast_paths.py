@@ -459,6 +459,7 @@ async def test_the_state_gc_reads_is_a_value_without_caches() -> None:
         "intents",
         "tombstones",
         "damaged",
+        "newer",
         "latest",
         "fenced",
         "ended",
