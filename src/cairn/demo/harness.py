@@ -420,10 +420,7 @@ def _run_prefix() -> str:
 
 
 def demo_command(
-    events: Annotated[
-        int,
-        at_least("--events", 3, "Events in the generated stream."),
-    ] = 20_000,
+    events: Annotated[int, at_least("--events", 3, "Events in the generated stream.")] = 20_000,
     seed: Annotated[
         int,
         typer.Option("--seed", metavar="N", parser=integer(), help="Seed of the generated stream."),
@@ -433,8 +430,7 @@ def demo_command(
         at_least("--checkpoint-every", 1, "Events between checkpoints. \\[default: events/10]"),
     ] = None,
     full_every: Annotated[
-        int,
-        at_least("--full-every", 1, "A full snapshot every N checkpoints."),
+        int, at_least("--full-every", 1, "A full snapshot every N checkpoints.")
     ] = 4,
     stream_seconds: Annotated[
         float,
