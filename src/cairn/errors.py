@@ -115,8 +115,13 @@ def _rebuild(
 
 
 class CheckpointNotFoundError(CheckpointerError, FileNotFoundError):
-    """A checkpoint, manifest or artifact does not exist at ``path``; ``detail`` (if any)
-    says what was searched and what was found instead."""
+    """A checkpoint, manifest or artifact does not exist at ``path``.
+
+    Attributes:
+        path: The store path (or checkpoint id) that was looked for.
+        what: What was looked for, in words (``"object"`` unless told).
+        detail: What was searched and what was found instead; empty when nothing more.
+    """
 
     def __init__(self, path: str, what: str = "object", detail: str = "") -> None:
         self.path = path
@@ -131,7 +136,12 @@ class CheckpointNotFoundError(CheckpointerError, FileNotFoundError):
 
 
 class CheckpointExistsError(CheckpointerError):
-    """A manifest for ``checkpoint_id`` is already committed; the first one is untouched."""
+    """A manifest for ``checkpoint_id`` is already committed; the first one is untouched.
+
+    Attributes:
+        checkpoint_id: The id that is already committed.
+        path: Its manifest's path in the store.
+    """
 
     def __init__(self, checkpoint_id: str, path: str) -> None:
         self.checkpoint_id = checkpoint_id
@@ -142,7 +152,12 @@ class CheckpointExistsError(CheckpointerError):
 class ArtifactExistsError(CheckpointExistsError):
     """A write-once artifact path (the reference's ``save_snapshot``/``save_delta`` names)
     already holds other bytes: another save of ``checkpoint_id`` wrote it first. What is
-    stored there is untouched."""
+    stored there is untouched.
+
+    Attributes:
+        checkpoint_id: The checkpoint the artifact belongs to.
+        path: The artifact's path in the store.
+    """
 
     def __init__(self, checkpoint_id: str, path: str) -> None:
         self.checkpoint_id = checkpoint_id
@@ -157,10 +172,19 @@ class ArtifactExistsError(CheckpointExistsError):
 class CheckpointInUseError(CheckpointerError):
     """Deleting ``checkpoint_id`` would break what builds on it; nothing was deleted.
 
-    ``dependents`` are the committed checkpoints whose restore chains need its manifest
-    or its bytes, and the saves in progress that build on it (newest last). Delete those
-    first, or pass ``force=True`` to delete it anyway (they then no longer load).
-    ``override`` is how the caller says that (a command line has its own flag).
+    Delete the dependents first, or pass ``force=True`` to delete it anyway (they then
+    no longer load).
+
+    Args:
+        checkpoint_id: The checkpoint that was not deleted.
+        dependents: What builds on it (at least one).
+        override: How the caller says "delete it anyway", ending the message (a command
+            line has its own flag).
+
+    Attributes:
+        checkpoint_id: The checkpoint that was not deleted.
+        dependents: The committed checkpoints whose restore chains need its manifest or
+            its bytes, and the saves in progress that build on it (newest last).
     """
 
     def __init__(
@@ -186,10 +210,15 @@ class IntegrityError(CheckpointerError):
     relative to the directory). They are None where the bytes are not one partition's
     (a manifest, a record) or the reader was given a path alone.
 
-    ``others`` holds the errors of the other damaged partitions found by the same read
-    (a whole :meth:`~cairn.ObjectStoreCheckpointer.load` reads every partition, and
-    raises the error of the first in the manifest's order), each naming its own; empty
-    when this one is all there is.
+    Attributes:
+        operator: The operator whose partition's bytes are wrong, or None.
+        partition: That partition's number, or None.
+        item: The DCP item within the partition, or None.
+        file: The file of a directory partition, or None.
+        others: The errors of the other damaged partitions found by the same read (a
+            whole :meth:`~cairn.ObjectStoreCheckpointer.load` reads every partition, and
+            raises the error of the first in the manifest's order), each naming its own;
+            empty when this one is all there is.
     """
 
     operator: str | None = None
@@ -217,7 +246,17 @@ class IntegrityError(CheckpointerError):
         """This error, naming the partition of ``operator`` whose bytes it is about (and
         the ``item`` or ``file`` in it): set as attributes and put in front of the
         message. An error that names a partition already is left as it is (the code
-        that raised it was closer to the bytes). Returns the error itself."""
+        that raised it was closer to the bytes).
+
+        Args:
+            operator: The operator whose partition the bytes are.
+            partition: The partition's number.
+            item: The DCP item of a rank object the bytes are, if any.
+            file: The file of a directory partition the bytes are, if any.
+
+        Returns:
+            The error itself.
+        """
         if self.operator is None:
             self.operator, self.partition, self.item, self.file = operator, partition, item, file
             message = str(self.args[0]) if self.args else ""
@@ -228,9 +267,19 @@ class IntegrityError(CheckpointerError):
 class IntegrityMismatchError(IntegrityError):
     """The SHA-256 digest (or size) of the bytes at ``path`` is not the expected one.
 
-    ``expected`` and ``actual`` are the two digests (hex), or with ``what="size"`` the
-    two sizes in bytes; never prose (see :class:`MissingArtifactError` and
-    :class:`UndecodableArtifactError` for bytes that are absent or do not decode).
+    Bytes that are absent or do not decode raise :class:`MissingArtifactError` and
+    :class:`UndecodableArtifactError` instead.
+
+    Args:
+        path: The store path of the bytes.
+        expected: The digest (hex) the manifest records, or the size with ``what="size"``.
+        actual: The digest (hex), or size, of the bytes read.
+        what: What differs: ``"sha256"`` or ``"size"``.
+
+    Attributes:
+        path: The store path of the bytes.
+        expected: The expected digest (hex) or size in bytes; never prose.
+        actual: The digest (hex) or size in bytes of what was read; never prose.
     """
 
     def __init__(self, path: str, expected: str, actual: str, *, what: str = "sha256") -> None:
@@ -241,7 +290,12 @@ class IntegrityMismatchError(IntegrityError):
 
 
 class MissingArtifactError(IntegrityError):
-    """An artifact that a manifest or a worker report names is not in the store at ``path``."""
+    """An artifact that a manifest or a worker report names is not in the store at ``path``.
+
+    Attributes:
+        path: The artifact's store path.
+        whose: Whose artifact it is, in words (the partition, the manifest or the report).
+    """
 
     def __init__(self, path: str, whose: str) -> None:
         self.path = path
@@ -250,7 +304,13 @@ class MissingArtifactError(IntegrityError):
 
 
 class UndecodableArtifactError(IntegrityError):
-    """The stored bytes at ``path`` do not decode with ``codec``: they are damaged."""
+    """The stored bytes at ``path`` do not decode with ``codec``: they are damaged.
+
+    Attributes:
+        path: The artifact's store path.
+        codec: The codec its entry names.
+        reason: What the decoder said.
+    """
 
     def __init__(self, path: str, codec: str, reason: str) -> None:
         self.path = path
@@ -265,6 +325,11 @@ class OversizedArtifactError(IntegrityError):
 
     Decoding stopped as soon as the output passed ``size_bytes`` (see :mod:`cairn.format.codecs`),
     so how far the bytes would have inflated is not known, nor held in memory.
+
+    Attributes:
+        path: The artifact's store path.
+        codec: The codec its entry names.
+        size_bytes: The decoded size its entry records.
     """
 
     def __init__(self, path: str, codec: str, size_bytes: int) -> None:
@@ -278,7 +343,12 @@ class OversizedArtifactError(IntegrityError):
 
 
 class CorruptManifestError(IntegrityError):
-    """The bytes at ``path`` are not a valid checkpoint manifest (or pointer)."""
+    """The bytes at ``path`` are not a valid checkpoint manifest (or pointer).
+
+    Attributes:
+        path: The store path of the bytes.
+        reason: What is wrong with them.
+    """
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
@@ -287,7 +357,13 @@ class CorruptManifestError(IntegrityError):
 
 
 class UnsupportedManifestVersionError(CorruptManifestError):
-    """The manifest at ``path`` declares a schema ``version`` this cairn cannot read."""
+    """The manifest at ``path`` declares a schema ``version`` this cairn cannot read.
+
+    Attributes:
+        path: The manifest's store path.
+        version: The version it declares, as read.
+        supported: The versions this cairn reads.
+    """
 
     def __init__(self, path: str, version: object, supported: tuple[int, ...]) -> None:
         self.version = version
@@ -303,6 +379,10 @@ class SignatureError(IntegrityError):
     signature does not verify (someone who can write the store, but does not hold the
     key, wrote or rewrote it). Like any :class:`IntegrityError` it makes that checkpoint
     unloadable without saying anything of the others: ``load_latest`` falls back past it.
+
+    Attributes:
+        path: The manifest's store path.
+        reason: Which of the three it is.
     """
 
     def __init__(self, path: str, reason: str) -> None:
@@ -312,7 +392,12 @@ class SignatureError(IntegrityError):
 
 
 class BrokenChainError(IntegrityError):
-    """An incremental chain cannot be rebuilt: ``link`` names the missing or bad piece."""
+    """An incremental chain cannot be rebuilt.
+
+    Attributes:
+        link: The missing or bad piece (a parent, a base, an artifact), in words.
+        reason: What is wrong with it.
+    """
 
     def __init__(self, link: str, reason: str) -> None:
         self.link = link
@@ -321,7 +406,12 @@ class BrokenChainError(IntegrityError):
 
 
 class FencedError(CheckpointerError):
-    """This writer was fenced off: a writer with a newer generation took over the store."""
+    """This writer was fenced off: a writer with a newer generation took over the store.
+
+    Attributes:
+        own_generation: This writer's generation.
+        current_generation: The generation that holds the store now.
+    """
 
     def __init__(self, own_generation: int, current_generation: int) -> None:
         self.own_generation = own_generation
@@ -338,8 +428,13 @@ class CheckpointAbortedError(CheckpointerError):
     Either its id was claimed (``path``, its manifest's, holds a tombstone: GC, or a
     deletion of the checkpoint it builds on, found its lease lapsed) and can never
     commit, or, for a save in a pipeline (``save_async``), the save submitted before it
-    did not commit. Save again with a new :class:`~cairn.CheckpointData`. ``why`` says
-    which (see :mod:`cairn.protocol._lease` and :mod:`cairn.protocol._background`).
+    did not commit. Save again with a new :class:`~cairn.CheckpointData` (see
+    :mod:`cairn.protocol._lease` and :mod:`cairn.protocol._background`).
+
+    Attributes:
+        checkpoint_id: The save's checkpoint id.
+        path: Its manifest's store path.
+        why: Which of the two, in words; None for a claimed id.
     """
 
     def __init__(self, checkpoint_id: str, path: str, why: str | None = None) -> None:
@@ -359,7 +454,12 @@ class InvalidInputError(CheckpointerError, ValueError):
 
 class AmbiguousCheckpointIdError(InvalidInputError):
     """A short checkpoint id (a prefix of the hyphenated form) matches more than one
-    committed checkpoint; ``candidates`` are their full ids, oldest first."""
+    committed checkpoint.
+
+    Attributes:
+        prefix: The short id given.
+        candidates: The full ids it matches, oldest first.
+    """
 
     def __init__(self, prefix: str, candidates: list[str]) -> None:
         self.prefix = prefix
@@ -372,7 +472,13 @@ class AmbiguousCheckpointIdError(InvalidInputError):
 
 
 class InvalidNameError(InvalidInputError):
-    """An operator or source name, or a partition number, is not allowed."""
+    """An operator or source name, or a partition number, is not allowed.
+
+    Attributes:
+        kind: What the value is (``"operator name"``, ``"partition"``, ...).
+        value: The value given.
+        reason: Why it is not allowed.
+    """
 
     def __init__(self, kind: str, value: object, reason: str) -> None:
         self.kind = kind
@@ -382,7 +488,12 @@ class InvalidNameError(InvalidInputError):
 
 
 class InvalidStoreUrlError(InvalidInputError):
-    """``open_store`` cannot open ``url``."""
+    """``open_store`` cannot open ``url``.
+
+    Attributes:
+        url: The URL given.
+        reason: Why it cannot be opened.
+    """
 
     def __init__(self, url: str, reason: str) -> None:
         self.url = url
@@ -393,7 +504,13 @@ class InvalidStoreUrlError(InvalidInputError):
 class CheckpointLocationError(InvalidInputError):
     """A DCP ``checkpoint_id`` is a location (a URL, an absolute path) outside the store
     being written or read, or one it cannot be compared with: nothing is written or read
-    anywhere but where it names (see :mod:`cairn.torch._target`)."""
+    anywhere but where it names (see :mod:`cairn.torch._target`).
+
+    Attributes:
+        checkpoint_id: The ``checkpoint_id`` given.
+        store: The store being written or read, in words.
+        reason: Why the location is refused.
+    """
 
     def __init__(self, checkpoint_id: str, store: str, reason: str) -> None:
         self.checkpoint_id = checkpoint_id
@@ -412,7 +529,12 @@ class InvalidCheckpointDataError(InvalidInputError):
 
 class SpecialFileError(InvalidCheckpointDataError):
     """A directory partition holds something other than regular files and directories:
-    a symbolic link (never followed), a socket, a FIFO, a device. ``path`` names it."""
+    a symbolic link (never followed), a socket, a FIFO, a device.
+
+    Attributes:
+        path: The local path of the special file.
+        kind: What it is (``"symbolic link"``, ``"socket"``, ...).
+    """
 
     def __init__(self, path: str, kind: str) -> None:
         self.path = path
@@ -425,7 +547,17 @@ class IncompleteCheckpointError(InvalidInputError):
 
 
 class CodecError(CheckpointerError):
-    """An artifact is encoded with a codec that is unknown or not installed here."""
+    """An artifact is encoded with a codec that is unknown or not installed here.
+
+    Args:
+        path: The artifact's store path, or empty.
+        codec: The codec's name.
+        reason: Why it cannot be used (unknown, or its package is not installed).
+
+    Attributes:
+        path: The artifact's store path (empty when the codec was refused before any read).
+        codec: The codec's name.
+    """
 
     def __init__(self, path: str, codec: str, reason: str) -> None:
         self.path = path
@@ -444,10 +576,14 @@ class NewerFormatError(CheckpointerError):
     read beyond that, and nothing it names can be known: a reader neither loads it, nor
     builds on it, nor deletes anything on the strength of what it would carry.
 
-    ``checkpoint_id`` is the id the manifest names (its text; None when it names none),
-    ``features`` the names this cairn does not know (sorted), ``written_by`` the version
-    of cairn that wrote it, as the manifest records it (None when it does not). See the
-    table of features in docs/format.md.
+    See the table of features in docs/format.md.
+
+    Attributes:
+        path: The store path of the manifest (or manifest part).
+        checkpoint_id: The id the manifest names (its text; None when it names none).
+        features: The feature names this cairn does not know, sorted.
+        written_by: The version of cairn that wrote it, as the manifest records it (None
+            when it does not).
     """
 
     def __init__(
@@ -484,8 +620,12 @@ class PathsUnresolvedError(CheckpointerError, RuntimeError):
 class StoreError(CheckpointerError):
     """The object store failed while doing ``operation`` on ``path``.
 
-    ``status`` is the HTTP status the store answered the failed request with, when it
-    answered one (None for connection failures, timeouts and non-HTTP stores).
+    Attributes:
+        operation: The store operation that failed (``"get"``, ``"put"``, ...).
+        path: The store path it was about.
+        reason: What the store said, in words.
+        status: The HTTP status the store answered the failed request with, when it
+            answered one (None for connection failures, timeouts and non-HTTP stores).
     """
 
     def __init__(
@@ -500,7 +640,13 @@ class StoreError(CheckpointerError):
 
 class ObjectNotFoundError(CheckpointNotFoundError, StoreError):
     """The store has no object at ``path`` (a :class:`StoreError` like every store failure,
-    and a :class:`CheckpointNotFoundError` for code that catches that)."""
+    and a :class:`CheckpointNotFoundError` for code that catches that).
+
+    Attributes:
+        operation: The store operation that found nothing.
+        path: The store path.
+        what: What was looked for, in words (``"object"`` unless told).
+    """
 
     def __init__(self, operation: str, path: str, what: str = "object") -> None:
         StoreError.__init__(self, operation, path, "no such object")
@@ -529,11 +675,17 @@ class PreconditionFailedError(StoreError):
 class StoreNotFoundError(StoreError):
     """The bucket or container of the store does not exist (not an object in it).
 
-    ``kind`` is ``"bucket"`` (S3, GCS) or ``"container"`` (Azure), ``name`` its name
-    (None when the store's answer does not say), ``code`` the store's error code
-    (``NoSuchBucket``, ``ContainerNotFound``). Not a :class:`CheckpointNotFoundError`:
-    nothing can be saved to or loaded from the store until the bucket is created or the
-    URL corrected, so it is never taken to mean "no checkpoint yet".
+    Not a :class:`CheckpointNotFoundError`: nothing can be saved to or loaded from the
+    store until the bucket is created or the URL corrected, so it is never taken to mean
+    "no checkpoint yet".
+
+    Attributes:
+        operation: The store operation that failed.
+        path: The store path it was about.
+        kind: ``"bucket"`` (S3, GCS) or ``"container"`` (Azure).
+        name: Its name (None when the store's answer does not say).
+        code: The store's error code (``NoSuchBucket``, ``ContainerNotFound``).
+        status: The HTTP status of the answer, if any.
     """
 
     def __init__(
@@ -561,10 +713,20 @@ class StoreNotFoundError(StoreError):
 class StoreCredentialsError(StoreError):
     """The store's credentials are missing or were refused; nothing was read or written.
 
-    ``store`` names the kind of store (``"GCS"``, ``"Azure"``, ``"S3"``), ``remedy``
-    says what to set (environment variables, or :func:`~cairn.open_store` options).
     Not transient: the request for a token was already retried, and what fails is the
     configuration.
+
+    Args:
+        operation: The store operation that failed.
+        path: The store path it was about.
+        store: The kind of store (``"GCS"``, ``"Azure"``, ``"S3"``).
+        problem: What is missing or refused, in words.
+        remedy: What to set (environment variables, or :func:`~cairn.open_store` options).
+        status: The HTTP status of the answer, if any.
+
+    Attributes:
+        store: The kind of store.
+        remedy: What to set.
     """
 
     def __init__(
