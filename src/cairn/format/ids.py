@@ -86,6 +86,12 @@ class CheckpointId:
     Immutable and hashable. ``str(id)`` is the 36-character hyphenated form used in
     object paths and manifests; ``CheckpointId(text)`` parses that form back (as
     :meth:`parse` does), ``CheckpointId(uuid)`` wraps a :class:`uuid.UUID`.
+
+    Args:
+        value: A UUIDv7, or its 36-character hyphenated text.
+
+    Raises:
+        InvalidInputError: ``value`` is not a UUIDv7 nor the text of one.
     """
 
     __slots__ = ("_uuid",)
@@ -104,22 +110,53 @@ class CheckpointId:
 
     @classmethod
     def now(cls) -> CheckpointId:
-        """A new id for the current time, greater than every id made before in this process."""
+        """A new id for the current time, greater than every id made before in this process.
+
+        Returns:
+            The new id.
+        """
         return cls(uuid.UUID(int=_generator.next()))
 
     @classmethod
     def from_uuid(cls, value: uuid.UUID) -> CheckpointId:
-        """Wrap an existing UUIDv7; raises :class:`InvalidInputError` for other UUIDs."""
+        """Wrap an existing UUIDv7.
+
+        Args:
+            value: The UUID.
+
+        Returns:
+            The id holding it.
+
+        Raises:
+            InvalidInputError: ``value`` is not a UUIDv7.
+        """
         return cls(value)
 
     @classmethod
     def parse(cls, text: str) -> CheckpointId:
-        """Parse the hyphenated form; raises :class:`InvalidInputError` naming ``text``."""
+        """Parse the hyphenated form.
+
+        Args:
+            text: The 36-character hyphenated text of a UUIDv7.
+
+        Returns:
+            The id it spells.
+
+        Raises:
+            InvalidInputError: ``text`` is not the text of a UUIDv7 (the message names it).
+        """
         return cls(_parse_uuid(text))
 
     @classmethod
     def is_valid(cls, text: str) -> bool:
-        """True when ``text`` parses as a checkpoint id."""
+        """Whether ``text`` parses as a checkpoint id.
+
+        Args:
+            text: Any text.
+
+        Returns:
+            True when :meth:`parse` accepts it.
+        """
         try:
             cls.parse(text)
         except InvalidInputError:
@@ -137,7 +174,11 @@ class CheckpointId:
         return _unpack(self._uuid.int)[0]
 
     def to_string_id(self) -> str:
-        """The hyphenated text form, as used in paths (same as ``str(id)``)."""
+        """The hyphenated text form, as used in paths (same as ``str(id)``).
+
+        Returns:
+            The 36-character text.
+        """
         return str(self._uuid)
 
     def __str__(self) -> str:

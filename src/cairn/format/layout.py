@@ -318,6 +318,14 @@ class CheckpointPaths:
     root: the store (a directory, a bucket path) is where the checkpoints are, as with
     torch DCP and orbax. (cairn 0.1 defaulted to ``"checkpoints/"``,
     :data:`LEGACY_BASE_PREFIX`.)
+
+    Args:
+        base_prefix: The prefix under which the checkpoints are, relative to the store
+            root; ``""`` (the default) is the root itself.
+
+    Raises:
+        InvalidInputError: ``base_prefix`` is not a string, is absolute, or holds an
+            empty, ``.`` or ``..`` segment.
     """
 
     __slots__ = ("_base",)
@@ -341,27 +349,60 @@ class CheckpointPaths:
 
     def is_record(self, path: str) -> bool:
         """True when ``path`` is one of the store-wide records under the base
-        (``_latest``, ``_writer``)."""
+        (``_latest``, ``_writer``).
+
+        Args:
+            path: A store path.
+
+        Returns:
+            Whether it is one of them.
+        """
         return path in (self.latest_pointer(), self.writer_record())
 
     def latest_pointer(self) -> str:
-        """The ``_latest`` pointer object."""
+        """The ``_latest`` pointer object.
+
+        Returns:
+            Its store path.
+        """
         return f"{self._base}{LATEST_NAME}"
 
     def writer_record(self) -> str:
-        """The fencing record holding the current writer generation."""
+        """The fencing record holding the current writer generation.
+
+        Returns:
+            Its store path.
+        """
         return f"{self._base}{WRITER_NAME}"
 
     def checkpoint_dir(self, checkpoint_id: CheckpointId) -> str:
-        """The directory (prefix, ending in ``/``) that holds everything of one checkpoint."""
+        """The directory (prefix, ending in ``/``) that holds everything of one checkpoint.
+
+        Args:
+            checkpoint_id: The checkpoint.
+
+        Returns:
+            The prefix.
+        """
         return f"{self._base}{checkpoint_id}/"
 
     def manifest(self, checkpoint_id: CheckpointId) -> str:
-        """The manifest object: the commit marker of ``checkpoint_id``."""
+        """The manifest object: the commit marker of ``checkpoint_id``.
+
+        Args:
+            checkpoint_id: The checkpoint.
+
+        Returns:
+            Its store path.
+        """
         return f"{self.checkpoint_dir(checkpoint_id)}{MANIFEST_NAME}"
 
     def clock(self) -> str:
-        """The object GC writes to read the store's own time (its ``last_modified``)."""
+        """The object GC writes to read the store's own time (its ``last_modified``).
+
+        Returns:
+            Its store path.
+        """
         return f"{self._base}{CLOCK_NAME}"
 
     def intent(self, checkpoint_id: CheckpointId, attempt: str | None = None) -> str:
@@ -369,7 +410,18 @@ class CheckpointPaths:
         naming the parent it builds on, for GC: ``intent.{attempt}.json``, one per save
         that commits, so that two writers of one id never share one; without
         ``attempt``, ``intent.json``, the one the processes that upload parts of one save
-        share (and every save's, before intents carried attempts)."""
+        share (and every save's, before intents carried attempts).
+
+        Args:
+            checkpoint_id: The checkpoint being saved.
+            attempt: The save attempt's token (:func:`new_attempt`), or None.
+
+        Returns:
+            The intent's store path.
+
+        Raises:
+            InvalidInputError: ``attempt`` is not an attempt token.
+        """
         if attempt is None:
             return f"{self.checkpoint_dir(checkpoint_id)}{INTENT_NAME}"
         if _ATTEMPT.fullmatch(attempt) is None:
@@ -377,20 +429,62 @@ class CheckpointPaths:
         return f"{self.checkpoint_dir(checkpoint_id)}intent.{attempt}.json"
 
     def is_intent_path(self, path: str) -> bool:
-        """True when store ``path`` is an intent in a checkpoint directory."""
+        """Whether store ``path`` is an intent in a checkpoint directory.
+
+        Args:
+            path: A store path.
+
+        Returns:
+            True for an intent.
+        """
         cid = self.checkpoint_of(path)
         return cid is not None and is_intent(path[len(self.checkpoint_dir(cid)) :])
 
     def snapshot(self, checkpoint_id: CheckpointId, operator: str, partition: int) -> str:
-        """The full-state artifact of one operator partition."""
+        """The full-state artifact of one operator partition (the reference's name).
+
+        Args:
+            checkpoint_id: The checkpoint.
+            operator: The operator's name.
+            partition: The partition number.
+
+        Returns:
+            Its store path.
+
+        Raises:
+            InvalidNameError: ``operator`` or ``partition`` is not allowed.
+        """
         return self.resolve(checkpoint_id, self.relative_artifact(operator, partition, False))
 
     def delta(self, checkpoint_id: CheckpointId, operator: str, partition: int) -> str:
-        """The incremental-delta artifact of one operator partition."""
+        """The incremental-delta artifact of one operator partition (the reference's name).
+
+        Args:
+            checkpoint_id: The checkpoint.
+            operator: The operator's name.
+            partition: The partition number.
+
+        Returns:
+            Its store path.
+
+        Raises:
+            InvalidNameError: ``operator`` or ``partition`` is not allowed.
+        """
         return self.resolve(checkpoint_id, self.relative_artifact(operator, partition, True))
 
     def source_offset(self, checkpoint_id: CheckpointId, source: str) -> str:
-        """The offsets object of one source."""
+        """The offsets object of one source.
+
+        Args:
+            checkpoint_id: The checkpoint.
+            source: The source's name.
+
+        Returns:
+            Its store path.
+
+        Raises:
+            InvalidNameError: ``source`` is not allowed.
+        """
         return self.resolve(checkpoint_id, self.relative_source_offset(source))
 
     @staticmethod
@@ -401,6 +495,19 @@ class CheckpointPaths:
 
         With ``attempt`` (see :func:`new_attempt`) the name carries that save attempt's
         token: ``partition-{p}.{attempt}.snap``; without, the reference's name.
+
+        Args:
+            operator: The operator's name.
+            partition: The partition number.
+            is_delta: True for a delta (``.delta``), False for a snapshot (``.snap``).
+            attempt: The save attempt's token, or None.
+
+        Returns:
+            The relative path.
+
+        Raises:
+            InvalidNameError: ``operator`` or ``partition`` is not allowed.
+            InvalidInputError: ``attempt`` is not an attempt token.
         """
         validate_name("operator", operator)
         validate_partition(partition)
@@ -416,7 +523,21 @@ class CheckpointPaths:
     @staticmethod
     def relative_file(operator: str, partition: int, attempt: str, index: int) -> str:
         """The object of file ``index`` of a directory partition saved by ``attempt``,
-        relative to its checkpoint directory: ``partition-{p}.{attempt}.file-{index}``."""
+        relative to its checkpoint directory: ``partition-{p}.{attempt}.file-{index}``.
+
+        Args:
+            operator: The operator's name.
+            partition: The partition number.
+            attempt: The save attempt's token.
+            index: The file's index in the partition.
+
+        Returns:
+            The relative path.
+
+        Raises:
+            InvalidNameError: ``operator`` or ``partition`` is not allowed.
+            InvalidInputError: ``attempt`` is not an attempt token.
+        """
         stem = CheckpointPaths.relative_artifact(operator, partition, False, attempt)
         return f"{stem.removesuffix('.snap')}.file-{index}"
 
@@ -426,6 +547,17 @@ class CheckpointPaths:
         checkpoint directory: ``packs/pack-{index}.{attempt}.pack``.
 
         Only attempt-named: no other writer, of this id or any other, can produce it.
+
+        Args:
+            index: The pack's index, an int >= 0.
+            attempt: The save attempt's token.
+
+        Returns:
+            The relative path.
+
+        Raises:
+            InvalidInputError: ``index`` is negative or not an int, or ``attempt`` is not
+                an attempt token.
         """
         if not is_int(index) or index < 0:
             raise InvalidInputError(f"a pack index must be an int >= 0, got {short_repr(index)}")
@@ -437,13 +569,30 @@ class CheckpointPaths:
 
     @staticmethod
     def is_pack(path: object) -> bool:
-        """True when relative ``path`` names a pack (:meth:`relative_pack`)."""
+        """Whether relative ``path`` names a pack (:meth:`relative_pack`).
+
+        Args:
+            path: A path relative to a checkpoint directory (any value).
+
+        Returns:
+            True for a pack.
+        """
         return isinstance(path, str) and _PACK.fullmatch(path) is not None
 
     @staticmethod
     def relative_manifest_part(sha256: str) -> str:
         """The manifest part whose bytes hash to ``sha256``, relative to its checkpoint
-        directory: ``parts/part-{sha256}.json``."""
+        directory: ``parts/part-{sha256}.json``.
+
+        Args:
+            sha256: The part's SHA-256 digest, 64 lowercase hex digits.
+
+        Returns:
+            The relative path.
+
+        Raises:
+            InvalidInputError: ``sha256`` is not a SHA-256 hex digest.
+        """
         path = f"parts/part-{sha256}.json"
         if not isinstance(sha256, str) or _MANIFEST_PART.fullmatch(path) is None:
             raise InvalidInputError(f"not a SHA-256 hex digest: {short_repr(sha256)}")
@@ -451,19 +600,48 @@ class CheckpointPaths:
 
     @staticmethod
     def is_manifest_part(path: object) -> bool:
-        """True when relative ``path`` names a manifest part (:meth:`relative_manifest_part`)."""
+        """Whether relative ``path`` names a manifest part (:meth:`relative_manifest_part`).
+
+        Args:
+            path: A path relative to a checkpoint directory (any value).
+
+        Returns:
+            True for a manifest part.
+        """
         return isinstance(path, str) and _MANIFEST_PART.fullmatch(path) is not None
 
     @staticmethod
     def is_file_of(path: str, operator: str, partition: int) -> bool:
-        """True when relative ``path`` names a file object of that directory partition."""
+        """Whether relative ``path`` names a file object of that directory partition.
+
+        Args:
+            path: A path relative to a checkpoint directory.
+            operator: The operator's name.
+            partition: The partition number.
+
+        Returns:
+            True for one of its file objects.
+        """
         prefix = f"operators/{operator}/partition-{partition}."
         return path.startswith(prefix) and is_attempt_artifact(path) and ".file-" in path
 
     @staticmethod
     def is_artifact_of(path: str, operator: str, partition: int, is_delta: bool) -> bool:
         """True when relative ``path`` names that partition's artifact, with or without an
-        attempt token (what a manifest entry may record)."""
+        attempt token (what a manifest entry may record).
+
+        Args:
+            path: A path relative to a checkpoint directory.
+            operator: The operator's name.
+            partition: The partition number.
+            is_delta: True to match the delta, False the snapshot.
+
+        Returns:
+            True for that artifact.
+
+        Raises:
+            InvalidNameError: ``operator`` or ``partition`` is not allowed.
+        """
         plain = CheckpointPaths.relative_artifact(operator, partition, is_delta)
         if path == plain:
             return True
@@ -475,21 +653,56 @@ class CheckpointPaths:
 
     @staticmethod
     def relative_source_offset(source: str) -> str:
-        """A source-offset object's path relative to its checkpoint directory."""
+        """A source-offset object's path relative to its checkpoint directory.
+
+        Args:
+            source: The source's name.
+
+        Returns:
+            The relative path.
+
+        Raises:
+            InvalidNameError: ``source`` is not allowed.
+        """
         validate_name("source", source)
         return f"offsets/{source}{_SOURCE_SUFFIX}"
 
     def resolve(self, checkpoint_id: CheckpointId, relative_path: str) -> str:
-        """The full store path of ``relative_path`` inside ``checkpoint_id``'s directory."""
+        """The full store path of ``relative_path`` inside ``checkpoint_id``'s directory.
+
+        Args:
+            checkpoint_id: The checkpoint.
+            relative_path: A path relative to its directory.
+
+        Returns:
+            The store path.
+
+        Raises:
+            InvalidInputError: ``relative_path`` is empty, absolute, or leaves the directory.
+        """
         return self.checkpoint_dir(checkpoint_id) + validate_relative_path(relative_path)
 
     def parse_checkpoint_dir(self, common_prefix: str) -> CheckpointId | None:
-        """The id named by a listed directory under the base, or None if it is not one."""
+        """The id named by a listed directory under the base.
+
+        Args:
+            common_prefix: A prefix a listing of the base returned.
+
+        Returns:
+            The checkpoint id, or None if it names none.
+        """
         name = common_prefix[len(self._base) :] if common_prefix.startswith(self._base) else ""
         return _id_of_directory(name.rstrip("/"))
 
     def checkpoint_of(self, path: str) -> CheckpointId | None:
-        """The checkpoint whose directory holds object ``path``, or None."""
+        """The checkpoint whose directory holds object ``path``.
+
+        Args:
+            path: A store path.
+
+        Returns:
+            The checkpoint id, or None when ``path`` is in no checkpoint directory.
+        """
         if not path.startswith(self._base):
             return None
         head, slash, _ = path[len(self._base) :].partition("/")
