@@ -105,7 +105,14 @@ class OperatorSnapshotEntry(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_partitions(cls, partitions: list[PartitionSnapshotEntry]) -> OperatorSnapshotEntry:
-        """An entry whose partitions are sorted by id and whose total is their sum."""
+        """An entry whose partitions are sorted by id and whose total is their sum.
+
+        Args:
+            partitions: The operator's partition entries, in any order.
+
+        Returns:
+            The operator's entry.
+        """
         return cls(
             partitions=tuple(sorted(partitions, key=chain_order)),
             total_bytes=sum(p.size_bytes for p in partitions),
@@ -254,7 +261,15 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
 
     @classmethod
     def new(cls, checkpoint_id: CheckpointId, epoch: int) -> CheckpointManifest:
-        """An empty manifest for ``checkpoint_id`` at ``epoch``, stamped with the current time."""
+        """An empty manifest for ``checkpoint_id`` at ``epoch``, stamped with the current time.
+
+        Args:
+            checkpoint_id: The checkpoint's id.
+            epoch: The epoch it records.
+
+        Returns:
+            The manifest, naming no partition, offset or directory.
+        """
         return cls(
             version=MANIFEST_VERSION,
             checkpoint_id=checkpoint_id,
@@ -263,16 +278,28 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
         )
 
     def partition_entries(self) -> list[tuple[str, PartitionSnapshotEntry]]:
-        """Every ``(operator, entry)`` pair of this manifest, in a stable order."""
+        """Every partition of this manifest, in a stable order.
+
+        Returns:
+            ``(operator, entry)`` pairs, by operator name, then in each operator's order.
+        """
         return [(op, p) for op, entry in sorted(self.operators.items()) for p in entry.partitions]
 
     def file_entries(self) -> list[tuple[DirectoryEntry, FileEntry]]:
-        """Every file of every directory partition, with its directory."""
+        """Every file of every directory partition, with its directory.
+
+        Returns:
+            ``(directory, file)`` pairs, in the manifest's order.
+        """
         return [(d, f) for d in self.directories for f in d.files]
 
     def own_objects(self) -> list[str]:
         """What this manifest names in its own checkpoint's directory, relative to it: its
-        own uploads (each once) and the parts it is stored in."""
+        own uploads (each once) and the parts it is stored in.
+
+        Returns:
+            The relative paths: the uploads, then the manifest parts.
+        """
         own = [path for owner, path, _ in self.stored_objects() if owner is None]
         return own + [part.path for part in self.parts]
 
@@ -285,6 +312,9 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
         the end of its furthest range as its size: the least it must hold (a pack carried
         from an earlier checkpoint may hold ranges this manifest does not name). Tell
         one from a whole object with :meth:`cairn.format.layout.CheckpointPaths.is_pack`.
+
+        Returns:
+            ``(owner, path, stored size)`` triples, each object once.
         """
         objects: list[tuple[CheckpointId | None, str, int]] = []
         packs: dict[tuple[CheckpointId | None, str], int] = {}
