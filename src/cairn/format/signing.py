@@ -109,11 +109,26 @@ class ManifestSigner(Protocol):
         ...
 
     def sign(self, data: bytes) -> bytes:
-        """The signature of ``data``."""
+        """The signature of ``data``.
+
+        Args:
+            data: The bytes to sign (a manifest's canonical bytes).
+
+        Returns:
+            The signature, at most 1024 bytes.
+        """
         ...
 
     def verify(self, data: bytes, signature: bytes) -> bool:
-        """Whether ``signature`` is this key's signature of ``data``."""
+        """Whether ``signature`` is this key's signature of ``data``.
+
+        Args:
+            data: The signed bytes.
+            signature: The signature to check.
+
+        Returns:
+            True when it is; False (never an error) for a wrong one.
+        """
         ...
 
 
@@ -123,6 +138,13 @@ class HmacSigner:
     Its ``key_id`` is derived from the key (16 hex digits of a SHA-256 of it, which says
     nothing about the key that a signature would not), so the same key has the same id
     everywhere and rotation needs no naming.
+
+    Args:
+        key: The secret key (bytes, bytearray or memoryview), at least
+            :data:`MIN_HMAC_KEY_BYTES` bytes.
+
+    Raises:
+        InvalidInputError: ``key`` is not bytes, or is too short.
     """
 
     alg = HMAC_SHA256
@@ -144,11 +166,26 @@ class HmacSigner:
         return f"HmacSigner(key_id={self.key_id!r})"
 
     def sign(self, data: bytes) -> bytes:
-        """HMAC-SHA256 of ``data``."""
+        """HMAC-SHA256 of ``data``.
+
+        Args:
+            data: The bytes to sign.
+
+        Returns:
+            The 32-byte digest.
+        """
         return hmac.digest(self._key, data, "sha256")
 
     def verify(self, data: bytes, signature: bytes) -> bool:
-        """Whether ``signature`` is the HMAC of ``data`` (compared in constant time)."""
+        """Whether ``signature`` is the HMAC of ``data`` (compared in constant time).
+
+        Args:
+            data: The signed bytes.
+            signature: The signature to check.
+
+        Returns:
+            True when it is the HMAC of ``data`` by this key.
+        """
         return hmac.compare_digest(self.sign(data), signature)
 
 
