@@ -37,7 +37,14 @@ INLINE_HASH_LIMIT = 256 * 1024
 
 
 def sha256_hex(data: Buffer) -> str:
-    """The lowercase hex SHA-256 of ``data``."""
+    """The lowercase hex SHA-256 of ``data``.
+
+    Args:
+        data: Any bytes-like object.
+
+    Returns:
+        The 64-character lowercase hex digest.
+    """
     return hashlib.sha256(data).hexdigest()
 
 
@@ -65,8 +72,16 @@ async def verify_integrity_async(
 def verify_integrity(path: str, data: Buffer, expected_sha256: str, what: str = "sha256") -> None:
     """Raise :class:`IntegrityMismatchError` unless SHA-256 of ``data`` is ``expected_sha256``.
 
-    The error carries ``path``, ``expected`` and ``actual``; its message names ``what``
-    was checked (the digest of which part of the object, where there are several).
+    Args:
+        path: Where ``data`` was read from, for the error.
+        data: The bytes read.
+        expected_sha256: The hex digest they must have (either case).
+        what: What was checked, for the error's message (the digest of which part of
+            the object, where there are several).
+
+    Raises:
+        IntegrityMismatchError: The digest differs; it carries ``path``, ``expected``
+            and ``actual``.
     """
     actual = sha256_hex(data)
     if actual != expected_sha256.lower():
