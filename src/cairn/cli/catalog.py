@@ -15,14 +15,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cairn import CheckpointId, CheckpointManifest, CheckpointNotFoundError, ObjectStoreCheckpointer
-from cairn.cli.errors import CliError, ExitCode
+from cairn import (
+    CheckpointId,
+    CheckpointManifest,
+    CheckpointNotFoundError,
+    NewerFormatError,
+    ObjectStoreCheckpointer,
+)
+from cairn.cli.errors import CliError, ExitCode, needs_newer_text
 from cairn.protocol.discover import MIN_SHORT_ID, is_short_id, resolve_checkpoint_id
 
 __all__ = [
     "LATEST",
     "Listed",
     "check_refs",
+    "latest_mark",
     "parse_id",
     "parse_ref",
     "read_manifests",
@@ -35,11 +42,21 @@ LATEST = "latest"
 
 @dataclass(frozen=True)
 class Listed:
-    """A committed checkpoint with its manifest, or why the manifest did not load."""
+    """A committed checkpoint with its manifest, or why the manifest did not load:
+    ``error`` in words, and ``newer`` when it is not damage but a checkpoint a newer
+    cairn wrote (:func:`cairn.cli.errors.needs_newer_text`)."""
 
     checkpoint_id: CheckpointId
     manifest: CheckpointManifest | None
     error: str | None = None
+    newer: bool = False
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``damaged`` (its manifest does not read) or ``newer``."""
+        if self.manifest is not None:
+            return "ok"
+        return "newer" if self.newer else "damaged"
 
 
 def parse_id(text: str) -> CheckpointId:
@@ -76,15 +93,19 @@ def check_refs(refs: list[str], every: bool) -> list[str]:
     return [parse_ref(ref) for ref in refs]
 
 
-async def resolve(ckpt: ObjectStoreCheckpointer, ref: str, where: str) -> CheckpointId:
+async def resolve(
+    ckpt: ObjectStoreCheckpointer, ref: str, where: str, *, skip_newer_format: bool = False
+) -> CheckpointId:
     """The committed checkpoint ``ref`` (an id or ``latest``) names in ``ckpt``'s store.
 
     Raises :class:`CliError` (exit 2) for a malformed id, an empty store, or an id that
     is not committed there, and :class:`cairn.AmbiguousCheckpointIdError` (exit 2) for a
-    short id that several checkpoints start with.
+    short id that several checkpoints start with. ``latest`` raises
+    :class:`cairn.NewerFormatError` (exit 5) when the latest checkpoint needs a newer
+    cairn, unless ``skip_newer_format`` (see :meth:`ObjectStoreCheckpointer.load_latest`).
     """
     if ref.lower() == LATEST:
-        latest = await ckpt.latest_id()
+        latest = await ckpt.latest_id(skip_newer_format=skip_newer_format)
         if latest is None:
             signed = " signed by a key of CAIRN_SIGNING_KEY" if ckpt.signing_keys else ""
             raise CliError(f"no checkpoints{signed} in {where}", ExitCode.USAGE)
@@ -122,7 +143,23 @@ async def read_manifests(ckpt: ObjectStoreCheckpointer, ids: list[CheckpointId])
     the order given; one that is corrupt, or was deleted since it was listed, is reported in
     :attr:`Listed.error` instead of failing the whole listing."""
     read = await ckpt.load_manifests(ids)
-    return [
-        Listed(cid, None, str(got)) if isinstance(got, Exception) else Listed(cid, got)
-        for cid, got in zip(ids, read, strict=True)
-    ]
+    return [_listed(cid, got) for cid, got in zip(ids, read, strict=True)]
+
+
+def _listed(cid: CheckpointId, got: CheckpointManifest | Exception) -> Listed:
+    if isinstance(got, NewerFormatError):
+        return Listed(cid, None, needs_newer_text(got), newer=True)
+    if isinstance(got, Exception):
+        return Listed(cid, None, str(got))
+    return Listed(cid, got)
+
+
+async def latest_mark(ckpt: ObjectStoreCheckpointer) -> CheckpointId | None:
+    """The checkpoint a listing marks as the latest: the one ``load_latest`` tries first,
+    also when it needs a newer cairn (it is the latest; this cairn cannot load it)."""
+    try:
+        return await ckpt.latest_id()
+    except NewerFormatError as exc:
+        if exc.checkpoint_id is None:
+            return None
+        return CheckpointId.parse(exc.checkpoint_id)

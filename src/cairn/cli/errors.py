@@ -14,6 +14,9 @@ code   meaning
 3      the store failed or cannot be reached: :class:`cairn.StoreError`
 4      nothing to do: ``verify --all`` found no checkpoint (an empty store, or the
        wrong prefix; the message names the prefixes that hold checkpoints)
+5      a checkpoint needs a newer cairn: its manifest requires format features this
+       cairn does not know (:class:`cairn.NewerFormatError`). Not damage: a cairn that
+       knows them reads it. Damage found in the same run wins (exit 1)
 130    interrupted (Ctrl-C)
 =====  ==================================================================================
 
@@ -40,6 +43,7 @@ from cairn import (
     IntegrityMismatchError,
     InvalidInputError,
     InvalidStoreUrlError,
+    NewerFormatError,
     StoreError,
     TransientStoreError,
 )
@@ -57,6 +61,7 @@ __all__ = [
     "error_type",
     "exit_code_for",
     "is_usage_error",
+    "needs_newer_text",
     "one_line",
 ]
 
@@ -71,6 +76,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     STORE = 3
     NOTHING_VERIFIED = 4
+    NEWER_FORMAT = 5
     INTERRUPTED = 130
 
 
@@ -81,6 +87,7 @@ Exit codes:
   2    bad usage or input: option, URL, id, unknown checkpoint
   3    the store failed or cannot be reached
   4    verify --all found no checkpoint to verify (empty store or wrong prefix)
+  5    a checkpoint needs a newer cairn (unknown format features; not damage)
   130  interrupted (Ctrl-C)"""
 """The exit codes as ``cairn --help`` lists them (``\\b``: printed as written)."""
 
@@ -90,6 +97,7 @@ _KIND_OF_CODE = {
     ExitCode.USAGE: "UsageError",
     ExitCode.STORE: "StoreError",
     ExitCode.NOTHING_VERIFIED: "NothingVerified",
+    ExitCode.NEWER_FORMAT: "NewerFormatError",
     ExitCode.INTERRUPTED: "Interrupted",
 }
 
@@ -119,6 +127,8 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code for ``exc`` (see the module docstring); 1 for anything unexpected."""
     if isinstance(exc, CliError):
         return exc.code
+    if isinstance(exc, NewerFormatError):
+        return ExitCode.NEWER_FORMAT
     if isinstance(exc, IntegrityError | CodecError | CheckpointExistsError | FencedError):
         return ExitCode.INTEGRITY
     if isinstance(exc, InvalidInputError | CheckpointNotFoundError) or is_usage_error(exc):
@@ -134,6 +144,16 @@ def one_line(text: str) -> str:
     return folded if len(folded) <= MAX_MESSAGE else folded[: MAX_MESSAGE - 1] + "…"
 
 
+def needs_newer_text(exc: NewerFormatError) -> str:
+    """What a checkpoint a newer cairn wrote is, in the words every command uses:
+    ``needs a newer cairn (written by cairn X; unknown format features: a, b)``."""
+    writer = f"cairn {exc.written_by}" if exc.written_by is not None else "a cairn that did not say"
+    return (
+        f"needs a newer cairn (written by {writer}; "
+        f"unknown format features: {', '.join(exc.features)})"
+    )
+
+
 def describe(exc: BaseException, store_url: str | None = None) -> str:
     """One line naming what went wrong, for ``error: ...`` on stderr (``store_url``: the
     store the command talks to; the library's store errors name their bucket or
@@ -147,6 +167,9 @@ def describe(exc: BaseException, store_url: str | None = None) -> str:
             f"integrity failure: artifact {exc.path!r}{of} is damaged: "
             f"expected {exc.expected}, found {exc.actual}"
         )
+    elif isinstance(exc, NewerFormatError):
+        which = f"checkpoint {exc.checkpoint_id}" if exc.checkpoint_id else repr(exc.path)
+        text = f"{which} {needs_newer_text(exc)}"
     elif isinstance(exc, IntegrityError):
         text = f"integrity failure: {exc}"
     elif isinstance(exc, InvalidStoreUrlError):

@@ -34,7 +34,8 @@ GAP_FACTOR = 3
 
 @dataclass(frozen=True)
 class Point:
-    """One checkpoint directory: ``status`` is ``committed``, ``unreadable`` or
+    """One checkpoint directory: ``status`` is ``committed``, ``unreadable``, ``newer``
+    (committed by a newer cairn, whose manifest this one cannot read) or
     ``uncommitted`` (no manifest: a failed, killed or running save)."""
 
     checkpoint_id: CheckpointId
@@ -47,6 +48,10 @@ class Point:
         if self.manifest is not None:
             return self.manifest.timestamp_ms
         return self.checkpoint_id.timestamp_ms
+
+
+_UNREAD = {"uncommitted": "not committed", "newer": "needs a newer cairn"}
+"""How a row without a manifest reads, by status (else: an unreadable manifest)."""
 
 
 def _gaps(points: list[Point]) -> set[int]:
@@ -170,7 +175,7 @@ class _Chart:
                 line.append(f"{when:<{_WHEN}} ")
             if point.manifest is None:
                 mark, style = ("✗", "red") if point.status == "uncommitted" else ("?", "red")
-                what = "not committed" if point.status == "uncommitted" else "unreadable manifest"
+                what = _UNREAD.get(point.status, "unreadable manifest")
                 line.append(f"{mark} {'':>{epoch_width}}  ", style)
                 line.append(what, style)
                 lines.append(line)

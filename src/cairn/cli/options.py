@@ -39,6 +39,7 @@ __all__ = [
     "RefArgument",
     "RefsArgument",
     "SinceOption",
+    "SkipNewerOption",
     "StoreOption",
     "WideOption",
     "launch",
@@ -97,6 +98,15 @@ WideOption = Annotated[
 ]
 IdsOption = Annotated[
     bool, typer.Option("--ids", help="Whole checkpoint ids instead of their short form.")
+]
+SkipNewerOption = Annotated[
+    bool,
+    typer.Option(
+        "--skip-newer-format",
+        help="With 'latest': pass over checkpoints a newer cairn wrote (format features "
+        "this cairn does not know) and take the newest this cairn reads, instead of "
+        "failing (exit 5).",
+    ),
 ]
 LimitOption = Annotated[int | None, at_least("--limit", 1, "Only the N newest (after --since).")]
 SinceOption = Annotated[

@@ -240,11 +240,13 @@ class Session:
         """A hint naming the other prefixes that hold checkpoints, or ``""``."""
         return other_prefixes_hint(await checkpoint_prefixes(ckpt.store, self.prefix))
 
-    async def resolve(self, ckpt: ObjectStoreCheckpointer, ref: str) -> CheckpointId:
+    async def resolve(
+        self, ckpt: ObjectStoreCheckpointer, ref: str, *, skip_newer_format: bool = False
+    ) -> CheckpointId:
         """The checkpoint ``ref`` names (:func:`cairn.cli.catalog.resolve`); when there is
         none, the error names the other prefixes that hold checkpoints."""
         try:
-            return await resolve(ckpt, ref, self.where())
+            return await resolve(ckpt, ref, self.where(), skip_newer_format=skip_newer_format)
         except CliError as exc:
             hint = await self.elsewhere(ckpt)
             if not hint:

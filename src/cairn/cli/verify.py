@@ -30,10 +30,11 @@ from cairn import (
     CodecError,
     CorruptManifestError,
     IntegrityError,
+    NewerFormatError,
     ObjectStoreCheckpointer,
     SignatureError,
 )
-from cairn.cli.errors import describe
+from cairn.cli.errors import describe, needs_newer_text
 from cairn.cli.progress import Transfer, chain_bytes
 from cairn.format.manifest import FileEntry
 from cairn.format.signing import ManifestSignature, read_signature
@@ -113,11 +114,21 @@ class Verified:
     signature: str | None = None
     key_id: str | None = None
     damaged: tuple[Damage, ...] = ()
+    newer: bool = False
+    """True when it was not verified because a newer cairn wrote it (``error`` says
+    which features this cairn lacks): not damage."""
 
     @property
     def ok(self) -> bool:
         """True when the checkpoint loaded and verified."""
         return self.error is None
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``damaged``, or ``newer`` (it needs a newer cairn: not damage)."""
+        if self.newer:
+            return "newer"
+        return "ok" if self.ok else "damaged"
 
 
 async def verify_one(
@@ -138,6 +149,8 @@ async def verify_one(
     key_id = signature.key_id if signature is not None else None
     try:
         loaded = await ckpt.load(cid, verify=True, progress=progress)
+    except NewerFormatError as exc:
+        return Verified(cid, None, 0, 0, needs_newer_text(exc), None, key_id, newer=True)
     except (IntegrityError, CodecError, CheckpointNotFoundError) as exc:
         own = getattr(exc, "path", None) == ckpt.paths.manifest(cid)
         state: str | None
@@ -257,7 +270,7 @@ async def _manifest_or_none(
     """``cid``'s manifest, or None if it does not load either."""
     try:
         return await ckpt.load_manifest(cid)
-    except (IntegrityError, CodecError, CheckpointNotFoundError):
+    except (IntegrityError, CodecError, CheckpointNotFoundError, NewerFormatError):
         return None
 
 

@@ -45,10 +45,14 @@ async def dependents(ctx: Context, checkpoint_id: CheckpointId) -> list[Checkpoi
     on it.
 
     Reads only, so this machine's clock judges the leases: an answer for people and
-    tools. :func:`delete_checkpoint` decides by the store's time.
+    tools. :func:`delete_checkpoint` decides by the store's time. While the store holds
+    a checkpoint a newer cairn wrote, what needs ``checkpoint_id`` cannot be known: raises
+    that :class:`NewerFormatError`, as :func:`delete_checkpoint` refuses.
     """
     check_id(checkpoint_id)
     state = await retention.read_state(ctx.store, ctx.paths)
+    if state.newer:
+        raise state.newer.get(checkpoint_id, next(iter(state.newer.values())))
     return _dependents_in(ctx, state, checkpoint_id, dt.datetime.now(dt.UTC))
 
 

@@ -51,6 +51,11 @@ the source (GC deletes the manifest first), the checkpoint is ``skipped``, with 
 not failed: it no longer exists, and nothing of it was written to the target (the
 source is read whole before the first write). A failure to read a checkpoint whose
 manifest is still there is damage, and fails it as ever.
+
+A checkpoint a newer cairn wrote (a manifest, or a part, requiring format features this
+cairn does not know: :class:`~cairn.errors.NewerFormatError`) is not copied: what it
+names cannot be known. Its result says so (status ``newer``), worded by
+``describe_error``; the others are copied, and a child whose chains start in it fails.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from cairn.errors import (
     CodecError,
     FencedError,
     IntegrityError,
+    NewerFormatError,
 )
 from cairn.format.ids import CheckpointId
 from cairn.format.manifest import CheckpointManifest
@@ -106,8 +112,9 @@ _FAILURES = (
 @dataclass(frozen=True)
 class Copied:
     """The outcome for one checkpoint: ``copied``, ``present`` (already there),
-    ``skipped`` (deleted from the source while the copy ran, see the module docstring)
-    or ``failed``.
+    ``skipped`` (deleted from the source while the copy ran, see the module docstring),
+    ``newer`` (not copied: a newer cairn wrote it, see the module docstring) or
+    ``failed``.
 
     ``size_bytes`` counts the bytes written to the target for it; ``requested`` is
     False for a parent brought along because its child's manifest needs it.
@@ -123,11 +130,12 @@ class Copied:
 
     @property
     def ok(self) -> bool:
-        """True unless the checkpoint failed to copy (one skipped did not fail)."""
-        return self.status != "failed"
+        """True unless the checkpoint failed to copy or needs a newer cairn (one skipped
+        did not fail)."""
+        return self.status not in ("failed", "newer")
 
 
-_NOT_THERE = ("failed", "skipped")
+_NOT_THERE = ("failed", "skipped", "newer")
 """The outcomes after which a checkpoint is not in the target."""
 
 
@@ -244,6 +252,7 @@ class _Plan:
         self.describe_error = describe_error
         self.manifests: dict[CheckpointId, CheckpointManifest] = {}
         self.errors: dict[CheckpointId, str] = {}
+        self.newer: set[CheckpointId] = set()
         self.deleted: set[CheckpointId] = set()
         self.needs: dict[CheckpointId, CheckpointId] = {}
 
@@ -255,6 +264,10 @@ class _Plan:
                 return
             try:
                 manifest = await self.source.load_manifest(current)
+            except NewerFormatError as exc:
+                self.newer.add(current)
+                self.errors[current] = self.describe_error(exc)
+                return
             except (IntegrityError, CheckpointNotFoundError) as exc:
                 if await _deleted(self.source, current):
                     self.deleted.add(current)
@@ -403,7 +416,8 @@ async def copy_checkpoints(
         if cid in plan.deleted:
             result = _skipped(cid, None)
         elif cid in plan.errors:
-            result = Copied(cid, None, "failed", error=plan.errors[cid])
+            status = "newer" if cid in plan.newer else "failed"
+            result = Copied(cid, None, status, error=plan.errors[cid])
         elif parent is not None and parent in results and results[parent].status in _NOT_THERE:
             error = f"its chains start in {parent}, which could not be copied"
             result = Copied(cid, epoch, "failed", error=error)
@@ -411,6 +425,8 @@ async def copy_checkpoints(
             try:
                 advance = progress.advance if progress is not None else None
                 result = await _copy_one(source, target, cid, epoch, advance)
+            except NewerFormatError as exc:
+                result = Copied(cid, epoch, "newer", error=describe_error(exc))
             except _FAILURES as exc:
                 result = Copied(cid, epoch, "failed", error=describe_error(exc))
         if cid not in requested:

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from cairn.errors import NewerFormatError
 from cairn.format.ids import CheckpointId
 from cairn.format.signing import SigningKey
 from cairn.integrations._interface import DAMAGE
@@ -38,6 +39,7 @@ def load_latest(
     process_group: Any = None,
     planner: LoadPlanner | None = None,
     signing_key: SigningKey | Sequence[SigningKey] | None = None,
+    skip_newer_format: bool = False,
 ) -> CheckpointId:
     """Load into ``state_dict`` the newest DCP checkpoint whose every item verifies.
 
@@ -55,6 +57,11 @@ def load_latest(
     :mod:`cairn.format.signing`), checkpoints not signed by one of the keys are passed over.
 
     When no checkpoint is left, :class:`~cairn.CheckpointNotFoundError` is raised.
+
+    A checkpoint a newer cairn wrote (its manifest requires format features this cairn
+    does not know) is not damage: rather than load older state past it, this raises
+    :class:`~cairn.NewerFormatError`, unless ``skip_newer_format``, which passes over it
+    with a warning, as :meth:`~cairn.ObjectStoreCheckpointer.load_latest` does.
     """
     damaged: list[CheckpointId] = []
     while True:
@@ -64,6 +71,7 @@ def load_latest(
             max_concurrent_downloads=max_concurrent_downloads,
             skip=damaged,
             signing_key=signing_key,
+            skip_newer_format=skip_newer_format,
         )
         try:
             dcp_load(
@@ -80,7 +88,8 @@ def load_latest(
                 reader.read_metadata()
                 raise
             errors = [error for error, _ in exc.failures.values()]
-            if not errors or not all(isinstance(e, DAMAGE) for e in errors):
+            passable = (*DAMAGE, NewerFormatError) if skip_newer_format else DAMAGE
+            if not errors or not all(isinstance(e, passable) for e in errors):
                 raise
             log.warning("checkpoint %s does not load (%s): trying the next one", cid, errors[0])
             damaged.append(cid)

@@ -34,6 +34,7 @@ from cairn.errors import (
     CorruptManifestError,
     IntegrityError,
     IntegrityMismatchError,
+    NewerFormatError,
     UndecodableArtifactError,
 )
 from cairn.format.ids import CheckpointId
@@ -103,6 +104,7 @@ async def open_dcp(
     target: Target | None,
     skip: frozenset[CheckpointId] = frozenset(),
     store: object = None,
+    skip_newer_format: bool = False,
 ) -> Opened:
     """The DCP checkpoint ``target`` names in ``ckpt``, opened: its manifest checked, its
     metadata verified and unpickled, its item records checked against the manifest.
@@ -112,7 +114,10 @@ async def open_dcp(
     opens, passing over ``skip``). Choosing by name or as the latest passes over, with a
     warning, a checkpoint that is not a DCP save or whose manifest or metadata is
     damaged; when none is left, :class:`CheckpointNotFoundError` says what was searched
-    (``store`` names it) and what was found instead.
+    (``store`` names it) and what was found instead. One a newer cairn wrote is not
+    passed over: :class:`NewerFormatError`, as in
+    :meth:`~cairn.ObjectStoreCheckpointer.load_latest`, unless ``skip_newer_format``
+    (then with a warning naming it).
     """
     await ckpt.resolve_paths()
     if isinstance(target, CheckpointId):
@@ -135,6 +140,16 @@ async def open_dcp(
             search.not_dcp.append(cid)
         except DAMAGE as exc:
             log.warning("checkpoint %s does not load (%s): trying the next one", cid, exc)
+            search.damaged.append((cid, str(exc)))
+        except NewerFormatError as exc:
+            if not skip_newer_format:
+                raise
+            log.warning(
+                "passing over checkpoint %s, which this cairn cannot read (%s): "
+                "loading an older one",
+                cid,
+                exc,
+            )
             search.damaged.append((cid, str(exc)))
     raise await search.not_found(ckpt, store)
 

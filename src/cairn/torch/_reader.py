@@ -72,7 +72,9 @@ class CairnReader(StorageReader):
     the choice of the latest passes over (see :func:`cairn.torch.load_latest`). With
     ``signing_key`` (see :mod:`cairn.format.signing`), a checkpoint whose manifest is not signed
     by one of the keys is refused (:class:`~cairn.SignatureError`), and passed over when
-    choosing the latest.
+    choosing the latest. A checkpoint a newer cairn wrote (format features this cairn
+    does not know) is never passed over in silence: choosing the latest (or by name)
+    raises :class:`~cairn.NewerFormatError` there, unless ``skip_newer_format``.
 
     Byte items (DCP's pickled non-tensor values) reach the planner only if they unpickle
     with ``weights_only=True``: use :class:`~cairn.torch.SafeLoadPlanner`, which then
@@ -89,6 +91,7 @@ class CairnReader(StorageReader):
         max_concurrent_downloads: int = 8,
         skip: Iterable[CheckpointId] = (),
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
+        skip_newer_format: bool = False,
     ) -> None:
         self._ckpt = make_checkpointer(
             store,
@@ -98,6 +101,7 @@ class CairnReader(StorageReader):
         )
         self._store = store
         self._skip = frozenset(skip)
+        self._skip_newer_format = skip_newer_format
         self._default: Target | None = (
             None if checkpoint_id is None else self._interpret(checkpoint_id, "checkpoint_id")
         )
@@ -162,7 +166,9 @@ class CairnReader(StorageReader):
         return metadata
 
     async def _open(self) -> Opened:
-        return await open_dcp(self._ckpt, self._requested, self._skip, self._store)
+        return await open_dcp(
+            self._ckpt, self._requested, self._skip, self._store, self._skip_newer_format
+        )
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any

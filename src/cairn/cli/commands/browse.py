@@ -14,7 +14,7 @@ import typer
 
 from cairn import ObjectStoreCheckpointer
 from cairn.cli import views
-from cairn.cli.catalog import parse_ref, read_manifests
+from cairn.cli.catalog import latest_mark, parse_ref, read_manifests
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.formats import OutputOption
 from cairn.cli.history import Point, history_chart, history_doc
@@ -79,7 +79,7 @@ async def _list(session: Session, limit: int | None, since: str | None) -> None:
         session.output.json(views.list_doc(session.doc(), [], None, others))
         return
     listed = await read_manifests(ckpt, ids)
-    latest = await ckpt.latest_id()
+    latest = await latest_mark(ckpt)
     session.output.json(views.list_doc(session.doc(), listed, latest, []))
     out = session.output
     out.show(views.list_table(listed, latest, full_ids=out.full_ids, wide=out.wide))
@@ -125,6 +125,8 @@ async def _history(session: Session, limit: int | None, since: str | None) -> No
         if cid not in committed
         else Point(cid, "committed", listed[cid].manifest)
         if listed[cid].manifest is not None
+        else Point(cid, "newer")
+        if listed[cid].newer
         else Point(cid, "unreadable")
         for cid in window(dirs, limit, since_ms)
     ]
@@ -191,7 +193,7 @@ async def _show(session: Session, ref: str, partitions: bool) -> None:
     signature = await signature_of(ckpt, cid)
     state = signature_state(ckpt, signature, verified=True)
     key_id = signature.key_id if signature is not None else None
-    latest = cid == await ckpt.latest_id()
+    latest = cid == await latest_mark(ckpt)
     listed = views.show_lists_entries(manifest, partitions)
     doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
     out = session.output

@@ -209,6 +209,15 @@ async def _gc(
             ExitCode.STORE,
         )
         return ExitCode.STORE
+    if result.newer_format:
+        cid, reason = next(iter(result.newer_format.items()))
+        out.fail(
+            "NewerFormatError",
+            f"{len(result.newer_format)} checkpoint(s) need a newer cairn: nothing deleted; "
+            f"{cid}: {reason}",
+            ExitCode.NEWER_FORMAT,
+        )
+        return ExitCode.NEWER_FORMAT
     if result.damaged:
         cid, reason = next(iter(result.damaged.items()))
         out.fail(

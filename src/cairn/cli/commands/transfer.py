@@ -29,6 +29,7 @@ from cairn.cli.options import (
     PrefixOption,
     RefArgument,
     RefsArgument,
+    SkipNewerOption,
     StoreOption,
     WideOption,
     launch,
@@ -83,17 +84,21 @@ async def _verify(session: Session, refs: list[str], every: bool) -> ExitCode:
 
 def _outcome(session: Session, results: Sequence[Verified | Copied], failing: str) -> ExitCode:
     """0 when every checkpoint of ``results`` is ``ok``; else 1, reporting the first that
-    is not (``failing``: what happened to it, "were not copied")."""
+    is not (``failing``: what happened to it, "were not copied"), or 5 when each that is
+    not needs a newer cairn (status ``newer``: not damage)."""
     failed = [r for r in results if not r.ok]
     if not failed:
         return ExitCode.OK
+    damaged = [r for r in failed if r.status != "newer"]
+    code = ExitCode.INTEGRITY if damaged else ExitCode.NEWER_FORMAT
+    first = (damaged or failed)[0]
     session.output.fail(
-        "IntegrityError",
+        "IntegrityError" if damaged else "NewerFormatError",
         f"{len(failed)} of {len(results)} checkpoint(s) {failing}; "
-        f"{failed[0].checkpoint_id}: {failed[0].error}",
-        ExitCode.INTEGRITY,
+        f"{first.checkpoint_id}: {first.error}",
+        code,
     )
-    return ExitCode.INTEGRITY
+    return code
 
 
 def restore_command(
@@ -109,6 +114,7 @@ def restore_command(
             "--overwrite", help="Replace files in DIR that hold other bytes under the same names."
         ),
     ] = False,
+    skip_newer_format: SkipNewerOption = False,
     store: StoreOption = None,
     prefix: PrefixOption = None,
     json_mode: JsonOption = False,
@@ -122,17 +128,21 @@ def restore_command(
     to their names, the manifest last. A file that already holds other bytes is refused
     (exit 2) unless --overwrite; one that holds the same bytes is left alone. A symbolic
     link inside DIR where a file or folder is to be written is refused (exit 2), never
-    followed or replaced.
+    followed or replaced. When the latest checkpoint needs a newer cairn (format features
+    this cairn does not know), 'latest' fails with exit 5 rather than restore older
+    state; --skip-newer-format restores the newest this cairn reads.
     """
     given = Given(store, prefix, json_mode, debug)
-    launch(ctx, given, lambda session: _restore(session, ref, to, overwrite))
+    launch(ctx, given, lambda session: _restore(session, ref, to, overwrite, skip_newer_format))
 
 
-async def _restore(session: Session, ref: str, to: Path, overwrite: bool) -> None:
+async def _restore(
+    session: Session, ref: str, to: Path, overwrite: bool, skip_newer_format: bool
+) -> None:
     parse_ref(ref)
     target = _target_dir(to)
     ckpt = await session.open()
-    cid = await session.resolve(ckpt, ref)
+    cid = await session.resolve(ckpt, ref, skip_newer_format=skip_newer_format)
     async with session.transfer("restoring", None) as bar:
         restored = await restore(ckpt, cid, target, bar, overwrite=overwrite)
     session.output.report(views.restore_doc(session.doc(), restored), views.restore_table(restored))

@@ -57,6 +57,10 @@ def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
             {"checkpoint_id": str(cid), "reason": reason} for cid, reason in result.damaged.items()
         ],
         "foreign_objects": list(result.foreign_objects),
+        "newer_format": [
+            {"checkpoint_id": str(cid), "reason": reason}
+            for cid, reason in result.newer_format.items()
+        ],
         "pack_bytes": result.pack_bytes,
         "pack_range_bytes": result.pack_range_bytes,
     }
@@ -72,7 +76,7 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
     dry = " (dry run)" if result.dry_run else ""
     names, table = id_table(
         f"garbage collection{dry}",
-        [*result.deleted, *result.retained, *result.damaged],
+        [*result.deleted, *result.retained, *result.damaged, *result.newer_format],
         "Decision",
         full_ids=full_ids,
         wide=wide,
@@ -84,6 +88,10 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
         table.add_row(plain(names[cid]), Text(f"kept: {why}" if why else "kept", style="green"))
     for cid, reason in result.damaged.items():
         table.add_row(plain(names[cid]), Text(f"left alone: damaged: {reason}", style="red"))
+    for cid in result.newer_format:
+        table.add_row(
+            plain(names[cid]), Text("needs a newer cairn: nothing deleted", style="yellow")
+        )
     for path, reason in result.failures:
         table.add_row(Text(""), Text(f"could not delete {path}: {reason}", style="red"))
     summary = Text(
@@ -98,7 +106,13 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
             f"{human_size(result.pack_range_bytes)} that kept checkpoints still use"
         )
     shown: list[RenderableType] = [summary]
-    if result.deleted or result.retained or result.damaged or result.failures:
+    if (
+        result.deleted
+        or result.retained
+        or result.damaged
+        or result.newer_format
+        or result.failures
+    ):
         shown.insert(0, table)  # an empty table would only wrap its title
     if result.foreign_objects:
         shown.append(_foreign_text(result.foreign_objects))

@@ -28,7 +28,7 @@ def list_doc(
         if item.manifest is not None:
             row = manifest_doc(item.manifest)
         else:
-            row = {"id": str(item.checkpoint_id), "error": item.error}
+            row = {"id": str(item.checkpoint_id), "error": item.error, "status": item.status}
         row["latest"] = item.checkpoint_id == latest
         rows.append(row)
     return {
@@ -69,7 +69,10 @@ def list_table(
             marks.append(Text("◀ latest", style="bold"))
         manifest = item.manifest
         if manifest is None:
-            marks.append(Text("unreadable", style="red"))
+            if item.newer:
+                marks.append(Text(str(item.error), style="yellow"))
+            else:
+                marks.append(Text("unreadable", style="red"))
             table.add_row(
                 plain(names[item.checkpoint_id]),
                 "",

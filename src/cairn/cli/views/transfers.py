@@ -33,6 +33,7 @@ def verify_doc(where: dict[str, str], results: list[Verified]) -> dict[str, Any]
             {
                 "id": str(r.checkpoint_id),
                 "ok": r.ok,
+                "status": r.status,
                 "epoch": r.epoch,
                 "artifacts": r.artifacts,
                 "size_bytes": r.size_bytes,
@@ -74,7 +75,8 @@ def verify_table(
         wide=wide,
     )
     for r in results:
-        result = Text("ok", style="green") if r.ok else Text(r.error or "failed", style="red")
+        style = "green" if r.ok else "yellow" if r.newer else "red"
+        result = Text("ok" if r.ok else r.error or "failed", style=style)
         table.add_row(
             plain(names[r.checkpoint_id]),
             plain("?" if r.epoch is None else r.epoch),
@@ -159,9 +161,10 @@ def copy_table(
         "copied": "copied",
         "present": "already there",
         "skipped": "skipped",
+        "newer": "not copied",
         "failed": "FAILED",
     }
-    styles = {"failed": "red", "skipped": "yellow"}
+    styles = {"failed": "red", "skipped": "yellow", "newer": "yellow"}
     for r in results:
         style = styles.get(r.status, "green")
         note = r.error or r.note or ("" if r.requested else "its child's manifest needs it")
