@@ -82,9 +82,12 @@ _FORMAT = "cairn range index"
 class Range:
     """One range to store: its bytes, and the SHA-256 hex digest of exactly those bytes.
 
-    From a source with a :attr:`~RangeSource.codec`, ``data`` is the range compressed
-    (one frame), ``sha256`` the digest of its bytes before compression and
-    ``decoded_size`` their number; otherwise ``decoded_size`` stays None."""
+    Attributes:
+        data: The range's bytes; from a source with a :attr:`~RangeSource.codec`, the
+            range compressed (one frame).
+        sha256: The hex digest of the range's bytes (before compression, if compressed).
+        decoded_size: How many bytes a compressed range decodes to; None otherwise.
+    """
 
     data: Buffer
     sha256: str
@@ -104,7 +107,11 @@ class RangeSource(abc.ABC):
 
     @abc.abstractmethod
     def open(self) -> AsyncIterator[Range]:
-        """A fresh pass over the ranges."""
+        """A fresh pass over the ranges.
+
+        Returns:
+            An async iterator of the object's ranges, in order.
+        """
 
 
 class StoredRange(NamedTuple):
@@ -119,26 +126,63 @@ class StoredRange(NamedTuple):
 
 
 def index_size(count: int, codec: str | None = None) -> int:
-    """The bytes of the index of ``count`` ranges (compressed ones with ``codec``)."""
+    """The bytes of the index of ``count`` ranges.
+
+    Args:
+        count: How many ranges.
+        codec: The codec of compressed ranges, or None for ranges stored as is.
+
+    Returns:
+        The index's size in bytes.
+    """
     record = INDEX_RECORD_BYTES if codec is None else COMPRESSED_RECORD_BYTES
     return len(INDEX_MAGIC) + count * record
 
 
 def is_index_size(size: int) -> bool:
     """Whether an index of either kind can be ``size`` bytes (a check on a manifest
-    entry before the index is read; :func:`decode_index` is the strict one)."""
+    entry before the index is read; :func:`decode_index` is the strict one).
+
+    Args:
+        size: A size in bytes.
+
+    Returns:
+        True when an index of either kind can have it.
+    """
     body = size - len(INDEX_MAGIC)
     return body >= 0 and (body % INDEX_RECORD_BYTES == 0 or body % COMPRESSED_RECORD_BYTES == 0)
 
 
 def encode_index(ranges: Sequence[tuple[int, str]]) -> bytes:
-    """The index of uncompressed ranges given as ``(length, sha256 hex)``, in order."""
+    """The index of uncompressed ranges.
+
+    Args:
+        ranges: ``(length, sha256 hex)`` of each range, in order.
+
+    Returns:
+        The index's bytes.
+
+    Raises:
+        InvalidInputError: A length is out of range, or a digest is not SHA-256 hex.
+    """
     return _encode(INDEX_MAGIC, [((length,), digest) for length, digest in ranges])
 
 
 def encode_compressed_index(ranges: Sequence[tuple[int, int, str]], codec: str) -> bytes:
-    """The index of ranges stored as frames of ``codec``, given as ``(stored length,
-    decoded length, sha256 hex of the decoded bytes)``, in order."""
+    """The index of ranges stored as frames of ``codec``.
+
+    Args:
+        ranges: ``(stored length, decoded length, sha256 hex of the decoded bytes)`` of
+            each range, in order.
+        codec: The ranges' codec, one of :data:`RANGE_CODECS`.
+
+    Returns:
+        The index's bytes.
+
+    Raises:
+        InvalidInputError: ``codec`` is not a range codec, a length is out of range, or
+            a digest is not SHA-256 hex.
+    """
     if codec not in RANGE_CODECS:
         raise InvalidInputError(f"ranges cannot be stored with codec {codec!r:.40}")
     records = [((length, decoded), digest) for length, decoded, digest in ranges]
@@ -162,8 +206,20 @@ def _encode(magic: bytes, records: Sequence[tuple[tuple[int, ...], str]]) -> byt
 
 
 def decode_index(path: str, index: Buffer, data_size: int) -> list[StoredRange]:
-    """The ranges an index describes, which must cover exactly ``data_size`` bytes (those
-    before the index in the object at ``path``); else :class:`UndecodableArtifactError`."""
+    """The ranges an index describes, which must cover exactly ``data_size`` bytes.
+
+    Args:
+        path: The object's store path, for errors.
+        index: The index's bytes (the object's last bytes).
+        data_size: How many bytes of the object come before the index.
+
+    Returns:
+        The ranges, in order.
+
+    Raises:
+        UndecodableArtifactError: ``index`` is not an index of whole records, or its
+            ranges do not cover exactly ``data_size`` bytes.
+    """
     view = memoryview(index).cast("B")
     magic = bytes(view[: len(INDEX_MAGIC)])
     compressed = magic == COMPRESSED_INDEX_MAGIC
@@ -193,7 +249,17 @@ def group_spans(
     """``members`` of one object, each at ``extent(member)`` (offset, length), grouped in
     offset order into spans to read with one ranged request each: a span covers at most
     ``max_bytes`` (a member larger than that is a span alone), and its members lie at
-    most ``max_gap`` bytes apart (the bytes between them are read and dropped)."""
+    most ``max_gap`` bytes apart (the bytes between them are read and dropped).
+
+    Args:
+        members: The members of one object.
+        extent: The ``(offset, length)`` of a member.
+        max_bytes: The most bytes one span covers.
+        max_gap: The most bytes between two members of one span.
+
+    Returns:
+        The spans, in offset order, each a list of members in offset order.
+    """
     spans: list[list[T]] = []
     start = end = 0
     for member in sorted(members, key=extent):
@@ -212,9 +278,18 @@ def verify_ranges(path: str, data: Buffer, index_bytes: int, index_sha256: str) 
     """Check the object ``data`` read from ``path``: its last ``index_bytes`` bytes hash to
     ``index_sha256``, and every range they describe to its own digest.
 
-    Raises :class:`IntegrityMismatchError` naming the object and, for a range, its number
-    and bytes (a compressed range that does not decode: :class:`UndecodableArtifactError`
-    naming them too).
+    Args:
+        path: The object's store path, for errors.
+        data: The whole object's bytes.
+        index_bytes: The size of its index, as its manifest entry records.
+        index_sha256: The index's hex digest, as its manifest entry records.
+
+    Raises:
+        IntegrityMismatchError: The index or a range does not hash to its digest (the
+            error names the object and, for a range, its number and bytes).
+        UndecodableArtifactError: The index is not one, or a compressed range does not
+            decode (naming the range too).
+        OversizedArtifactError: A compressed range inflates past its decoded size.
     """
     view = memoryview(data).cast("B")
     if not 0 <= index_bytes <= view.nbytes:
@@ -246,9 +321,18 @@ def decode_range(path: str, stored_bytes: Buffer, stored: StoredRange) -> Buffer
     ``stored_bytes``: as they are, or decoded to exactly its decoded size, in memory
     bounded by it (a compressed range; call it from a worker thread when large).
 
-    Raises :class:`~cairn.errors.OversizedArtifactError` for a frame that inflates past
-    that size, :class:`IntegrityMismatchError` for one that ends short of it, and
-    :class:`UndecodableArtifactError` for bytes that are not a frame.
+    Args:
+        path: The object's store path, for errors.
+        stored_bytes: The range's bytes as stored.
+        stored: The range, as the index describes it.
+
+    Returns:
+        The range's bytes, decoded where it is compressed.
+
+    Raises:
+        OversizedArtifactError: A frame inflates past the decoded size.
+        IntegrityMismatchError: A frame ends short of it.
+        UndecodableArtifactError: The bytes are not a frame.
     """
     if stored.decoded_size is None:
         return stored_bytes
