@@ -89,23 +89,37 @@ def _check_directories(directories: object) -> dict[ArtifactKey, Path]:
 class CheckpointData:
     """One checkpoint to save.
 
-    ``snapshots`` and ``deltas`` map ``(operator, partition)`` to the artifact's data:
-    bytes-like, a :class:`pathlib.Path`, a binary file, or an iterable of chunks;
-    ``source_offsets`` maps a source name to its :class:`SourceOffsetEntry`. An id is
-    generated when ``checkpoint_id`` is None; ``timestamp_ms`` (default: now) is for
-    copies that keep their original's commit time. Raises :class:`InvalidCheckpointDataError`
-    (or :class:`InvalidNameError`) naming the offending value.
+    A directory partition is saved file by file: every regular file under it,
+    recursively, with its relative path, size and SHA-256 (empty subdirectories are not
+    kept). With a ``parent_id``, a file the parent's partition already holds is carried
+    by reference instead of uploaded.
 
-    ``directories`` maps ``(operator, partition)`` to a local directory saved file by
-    file: every regular file under it, recursively, with its relative path, size and
-    SHA-256 (a symbolic link or other special file inside is refused with
-    :class:`~cairn.errors.SpecialFileError`; empty subdirectories are not kept). With a
-    ``parent_id``, a file the parent's partition already holds is carried by reference
-    instead of uploaded. ``directory_check`` says how "already holds" is decided:
-    ``"mtime"`` (default) trusts an equal relative path, size and modification time
-    (ns) without reading the file, as rsync does, so a file rewritten in place with
-    its size and mtime unchanged is carried stale; ``"hash"`` reads and hashes every
-    file and carries only one whose SHA-256 and size are equal.
+    Args:
+        epoch: The epoch the checkpoint records, an int in 0..2**63-1.
+        snapshots: ``(operator, partition)`` to the full state of that partition:
+            bytes-like, a :class:`pathlib.Path`, a binary file, or an iterable of chunks.
+        deltas: ``(operator, partition)`` to a delta on the parent's state, in the same
+            forms; needs ``parent_id``. A partition is a snapshot or a delta, not both.
+        source_offsets: A source name to its :class:`SourceOffsetEntry`.
+        watermark: The watermark the checkpoint records (a signed 64-bit int), or None.
+        parent_id: The checkpoint this one builds on (deltas, carried files), or None.
+        checkpoint_id: The id to save under; None (the default) generates a new one.
+        timestamp_ms: The commit time to record, in ms since the Unix epoch; None (the
+            default) is now. For copies that keep their original's commit time.
+        directories: ``(operator, partition)`` to a local directory to save, file by file.
+        directory_check: How "the parent already holds this file" is decided:
+            ``"mtime"`` (the default) trusts an equal relative path, size and
+            modification time (ns) without reading the file, as rsync does, so a file
+            rewritten in place with its size and mtime unchanged is carried stale;
+            ``"hash"`` reads and hashes every file and carries only one whose SHA-256
+            and size are equal.
+
+    Raises:
+        InvalidCheckpointDataError: A value is out of range or inconsistent (a delta
+            without parent, a partition given twice, its own parent, ...); the message
+            names it.
+        InvalidNameError: An operator or source name, or a partition, is not allowed.
+        SpecialFileError: A directory to save holds a symbolic link or special file.
     """
 
     epoch: int
@@ -194,6 +208,9 @@ class CheckpointData:
         For :meth:`~cairn.ObjectStoreCheckpointer.save_async` with ``copy=True``: the
         caller may then reuse its buffers at once. Files and streams are not copied (they
         are read while the save runs).
+
+        Returns:
+            A copy of this checkpoint data.
         """
 
         def own(artifacts: Mapping[ArtifactKey, ArtifactData]) -> dict[ArtifactKey, ArtifactData]:
@@ -209,7 +226,13 @@ class CheckpointData:
 
 @dataclass(frozen=True, slots=True)
 class ChainLink:
-    """One verified artifact of a partition's restore chain."""
+    """One verified artifact of a partition's restore chain.
+
+    Attributes:
+        entry: The artifact's manifest entry.
+        owner: The checkpoint whose directory stores it.
+        data: Its bytes, digest checked.
+    """
 
     entry: PartitionSnapshotEntry
     owner: CheckpointId
@@ -220,11 +243,15 @@ class ChainLink:
 class LoadedCheckpoint:
     """A checkpoint read back from the store, every digest checked (unless told not to).
 
-    ``artifacts`` maps ``(operator, partition)`` to the newest bytes stored for it (its
-    snapshot, or its latest delta); ``chains`` gives, per partition, the base snapshot
-    and then every delta in order, which is what an engine applies to restore.
-    ``directories`` lists, per partition saved as a directory, its files (none of their
-    bytes is read by ``load``: restore one with ``restore_directory``).
+    Attributes:
+        manifest: The checkpoint's manifest.
+        artifacts: ``(operator, partition)`` to the newest bytes stored for it (its
+            snapshot, or its latest delta).
+        source_offsets: A source name to its offsets.
+        chains: Per partition, the base snapshot and then every delta in order, which is
+            what an engine applies to restore.
+        directories: Per partition saved as a directory, its files (none of their bytes
+            is read by ``load``: restore one with ``restore_directory``).
     """
 
     manifest: CheckpointManifest
