@@ -8,7 +8,9 @@ each parameter in ``Args:`` (a class names its constructor's in its own docstrin
 ``Args:`` or, for the fields of a dataclass or an error, ``Attributes:``), its result
 in ``Returns:`` or ``Yields:`` unless it returns ``None``, and, in ``Raises:``, only
 classes that exist. Parameters forwarded as ``*args``/``**kwargs`` need no entry, nor do
-the fixtures of the contract's own tests (``StoreContract.test_*``).
+the fixtures of the contract's own tests (``StoreContract.test_*``). A method with no
+docstring that implements a documented one (a :class:`~cairn.stores.Store` method of a
+store) is not rendered, and not checked.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from typing import Any
 
 import pytest
 from support.paths import REPO
+
+from cairn.observe import Observer
+from cairn.stores import Store
 
 API_PAGES = REPO / "docs" / "api"
 
@@ -87,7 +92,16 @@ def _members(cls: type) -> Iterator[Documented]:
         if name.startswith("test_") and cls.__module__.startswith("cairn.testing"):
             continue  # a test of the contract: its parameters are pytest fixtures
         doc = inspect.getdoc(func) or ""
+        if not doc and _implements_documented(cls, name):
+            continue  # not rendered; the interface it implements documents it
         yield Documented(f"{cls.__qualname__}.{name}", doc, _signature(func), False)
+
+
+def _implements_documented(cls: type, name: str) -> bool:
+    """Whether method ``name`` of ``cls`` implements one that a base class, or an interface
+    cairn documents (:class:`cairn.stores.Store`, :class:`cairn.observe.Observer`), documents."""
+    interfaces = (Store, Observer, *cls.__mro__[1:])
+    return any(getattr(getattr(base, name, None), "__doc__", None) for base in interfaces)
 
 
 def public_api() -> Iterator[tuple[str, Documented]]:

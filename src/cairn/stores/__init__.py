@@ -109,7 +109,17 @@ class Store(Protocol):
     """
 
     async def get(self, path: str) -> Blob:
-        """The object's bytes; :class:`CheckpointNotFoundError` if it does not exist."""
+        """The object's bytes.
+
+        Args:
+            path: The object's store path.
+
+        Returns:
+            Its bytes and what is known of its version.
+
+        Raises:
+            CheckpointNotFoundError: It does not exist.
+        """
 
     async def get_range(self, path: str, start: int, end: int) -> Buffer:
         """Bytes ``start`` (inclusive) to ``end`` (exclusive) of the object.
@@ -118,10 +128,33 @@ class Store(Protocol):
         the object's end reads to its end; a non-empty range that starts at or past the
         end raises :class:`StoreError`; an empty range reads nothing, but a missing object
         still raises :class:`CheckpointNotFoundError`.
+
+        Args:
+            path: The object's store path.
+            start: The first byte to read, >= 0.
+            end: The byte after the last to read, >= ``start``.
+
+        Returns:
+            The bytes of the range (fewer where ``end`` is past the object's end).
+
+        Raises:
+            InvalidInputError: ``start`` is negative or greater than ``end``.
+            StoreError: A non-empty range starts at or past the object's end.
+            CheckpointNotFoundError: The object does not exist.
         """
 
     async def head(self, path: str) -> ObjectInfo:
-        """The object's metadata; :class:`CheckpointNotFoundError` if it does not exist."""
+        """The object's metadata.
+
+        Args:
+            path: The object's store path.
+
+        Returns:
+            Its size, version and modification time.
+
+        Raises:
+            CheckpointNotFoundError: It does not exist.
+        """
 
     async def put(
         self, path: str, data: Buffer, *, mode: PutMode = "overwrite", metadata: Metadata = None
@@ -132,6 +165,20 @@ class Store(Protocol):
         :class:`IfMatch` raises :class:`PreconditionFailedError` if it changed.
         ``metadata`` is stored with the object where the store supports user metadata
         (memory, S3, GCS, Azure) and dropped where it does not (local files).
+
+        Args:
+            path: The object's store path.
+            data: The bytes to write.
+            mode: ``"overwrite"`` (the default), ``"create"`` (only if absent), or an
+                :class:`IfMatch` (only over that version).
+            metadata: User metadata to store with the object, or None.
+
+        Returns:
+            What is known of the new version.
+
+        Raises:
+            ObjectExistsError: ``"create"`` met an existing object.
+            PreconditionFailedError: An :class:`IfMatch` met another version.
         """
 
     async def put_stream(
@@ -143,25 +190,61 @@ class Store(Protocol):
         A chunk is any bytes-like object (cairn sends views of its reused read buffers,
         zero-copy): a store that keeps one after asking for the next keeps a view of it
         (as obstore does) or a copy; cairn refills a buffer only once no view of it lives.
+
+        Args:
+            path: The object's store path.
+            open_chunks: Called once per attempt, it returns the chunks to write.
+            metadata: User metadata to store with the object, or None.
         """
 
     async def stat(self, path: str) -> tuple[ObjectInfo, dict[str, str]]:
-        """The object's metadata and user metadata, without its bytes (a HEAD request)."""
+        """The object's metadata and user metadata, without its bytes (a HEAD request).
+
+        Args:
+            path: The object's store path.
+
+        Returns:
+            Its metadata, and its user metadata (empty where the store keeps none).
+
+        Raises:
+            CheckpointNotFoundError: It does not exist.
+        """
 
     async def list_dir(self, prefix: str) -> ListDirResult:
-        """One level under ``prefix`` (which ends in ``/`` or is empty)."""
+        """One level under ``prefix``.
+
+        Args:
+            prefix: A prefix ending in ``/``, or empty for the root.
+
+        Returns:
+            The prefixes (subdirectories) and the objects directly under it.
+        """
 
     async def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object whose path starts with ``prefix``, in no particular order."""
+        """Every object whose path starts with ``prefix``, in no particular order.
+
+        Args:
+            prefix: A path prefix.
+
+        Returns:
+            The objects' metadata.
+        """
 
     async def delete(self, paths: Sequence[str]) -> None:
-        """Delete ``paths``; missing ones are not an error."""
+        """Delete ``paths``; missing ones are not an error.
+
+        Args:
+            paths: The store paths to delete.
+        """
 
     async def delete_prefix(self, prefix: str) -> None:
         """Delete everything under ``prefix`` (ending in ``/``), listed or not.
 
         On a local directory this also removes what a listing cannot see: the staging
         files (``name#N``) that a write killed mid-way leaves, and the emptied folders.
+
+        Args:
+            prefix: The prefix to empty, ending in ``/``.
         """
 
 
@@ -177,6 +260,9 @@ class ForwardingStore:
     Arguments reach ``inner`` unchanged: ``put``'s mode and metadata, and
     ``put_stream``'s ``open_chunks`` callable itself, so each attempt of a repeated
     call opens a fresh stream. The capabilities are those of ``inner``.
+
+    Args:
+        inner: The store every call goes to.
     """
 
     def __init__(self, inner: Store) -> None:
@@ -262,6 +348,9 @@ class ObstoreStore:
     ``ObstoreStore(store)`` of an obstore ``LocalStore`` gives cairn's own local store on
     the same directory instead (:class:`~cairn.stores._local.LocalStore`: obstore's local
     store follows symbolic links, fsyncs nothing and has no compare-and-swap).
+
+    Args:
+        store: The obstore store to adapt.
     """
 
     def __new__(cls, store: ObjectStore | None = None) -> Any:
@@ -408,6 +497,15 @@ def as_store(store: Store | ObjectStore | str) -> Store:
 
     A local directory (an obstore ``LocalStore``, a ``file://`` URL, a plain path) gives
     cairn's own local store, :class:`~cairn.stores._local.LocalStore`.
+
+    Args:
+        store: A :class:`Store` (returned as is), an obstore store, or a URL or path.
+
+    Returns:
+        The store, as a :class:`Store`.
+
+    Raises:
+        InvalidStoreUrlError: A URL that :func:`open_store` cannot open.
     """
     if isinstance(store, str):
         root = local_directory(store)

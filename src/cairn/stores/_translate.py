@@ -183,6 +183,14 @@ def translate_error(operation: str, path: str, exc: BaseException) -> Checkpoint
     ``ContainerNotFound``) is a :class:`StoreNotFoundError` naming it, whatever obstore's
     class (its not-found class included). The HTTP status, when there was one, is kept
     as ``status`` on the error.
+
+    Args:
+        operation: The store operation that failed, for the error.
+        path: The path it was about, for the error.
+        exc: What obstore (or the OS) raised.
+
+    Returns:
+        The error to raise in its place (returned, not raised).
     """
     if isinstance(exc, CheckpointerError):
         return exc

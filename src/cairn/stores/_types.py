@@ -113,6 +113,12 @@ def capabilities_of(store: object) -> StoreCapabilities:
 
     A store without that attribute (or with one of another type) gets
     ``StoreCapabilities()``, which claims nothing.
+
+    Args:
+        store: Any store.
+
+    Returns:
+        Its declared capabilities, or ``StoreCapabilities()``.
     """
     declared = getattr(store, "capabilities", None)
     return declared if isinstance(declared, StoreCapabilities) else StoreCapabilities()

@@ -98,6 +98,15 @@ def store_url(location: str) -> str:
     wherever it is met (:func:`open_store`, the checkpointers, the ``cairn`` command):
     ``s3:/x`` is a malformed URL, not a directory. A local directory whose name has a
     colon is written with a slash first (``./a:b``).
+
+    Args:
+        location: A store URL, or a local directory's path.
+
+    Returns:
+        The URL.
+
+    Raises:
+        InvalidStoreUrlError: ``location`` is not a string, is empty, or is a malformed URL.
     """
     if not isinstance(location, str):
         raise InvalidStoreUrlError(repr(location), "a store URL must be a string")
@@ -176,6 +185,17 @@ def open_store(url: str, **options: Any) -> ObjectStore:
     endpoint over plain HTTP while HTTP is not allowed (``AWS_ALLOW_HTTP``). A store
     that cannot be built for want of credentials (an Azure URL without an account)
     raises :class:`~cairn.StoreCredentialsError` naming what to set.
+
+    Args:
+        url: The store's URL, or a local directory's path.
+        **options: Passed to obstore's store for the scheme (credentials, region, ...).
+
+    Returns:
+        The obstore store.
+
+    Raises:
+        InvalidStoreUrlError: An unknown scheme, a malformed URL, or plain HTTP not allowed.
+        StoreCredentialsError: The store cannot be built for want of credentials.
     """
     url, parts = _split(url)
     scheme = parts.scheme.lower()
@@ -215,7 +235,14 @@ def explain_store_error(exc: BaseException, url: str | None = None) -> str | Non
     The library raises those failures as their own errors, whose messages say it all:
     :class:`~cairn.StoreNotFoundError` (a bucket or container that does not exist) and
     :class:`~cairn.StoreCredentialsError` (credentials missing or refused). This returns
-    that message (``url`` is accepted, and unused).
+    that message.
+
+    Args:
+        exc: The failure.
+        url: Accepted, and unused.
+
+    Returns:
+        The explanation, or None.
     """
     del url
     if isinstance(exc, StoreNotFoundError | StoreCredentialsError):

@@ -55,8 +55,17 @@ log = logging.getLogger("cairn.stores.retry")
 class RetryPolicy:
     """How often and how patiently a transient store failure is retried.
 
-    ``attempts`` counts every try, the first included (1 disables retrying). The delay
-    before retry *n* is uniform in ``[0, min(max_delay, initial_delay * multiplier**(n-1))]``.
+    The delay before retry *n* is uniform in
+    ``[0, min(max_delay, initial_delay * multiplier**(n-1))]``.
+
+    Args:
+        attempts: Every try, the first included; an int >= 1 (1 disables retrying).
+        initial_delay: The bound on the first retry's delay, in seconds, >= 0.
+        max_delay: The bound on every delay, in seconds, >= 0.
+        multiplier: How much the bound grows from one retry to the next, >= 1.
+
+    Raises:
+        InvalidInputError: A value is of the wrong type or out of its bounds.
     """
 
     attempts: int = 4
@@ -77,12 +86,30 @@ class RetryPolicy:
             raise InvalidInputError(f"RetryPolicy.multiplier must be >= 1, got {self.multiplier!r}")
 
     def delay(self, retry_number: int) -> float:
-        """A jittered delay before retry ``retry_number`` (1 for the first retry)."""
+        """A jittered delay before a retry.
+
+        Args:
+            retry_number: Which retry, 1 for the first.
+
+        Returns:
+            The delay in seconds.
+        """
         cap = min(self.max_delay, self.initial_delay * self.multiplier ** (retry_number - 1))
         return random.uniform(0, cap)
 
     async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
-        """Await ``operation()``, calling it again on TransientStoreError, up to the bound."""
+        """Await ``operation()``, calling it again on a transient failure, up to the bound.
+
+        Args:
+            operation: Makes one attempt each time it is called.
+
+        Returns:
+            What the first attempt that succeeds returns.
+
+        Raises:
+            TransientStoreError: The last attempt failed so (any other error is raised at
+                once, not retried).
+        """
         for attempt in range(1, self.attempts + 1):
             try:
                 return await operation()
@@ -107,6 +134,10 @@ class RetryingStore(ForwardingStore):
 
     Every operation goes through :meth:`RetryPolicy.run`; ``put_stream`` calls
     ``open_chunks`` again for each attempt, so a retry never resumes a spent stream.
+
+    Args:
+        inner: The store every call goes to.
+        policy: How to retry.
     """
 
     def __init__(self, inner: Store, policy: RetryPolicy) -> None:
