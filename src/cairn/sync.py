@@ -179,7 +179,14 @@ class SyncCheckpointer:
 
     @classmethod
     def wrap(cls, checkpointer: ObjectStoreCheckpointer) -> SyncCheckpointer:
-        """A blocking façade over an existing async checkpointer."""
+        """A blocking façade over an existing async checkpointer.
+
+        Args:
+            checkpointer: The checkpointer to do the work.
+
+        Returns:
+            The façade; its ``async_checkpointer`` is ``checkpointer``.
+        """
         façade = cls.__new__(cls)
         façade.async_checkpointer = checkpointer
         return façade
@@ -295,6 +302,14 @@ class SyncCheckpointer:
         buffer handed in until its future is done, or pass ``copy=True`` to have cairn
         copy every buffer before returning (files and streams are read in the background
         either way). (The blocking form of :meth:`ObjectStoreCheckpointer.save_async`.)
+
+        Args:
+            data: The checkpoint to save.
+            copy: Copy every buffer of ``data`` before returning, so the caller may reuse
+                them at once.
+
+        Returns:
+            The save's future; its ``result()`` is the committed manifest.
         """
         future = _WatchedFuture()
 

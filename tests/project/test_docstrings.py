@@ -76,7 +76,12 @@ class Documented:
 
 def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
     try:
-        return inspect.signature(func)
+        # The parameters it has itself: a method that forwards ``*args, **kwargs``
+        # verbatim (SyncCheckpointer's) needs no entries; the result, what it returns
+        # (that of the coroutine it runs).
+        own = inspect.signature(func, follow_wrapped=False)
+        result = inspect.signature(func).return_annotation
+        return own.replace(return_annotation=result)
     except (TypeError, ValueError):
         return None
 
