@@ -9,8 +9,9 @@ each parameter in ``Args:`` (a class names its constructor's in its own docstrin
 in ``Returns:`` or ``Yields:`` unless it returns ``None``, and, in ``Raises:``, only
 classes that exist. Parameters forwarded as ``*args``/``**kwargs`` need no entry, nor do
 the fixtures of the contract's own tests (``StoreContract.test_*``). A method with no
-docstring that implements a documented one (a :class:`~cairn.stores.Store` method of a
-store) is not rendered, and not checked.
+A method that implements a documented one (a :class:`~cairn.stores.Store` method of a store,
+an :class:`~cairn.observe.Observer` method of an observer, a DCP storage writer's) has
+its parameters and result documented there, and is not checked again.
 """
 
 from __future__ import annotations
@@ -96,9 +97,9 @@ def _members(cls: type) -> Iterator[Documented]:
             continue
         if name.startswith("test_") and cls.__module__.startswith("cairn.testing"):
             continue  # a test of the contract: its parameters are pytest fixtures
+        if _implements_documented(cls, name):
+            continue  # the interface it implements documents its parameters and result
         doc = inspect.getdoc(func) or ""
-        if not doc and _implements_documented(cls, name):
-            continue  # not rendered; the interface it implements documents it
         yield Documented(f"{cls.__qualname__}.{name}", doc, _signature(func), False)
 
 

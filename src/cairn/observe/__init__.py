@@ -41,11 +41,20 @@ __all__ = ["Observer", "Operation", "StoreCall"]
 class Operation:
     """One operation of a checkpointer, as its observers see it.
 
-    ``outcome`` is ``"committed"``, ``"failed"`` or ``"fenced"`` for ``save`` and
-    ``commit``, ``"ok"`` or ``"failed"`` for the others; ``error`` is what it raised.
-    ``attributes`` holds ``cairn.checkpoint.id``, ``cairn.epoch`` and ``cairn.bytes``
-    when they are known. ``observer_state`` is a place for an observer's own bookkeeping
-    (a span), keyed by the observer.
+    Attributes:
+        name: The operation (``"save"``, ``"load"``, ``"gc"``, ...).
+        parent: The operation it runs within, or None.
+        attributes: ``cairn.checkpoint.id``, ``cairn.epoch`` and ``cairn.bytes`` when
+            they are known.
+        started: When it began (:func:`time.perf_counter`).
+        duration: How long it ran, in seconds, once ended.
+        outcome: ``"committed"``, ``"failed"`` or ``"fenced"`` for ``save`` and
+            ``commit``, ``"ok"`` or ``"failed"`` for the others.
+        error: What it raised, or None.
+        manifest: The manifest it committed or loaded, or None.
+        gc: What a ``gc`` deleted and kept, or None.
+        observer_state: A place for an observer's own bookkeeping (a span), keyed by
+            the observer.
     """
 
     name: str
@@ -60,7 +69,12 @@ class Operation:
     observer_state: dict[int, Any] = field(default_factory=dict)
 
     def describe(self, checkpoint_id: CheckpointId | None = None, **attributes: Any) -> None:
-        """Record attributes (``checkpoint_id`` as ``cairn.checkpoint.id``)."""
+        """Record attributes.
+
+        Args:
+            checkpoint_id: Recorded as ``cairn.checkpoint.id``, if given.
+            **attributes: Each recorded as ``cairn.<key>``.
+        """
         if checkpoint_id is not None:
             self.attributes["cairn.checkpoint.id"] = str(checkpoint_id)
         for key, value in attributes.items():
@@ -69,8 +83,15 @@ class Operation:
 
 @dataclass(frozen=True, slots=True)
 class StoreCall:
-    """One request to the store: ``outcome`` is ``ok``, ``not_found``, ``exists``,
-    ``precondition_failed``, ``transient`` or ``error``."""
+    """One request to the store.
+
+    Attributes:
+        operation: The store method (``"get"``, ``"put"``, ...).
+        path: The path or prefix it was about.
+        outcome: ``ok``, ``not_found``, ``exists``, ``precondition_failed``,
+            ``transient`` or ``error``.
+        seconds: How long it took.
+    """
 
     operation: str
     path: str
@@ -82,21 +103,51 @@ class Observer:
     """Receives what a checkpointer does; every method is a no-op here (see the module)."""
 
     def started(self, operation: Operation) -> None:
-        """``operation`` begins (its parent, if any, began before)."""
+        """``operation`` begins (its parent, if any, began before).
+
+        Args:
+            operation: The operation.
+        """
 
     def ended(self, operation: Operation) -> None:
-        """``operation`` ended: ``duration``, ``outcome``, ``error`` and results are set."""
+        """``operation`` ended.
+
+        Args:
+            operation: The operation; its ``duration``, ``outcome``, ``error`` and
+                results are set.
+        """
 
     def store_call(self, operation: Operation | None, call: StoreCall) -> None:
-        """One store request ended, within ``operation`` (None outside any)."""
+        """One store request ended.
+
+        Args:
+            operation: The operation it was made in, or None outside any.
+            call: The request: its operation, path, outcome and duration.
+        """
 
     def retried(self, operation: Operation | None, store_operation: str, reason: str) -> None:
-        """A store call is retried; ``reason`` is ``"status_503"``-like or ``"network"``."""
+        """A store call is retried.
+
+        Args:
+            operation: The operation it was made in, or None outside any.
+            store_operation: The store method (``"get"``, ``"put"``, ...).
+            reason: Why: ``"status_503"``-like, or ``"network"``.
+        """
 
     def fell_back(
         self, operation: Operation | None, checkpoint_id: CheckpointId, error: BaseException
     ) -> None:
-        """``load_latest`` skipped ``checkpoint_id``, which does not load (``error``)."""
+        """``load_latest`` skipped a checkpoint that does not load.
+
+        Args:
+            operation: The ``load_latest`` operation, or None.
+            checkpoint_id: The checkpoint skipped.
+            error: Why it does not load.
+        """
 
     def saves_in_flight(self, count: int) -> None:
-        """The number of background saves in flight changed to ``count``."""
+        """The number of background saves in flight changed.
+
+        Args:
+            count: The number now.
+        """

@@ -43,7 +43,12 @@ _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300
 class PrometheusMetrics(Observer):
     """The metrics in the module docstring, registered in ``registry`` (default: the
     global ``prometheus_client.REGISTRY``). One instance per registry: registering the
-    same names twice in one registry is refused by ``prometheus_client``."""
+    same names twice in one registry is refused by ``prometheus_client``.
+
+    Args:
+        registry: The ``prometheus_client`` registry to register the metrics in; None:
+            the global one.
+    """
 
     def __init__(self, registry: Any | None = None) -> None:
         target = registry if registry is not None else prometheus_client.REGISTRY

@@ -41,7 +41,12 @@ class _Open:
 
 
 class OpenTelemetryTracer(Observer):
-    """Spans and events for a checkpointer's operations (see the module docstring)."""
+    """Spans and events for a checkpointer's operations (see the module docstring).
+
+    Args:
+        tracer_provider: The OpenTelemetry tracer provider to get the ``cairn`` tracer
+            from; None: the global one.
+    """
 
     def __init__(self, tracer_provider: Any | None = None) -> None:
         self.tracer = trace.get_tracer("cairn", tracer_provider=tracer_provider)
