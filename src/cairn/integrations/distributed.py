@@ -67,7 +67,11 @@ class WorkerReport(msgspec.Struct, frozen=True):
     entries: tuple[tuple[str, PartitionSnapshotEntry], ...]
 
     def to_json(self) -> bytes:
-        """The report as JSON, for the engine's channel to the coordinator."""
+        """The report as JSON, for the engine's channel to the coordinator.
+
+        Returns:
+            The JSON bytes (:meth:`from_json` reads them back).
+        """
         return _encoder.encode(self)
 
     @classmethod
@@ -77,6 +81,15 @@ class WorkerReport(msgspec.Struct, frozen=True):
         Malformed includes JSON nested too deeply, a value of the wrong type (a number
         where an id belongs), and an entry that :func:`cairn.format.manifest.check_entry`
         refuses (a path that is not the layout's, a bad digest, an unknown codec).
+
+        Args:
+            data: The JSON bytes a worker sent.
+
+        Returns:
+            The report.
+
+        Raises:
+            InvalidInputError: ``data`` is not a well-formed report.
         """
         try:
             report = _decoder.decode(data)
@@ -110,6 +123,18 @@ async def upload_partitions(
 
     Each artifact is hashed before it is sent, so its SHA-256 travels with it as object
     metadata and the coordinator can check it with a HEAD. Commits nothing.
+
+    Args:
+        ckpt: The worker's checkpointer.
+        checkpoint_id: The checkpoint being saved (the coordinator's choice).
+        uploads: ``(operator, partition, is_delta, data)`` of each partition to upload.
+        worker: The worker's name, carried in the report for errors.
+
+    Returns:
+        What was stored, to send to the coordinator.
+
+    Raises:
+        CheckpointExistsError: The checkpoint is already committed.
     """
     entries = await ckpt.save_partitions_concurrent(
         checkpoint_id, uploads, metadata_key=DIGEST_METADATA_KEY
@@ -163,6 +188,26 @@ async def commit_distributed(
     not what the store holds; either way nothing is committed. Returns the manifest.
     A fenced coordinator (:class:`FencedError`) and an id already committed
     (:class:`CheckpointExistsError`) are refused before the store is read.
+
+    Args:
+        ckpt: The coordinator's checkpointer.
+        checkpoint_id: The checkpoint to commit.
+        epoch: Its epoch, an int >= 0.
+        expected: Every ``(operator, partition)`` the checkpoint must hold.
+        reports: The workers' reports.
+        source_offsets: A source name to its offsets, or None.
+        watermark: The watermark to record, or None.
+
+    Returns:
+        The committed manifest.
+
+    Raises:
+        IncompleteCheckpointError: A partition is missing, duplicated or unexpected, or
+            a report names another checkpoint.
+        IntegrityMismatchError: An entry's size or digest is not what the store holds.
+        InvalidInputError: ``epoch`` is out of range, or a report holds a delta.
+        FencedError: A newer writer has taken over.
+        CheckpointExistsError: The id is already committed.
     """
     if not is_int(epoch) or epoch < 0:
         raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
