@@ -579,6 +579,8 @@ class ObjectStoreCheckpointer(Checkpointer):
         or objects younger than ``min_age``) is left alone. With ``dry_run`` nothing is
         deleted and the result says what would be. See :mod:`cairn.protocol.retention`. A pinned
         id that does not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
+        A run that meets a checkpoint a newer cairn wrote deletes nothing and names it in
+        :attr:`GcResult.newer_format`.
         """
         async with self.observed("gc") as op:
             paths = await self.resolve_paths()

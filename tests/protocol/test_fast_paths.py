@@ -36,7 +36,7 @@ from cairn.data.inputs import READ_BUFFERS, StreamSource
 from cairn.format._buffer import Buffer, BufferPool
 from cairn.format.integrity import StreamHasher
 from cairn.format.layout import CheckpointPaths
-from cairn.protocol import _catalog, retention
+from cairn.protocol import _catalog, _gcplan, _gcstate, retention
 from cairn.protocol._lease import TOMBSTONE_RETENTION, is_live
 from cairn.protocol._save import assemble_manifest
 from cairn.stores import ForwardingStore, ObstoreStore, Store
@@ -328,9 +328,9 @@ async def test_a_manifest_turned_tombstone_since_the_listing_is_read_as_it_is_no
     await inner.put("ckpt/manifest.json", b"x" * 100)
     [info] = await inner.list("ckpt/")
     await inner.put("ckpt/manifest.json", b"")
-    assert bytes(await retention._read_listed(inner, info)) == b""
+    assert bytes(await _gcstate._read_listed(inner, info)) == b""
     await inner.put("ckpt/manifest.json", b"y" * 150)
-    assert bytes(await retention._read_listed(inner, info)) == b"y" * 150
+    assert bytes(await _gcstate._read_listed(inner, info)) == b"y" * 150
 
 
 def reference_plan(
@@ -345,7 +345,7 @@ def reference_plan(
     manifests = state.manifests
     now_ms = int(now.timestamp() * 1000)
     keep = policy.retained(manifests, now_ms) & set(manifests) | set(policy.pinned)
-    order = retention._latest_order(state.latest, manifests)
+    order = _gcplan._latest_order(state.latest, manifests)
     if order is None:
         keep |= set(manifests)
     else:
@@ -365,7 +365,7 @@ def reference_plan(
         if live or last > now - min_age:
             parents |= {i.parent_id for _, i in intents if i is not None and i.parent_id}
     keep.update(p for p in parents if p in manifests)
-    whole, referenced = retention._reachable(paths, keep, manifests)
+    whole, referenced = _gcplan.reachable(paths, keep, manifests)
     doomed = sorted(set(manifests) - whole)
     dead = set(claimed) | set(state.tombstones)
     in_dir: dict[CheckpointId, int] = {}

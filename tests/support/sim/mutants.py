@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cairn.protocol import _commit, _save, retention
+from cairn.protocol import _commit, _gcclaims, _gcplan, _save, retention
 
 __all__ = ["MUTANTS", "mutated"]
 
@@ -45,8 +45,8 @@ def gc_ignores_leases() -> Iterator[None]:
         return True
 
     with (
-        _patched(retention, "is_live", lambda info, intent, now: False),
-        _patched(retention, "claim", claim_nothing),
+        _patched(_gcplan, "is_live", lambda info, intent, now: False),
+        _patched(_gcclaims, "claim", claim_nothing),
     ):
         yield
 
@@ -66,7 +66,7 @@ def gc_local_clock() -> Iterator[None]:
     async def local_now(store: Any, paths: Any) -> dt.datetime:
         return dt.datetime.fromtimestamp(time.time_ns() / 1e9, dt.UTC)
 
-    with _patched(retention, "store_now", local_now):
+    with _patched(retention, "store_now", local_now), _patched(_gcclaims, "store_now", local_now):
         yield
 
 
