@@ -12,11 +12,13 @@ documented in :mod:`cairn.cli.errors`; the JSON documents in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
 import typer
 
+from cairn.cli.command import SessionCommand, TableCommand
 from cairn.cli.commands.browse import history_command, list_command, show_command
 from cairn.cli.commands.collect import delete_command, gc_command
 from cairn.cli.commands.dcp_dirs import export_dcp_command, import_dcp_command
@@ -42,23 +44,24 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-COMMANDS = (
-    ("list", list_command),
-    ("history", history_command),
-    ("show", show_command),
-    ("verify", verify_command),
-    ("restore", restore_command),
-    ("delete", delete_command),
-    ("gc", gc_command),
-    ("copy", copy_command),
-    ("export-dcp", export_dcp_command),
-    ("import-dcp", import_dcp_command),
-    ("demo", demo_command),
+COMMANDS: tuple[tuple[str, Callable[..., None], type[CairnCommand]], ...] = (
+    ("list", list_command, TableCommand),
+    ("history", history_command, TableCommand),
+    ("show", show_command, TableCommand),
+    ("verify", verify_command, TableCommand),
+    ("restore", restore_command, SessionCommand),
+    ("delete", delete_command, SessionCommand),
+    ("gc", gc_command, TableCommand),
+    ("copy", copy_command, SessionCommand),
+    ("export-dcp", export_dcp_command, SessionCommand),
+    ("import-dcp", import_dcp_command, SessionCommand),
+    ("demo", demo_command, CairnCommand),
 )
-"""Each command's name and function, in the order ``cairn --help`` lists them."""
+"""Each command's name, function and class (the shared options it takes:
+:mod:`cairn.cli.command`), in the order ``cairn --help`` lists them."""
 
-for name, function in COMMANDS:
-    app.command(name, cls=CairnCommand)(function)
+for name, function, command_class in COMMANDS:
+    app.command(name, cls=command_class)(function)
 
 
 @dataclass

@@ -1,15 +1,13 @@
 """The options the commands share, and the value of each that a command runs with.
 
-typer reads a command's options from the parameters of its function, so every command
-declares the session options in its own signature, last, with the types here and under
-these names: ``store`` (``--store``), ``prefix`` (``--prefix``), ``json_mode``
-(``--json``) and ``debug`` (``--debug``). The ``cairn`` group takes the same four
-before the command (``cairn --store X list``; :func:`remember_before`). :func:`launch`
-runs a command with, for each, the value given after the command, else the one given
-before it, else its environment variable or default. A command with a table also takes
-``--wide``, ``--ids`` and ``-o/--output`` (:mod:`cairn.cli.formats`), which
-:func:`launch` settles together: a clash is a usage error, reported as the command's
-failure.
+The session options, ``--store``, ``--prefix``, ``--json`` and ``--debug``, are declared
+once (:mod:`cairn.cli.command`) and every command's class adds them after its own; the
+``cairn`` group takes the same four before the command (``cairn --store X list``;
+:func:`remember_before`). :func:`launch` runs a command with, for each, the value given
+after the command, else the one given before it, else its environment variable or
+default. A command with a table also takes ``--wide``, ``--ids`` and ``-o/--output``
+(:mod:`cairn.cli.formats`), which :func:`launch` settles together: a clash is a usage
+error, reported as the command's failure.
 """
 
 from __future__ import annotations
@@ -121,7 +119,11 @@ SinceOption = Annotated[
 ]
 
 _SESSION_OPTIONS = ("store", "prefix", "json_mode", "debug")
-"""The names every command gives its session options' parameters."""
+"""The names of the session options' parameters."""
+
+SHARED = "cairn.shared_options"
+"""Where a command's class keeps the values of the shared options given to the command
+(``ctx.meta``): a mapping of each parameter's name to its value."""
 
 _BEFORE = "cairn.session_options"
 """Where the group keeps the session options given before the command (``ctx.meta``)."""
@@ -129,7 +131,7 @@ _BEFORE = "cairn.session_options"
 
 @dataclass(frozen=True)
 class Given:
-    """A command's session options and table flags, as its parameters hold them."""
+    """A command's session options and table flags, as given after the command."""
 
     store: str | None
     prefix: str | None
@@ -151,10 +153,12 @@ def remember_before(
     ctx.meta[_BEFORE] = {"store": store, "prefix": prefix, "json_mode": json_mode, "debug": debug}
 
 
-def launch(ctx: typer.Context, given: Given, body: Body) -> None:
+def launch(ctx: typer.Context, body: Body, *, full_ids: bool = False) -> None:
     """Run ``body`` in the session the options ask for (see the module docstring), as
-    :func:`cairn.cli.session.run` runs a command: its exit code, its failure, its JSON."""
-    given = _with_before(ctx, given)
+    :func:`cairn.cli.session.run` runs a command: its exit code, its failure, its JSON.
+    ``full_ids`` is the ``--ids`` of a command that takes it without the other table
+    options."""
+    given = _with_before(ctx, Given(**{"full_ids": full_ids, **ctx.meta[SHARED]}))
     flags = Shown(given.json_mode, given.wide, given.full_ids)
     try:
         shown = apply_output(given.output, flags)

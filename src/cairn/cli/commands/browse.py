@@ -16,22 +16,9 @@ from cairn import ObjectStoreCheckpointer
 from cairn.cli import views
 from cairn.cli.catalog import latest_mark, parse_ref, read_manifests
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.formats import OutputOption
 from cairn.cli.history import Point, history_chart, history_doc
 from cairn.cli.maintain import parse_since, window
-from cairn.cli.options import (
-    DebugOption,
-    Given,
-    IdsOption,
-    JsonOption,
-    LimitOption,
-    PrefixOption,
-    RefArgument,
-    SinceOption,
-    StoreOption,
-    WideOption,
-    launch,
-)
+from cairn.cli.options import LimitOption, RefArgument, SinceOption, launch
 from cairn.cli.session import Session, checkpoint_prefixes, other_prefixes_hint
 from cairn.cli.verify import signature_of, signature_state
 
@@ -42,13 +29,6 @@ def list_command(
     ctx: typer.Context,
     limit: LimitOption = None,
     since: SinceOption = None,
-    wide: WideOption = False,
-    full_ids: IdsOption = False,
-    output: OutputOption = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """List committed checkpoints, oldest first: epoch, age, kind, artifacts and size.
 
@@ -58,8 +38,7 @@ def list_command(
     are none under the prefix, names the prefixes of the store that hold some.
     --since and --limit list only the newest (by the time an id carries).
     """
-    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
-    launch(ctx, given, lambda session: _list(session, limit, since))
+    launch(ctx, lambda session: _list(session, limit, since))
 
 
 async def _list(session: Session, limit: int | None, since: str | None) -> None:
@@ -92,13 +71,6 @@ def history_command(
     ctx: typer.Context,
     limit: LimitOption = None,
     since: SinceOption = None,
-    wide: WideOption = False,
-    full_ids: IdsOption = False,
-    output: OutputOption = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Draw the checkpoints over time: size uploaded and carried, duration, full or
     incremental, and the saves that did not commit and long gaps, at a glance.
@@ -106,8 +78,7 @@ def history_command(
     --since and --limit draw only the newest saves, committed or not. When there are
     none under the prefix, names the prefixes of the store that hold some.
     """
-    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
-    launch(ctx, given, lambda session: _history(session, limit, since))
+    launch(ctx, lambda session: _history(session, limit, since))
 
 
 async def _history(session: Session, limit: int | None, since: str | None) -> None:
@@ -166,13 +137,6 @@ def show_command(
             help="List every artifact and source, however many (with --json too).",
         ),
     ] = False,
-    wide: WideOption = False,
-    full_ids: IdsOption = False,
-    output: OutputOption = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Show one checkpoint: sources, offsets, the artifacts of its restore chains, and
     whether it is signed (with CAIRN_SIGNING_KEY, one not signed by it is refused).
@@ -181,8 +145,7 @@ def show_command(
     lists every artifact and source. --json follows the same rule: a summary has
     "listed": false and no "entries".
     """
-    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
-    launch(ctx, given, lambda session: _show(session, ref, partitions))
+    launch(ctx, lambda session: _show(session, ref, partitions))
 
 
 async def _show(session: Session, ref: str, partitions: bool) -> None:

@@ -18,20 +18,9 @@ from cairn import CheckpointId, RetentionPolicy
 from cairn.cli import views
 from cairn.cli.catalog import LATEST, parse_ref, resolve
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.formats import OutputOption
 from cairn.cli.limits import at_least
 from cairn.cli.maintain import delete, parse_duration
-from cairn.cli.options import (
-    DebugOption,
-    Given,
-    IdsOption,
-    JsonOption,
-    PrefixOption,
-    RefArgument,
-    StoreOption,
-    WideOption,
-    launch,
-)
+from cairn.cli.options import RefArgument, launch
 from cairn.cli.session import Session
 
 __all__ = ["delete_command", "gc_command"]
@@ -47,10 +36,6 @@ def delete_command(
         typer.Option("--force", help="Delete even if other checkpoints or saves build on it."),
     ] = False,
     dry_run: DryRunOption = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Delete one checkpoint: its manifest first (never half-listed), then its files.
 
@@ -58,8 +43,7 @@ def delete_command(
     break), unless --force. If _latest names it, _latest moves to the newest checkpoint
     that remains.
     """
-    given = Given(store, prefix, json_mode, debug)
-    launch(ctx, given, lambda session: _delete(session, ref, force, dry_run))
+    launch(ctx, lambda session: _delete(session, ref, force, dry_run))
 
 
 async def _delete(session: Session, ref: str, force: bool, dry_run: bool) -> None:
@@ -111,13 +95,6 @@ def gc_command(
         ),
     ] = None,
     dry_run: DryRunOption = False,
-    wide: WideOption = False,
-    full_ids: IdsOption = False,
-    output: OutputOption = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Delete the checkpoints a retention policy does not keep, and sweep orphaned uploads.
 
@@ -132,9 +109,8 @@ def gc_command(
     listed; a checkpoint whose manifest is damaged is left alone and reported (exit 1).
     A run with nothing to delete writes nothing, so it also works on a read-only store.
     """
-    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
     rules = _Rules(keep_last, keep_within, keep_every, pin or [])
-    launch(ctx, given, lambda session: _gc(session, rules, min_age, dry_run))
+    launch(ctx, lambda session: _gc(session, rules, min_age, dry_run))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import typer
 from cairn import CheckpointNotFoundError
 from cairn.cli import dcp
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.options import DebugOption, Given, JsonOption, PrefixOption, StoreOption, launch
+from cairn.cli.options import launch
 from cairn.cli.session import Session
 
 __all__ = ["export_dcp_command", "import_dcp_command"]
@@ -33,10 +33,6 @@ def export_dcp_command(
         Path,
         typer.Option("--to", metavar="DIR", help="Directory to write (missing, or empty)."),
     ],
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Write a DCP checkpoint as a directory DCP's FileSystemReader reads, verified.
 
@@ -48,8 +44,7 @@ def export_dcp_command(
     a save was given (dcp.save's checkpoint_id): the newest checkpoint with it. Needs
     the torch extra.
     """
-    given = Given(store, prefix, json_mode, debug)
-    launch(ctx, given, lambda session: _export(session, ref, to))
+    launch(ctx, lambda session: _export(session, ref, to))
 
 
 async def _export(session: Session, ref: str, to: Path) -> None:
@@ -97,10 +92,6 @@ def import_dcp_command(
             show_default=False,
         ),
     ] = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Commit a directory DCP's FileSystemWriter wrote as one checkpoint, checked.
 
@@ -112,8 +103,7 @@ def import_dcp_command(
     for size only. The new checkpoint loads through CairnReader by its id or its name.
     Needs the torch extra.
     """
-    given = Given(store, prefix, json_mode, debug)
-    launch(ctx, given, lambda session: _import(session, source, epoch, name))
+    launch(ctx, lambda session: _import(session, source, epoch, name))
 
 
 async def _import(session: Session, source: Path, epoch: int, name: str | None) -> None:

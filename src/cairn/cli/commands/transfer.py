@@ -19,19 +19,12 @@ from cairn.cli.catalog import check_refs, parse_ref, resolve_many
 from cairn.cli.copy import Copied, copy_checkpoints
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.files import check_target_dir
-from cairn.cli.formats import OutputOption
 from cairn.cli.options import (
     AllOption,
-    DebugOption,
-    Given,
     IdsOption,
-    JsonOption,
-    PrefixOption,
     RefArgument,
     RefsArgument,
     SkipNewerOption,
-    StoreOption,
-    WideOption,
     launch,
 )
 from cairn.cli.restore import restore
@@ -45,13 +38,6 @@ def verify_command(
     ctx: typer.Context,
     refs: RefsArgument = None,
     every: AllOption = False,
-    wide: WideOption = False,
-    full_ids: IdsOption = False,
-    output: OutputOption = None,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Load checkpoints and check the SHA-256 of every artifact of every restore chain.
 
@@ -61,8 +47,7 @@ def verify_command(
     Says whether each is signed; with CAIRN_SIGNING_KEY (hex keys, comma-separated),
     one not signed by one of the keys fails.
     """
-    given = Given(store, prefix, json_mode, debug, output, wide, full_ids)
-    launch(ctx, given, lambda session: _verify(session, refs or [], every))
+    launch(ctx, lambda session: _verify(session, refs or [], every))
 
 
 async def _verify(session: Session, refs: list[str], every: bool) -> ExitCode:
@@ -115,10 +100,6 @@ def restore_command(
         ),
     ] = False,
     skip_newer_format: SkipNewerOption = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Write a checkpoint's verified artifacts and manifest as files under DIR.
 
@@ -132,8 +113,7 @@ def restore_command(
     this cairn does not know), 'latest' fails with exit 5 rather than restore older
     state; --skip-newer-format restores the newest this cairn reads.
     """
-    given = Given(store, prefix, json_mode, debug)
-    launch(ctx, given, lambda session: _restore(session, ref, to, overwrite, skip_newer_format))
+    launch(ctx, lambda session: _restore(session, ref, to, overwrite, skip_newer_format))
 
 
 async def _restore(
@@ -173,10 +153,6 @@ def copy_command(
     ] = None,
     every: AllOption = False,
     full_ids: IdsOption = False,
-    store: StoreOption = None,
-    prefix: PrefixOption = None,
-    json_mode: JsonOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Copy checkpoints to another store or prefix; each copy is loaded and verified there.
 
@@ -184,8 +160,7 @@ def copy_command(
     (also the artifacts of an earlier checkpoint that gc deleted but a kept one still
     uses), under the same ids; chains are kept, not flattened.
     """
-    given = Given(store, prefix, json_mode, debug, full_ids=full_ids)
-    launch(ctx, given, lambda session: _copy(session, to, refs or [], to_prefix, every))
+    launch(ctx, lambda session: _copy(session, to, refs or [], to_prefix, every), full_ids=full_ids)
 
 
 async def _copy(
