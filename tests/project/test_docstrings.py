@@ -199,14 +199,6 @@ NOT_YET_DOCUMENTED = frozenset(
         "cairn.stores._types",
         "cairn.stores.localfiles",
         "cairn.testing.store",
-        "cairn.torch._dcpdir",
-        "cairn.torch._dcpexport",
-        "cairn.torch._dcpimport",
-        "cairn.torch._format",
-        "cairn.torch._latest",
-        "cairn.torch._reader",
-        "cairn.torch._target",
-        "cairn.torch._writer",
     }
 )
 """Modules whose public functions do not document all their sections yet: the check

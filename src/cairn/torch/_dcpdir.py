@@ -80,15 +80,29 @@ def export_dcp(
     """Write a DCP checkpoint of ``source`` as a DCP directory ``dest`` (see the module
     docstring): ``FileSystemReader`` and ``dcp_to_torch_save`` read it bit-exactly.
 
-    ``checkpoint_id`` is read as ``dcp.load`` reads it through a
-    :class:`~cairn.torch.CairnReader` (an id, or a name: the newest committed checkpoint
-    with it); None exports the latest DCP checkpoint. ``source`` is a store (with
-    ``prefix``, default: the store's root, or ``checkpoints/`` where only that holds
-    checkpoints, and ``signing_key``) or a checkpointer. Every
-    byte is verified on the way out; ``dest`` must be missing or an empty directory and
-    appears whole or not at all. Raises :class:`~cairn.CheckpointNotFoundError`,
-    :class:`~cairn.IntegrityError` (a damaged item: nothing is written),
-    :class:`~cairn.InvalidInputError` (an unusable ``dest``).
+    Every byte is verified on the way out; ``dest`` appears whole or not at all.
+
+    Args:
+        source: A store (as :class:`~cairn.torch.CairnReader` takes it) or a
+            checkpointer over one.
+        checkpoint_id: Read as ``dcp.load`` reads it through a
+            :class:`~cairn.torch.CairnReader`: an id, or a name (the newest committed
+            checkpoint with it); None exports the latest DCP checkpoint.
+        dest: The directory to write, missing or empty.
+        prefix: With a store: the checkpoints' prefix; None (the default) is the
+            store's root, or ``checkpoints/`` where only that holds checkpoints.
+        signing_key: With a store: the key, or keys, as
+            :class:`~cairn.ObjectStoreCheckpointer` takes it.
+        max_concurrent_downloads: With a store: how many artifacts are read at once.
+
+    Returns:
+        The checkpoint exported, and the files written.
+
+    Raises:
+        CheckpointNotFoundError: No such checkpoint, or no DCP checkpoint at all.
+        IntegrityError: An item is damaged; nothing is written.
+        InvalidInputError: ``dest`` is unusable, or ``prefix`` or ``signing_key`` was
+            given with a checkpointer.
     """
     ckpt, store = _checkpointer(source, prefix, signing_key, max_concurrent_downloads)
     target = (
@@ -115,14 +129,29 @@ def import_dcp(
     """Commit the DCP directory ``source`` (written by ``FileSystemWriter``) as one cairn
     checkpoint of ``dest``, which :class:`~cairn.torch.CairnReader` loads bit-exactly.
 
-    The checkpoint gets a new id, ``epoch``, and ``name`` (default: the directory's
-    name, such as ``step-100``, so that ``CairnReader(checkpoint_id="step-100")`` loads
-    it). ``dest`` is a store (with ``prefix``, default: the store's root, or
-    ``checkpoints/`` where only that holds checkpoints, and
-    ``signing_key``) or a checkpointer. What is checked on the way in, and what cannot
-    be, is in the module docstring; a directory that fails a check commits nothing and
-    raises :class:`~cairn.IntegrityError` (a missing, short or damaged file) or
-    :class:`~cairn.InvalidInputError` (what import does not read).
+    The checkpoint gets a new id. What is checked on the way in, and what cannot be, is
+    in the module docstring; a directory that fails a check commits nothing.
+
+    Args:
+        dest: A store (as :class:`~cairn.torch.CairnReader` takes it) or a checkpointer
+            over one.
+        source: The DCP directory to import.
+        epoch: The epoch the checkpoint records, >= 0.
+        name: The checkpoint's name; None (the default) is the directory's name, such
+            as ``step-100``, so that ``CairnReader(checkpoint_id="step-100")`` loads it.
+        prefix: With a store: the checkpoints' prefix; None (the default) is the
+            store's root, or ``checkpoints/`` where only that holds checkpoints.
+        signing_key: With a store: the key, or keys, as
+            :class:`~cairn.ObjectStoreCheckpointer` takes it.
+        max_concurrent_uploads: With a store: how many artifacts are uploaded at once.
+
+    Returns:
+        The checkpoint committed, and what was read.
+
+    Raises:
+        IntegrityError: A file is missing, short or damaged; nothing is committed.
+        InvalidInputError: What import does not read, an unusable ``epoch`` or
+            ``name``, or ``prefix`` or ``signing_key`` given with a checkpointer.
     """
     ckpt, _ = _checkpointer(dest, prefix, signing_key, max_concurrent_uploads)
     where = Path(os.path.abspath(source))

@@ -61,8 +61,16 @@ _RANK_OPERATOR = re.compile(r"rank-(0|[1-9][0-9]*)")
 
 @dataclasses.dataclass(frozen=True)
 class ExportedDcp:
-    """What :func:`export_dcp` wrote: the checkpoint, the directory, and each file with
-    its size (``.metadata`` last)."""
+    """What :func:`export_dcp` wrote: the checkpoint, the directory, and its files.
+
+    Attributes:
+        checkpoint_id: The checkpoint exported.
+        name: Its name, or None.
+        epoch: Its epoch.
+        target: The directory written.
+        items: The number of DCP items written.
+        files: Each file written with its size in bytes (``.metadata`` last).
+    """
 
     checkpoint_id: CheckpointId
     name: str | None
@@ -156,9 +164,25 @@ async def export_dcp_async(
     store: object = None,
     progress: Progress = no_progress,
 ) -> ExportedDcp:
-    """:func:`~cairn.torch.export_dcp` on ``ckpt`` (async); ``target`` as
-    :func:`~cairn.torch._opendcp.open_dcp` takes it. ``progress`` is told the bytes of
-    each file once it is written."""
+    """:func:`~cairn.torch.export_dcp` on ``ckpt`` (async).
+
+    Args:
+        ckpt: The checkpointer to read from.
+        target: The checkpoint, as :func:`~cairn.torch._opendcp.open_dcp` takes it
+            (None: the latest DCP checkpoint).
+        dest: The directory to write, absolute, missing or empty.
+        skip: Checkpoints the latest is not chosen among.
+        store: What error messages name as the store searched.
+        progress: Told the bytes of each file once it is written.
+
+    Returns:
+        The checkpoint exported, and the files written.
+
+    Raises:
+        CheckpointNotFoundError: No such checkpoint, or no DCP checkpoint at all.
+        IntegrityError: An item is damaged; nothing is written.
+        InvalidInputError: ``dest`` is relative or unusable.
+    """
     final = absolute(dest)
     tree = await asyncio.to_thread(StagedTree, final, "export a DCP checkpoint")
     try:

@@ -60,11 +60,20 @@ _RANK_FILE = re.compile(r"__(0|[1-9][0-9]*)_(0|[1-9][0-9]*)\.distcp")
 class ImportedDcp:
     """What :func:`import_dcp` committed: the checkpoint, and what it read.
 
-    ``tensor_items`` and ``byte_items`` count the items of each kind; all were checked
-    for structure and size, and all but ``unchecked_items`` (byte items stored raw,
-    which carry no checksum) against the CRC-32s ``torch.save`` recorded.
-    ``size_bytes`` is what was read from the directory, ``uploaded_bytes`` what the
-    checkpoint holds (tensors as raw bytes).
+    Every item was checked for structure and size, and all but the unchecked ones
+    against the CRC-32s ``torch.save`` recorded.
+
+    Attributes:
+        checkpoint_id: The checkpoint committed.
+        name: Its name.
+        epoch: Its epoch.
+        source: The directory read.
+        files: The number of ``.distcp`` files read.
+        tensor_items: The number of tensor items.
+        byte_items: The number of byte items.
+        unchecked_items: Byte items stored raw, which carry no checksum to check.
+        size_bytes: The bytes read from the directory.
+        uploaded_bytes: The bytes the checkpoint holds (tensors as raw bytes).
     """
 
     checkpoint_id: CheckpointId
@@ -96,7 +105,23 @@ async def import_dcp_async(
     name: str | None = None,
     progress: Progress = no_progress,
 ) -> ImportedDcp:
-    """:func:`import_dcp` on ``ckpt`` (async)."""
+    """:func:`import_dcp` on ``ckpt`` (async).
+
+    Args:
+        ckpt: The checkpointer to commit through.
+        source: The DCP directory to import, absolute.
+        epoch: The epoch the checkpoint records, >= 0.
+        name: The checkpoint's name; None (the default) is the directory's name.
+        progress: Told the bytes of each item once it is read.
+
+    Returns:
+        The checkpoint committed, and what was read.
+
+    Raises:
+        IntegrityError: A file is missing, short or damaged; nothing is committed.
+        InvalidInputError: What import does not read, a relative ``source``, or an
+            unusable ``epoch`` or ``name``.
+    """
     if type(epoch) is not int or epoch < 0:
         raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
     root = absolute(source)

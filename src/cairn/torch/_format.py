@@ -53,7 +53,14 @@ METADATA_OPERATOR = "dcp-metadata"
 
 
 def rank_operator(rank: int) -> str:
-    """The operator under which rank ``rank`` stores its items."""
+    """The operator under which a rank stores its items.
+
+    Args:
+        rank: The rank's index in its process group.
+
+    Returns:
+        The operator name, ``"rank-<rank>"``.
+    """
     return f"rank-{rank}"
 
 

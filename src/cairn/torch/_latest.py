@@ -50,18 +50,35 @@ def load_latest(
     rank, which DCP reports to every rank alike), the checkpoint is passed over and the
     next older one is loaded, with a warning. Any other failure is raised as DCP raised
     it. Items of the failed attempt that had verified may already be in ``state_dict``;
-    the next attempt loads every item again. Returns the id of the checkpoint loaded.
-
-    ``planner`` defaults to a :class:`~cairn.torch.SafeLoadPlanner`, which never
-    unpickles anything but tensors and plain values. With ``signing_key`` (see
-    :mod:`cairn.format.signing`), checkpoints not signed by one of the keys are passed over.
-
-    When no checkpoint is left, :class:`~cairn.CheckpointNotFoundError` is raised.
+    the next attempt loads every item again.
 
     A checkpoint a newer cairn wrote (its manifest requires format features this cairn
     does not know) is not damage: rather than load older state past it, this raises
-    :class:`~cairn.NewerFormatError`, unless ``skip_newer_format``, which passes over it
-    with a warning, as :meth:`~cairn.ObjectStoreCheckpointer.load_latest` does.
+    :class:`~cairn.NewerFormatError`, as :meth:`~cairn.ObjectStoreCheckpointer.load_latest`
+    does.
+
+    Args:
+        state_dict: The state to load into, as ``dcp.load`` takes it.
+        store: The store, as :class:`~cairn.torch.CairnReader` takes it.
+        prefix: The checkpoints' prefix; None (the default) is the store's root, or
+            ``checkpoints/`` where only that holds checkpoints.
+        max_concurrent_downloads: Reads in flight per rank at most.
+        process_group: The process group, as ``dcp.load`` takes it.
+        planner: The load planner; None (the default) is a
+            :class:`~cairn.torch.SafeLoadPlanner`, which never unpickles anything but
+            tensors and plain values.
+        signing_key: The key, or keys (see :mod:`cairn.format.signing`): checkpoints
+            not signed by one of them are passed over.
+        skip_newer_format: Pass over, with a warning, a checkpoint a newer cairn wrote
+            instead of raising.
+
+    Returns:
+        The id of the checkpoint loaded.
+
+    Raises:
+        CheckpointNotFoundError: No checkpoint is left to load.
+        NewerFormatError: The newest checkpoint left was written by a newer cairn, and
+            not ``skip_newer_format``.
     """
     damaged: list[CheckpointId] = []
     while True:

@@ -59,27 +59,42 @@ log = logging.getLogger("cairn")
 class CairnReader(StorageReader):
     """A DCP ``StorageReader`` that loads a checkpoint :class:`CairnWriter` saved, verified.
 
-    ``checkpoint_id`` picks the checkpoint (or ``dcp.load(..., checkpoint_id=...)``): a
-    checkpoint id, or a name (``step-100``, or a path or URL inside the store; see
-    :meth:`reset`), which loads the newest committed checkpoint with that name. Without
-    one, the reader takes the checkpoint ``load_latest`` would choose among those DCP
-    saved. Choosing by name or as the latest skips (with a warning) any checkpoint whose
-    manifest or DCP metadata is damaged or gone. Every item is checked against its
-    SHA-256 before DCP sees a byte of it; a mismatch raises
+    Without a checkpoint id, the reader takes the checkpoint ``load_latest`` would
+    choose among those DCP saved. Choosing by name or as the latest skips (with a
+    warning) any checkpoint whose manifest or DCP metadata is damaged or gone. Every
+    item is checked against its SHA-256 before DCP sees a byte of it; a mismatch raises
     :class:`~cairn.IntegrityMismatchError` naming the artifact, its operator and
-    partition (``rank-{r}``, ``n``) and the item (its FQN). At most
-    ``max_concurrent_downloads`` reads are in flight per rank. ``skip`` names checkpoints
-    the choice of the latest passes over (see :func:`cairn.torch.load_latest`). With
-    ``signing_key`` (see :mod:`cairn.format.signing`), a checkpoint whose manifest is not signed
-    by one of the keys is refused (:class:`~cairn.SignatureError`), and passed over when
-    choosing the latest. A checkpoint a newer cairn wrote (format features this cairn
-    does not know) is never passed over in silence: choosing the latest (or by name)
-    raises :class:`~cairn.NewerFormatError` there, unless ``skip_newer_format``.
+    partition (``rank-{r}``, ``n``) and the item (its FQN). A checkpoint a newer cairn
+    wrote (format features this cairn does not know) is never passed over in silence:
+    choosing the latest (or by name) raises :class:`~cairn.NewerFormatError` there.
 
     Byte items (DCP's pickled non-tensor values) reach the planner only if they unpickle
     with ``weights_only=True``: use :class:`~cairn.torch.SafeLoadPlanner`, which then
     unpickles them that way once; any other planner gets them after cairn has checked
     them so (see :mod:`cairn.torch._planner`).
+
+    Args:
+        store: Anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
+            path, an obstore store).
+        checkpoint_id: The checkpoint (or ``dcp.load(..., checkpoint_id=...)``): a
+            checkpoint id, or a name (``step-100``, or a path or URL inside the store;
+            see :meth:`reset`), which loads the newest committed checkpoint with that
+            name; None (the default) is the latest.
+        prefix: The checkpoints' prefix; None (the default) is the store's root, or
+            ``checkpoints/`` where only that holds checkpoints.
+        max_concurrent_downloads: Reads in flight per rank at most.
+        skip: Checkpoints the choice of the latest passes over (see
+            :func:`cairn.torch.load_latest`).
+        signing_key: The key, or keys (see :mod:`cairn.format.signing`): a checkpoint
+            whose manifest is not signed by one of them is refused
+            (:class:`~cairn.SignatureError`), and passed over when choosing the latest.
+        skip_newer_format: Pass over, with a warning, a checkpoint a newer cairn wrote
+            when choosing the latest or by name, instead of raising.
+
+    Raises:
+        InvalidInputError: An argument is out of range, or ``checkpoint_id`` names
+            nothing.
+        CheckpointLocationError: ``checkpoint_id`` is a location outside the store.
     """
 
     def __init__(

@@ -206,9 +206,22 @@ def well_formed(value: object) -> bool:
 
 
 def interpret(value: object, store: Any, paths: CheckpointPaths, what: str) -> Target:
-    """What ``value`` (a DCP checkpoint_id) names in ``store`` under ``paths`` (see the
-    module docstring); :class:`InvalidInputError` naming ``what`` when it names nothing
-    there, :class:`CheckpointLocationError` when it is a location outside ``store``."""
+    """What a DCP checkpoint_id names in a store (see the module docstring).
+
+    Args:
+        value: The checkpoint_id, as DCP hands it to ``reset``.
+        store: The store the writer or reader was given.
+        paths: The checkpoint layout in it (a ``{prefix}{id}`` text names that id).
+        what: What error messages call ``value`` (``"checkpoint_id"``).
+
+    Returns:
+        A checkpoint id, or a checkpoint name.
+
+    Raises:
+        CheckpointLocationError: ``value`` is a location outside ``store``, its root,
+            or one ``store`` cannot be compared with.
+        InvalidInputError: ``value`` names nothing there; the message names ``what``.
+    """
     text = _text(value, what)
     if isinstance(text, CheckpointId):
         return text

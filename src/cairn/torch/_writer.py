@@ -63,31 +63,45 @@ class _PlanData:
 class CairnWriter(StorageWriter):
     """A DCP ``StorageWriter`` that saves each ``dcp.save`` as one cairn checkpoint.
 
-    ``store`` is anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
-    path, an obstore store); ``prefix`` is the checkpoint base inside it (default: the
-    store's root, or ``checkpoints/`` of a store that holds checkpoints only there, as
-    :meth:`~cairn.ObjectStoreCheckpointer.resolve_paths` chooses). ``epoch`` is
-    recorded in the manifest (the training step, say). Each rank uploads at most
-    ``max_concurrent_uploads`` artifacts at a time; ``compression="zstd"`` stores them
-    compressed. ``writer_generation`` is the generation this job holds after
-    :meth:`~cairn.ObjectStoreCheckpointer.take_over` (0 if it never took over): once a
-    newer generation has taken over the store, a save is refused with
-    :class:`~cairn.FencedError`. ``lease`` is how long an interrupted save's uploads are
-    protected from GC (see :mod:`cairn.protocol._lease`). With ``signing_key`` the manifest is
-    signed (see :mod:`cairn.format.signing`), so a :class:`CairnReader` given the key loads it
-    and refuses what someone without the key wrote.
+    Once a newer writer generation has taken over the store, a save is refused with
+    :class:`~cairn.FencedError`. With a signing key, a :class:`CairnReader` given the
+    key loads the checkpoint and refuses what someone without the key wrote.
 
-    With ``incremental=True`` a save builds on a parent DCP checkpoint: ``parent`` (a
-    checkpoint id or name, read as :meth:`reset` reads ``checkpoint_id``), by default the
-    one :class:`CairnReader` would load as the latest. Every item whose bytes (SHA-256),
-    dtype and shape equal the parent's item of the same key (fully qualified name and
-    chunk offsets) is carried by reference instead of uploaded, and the manifest names
-    the parent (see :mod:`cairn.torch._carry`). With no parent to build on, the save is
-    a full one; an explicit ``parent`` that is not there raises
+    An incremental save builds on a parent DCP checkpoint: every item whose bytes
+    (SHA-256), dtype and shape equal the parent's item of the same key (fully qualified
+    name and chunk offsets) is carried by reference instead of uploaded, and the
+    manifest names the parent (see :mod:`cairn.torch._carry`). With no parent to build
+    on, the save is a full one; an explicit ``parent`` that is not there raises
     :class:`~cairn.CheckpointNotFoundError`.
 
     Pickles (for ``dcp.async_save`` in process mode) unless its store is in memory.
     See :mod:`cairn.torch` for what is stored and what is guaranteed.
+
+    Args:
+        store: Anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
+            path, an obstore store).
+        epoch: Recorded in the manifest (the training step, say), >= 0.
+        prefix: The checkpoint base inside the store; None (the default) is the
+            store's root, or ``checkpoints/`` of a store that holds checkpoints only
+            there, as :meth:`~cairn.ObjectStoreCheckpointer.resolve_paths` chooses.
+        max_concurrent_uploads: Artifacts each rank uploads at once at most.
+        compression: ``"zstd"`` stores artifacts compressed; None stores them raw.
+        writer_generation: The generation this job holds after
+            :meth:`~cairn.ObjectStoreCheckpointer.take_over` (0 if it never took over).
+        lease: How long an interrupted save's uploads are protected from GC (see
+            :mod:`cairn.protocol._lease`).
+        signing_key: The key, or keys, that sign the manifest (see
+            :mod:`cairn.format.signing`).
+        incremental: Build each save on a parent DCP checkpoint.
+        parent: With ``incremental``: the parent, a checkpoint id or name (read as
+            :meth:`reset` reads ``checkpoint_id``); None (the default) is the one
+            :class:`CairnReader` would load as the latest.
+
+    Raises:
+        InvalidInputError: An argument is out of range, ``parent`` without
+            ``incremental``, or a ``parent`` that names nothing.
+        CheckpointLocationError: ``parent`` is a location outside the store.
+        CodecError: ``compression`` names no known or installed codec.
     """
 
     def __init__(
