@@ -108,7 +108,17 @@ class StoreContract:
     # -- access that bypasses the store under test --------------------------------------
 
     async def write_raw(self, store: Store, path: str, data: bytes) -> None:
-        """Store ``data`` at ``path`` without calling the methods under test."""
+        """Store bytes without calling the methods under test.
+
+        Args:
+            store: The store under test.
+            path: The object's store path.
+            data: The bytes to store there.
+
+        Raises:
+            NotImplementedError: The store neither is a local directory nor wraps an
+                obstore store: override this method.
+        """
         root = capabilities_of(store).local_path
         if root is None:
             await obstore.put_async(self._obstore_of(store), path, data)
@@ -118,7 +128,19 @@ class StoreContract:
         file.write_bytes(data)
 
     async def read_raw(self, store: Store, path: str) -> bytes | None:
-        """The bytes stored at ``path`` (None if none), without the methods under test."""
+        """The bytes stored at a path, read without the methods under test.
+
+        Args:
+            store: The store under test.
+            path: The object's store path.
+
+        Returns:
+            The bytes, or None if nothing is stored there.
+
+        Raises:
+            NotImplementedError: The store neither is a local directory nor wraps an
+                obstore store: override this method.
+        """
         root = capabilities_of(store).local_path
         try:
             if root is not None:
@@ -140,7 +162,15 @@ class StoreContract:
         )
 
     async def listed(self, store: Store, prefix: str = "") -> list[str]:
-        """The sorted paths ``store.list(prefix)`` reports."""
+        """The paths a listing reports.
+
+        Args:
+            store: The store under test.
+            prefix: The prefix listed (``store.list(prefix)``); empty for all.
+
+        Returns:
+            The paths, sorted.
+        """
         return sorted(info.path for info in await store.list(prefix))
 
     # -- reads ------------------------------------------------------------------------
