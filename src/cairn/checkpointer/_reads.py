@@ -1,0 +1,261 @@
+"""Reading a store through a checkpointer: what is committed, what is latest, and every
+byte of a checkpoint, verified.
+
+:class:`CheckpointReads` holds the reading half of
+:class:`~cairn.ObjectStoreCheckpointer` (which inherits it; the API reference shows its
+methods there). Each method is a façade over the module that does the job:
+:mod:`cairn.protocol._catalog` (what is committed, what "latest" means),
+:mod:`cairn.protocol._download` and :mod:`cairn.protocol._read` (loads, verified),
+:mod:`cairn.protocol._directories` (directory partitions), :mod:`cairn.protocol.discover`
+(finding checkpoints for tools).
+
+Invariant: no method here writes to the store, and every byte it returns or writes out
+was checked against the SHA-256 its manifest records (``verify=False`` excepted).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, BinaryIO
+
+from cairn.data import ChainLink, LoadedCheckpoint
+from cairn.errors import CheckpointNotFoundError
+from cairn.format._buffer import Buffer
+from cairn.format.ids import CheckpointId
+from cairn.format.layout import CheckpointPaths
+from cairn.format.manifest import CheckpointManifest, FileEntry
+from cairn.observe import Observer, Operation, _dispatch
+from cairn.protocol import _catalog, _directories, _download, _read
+from cairn.protocol._context import Context, check_id
+from cairn.protocol._download import RESTORE_CHUNK
+from cairn.protocol.discover import (
+    ManifestOrDamage,
+    checkpoint_dirs,
+    load_manifests,
+    resolve_checkpoint_id,
+)
+from cairn.stores import Store
+
+__all__ = ["CheckpointReads"]
+
+
+@contextlib.asynccontextmanager
+async def _observed_with(
+    observers: Sequence[Observer], name: str, attributes: dict[str, Any]
+) -> AsyncIterator[Operation]:
+    with _dispatch.watching(observers):
+        async with _dispatch.observed(None, name, **attributes) as op:
+            yield op
+
+
+class CheckpointReads(abc.ABC):
+    """The reading methods of :class:`~cairn.ObjectStoreCheckpointer`, over the store,
+    layout and observers the checkpointer holds."""
+
+    store: Store
+    observers: tuple[Observer, ...]
+
+    @abc.abstractmethod
+    async def resolve_paths(self) -> CheckpointPaths:
+        """The layout of the store (:meth:`cairn.ObjectStoreCheckpointer.resolve_paths`)."""
+
+    @abc.abstractmethod
+    async def _context(self) -> Context:
+        """What the checkpointer's parts share, once the layout is resolved."""
+
+    async def read_latest(self) -> CheckpointId | None:
+        """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
+        return await _catalog.read_latest(await self._context())
+
+    async def exists(self, checkpoint_id: CheckpointId | str) -> bool:
+        """True when ``checkpoint_id`` is committed (one HEAD of its manifest; a short
+        id: one listing too, and False when none matches)."""
+        try:
+            cid = await self._id(checkpoint_id)
+        except CheckpointNotFoundError:
+            return False
+        return await _catalog.committed(await self._context(), cid)
+
+    async def _id(self, checkpoint_id: CheckpointId | str) -> CheckpointId:
+        """The id ``checkpoint_id`` names: itself, its text parsed, or the one committed
+        checkpoint a short id names (:func:`cairn.protocol.discover.resolve_checkpoint_id`)."""
+        context = await self._context()
+        return await resolve_checkpoint_id(
+            checkpoint_id,
+            self.list_checkpoint_dirs,
+            lambda cid: _catalog.committed(context, cid),
+            where=repr(context.paths.base_prefix),
+        )
+
+    async def list_checkpoints(self) -> list[CheckpointId]:
+        """Committed checkpoints, oldest first.
+
+        One delimiter listing of the base, then one HEAD per listed directory for its
+        manifest: the cost grows with the number of checkpoints, not of their artifacts.
+        """
+        return await _catalog.list_checkpoints(await self._context())
+
+    async def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
+        """Load and check the manifest of ``checkpoint_id``.
+
+        Raises :class:`CheckpointNotFoundError` if it is not committed,
+        :class:`CorruptManifestError` if the bytes there are not its valid manifest, and
+        :class:`NewerFormatError` if a newer cairn wrote it (see :meth:`load_latest`).
+        """
+        return await _catalog.load_manifest(await self._context(), await self._id(checkpoint_id))
+
+    async def latest_id(self, *, skip_newer_format: bool = False) -> CheckpointId | None:
+        """What "latest" means: the checkpoint :meth:`load_latest` tries first, by manifest.
+
+        The same order as :meth:`load_latest`, skipping checkpoints whose manifest does
+        not read, without reading artifacts: a checkpoint whose artifacts are damaged is
+        still the latest here (so ``cairn verify latest`` reports it), while
+        :meth:`load_latest` moves on to an older one. None when nothing is committed. A
+        checkpoint a newer cairn wrote raises :class:`NewerFormatError` as in
+        :meth:`load_latest` (and is passed over with ``skip_newer_format``).
+        """
+        context = await self._context()
+        return await _catalog.latest_id(context, skip_newer_format=skip_newer_format)
+
+    async def load(
+        self,
+        checkpoint_id: CheckpointId | str,
+        *,
+        verify: bool = True,
+        progress: Callable[[int], None] | None = None,
+    ) -> LoadedCheckpoint:
+        """Load a committed checkpoint: manifest, every artifact (verified), source offsets.
+
+        Raises :class:`IntegrityMismatchError` naming the artifact whose digest differs,
+        and :class:`BrokenChainError` naming the link when an artifact or parent that a
+        partition's chain needs is gone. ``progress``, if given, is called on the event
+        loop with the size in bytes (decoded) of each artifact once it is read and
+        verified: a progress bar's ``advance``.
+        """
+        with _dispatch.watching(self.observers):
+            cid = await self._id(checkpoint_id)
+            async with _dispatch.observed(None, "load", checkpoint_id=cid) as op:
+                loaded = await _download.load(await self._context(), cid, verify, progress)
+                op.manifest = loaded.manifest
+                return loaded
+
+    async def load_latest(self, *, skip_newer_format: bool = False) -> LoadedCheckpoint | None:
+        """The newest committed checkpoint that loads and verifies, or None if there is none.
+
+        Tries the committed checkpoints in the order "latest" means (see
+        :mod:`cairn.protocol._catalog`): what ``_latest`` names, unless a checkpoint committed
+        after it outranks it (its writer stopped between its commit and its pointer
+        swap); then every committed checkpoint ranked by writer generation, epoch and id.
+        A checkpoint committed by a fenced writer after the takeover never counts (see
+        :mod:`cairn.protocol._pointer`). Each one that does not load (a deleted or damaged manifest
+        or artifact) is logged and skipped.
+
+        One that a newer cairn wrote (its manifest requires format features this cairn
+        does not know) is not damage: rather than restore older state past it, this
+        raises :class:`NewerFormatError`. With ``skip_newer_format=True`` it is passed
+        over like damage, with a warning naming it. One older than the checkpoint that
+        loads is never reached, so it does not matter.
+        """
+        async with self.observed("load_latest") as op:
+            context = await self._context()
+            loaded = await _catalog.first_that_loads(
+                context,
+                lambda cid: _download.load(context, cid, True),
+                skip_newer_format=skip_newer_format,
+            )
+            op.manifest = loaded.manifest if loaded is not None else None
+            return loaded
+
+    async def load_chain(
+        self, checkpoint_id: CheckpointId | str, operator: str, partition: int
+    ) -> list[ChainLink]:
+        """What rebuilds one partition: its base snapshot, then every delta in order.
+
+        Each link is verified. Raises :class:`BrokenChainError` naming the missing link
+        (parent, base or artifact), :class:`IntegrityMismatchError` naming the artifact
+        whose digest differs, and :class:`CheckpointNotFoundError` if the checkpoint has
+        no state for that partition.
+        """
+        cid = await self._id(checkpoint_id)
+        return await _download.load_chain(await self._context(), cid, operator, partition)
+
+    async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
+        """The bytes at store ``path``, verified against ``expected_sha256`` when given."""
+        return await _read.load_artifact((await self._context()).store, path, expected_sha256)
+
+    async def load_artifact_to(
+        self,
+        path: str,
+        dest: os.PathLike[str] | BinaryIO,
+        *,
+        expected_sha256: str | None = None,
+        chunk_size: int = RESTORE_CHUNK,
+        codec: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> str:
+        """Stream the object at ``path`` into ``dest`` in bounded memory; returns its SHA-256.
+
+        Reads in ranges of ``chunk_size`` (the next ranges are fetched while the current
+        one is hashed and written, on two threads). For a path ``dest``, the bytes go to a
+        temporary file beside it that is fsynced and renamed into place only once the
+        digest matches ``expected_sha256``: on a mismatch nothing appears under the final
+        name and :class:`IntegrityMismatchError` is raised. A file object receives the
+        bytes as they arrive; then a mismatch is raised after the last write, and the
+        caller must discard what it received. ``codec`` (an entry's ``codec``) decodes
+        the stored bytes on the way; the digest is that of the decoded bytes.
+        ``progress``, if given, is called on the event loop with the stored bytes of each
+        range as it is read.
+        """
+        return await _download.load_artifact_to(
+            await self._context(), path, dest, expected_sha256, chunk_size, codec, progress
+        )
+
+    def observed(self, name: str, **attributes: Any) -> AbstractAsyncContextManager[Operation]:
+        """Run a block as an operation ``name`` for this checkpointer's observers.
+
+        For tools that compose the public API into an operation of their own (``cairn
+        copy`` is ``"copy"``): its store calls and nested operations are reported under
+        it. ``attributes`` (``checkpoint_id``, ``epoch``, ``bytes``) describe it.
+        """
+        return _observed_with(self.observers, name, attributes)
+
+    async def list_checkpoint_dirs(self) -> list[CheckpointId]:
+        """Every checkpoint directory under the base, oldest first, committed or not (a
+        save in progress or one that stopped before its commit has one too); see
+        :func:`cairn.protocol.discover.checkpoint_dirs`. :meth:`list_checkpoints` lists the
+        committed ones."""
+        return await checkpoint_dirs(self.store, await self.resolve_paths())
+
+    async def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
+        """:meth:`load_manifest` of each of ``ids``, read concurrently, in the order given;
+        a manifest that is damaged or gone is its error in its place (see
+        :func:`cairn.protocol.discover.load_manifests`). A store failure raises."""
+        return await load_manifests(self.load_manifest, [await self._id(cid) for cid in ids])
+
+    async def restore_directory(
+        self,
+        checkpoint_id: CheckpointId,
+        operator: str,
+        partition: int,
+        dest: os.PathLike[str] | str,
+    ) -> list[FileEntry]:
+        """Write the directory partition ``(operator, partition)`` into ``dest``; its files.
+
+        Every file (uploaded or carried) is verified against its size and SHA-256 while
+        it is written into a staging directory beside ``dest``; each is fsynced, and the
+        staging directory is renamed onto ``dest`` only once all of them verified.
+        ``dest`` must not exist or be an empty directory (else
+        :class:`InvalidInputError`); on any failure it is left as it was. Raises
+        :class:`IntegrityMismatchError` naming the file whose bytes differ,
+        :class:`BrokenChainError` naming one that is gone, and
+        :class:`CheckpointNotFoundError` if the checkpoint has no such directory partition.
+        """
+        check_id(checkpoint_id)
+        async with self.observed("restore_directory", checkpoint_id=checkpoint_id):
+            return await _directories.restore_directory(
+                await self._context(), checkpoint_id, operator, partition, dest
+            )
