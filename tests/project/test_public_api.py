@@ -159,6 +159,231 @@ def test_every_error_pickles_as_itself() -> None:
         assert vars(copy) == vars(error)
 
 
+ERROR_SAMPLES: list[Exception] = [
+    errors.AmbiguousCheckpointIdError("0190", ["0190-a", "0190-b"]),
+    errors.ArtifactExistsError("id", "id/operators/op/partition-0.snap"),
+    errors.BrokenChainError("parent id", "its manifest is missing"),
+    errors.CheckpointAbortedError("id", "id/manifest.json", "the save before it failed"),
+    errors.CheckpointExistsError("id", "id/manifest.json"),
+    errors.CheckpointInUseError("id", ["child-1", "child-2"], override="pass --force"),
+    errors.CheckpointLocationError("s3://other/x", "memory://", "names another store"),
+    errors.CheckpointNotFoundError("id", "checkpoint", "no manifest under the base"),
+    errors.CheckpointerError("the root"),
+    errors.CodecError("id/a.zst", "zstd", "the zstandard package is not installed"),
+    errors.CorruptManifestError("id/manifest.json", "not JSON"),
+    errors.FencedError(3, 4),
+    errors.IncompleteCheckpointError("partition 2 is missing"),
+    errors.IntegrityError("stored bytes differ"),
+    errors.IntegrityMismatchError("id/a", "10", "9", what="size"),
+    errors.InvalidCheckpointDataError("duplicate operator 'op'"),
+    errors.InvalidInputError("bad value"),
+    errors.InvalidNameError("partition", -1, "must be in 0..4294967295"),
+    errors.InvalidStoreUrlError("ftp://x", "unknown scheme"),
+    errors.MissingArtifactError("id/a", "operator 'op', partition 0"),
+    errors.NewerFormatError("id/manifest.json", None, ("x", "y"), None),
+    errors.NotDurableError("put", "id/a", "fsync failed: EIO"),
+    errors.ObjectExistsError("put", "id/manifest.json", "already exists"),
+    errors.ObjectNotFoundError("get", "id/a", "manifest"),
+    errors.OversizedArtifactError("id/a", "zstd", 1200),
+    errors.PathsUnresolvedError("await resolve_paths() first"),
+    errors.PreconditionFailedError("put", "_latest", "e-tag changed", status=412),
+    errors.SignatureError("id/manifest.json", "unsigned"),
+    errors.SpecialFileError("/data/link", "symbolic link"),
+    errors.StoreCredentialsError("get", "a", "GCS", "no token", "set GOOGLE_X", status=401),
+    errors.StoreError("list", "a/", "connection reset", status=None),
+    errors.StoreNotFoundError("get", "a", "bucket", "b", "NoSuchBucket", status=404),
+    errors.SyncInAsyncContextError("inside a running loop"),
+    errors.TransientStoreError("put", "a/b", "503", status=503),
+    errors.UndecodableArtifactError("id/a", "zstd", "bad frame"),
+    errors.UnsupportedManifestVersionError("id/manifest.json", 99, (1, 2)),
+]
+"""One instance of every error class in ``cairn.errors.__all__``, each built with the
+arguments it is raised with."""
+
+
+ERROR_MESSAGES = {
+    "AmbiguousCheckpointIdError": (
+        (
+            "short checkpoint id '0190' is ambiguous: it matches 2 checkpoints (0190-a, "
+            "0190-b); give more characters"
+        ),
+        ("candidates", "prefix"),
+    ),
+    "ArtifactExistsError": (
+        (
+            "artifact 'id/operators/op/partition-0.snap' of checkpoint id already holds other "
+            "bytes (another save of this id wrote it first); it is left as it was"
+        ),
+        ("checkpoint_id", "path"),
+    ),
+    "BrokenChainError": (
+        "broken checkpoint chain at parent id: its manifest is missing",
+        ("link", "reason"),
+    ),
+    "CheckpointAbortedError": (
+        (
+            "checkpoint id was aborted before it committed: the save before it failed; nothing "
+            "was committed"
+        ),
+        ("checkpoint_id", "path", "why"),
+    ),
+    "CheckpointExistsError": (
+        "checkpoint id is already committed at 'id/manifest.json'",
+        ("checkpoint_id", "path"),
+    ),
+    "CheckpointInUseError": (
+        (
+            "checkpoint id holds state that other checkpoints or saves build on (child-1 and 1 "
+            "more); deleting it would break them. Delete those first, or pass --force"
+        ),
+        ("checkpoint_id", "dependents"),
+    ),
+    "CheckpointLocationError": (
+        (
+            "checkpoint_id 's3://other/x' names another store (the store is memory://): cairn "
+            "saves into and loads from its own store only; give a name such as 'step-100', or a "
+            "location inside the store"
+        ),
+        ("checkpoint_id", "reason", "store"),
+    ),
+    "CheckpointNotFoundError": (
+        "checkpoint not found: 'id': no manifest under the base",
+        ("detail", "path", "what"),
+    ),
+    "CheckpointerError": ("the root", ()),
+    "CodecError": (
+        "cannot decode 'id/a.zst' (codec 'zstd'): the zstandard package is not installed",
+        ("codec", "path"),
+    ),
+    "CorruptManifestError": (
+        "corrupt manifest at 'id/manifest.json': not JSON",
+        ("path", "reason"),
+    ),
+    "FencedError": (
+        "writer generation 3 is fenced: generation 4 has taken over the store",
+        ("current_generation", "own_generation"),
+    ),
+    "IncompleteCheckpointError": ("partition 2 is missing", ()),
+    "IntegrityError": ("stored bytes differ", ()),
+    "IntegrityMismatchError": (
+        "size mismatch at 'id/a': expected 10, got 9",
+        ("actual", "expected", "path"),
+    ),
+    "InvalidCheckpointDataError": ("duplicate operator 'op'", ()),
+    "InvalidInputError": ("bad value", ()),
+    "InvalidNameError": (
+        "invalid partition -1: must be in 0..4294967295",
+        ("kind", "reason", "value"),
+    ),
+    "InvalidStoreUrlError": ("cannot open store URL 'ftp://x': unknown scheme", ("reason", "url")),
+    "MissingArtifactError": (
+        "artifact of operator 'op', partition 0 is missing: 'id/a'",
+        ("path", "whose"),
+    ),
+    "NewerFormatError": (
+        (
+            "a checkpoint needs a newer cairn: 'id/manifest.json' uses format feature(s) x, y, "
+            "which this cairn does not know; it was written by a cairn that did not say"
+        ),
+        ("checkpoint_id", "features", "path", "written_by"),
+    ),
+    "NotDurableError": (
+        "store put failed for 'id/a': fsync failed: EIO",
+        ("operation", "path", "reason", "status"),
+    ),
+    "ObjectExistsError": (
+        "store put failed for 'id/manifest.json': already exists",
+        ("operation", "path", "reason", "status"),
+    ),
+    "ObjectNotFoundError": (
+        "manifest not found: 'id/a'",
+        ("operation", "path", "reason", "status", "what"),
+    ),
+    "OversizedArtifactError": (
+        (
+            "artifact 'id/a' decodes as zstd to more than the 1200 bytes its entry records: "
+            "decoding stopped there"
+        ),
+        ("codec", "path", "size_bytes"),
+    ),
+    "PathsUnresolvedError": ("await resolve_paths() first", ()),
+    "PreconditionFailedError": (
+        "store put failed for '_latest': e-tag changed",
+        ("operation", "path", "reason", "status"),
+    ),
+    "SignatureError": ("untrusted manifest at 'id/manifest.json': unsigned", ("path", "reason")),
+    "SpecialFileError": (
+        "'/data/link' is a symbolic link: a directory partition holds regular files only",
+        ("kind", "path"),
+    ),
+    "StoreCredentialsError": (
+        "no token; set GOOGLE_X",
+        ("operation", "path", "reason", "remedy", "status", "store"),
+    ),
+    "StoreError": (
+        "store list failed for 'a/': connection reset",
+        ("operation", "path", "reason", "status"),
+    ),
+    "StoreNotFoundError": (
+        (
+            "the bucket 'b' does not exist (the store answered 404 NoSuchBucket to get 'a'): "
+            "create it, or correct the bucket name in the store URL"
+        ),
+        ("code", "kind", "name", "operation", "path", "reason", "status"),
+    ),
+    "SyncInAsyncContextError": ("inside a running loop", ()),
+    "TransientStoreError": (
+        "store put failed for 'a/b': 503",
+        ("operation", "path", "reason", "status"),
+    ),
+    "UndecodableArtifactError": (
+        "artifact 'id/a' does not decode as zstd: bad frame",
+        ("codec", "path", "reason"),
+    ),
+    "UnsupportedManifestVersionError": (
+        (
+            "corrupt manifest at 'id/manifest.json': unsupported manifest version 99 "
+            "(supported: (1, 2))"
+        ),
+        ("path", "reason", "supported", "version"),
+    ),
+}
+"""The message and the attribute names of each error of :data:`ERROR_SAMPLES`."""
+
+
+def test_every_error_keeps_its_message_and_attributes() -> None:
+    for error in ERROR_SAMPLES:
+        message, attributes = ERROR_MESSAGES[type(error).__name__]
+        assert str(error) == message
+        assert tuple(sorted(vars(error))) == attributes
+
+
+def test_every_error_class_pickles_as_itself_with_its_attributes_and_message() -> None:
+    """Every error class, not a sample of them: errors cross processes (DCP ranks,
+    multiprocessing workers), and a class that did not rebuild would fail only there."""
+    import pickle
+
+    assert sorted(type(error).__name__ for error in ERROR_SAMPLES) == sorted(errors.__all__)
+    for error in ERROR_SAMPLES:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) is getattr(errors, type(error).__name__)
+        assert type(error).__module__ == "cairn.errors"  # what tracebacks and pickles name
+        assert (str(copy), copy.args, vars(copy)) == (str(error), error.args, vars(error))
+
+
+def test_a_located_integrity_error_pickles_with_its_location() -> None:
+    import pickle
+
+    error = errors.MissingArtifactError("id/a", "the manifest").located("op", 2, item="w")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.operator, copy.partition, copy.item, copy.file) == ("op", 2, "w", None)
+    assert (
+        str(copy)
+        == str(error)
+        == "operator 'op', partition 2, item 'w': artifact of the manifest is missing: 'id/a'"
+    )
+
+
 def test_a_removed_name_still_imports_with_a_warning() -> None:
     from cairn.format.manifest import CheckpointManifest, CheckpointManifestV2
 
