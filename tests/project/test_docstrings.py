@@ -210,9 +210,6 @@ NOT_YET_DOCUMENTED = frozenset(
         "cairn.protocol.copy",
         "cairn.protocol.discover",
         "cairn.protocol.retention",
-        "cairn.stores._localfs",
-        "cairn.stores._types",
-        "cairn.stores.localfiles",
     }
 )
 """Modules whose public functions do not document all their sections yet: the check

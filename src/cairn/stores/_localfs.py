@@ -352,15 +352,21 @@ def open_plain_file(dir_fd: int, relative: str, shown: Path) -> BinaryIO:
 class LocalDirectory:
     """A directory whose plain files are read without following a link below it.
 
-    ``root`` may itself be a link (the caller named it); it is opened anew by each call,
-    so nothing stays open between them.
+    The root is opened anew by each call, so nothing stays open between them.
+
+    Args:
+        root: The directory; it may itself be a link (the caller named it).
     """
 
     def __init__(self, root: Path) -> None:
         self.path = root
 
     def names(self) -> list[str]:
-        """The names in the directory itself, sorted."""
+        """The names in the directory itself.
+
+        Returns:
+            The names, sorted.
+        """
         fd = open_root(self.path)
         try:
             with os.scandir(fd) as entries:
@@ -369,7 +375,14 @@ class LocalDirectory:
             os.close(fd)
 
     def open(self, relative: str) -> BinaryIO:
-        """A plain file of the directory, open for reading (see :func:`open_plain_file`)."""
+        """A plain file of the directory, open for reading (see :func:`open_plain_file`).
+
+        Args:
+            relative: The file's ``/``-separated path below the directory.
+
+        Returns:
+            The file, open for reading in binary mode.
+        """
         fd = open_root(self.path)
         try:
             return open_plain_file(fd, relative, self.path)
@@ -452,9 +465,15 @@ class StagedTree:
     ``dest`` relative to the parent's descriptor (a ``rename`` onto a missing name or an
     empty directory is atomic), then fsyncs the parent. Use it as a context manager:
     leaving it unpublished removes the staging directory (if the name still holds it),
-    and ``dest`` is as it was. ``action`` says what the tree is for, in error messages
-    ("export a DCP checkpoint"). Its calls may come from several threads at once;
+    and ``dest`` is as it was. Its calls may come from several threads at once;
     :meth:`close` waits for those in flight, and a call after it raises ``ValueError``.
+
+    Args:
+        dest: Where the tree is to appear: missing, or an empty directory.
+        action: What the tree is for, in error messages ("export a DCP checkpoint").
+
+    Raises:
+        InvalidInputError: ``dest`` is unusable (see :func:`check_destination`).
     """
 
     def __init__(self, dest: Path, action: str) -> None:
@@ -502,20 +521,41 @@ class StagedTree:
             yield self.fd
 
     def create(self, relative: str) -> BinaryIO:
-        """A new file at ``relative`` (``/``-separated) in the tree, open for writing; the
-        directories on its way are made. ``FileExistsError`` if it exists,
-        :class:`LinkRefused` for a link on its way, ``NotADirectoryError`` for a file."""
+        """A new file in the tree, open for writing; the directories on its way are made.
+
+        Args:
+            relative: The file's ``/``-separated path in the tree.
+
+        Returns:
+            The new file, open for writing in binary mode.
+
+        Raises:
+            FileExistsError: It exists.
+            LinkRefused: A link is on its way.
+            NotADirectoryError: A file is on its way.
+        """
         *parents, name = relative.split("/")
         with self._open_tree() as fd, open_dirs(fd, parents, create=True) as dirs:
             return os.fdopen(_new_file_at(dirs.fds[-1], name), "wb")
 
     def open(self, relative: str) -> BinaryIO:
-        """A plain file of the tree, open for reading (see :func:`open_plain_file`)."""
+        """A plain file of the tree, open for reading (see :func:`open_plain_file`).
+
+        Args:
+            relative: The file's ``/``-separated path in the tree.
+
+        Returns:
+            The file, open for reading in binary mode.
+        """
         with self._open_tree() as fd:
             return open_plain_file(fd, relative, self.path)
 
     def names(self) -> list[str]:
-        """The names in the staging directory itself, sorted."""
+        """The names in the staging directory itself.
+
+        Returns:
+            The names, sorted.
+        """
         with self._open_tree() as fd, os.scandir(fd) as entries:
             return sorted(entry.name for entry in entries)
 

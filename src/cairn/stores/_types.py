@@ -34,10 +34,17 @@ T = TypeVar("T")
 class ObjectInfo:
     """What a HEAD or a listing tells about one object.
 
-    ``version`` is the store's own name for this version of the object, where it keeps
-    one: GCS's generation (on every ``get``, ``head``, ``stat`` and ``put``; GCS listings
-    carry none), S3's or Azure's version id where versioning is on, None elsewhere. A
-    compare-and-swap of this version is ``IfMatch(info.e_tag, info.version)``.
+    A compare-and-swap of this version is ``IfMatch(info.e_tag, info.version)``.
+
+    Attributes:
+        path: The object's store path.
+        size: Its size in bytes.
+        e_tag: Its entity tag, or None where the store gives none.
+        last_modified: When this version was written, as the store reports it.
+        version: The store's own name for this version, where it keeps one: GCS's
+            generation (on every ``get``, ``head``, ``stat`` and ``put``; GCS listings
+            carry none), S3's or Azure's version id where versioning is on, None
+            elsewhere.
     """
 
     path: str
@@ -49,7 +56,12 @@ class ObjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class Blob:
-    """An object's bytes with the metadata of the version that was read."""
+    """An object's bytes with the metadata of the version that was read.
+
+    Attributes:
+        data: The bytes.
+        info: The metadata of the version they are.
+    """
 
     data: Buffer
     info: ObjectInfo
@@ -57,7 +69,12 @@ class Blob:
 
 @dataclass(frozen=True, slots=True)
 class ListDirResult:
-    """One level of a listing: sub-directories (ending in ``/``) and objects."""
+    """One level of a listing: sub-directories and objects.
+
+    Attributes:
+        prefixes: The sub-directories, each ending in ``/``.
+        objects: The objects directly at this level.
+    """
 
     prefixes: list[str]
     objects: list[ObjectInfo]
@@ -67,12 +84,14 @@ class ListDirResult:
 class IfMatch:
     """Put mode: replace the object only if it is still the version read before.
 
-    ``e_tag`` and ``version`` are that version's, as :class:`ObjectInfo` gives them
-    (``IfMatch(info.e_tag, info.version)``). Stores compare what they keep: the e-tag
-    (memory, S3, Azure, a local directory), or the version where that is the only
-    identity a write can be conditioned on: GCS compares generations alone (its e-tag is
-    the MD5 of the bytes, the same for two writes of the same bytes) and refuses a
-    compare-and-swap without ``version``.
+    Stores compare what they keep: the e-tag (memory, S3, Azure, a local directory), or
+    the version where that is the only identity a write can be conditioned on: GCS
+    compares generations alone (its e-tag is the MD5 of the bytes, the same for two
+    writes of the same bytes) and refuses a compare-and-swap without ``version``.
+
+    Attributes:
+        e_tag: The e-tag of the version read, as :class:`ObjectInfo` gives it.
+        version: Its version, as :class:`ObjectInfo` gives it, or None.
     """
 
     e_tag: str
@@ -92,15 +111,16 @@ class StoreCapabilities:
     The defaults claim nothing: they are what :func:`capabilities_of` assumes of a store
     that declares none.
 
-    * ``native_compare_and_swap``: ``put(mode=IfMatch(...))`` is done by the backend
-      itself, atomically for every client. False where cairn emulates it (a local
-      directory, under an OS file lock that holds between the processes of one host
-      only) or cannot tell.
-    * ``user_metadata``: ``put``'s ``metadata`` is stored and :meth:`Store.stat` returns
-      it. Where False, it is dropped.
-    * ``local_path``: for a store whose objects are the files below a local directory,
-      that directory. Symbolic links can appear there, and are never followed (see
-      :mod:`cairn.stores._local`). None for every other store.
+    Attributes:
+        native_compare_and_swap: ``put(mode=IfMatch(...))`` is done by the backend
+            itself, atomically for every client. False where cairn emulates it (a local
+            directory, under an OS file lock that holds between the processes of one
+            host only) or cannot tell.
+        user_metadata: ``put``'s ``metadata`` is stored and :meth:`Store.stat` returns
+            it. Where False, it is dropped.
+        local_path: For a store whose objects are the files below a local directory,
+            that directory. Symbolic links can appear there, and are never followed
+            (see :mod:`cairn.stores._local`). None for every other store.
     """
 
     native_compare_and_swap: bool = False

@@ -91,8 +91,19 @@ def _names(root: Path, path: Path) -> tuple[str, ...]:
 
 
 def find_link(root: Path, relatives: Iterable[str]) -> Path | None:
-    """The first symbolic link at or on the way to ``root / relative``, for each of
-    ``relatives`` in turn; None when none meets a link (``root`` itself may be one)."""
+    """The first symbolic link at or on the way to ``root / relative``, for each
+    relative path in turn (``root`` itself may be one).
+
+    Args:
+        root: The directory the paths are relative to.
+        relatives: Paths below ``root``, looked at in this order.
+
+    Returns:
+        The first link met, or None when none meets a link.
+
+    Raises:
+        InvalidInputError: A relative path names no file below ``root``.
+    """
     for relative in relatives:
         names = _names(root, root / relative)
         with open_dirs(root, names[:-1]) as dirs:
@@ -104,11 +115,18 @@ def find_link(root: Path, relatives: Iterable[str]) -> Path | None:
 
 
 def file_state(path: Path, data: bytes | memoryview) -> FileState:
-    """What is at ``path`` now, against ``data``: ``absent``, ``same`` (a regular file
-    holding exactly ``data``), ``different`` (another regular file), or ``other`` (a
-    directory, a link or a special file: nothing a file may replace).
+    """What is at a name now, against the bytes meant for it.
 
     Reads the file only when its size matches; never follows a link at ``path``.
+
+    Args:
+        path: The name to look at.
+        data: The bytes the file should hold.
+
+    Returns:
+        ``"absent"``, ``"same"`` (a regular file holding exactly ``data``),
+        ``"different"`` (another regular file), or ``"other"`` (a directory, a link or
+        a special file: nothing a file may replace).
     """
     try:
         fd = open_root(path.parent)
@@ -143,14 +161,20 @@ def _temp_name(name: str) -> str:
 
 
 def write_file(path: Path, data: bytes | memoryview, *, root: Path | None = None) -> None:
-    """Write ``data`` to ``path`` all at once: staging file, fsync, rename, fsync the
-    directory.
+    """Write a file all at once: staging file, fsync, rename, fsync the directory.
 
-    ``root`` (default: ``path``'s parent) is the directory written into; ``path`` must be
-    below it. ``root`` (with its parents) and the directories between it and ``path`` are
-    made if missing. A symbolic link at ``path`` or at a directory between ``root`` and
-    ``path`` raises :class:`~cairn.errors.InvalidInputError` naming it, and nothing is
-    written there.
+    ``root`` (with its parents) and the directories between it and ``path`` are made if
+    missing.
+
+    Args:
+        path: The file to write, below ``root``.
+        data: Its bytes.
+        root: The directory written into; None (the default) is ``path``'s parent.
+
+    Raises:
+        InvalidInputError: ``path`` is not below ``root``, or a symbolic link is at
+            ``path`` or at a directory between ``root`` and ``path`` (the message
+            names it); nothing is written there.
     """
     root = path.parent if root is None else root
     names = _names(root, path)
@@ -165,10 +189,19 @@ def write_file(path: Path, data: bytes | memoryview, *, root: Path | None = None
 def move_file(staged_root: Path, root: Path, relative: str) -> None:
     """Rename ``staged_root / relative`` to ``root / relative`` (one file system).
 
-    The directories between ``root`` and the name are made as needed; a symbolic link
-    there, or at the name, raises :class:`~cairn.errors.InvalidInputError` naming it and
-    nothing is moved. A regular file at the name is replaced atomically; the directory
-    is fsynced after the rename.
+    The directories between ``root`` and the name are made as needed. A regular file at
+    the name is replaced atomically; the directory is fsynced after the rename.
+
+    Args:
+        staged_root: The directory the file was staged under.
+        root: The directory to move it under.
+        relative: The file's path below both.
+
+    Raises:
+        InvalidInputError: ``relative`` names no file below ``root``, or a symbolic
+            link is at the name or a directory on the way (the message names it);
+            nothing is moved.
+        FileNotFoundError: A staged directory on the way to the file is gone.
     """
     names = _names(root, root / relative)
     with (
