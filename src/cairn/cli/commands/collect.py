@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cairn import CheckpointId, RetentionPolicy
+from cairn import CheckpointId, GcResult, RetentionPolicy
 from cairn.cli import views
 from cairn.cli.catalog import LATEST, parse_ref, resolve
 from cairn.cli.errors import CliError, ExitCode
@@ -176,30 +176,27 @@ async def _gc(
     out = session.output
     table = views.gc_table(result, full_ids=out.full_ids, wide=out.wide)
     out.report(views.gc_doc(session.doc(), result), table)
+    failure = _gc_failure(result)
+    if failure is None:
+        return ExitCode.OK
+    error_type, message, code = failure
+    out.fail(error_type, message, code)
+    return code
+
+
+def _gc_failure(result: GcResult) -> tuple[str, str, ExitCode] | None:
+    """What makes a GC run fail, the most serious first: its error type, message and exit
+    code; None when it succeeded."""
     if result.failures:
         path, reason = result.failures[0]
-        out.fail(
-            "StoreError",
-            f"store failure: {len(result.failures)} object(s) could not be deleted; "
-            f"{path}: {reason}",
-            ExitCode.STORE,
-        )
-        return ExitCode.STORE
+        count = f"{len(result.failures)} object(s) could not be deleted"
+        return "StoreError", f"store failure: {count}; {path}: {reason}", ExitCode.STORE
     if result.newer_format:
         cid, reason = next(iter(result.newer_format.items()))
-        out.fail(
-            "NewerFormatError",
-            f"{len(result.newer_format)} checkpoint(s) need a newer cairn: nothing deleted; "
-            f"{cid}: {reason}",
-            ExitCode.NEWER_FORMAT,
-        )
-        return ExitCode.NEWER_FORMAT
+        count = f"{len(result.newer_format)} checkpoint(s) need a newer cairn: nothing deleted"
+        return "NewerFormatError", f"{count}; {cid}: {reason}", ExitCode.NEWER_FORMAT
     if result.damaged:
         cid, reason = next(iter(result.damaged.items()))
-        out.fail(
-            "IntegrityError",
-            f"{len(result.damaged)} damaged checkpoint(s) left alone; {cid}: {reason}",
-            ExitCode.INTEGRITY,
-        )
-        return ExitCode.INTEGRITY
-    return ExitCode.OK
+        count = f"{len(result.damaged)} damaged checkpoint(s) left alone"
+        return "IntegrityError", f"{count}; {cid}: {reason}", ExitCode.INTEGRITY
+    return None
