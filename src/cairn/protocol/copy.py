@@ -111,13 +111,20 @@ _FAILURES = (
 
 @dataclass(frozen=True)
 class Copied:
-    """The outcome for one checkpoint: ``copied``, ``present`` (already there),
-    ``skipped`` (deleted from the source while the copy ran, see the module docstring),
-    ``newer`` (not copied: a newer cairn wrote it, see the module docstring) or
-    ``failed``.
+    """The outcome for one checkpoint.
 
-    ``size_bytes`` counts the bytes written to the target for it; ``requested`` is
-    False for a parent brought along because its child's manifest needs it.
+    Attributes:
+        checkpoint_id: The checkpoint.
+        epoch: Its epoch, or None where its manifest did not read.
+        status: ``"copied"``, ``"present"`` (already there), ``"skipped"`` (deleted
+            from the source while the copy ran, see the module docstring), ``"newer"``
+            (not copied: a newer cairn wrote it) or ``"failed"``.
+        size_bytes: The bytes written to the target for it.
+        requested: False for a parent brought along because its child's manifest
+            needs it.
+        error: Why it failed or was not copied, worded by ``describe_error``; None if
+            it did not fail.
+        note: What else there is to say (why it was skipped), or None.
     """
 
     checkpoint_id: CheckpointId
@@ -147,13 +154,25 @@ class CopyProgress(Protocol):
     """What a copy reports its progress to (a progress bar)."""
 
     def set_total(self, total: float) -> None:
-        """The bytes the copy will read and verify, once they are known."""
+        """Told the bytes the copy will read and verify, once they are known.
+
+        Args:
+            total: The bytes.
+        """
 
     def describe(self, description: str) -> None:
-        """What the copy is doing now (``copying {id}``)."""
+        """Told what the copy is doing now.
+
+        Args:
+            description: What it does, such as ``copying {id}``.
+        """
 
     def advance(self, amount: float = 1) -> None:
-        """``amount`` more bytes read from the source and verified."""
+        """Told that more bytes were read from the source and verified.
+
+        Args:
+            amount: How many more bytes.
+        """
 
 
 def _skipped(cid: CheckpointId, epoch: int | None) -> Copied:
@@ -185,8 +204,20 @@ def signature(loaded: LoadedCheckpoint) -> Signature:
 async def directory_bytes(
     ckpt: ObjectStoreCheckpointer, loaded: LoadedCheckpoint
 ) -> dict[str, bytes | memoryview]:
-    """Every file of ``loaded``'s directory partitions as stored, verified, by path
-    relative to the base prefix (``load`` lists the files without reading them)."""
+    """Every file of a checkpoint's directory partitions as stored, verified.
+
+    ``load`` lists the files without reading them: this reads them.
+
+    Args:
+        ckpt: The checkpointer of the checkpoint's store.
+        loaded: The checkpoint, as loaded.
+
+    Returns:
+        Each file's bytes, by its path relative to the base prefix.
+
+    Raises:
+        IntegrityError: A file does not match its digest.
+    """
     found: dict[str, bytes | memoryview] = {}
     for files in loaded.directories.values():
         for file in files:
@@ -208,7 +239,7 @@ def needs_parent_manifest(manifest: CheckpointManifest) -> bool:
 async def stored_bytes(
     ckpt: ObjectStoreCheckpointer, loaded: LoadedCheckpoint
 ) -> dict[str, bytes | memoryview]:
-    """Every link's bytes as stored, by path relative to the base prefix.
+    """Every link's bytes as stored.
 
     ``loaded`` holds each link's data verified and decoded; an entry stored compressed is
     read again as stored (its digest covers the decoded bytes, which ``loaded`` checked),
@@ -216,6 +247,16 @@ async def stored_bytes(
     whole, as stored, each range its entries name in it verified again
     (:func:`cairn.protocol._read.read_pack`): it is copied as one object. So is every
     file of a directory partition (:func:`directory_bytes`).
+
+    Args:
+        ckpt: The checkpointer of the checkpoint's store.
+        loaded: The checkpoint, as loaded (its links verified).
+
+    Returns:
+        Each object's bytes, by its path relative to the base prefix.
+
+    Raises:
+        IntegrityError: A range of a pack, or a file, does not match its digest.
     """
     found: dict[str, bytes | memoryview] = {}
     packs: dict[str, list[ChainLink]] = {}
@@ -389,15 +430,24 @@ async def copy_checkpoints(
     progress: CopyProgress | None = None,
     describe_error: Callable[[BaseException], str] = str,
 ) -> list[Copied]:
-    """Copy ``ids`` from ``source`` to ``target`` (and any parent a reference-style
+    """Copy checkpoints from one store to another (and any parent a reference-style
     manifest needs), oldest first, as the module docstring says.
 
-    ``progress`` is told the bytes to read, the checkpoint being copied, and each
-    artifact's bytes once read and verified from the source. Returns one :class:`Copied`
-    per checkpoint handled, in copy order. Integrity failures of one checkpoint are
-    reported in its result, worded by ``describe_error`` (and fail a checkpoint whose
-    manifest needs it); one deleted from the source meanwhile is ``skipped``; store
-    failures are raised.
+    Integrity failures of one checkpoint are reported in its result (and fail a
+    checkpoint whose manifest needs it); one deleted from the source meanwhile is
+    ``skipped``; store failures are raised.
+
+    Args:
+        source: The checkpointer to copy from.
+        target: The checkpointer to copy to.
+        ids: The checkpoints to copy.
+        progress: Told the bytes to read, the checkpoint being copied, and each
+            artifact's bytes once read and verified from the source; None tells nothing.
+        describe_error: Words the error of a checkpoint that failed or needs a newer
+            cairn, for its result.
+
+    Returns:
+        One result per checkpoint handled, in copy order.
     """
     plan = _Plan(source, describe_error)
     for cid in ids:
