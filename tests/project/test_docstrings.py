@@ -207,7 +207,6 @@ NOT_YET_DOCUMENTED = frozenset(
         "cairn.protocol._gcpolicy",
         "cairn.protocol._gcstate",
         "cairn.protocol._reference",
-        "cairn.protocol.discover",
         "cairn.protocol.retention",
     }
 )

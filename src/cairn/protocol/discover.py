@@ -95,8 +95,15 @@ tools show it as needing a newer cairn)."""
 
 
 async def checkpoint_dirs(store: Store, paths: CheckpointPaths) -> list[CheckpointId]:
-    """The id of every checkpoint directory under ``paths``' base prefix, oldest first,
-    committed or not. One listing."""
+    """Every checkpoint directory under a base prefix, committed or not. One listing.
+
+    Args:
+        store: The store.
+        paths: The layout whose base prefix is listed.
+
+    Returns:
+        Their ids, oldest first.
+    """
     listing = await store.list_dir(paths.base_prefix)
     return sorted(
         cid for child in listing.prefixes if (cid := paths.parse_checkpoint_dir(child)) is not None
@@ -104,8 +111,16 @@ async def checkpoint_dirs(store: Store, paths: CheckpointPaths) -> list[Checkpoi
 
 
 async def holds_checkpoints(store: Store, paths: CheckpointPaths) -> bool:
-    """True when ``paths``' base prefix holds a checkpoint directory (committed or not) or
-    a store-wide record (``_latest``, ``_writer``); other names are ignored. One listing."""
+    """Whether a base prefix holds checkpoints. One listing.
+
+    Args:
+        store: The store.
+        paths: The layout whose base prefix is listed.
+
+    Returns:
+        True when it holds a checkpoint directory (committed or not) or a store-wide
+        record (``_latest``, ``_writer``); other names are ignored.
+    """
     listing = await store.list_dir(paths.base_prefix)
     return any(paths.parse_checkpoint_dir(child) is not None for child in listing.prefixes) or any(
         paths.is_record(info.path) for info in listing.objects
@@ -120,6 +135,12 @@ async def default_paths(store: Store) -> CheckpointPaths:
     (:func:`holds_checkpoints`): then that, so that a job written by cairn 0.1 keeps its
     checkpoints instead of starting again from nothing. An empty store gets the root.
     At most two listings.
+
+    Args:
+        store: The store.
+
+    Returns:
+        The root's layout, or the old default's.
     """
     root = CheckpointPaths("")
     if await holds_checkpoints(store, root):
@@ -141,6 +162,14 @@ async def checkpoint_prefixes(
     prefix holding checkpoints: it finds the usual layouts (``checkpoints/``,
     ``demo/<run>/``, ``jobs/<name>/``) cheaply and gives up quietly on a bucket with
     many unrelated folders.
+
+    Args:
+        store: The store.
+        max_listings: The most one-level listings the walk makes.
+        max_depth: The most levels below the root it looks.
+
+    Returns:
+        The prefixes found (``""`` for the root itself).
     """
     found: list[str] = []
     queue: list[tuple[str, int]] = [("", 0)]
@@ -163,8 +192,14 @@ async def newest_checkpoint_prefix(
     """Of the prefixes one level under ``parent``, the one holding the newest checkpoint
     directory, or None when none holds any.
 
-    Looks at the ``max_listings`` last by name (runs named by their start time sort
-    oldest first).
+    Args:
+        store: The store.
+        parent: The prefix whose children are looked at (ending in ``/``, or empty).
+        max_listings: How many children are looked at: the last by name (runs named
+            by their start time sort oldest first).
+
+    Returns:
+        The child prefix, or None.
     """
     listing = await store.list_dir(parent)
     newest: tuple[CheckpointId, str] | None = None
@@ -181,9 +216,18 @@ async def load_manifests(
     *,
     limit: int = MAX_CONCURRENT_READS,
 ) -> list[ManifestOrDamage]:
-    """``load(cid)`` for each of ``ids``, at most ``limit`` at once, in the order given;
-    where it raises damage, not-found or newer-format (see :data:`ManifestOrDamage`), that error in
-    its place. Any other error (a store failure) is raised."""
+    """Many manifests, read concurrently; one that does not load is reported in its place.
+
+    Args:
+        load: Reads one manifest (a checkpointer's ``load_manifest``).
+        ids: The checkpoints whose manifests are read.
+        limit: The most read at once.
+
+    Returns:
+        For each id, in the order given, its manifest, or the damage, not-found or
+        newer-format error its load raised (see :data:`ManifestOrDamage`). Any other
+        error (a store failure) is raised.
+    """
     gate = asyncio.Semaphore(limit)
 
     async def one(cid: CheckpointId) -> ManifestOrDamage:
@@ -197,8 +241,15 @@ async def load_manifests(
 
 
 def is_short_id(text: str) -> bool:
-    """True when ``text`` is a short id: :data:`MIN_SHORT_ID` to 35 characters of the
-    hyphenated form of an id (hex digits, hyphens where the form has them; any case)."""
+    """Whether some text is a short id.
+
+    Args:
+        text: The text.
+
+    Returns:
+        True for :data:`MIN_SHORT_ID` to 35 characters of the hyphenated form of an id
+        (hex digits, hyphens where the form has them; any case).
+    """
     if not isinstance(text, str) or not MIN_SHORT_ID <= len(text) < len(_ID_FORM):
         return False
     return all(
@@ -208,7 +259,15 @@ def is_short_id(text: str) -> bool:
 
 
 def matching_ids(prefix: str, ids: Iterable[CheckpointId]) -> list[CheckpointId]:
-    """Those of ``ids`` whose text starts with ``prefix`` (any case), oldest first."""
+    """The ids whose text starts with a prefix, in any case.
+
+    Args:
+        prefix: The start of an id's text.
+        ids: The ids to look among.
+
+    Returns:
+        Those that match, oldest first.
+    """
     wanted = prefix.lower()
     return sorted(cid for cid in ids if str(cid).startswith(wanted))
 
@@ -220,15 +279,27 @@ async def resolve_checkpoint_id(
     *,
     where: str = "",
 ) -> CheckpointId:
-    """The checkpoint ``value`` names: a :class:`CheckpointId`, its 36-character text, or
-    a short id (see :func:`is_short_id`).
+    """The checkpoint a full id or a short id names.
 
     An id, or its full text, is returned as it is, without I/O: whether it is committed
     is the caller's business. A short id is looked up among the directories
     ``list_ids`` names (one listing), those that ``committed`` admits: exactly one must
-    match. None raises :class:`CheckpointNotFoundError` naming the short id (and
-    ``where``, the place searched); several raise :class:`AmbiguousCheckpointIdError`
-    naming them. Anything else raises :class:`InvalidInputError`.
+    match.
+
+    Args:
+        value: A :class:`CheckpointId`, its 36-character text, or a short id (see
+            :func:`is_short_id`).
+        list_ids: Lists the checkpoint directories.
+        committed: Whether a directory's checkpoint is committed.
+        where: The place searched, for the not-found message; empty names none.
+
+    Returns:
+        The checkpoint id.
+
+    Raises:
+        CheckpointNotFoundError: No committed checkpoint matches the short id.
+        AmbiguousCheckpointIdError: Several do; the message names them.
+        InvalidInputError: ``value`` is neither an id nor a short id.
     """
     if isinstance(value, CheckpointId):
         return value
@@ -255,10 +326,18 @@ async def resolve_checkpoint_id(
 def short_ids(
     ids: Iterable[CheckpointId], *, min_length: int = MIN_SHORT_ID
 ) -> dict[CheckpointId, str]:
-    """For each of ``ids``, the shortest prefix of its text, at least ``min_length``
-    characters and never ending in a hyphen, that no other of ``ids`` starts with (as
-    git abbreviates commits): what a table shows, and what :func:`resolve_checkpoint_id`
-    takes back while no newer checkpoint shares it."""
+    """The shortest prefix of each id's text that tells it apart from the others (as git
+    abbreviates commits): what a table shows, and what :func:`resolve_checkpoint_id`
+    takes back while no newer checkpoint shares it.
+
+    Args:
+        ids: The ids.
+        min_length: The fewest characters of a prefix.
+
+    Returns:
+        Each id's prefix: at least ``min_length`` characters, never ending in a hyphen,
+        and one no other of ``ids`` starts with.
+    """
     given = list(ids)
     texts = sorted({str(cid) for cid in given})
     shortest: dict[str, int] = {}
@@ -281,13 +360,23 @@ class CheckpointCounts:
 
     An *artifact* is one entry of a restore chain (a snapshot or a delta); a *partition*
     is one ``(operator, partition)`` whose chain it is, so a partition has one artifact or
-    more. ``uploaded_*`` are the artifacts this checkpoint holds itself (its save sent
-    them); ``carried_*`` those its chains take from earlier checkpoints by reference,
-    the whole chain counted, not only what its parent held. ``unchanged_partitions``
-    are the partitions this save sent nothing for (all of their state is carried).
-    Bytes are sizes as handed to ``save`` (before compression; ``size_bytes`` is the
-    manifest's total). ``writer_generation``
-    is that of the writer that committed it: 0 for one that never took over.
+    more. *Uploaded* artifacts are those this checkpoint holds itself (its save sent
+    them); *carried* ones those its chains take from earlier checkpoints by reference,
+    the whole chain counted, not only what its parent held. Bytes are sizes as handed
+    to ``save`` (before compression).
+
+    Attributes:
+        partitions: The partitions.
+        artifacts: The artifacts of all their chains.
+        uploaded_artifacts: The artifacts uploaded.
+        carried_artifacts: The artifacts carried.
+        size_bytes: The manifest's total.
+        uploaded_bytes: The bytes of the artifacts uploaded.
+        carried_bytes: The bytes of the artifacts carried.
+        unchanged_partitions: The partitions this save sent nothing for (all of their
+            state is carried).
+        writer_generation: That of the writer that committed it: 0 for one that never
+            took over.
     """
 
     partitions: int
@@ -307,10 +396,17 @@ class CheckpointCounts:
 
 
 def checkpoint_counts(manifest: CheckpointManifest) -> CheckpointCounts:
-    """The :class:`CheckpointCounts` of ``manifest``. Pure.
+    """How big a checkpoint is, from its manifest. Pure.
 
     A file of a directory partition counts as one artifact, as the save's own statistics
-    count it (``manifest.stats``)."""
+    count it (``manifest.stats``).
+
+    Args:
+        manifest: The checkpoint's manifest.
+
+    Returns:
+        Its counts.
+    """
     entries = [
         (op, e.partition_id, e.owner, e.size_bytes) for op, e in manifest.partition_entries()
     ]
