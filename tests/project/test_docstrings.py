@@ -206,7 +206,6 @@ NOT_YET_DOCUMENTED = frozenset(
         "cairn.protocol._gcplan",
         "cairn.protocol._gcpolicy",
         "cairn.protocol._gcstate",
-        "cairn.protocol._reference",
         "cairn.protocol.retention",
     }
 )

@@ -27,56 +27,135 @@ class Checkpointer(abc.ABC):
 
     @abc.abstractmethod
     async def save_manifest(self, manifest: CheckpointManifest) -> None:
-        """Write a manifest to the checkpoint store: commits that checkpoint."""
+        """Write a manifest to the checkpoint store: commits that checkpoint.
+
+        Args:
+            manifest: The manifest of the checkpoint to commit.
+        """
 
     @abc.abstractmethod
     async def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
-        """Load a manifest by checkpoint id."""
+        """Load a manifest by checkpoint id.
+
+        Args:
+            checkpoint_id: The checkpoint.
+
+        Returns:
+            Its manifest.
+        """
 
     @abc.abstractmethod
     async def save_snapshot(
         self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
-        """Write a state snapshot for one operator partition; returns its SHA-256 hex."""
+        """Write a state snapshot for one operator partition.
+
+        Args:
+            checkpoint_id: The checkpoint it belongs to.
+            operator: The operator.
+            partition: The partition.
+            data: The partition's full state.
+
+        Returns:
+            The SHA-256 of ``data``, in hex.
+        """
 
     @abc.abstractmethod
     async def save_delta(
         self, checkpoint_id: CheckpointId, operator: str, partition: int, data: ArtifactData
     ) -> str:
-        """Write an incremental delta for one operator partition; returns its SHA-256 hex."""
+        """Write an incremental delta for one operator partition.
+
+        Args:
+            checkpoint_id: The checkpoint it belongs to.
+            operator: The operator.
+            partition: The partition.
+            data: The delta on the parent's state.
+
+        Returns:
+            The SHA-256 of ``data``, in hex.
+        """
 
     @abc.abstractmethod
     async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
-        """Load a snapshot or delta by store path, verifying it when a digest is given."""
+        """Load a snapshot or delta by store path, verifying it when a digest is given.
+
+        Args:
+            path: The artifact's store path.
+            expected_sha256: The SHA-256 (hex) its bytes must have; None checks nothing.
+
+        Returns:
+            Its bytes.
+        """
 
     @abc.abstractmethod
     async def update_latest(self, checkpoint_id: CheckpointId, *, force: bool = False) -> bool:
-        """Point ``_latest`` at a committed checkpoint; returns whether it moved."""
+        """Point ``_latest`` at a committed checkpoint.
+
+        Args:
+            checkpoint_id: The checkpoint.
+            force: Move it even backwards.
+
+        Returns:
+            Whether it moved.
+        """
 
     @abc.abstractmethod
     async def read_latest(self) -> CheckpointId | None:
-        """The checkpoint ``_latest`` names, or None when there is none."""
+        """The checkpoint ``_latest`` names.
+
+        Returns:
+            Its id, or None when there is none.
+        """
 
     @abc.abstractmethod
     async def list_checkpoints(self) -> list[CheckpointId]:
-        """Every committed checkpoint id, oldest first."""
+        """Every committed checkpoint.
+
+        Returns:
+            Their ids, oldest first.
+        """
 
     @abc.abstractmethod
     async def delete_checkpoint(self, checkpoint_id: CheckpointId, *, force: bool = False) -> None:
         """Delete a checkpoint and all its artifacts; a missing one is not an error.
 
-        Refuses (:class:`CheckpointInUseError`) while other checkpoints or saves in
-        progress build on it, unless ``force``.
+        Args:
+            checkpoint_id: The checkpoint.
+            force: Delete it even while other checkpoints or saves in progress build on
+                it.
+
+        Raises:
+            CheckpointInUseError: Others build on it, and not ``force``.
         """
 
     @abc.abstractmethod
     async def save(self, data: CheckpointData) -> CheckpointManifest:
-        """Upload, commit and publish one checkpoint atomically."""
+        """Upload, commit and publish one checkpoint atomically.
+
+        Args:
+            data: The checkpoint to save.
+
+        Returns:
+            Its committed manifest.
+        """
 
     @abc.abstractmethod
     async def load(self, checkpoint_id: CheckpointId, *, verify: bool = True) -> LoadedCheckpoint:
-        """Load a committed checkpoint with every artifact, verified."""
+        """Load a committed checkpoint with every artifact, verified.
+
+        Args:
+            checkpoint_id: The checkpoint.
+            verify: Check every artifact against its digest.
+
+        Returns:
+            The checkpoint, with its artifacts.
+        """
 
     @abc.abstractmethod
     async def load_latest(self) -> LoadedCheckpoint | None:
-        """The newest checkpoint that loads and verifies, or None when there is none."""
+        """The newest checkpoint that loads and verifies.
+
+        Returns:
+            The checkpoint, or None when there is none.
+        """
