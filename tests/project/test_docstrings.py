@@ -204,7 +204,6 @@ NOT_YET_DOCUMENTED = frozenset(
         "cairn.sync",  # copies cairn.checkpointer's docstrings
         "cairn.protocol._gcclaims",
         "cairn.protocol._gcplan",
-        "cairn.protocol._gcpolicy",
         "cairn.protocol._gcstate",
         "cairn.protocol.retention",
     }

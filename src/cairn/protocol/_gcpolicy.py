@@ -42,10 +42,18 @@ def _positive(name: str, value: object) -> None:
 class RetentionPolicy:
     """Which committed checkpoints to keep; the rules combine by union.
 
-    ``keep_last`` newest by epoch (then id); those committed ``keep_within`` of now;
-    those whose epoch is a multiple of ``keep_every_n_epochs``; and ``pinned`` ids. A
-    policy with no rule keeps everything. Invalid values raise
-    :class:`InvalidInputError` when the policy is built.
+    A policy with no rule keeps everything.
+
+    Args:
+        keep_last: Keep this many newest by epoch (then id), >= 1; None: no such rule.
+        keep_within: Keep those committed within this positive span of now; None: no
+            such rule.
+        keep_every_n_epochs: Keep those whose epoch is a multiple of this, >= 1; None:
+            no such rule.
+        pinned: Keep these ids.
+
+    Raises:
+        InvalidInputError: A value is invalid (raised when the policy is built).
     """
 
     keep_last: int | None = None
@@ -81,15 +89,32 @@ class RetentionPolicy:
     def retained(
         self, manifests: Mapping[CheckpointId, CheckpointManifest], now_ms: int
     ) -> set[CheckpointId]:
-        """The ids these rules keep (pins included; the latest pointer is the caller's)."""
+        """The checkpoints these rules keep (pins included; the latest pointer is the
+        caller's).
+
+        Args:
+            manifests: The committed checkpoints' manifests, by id.
+            now_ms: Now, in ms since the Unix epoch (for ``keep_within``).
+
+        Returns:
+            Their ids.
+        """
         return set(self.reasons(manifests, now_ms))
 
     def reasons(
         self, manifests: Mapping[CheckpointId, CheckpointManifest], now_ms: int
     ) -> dict[CheckpointId, list[str]]:
-        """The ids these rules keep, each with the rules that keep it, in the order
-        ``keep-last N``, ``keep-within AGE``, ``keep-every-n-epochs N``, ``pinned``
-        (``no retention rule`` when the policy has none)."""
+        """The checkpoints these rules keep, each with the rules that keep it.
+
+        Args:
+            manifests: The committed checkpoints' manifests, by id.
+            now_ms: Now, in ms since the Unix epoch (for ``keep_within``).
+
+        Returns:
+            Each id kept, with its rules in the order ``keep-last N``, ``keep-within
+            AGE``, ``keep-every-n-epochs N``, ``pinned`` (``no retention rule`` when the
+            policy has none).
+        """
         why: dict[CheckpointId, list[str]] = {}
 
         def keep(ids: Iterable[CheckpointId], reason: str) -> None:
@@ -117,7 +142,14 @@ class RetentionPolicy:
 
 
 def span_text(span: dt.timedelta) -> str:
-    """``span`` as ``7d``, ``1h30m``, ``45s`` (whole seconds; ``0s`` for less)."""
+    """A span as text.
+
+    Args:
+        span: The span.
+
+    Returns:
+        ``7d``, ``1h30m``, ``45s`` (whole seconds; ``0s`` for less).
+    """
     seconds = int(span.total_seconds())
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
@@ -129,7 +161,36 @@ def span_text(span: dt.timedelta) -> str:
 
 @dataclass(frozen=True, slots=True)
 class GcPlan:
-    """What a GC run will do: pure data, computed by :func:`plan_gc`."""
+    """What a GC run will do: pure data, computed by :func:`plan_gc`.
+
+    Attributes:
+        retained: The committed checkpoints kept.
+        deleted: The committed checkpoints to delete.
+        manifests_to_delete: Their manifests' store paths, in the order of ``deleted``.
+        objects_to_delete: The objects their manifests name that nothing kept needs.
+        orphans: The objects of uncommitted directories GC has claimed (or a tombstone
+            marks), and tombstones that have expired.
+        retired: Of ``deleted``, those whose directory holds an intent (the save that
+            committed it has not finished) or that a fence names: each manifest is
+            replaced by a tombstone instead of deleted
+            (:func:`cairn.protocol._lease.retire`).
+        reasons: Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in
+            order.
+        pack_bytes: The bytes of the shared objects kept for retained checkpoints: each
+            pack a retained checkpoint names a range of, and each object of ranges (a
+            DCP rank's tensors) one names, its own checkpoint's or carried by an
+            incremental save.
+        pack_range_bytes: The bytes of those objects that retained checkpoints use: of
+            a pack, the ranges they name (each once); of an object of ranges, all of it
+            while its own checkpoint is retained, else the most that one retained
+            checkpoint carried of it (the entries' ``used_bytes``; a lower bound when
+            two carry different tensors of it; an entry without it, from an older cairn,
+            counts as all). ``pack_bytes`` over this is the space shared objects keep
+            alive per byte still needed.
+        foreign: The objects in checkpoints' directories whose names cairn never writes
+            (:func:`cairn.format.layout.is_cairn_name`): another application's, left
+            alone.
+    """
 
     retained: list[CheckpointId]
     deleted: list[CheckpointId]
@@ -137,26 +198,11 @@ class GcPlan:
     objects_to_delete: list[ObjectInfo]
     orphans: list[ObjectInfo]
     retired: list[CheckpointId] = field(default_factory=list)
-    """Of ``deleted``, those whose directory holds an intent (the save that committed it
-    has not finished) or that a fence names: each manifest is replaced by a tombstone
-    instead of deleted (:func:`cairn.protocol._lease.retire`)."""
     # An explanation of the decisions, not one: plans that decide alike are equal.
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
-    """Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in order."""
     pack_bytes: int = field(default=0, compare=False)
-    """The bytes of the shared objects kept for retained checkpoints: each pack a
-    retained checkpoint names a range of, and each object of ranges (a DCP rank's
-    tensors) one names, its own checkpoint's or carried by an incremental save."""
     pack_range_bytes: int = field(default=0, compare=False)
-    """The bytes of those objects that retained checkpoints use: of a pack, the ranges
-    they name (each once); of an object of ranges, all of it while its own checkpoint is
-    retained, else the most that one retained checkpoint carried of it (the entries'
-    ``used_bytes``; a lower bound when two carry different tensors of it; an entry
-    without it, from an older cairn, counts as all). ``pack_bytes`` over this is the
-    space shared objects keep alive per byte still needed."""
     foreign: list[str] = field(default_factory=list)
-    """The objects in checkpoints' directories whose names cairn never writes
-    (:func:`cairn.format.layout.is_cairn_name`): another application's, left alone."""
 
 
 KEPT_REASONS = (
@@ -178,7 +224,36 @@ checkpoint kept whole only because a kept one's chains need its manifest."""
 
 @dataclass(slots=True)
 class GcResult:
-    """What a GC run did (or, with ``dry_run``, would do)."""
+    """What a GC run did (or, with ``dry_run``, would do).
+
+    Attributes:
+        deleted: The checkpoints whose manifests were deleted (on a dry run, would be).
+        retained: The checkpoints kept.
+        bytes_reclaimed: The bytes of the objects deleted (on a dry run, that would be).
+        failures: Each deletion that failed: the store path, and why.
+        dry_run: Whether this was a dry run (nothing deleted).
+        orphans_deleted: The store paths of the orphans deleted (on a dry run, that
+            would be).
+        objects_deleted: Objects deleted (manifests, artifacts, intents, orphans); 0 on
+            a dry run.
+        reasons: Why each of ``retained`` is kept (:attr:`GcPlan.reasons`).
+        pack_bytes: The bytes of the packs and carried objects kept for the retained
+            checkpoints (:attr:`GcPlan.pack_bytes`).
+        pack_range_bytes: The bytes of those that the retained checkpoints use
+            (:attr:`GcPlan.pack_range_bytes`); the rest is kept only because it shares
+            an object.
+        damaged: The committed checkpoints left alone because their manifest does not
+            decode (or a part of it is missing or damaged), each with why: what they
+            reference is unknown.
+        foreign_objects: The objects left alone in checkpoints' directories because
+            cairn never writes their names (:attr:`GcPlan.foreign`): another
+            application's data.
+        newer_format: The committed checkpoints a newer cairn wrote (a manifest
+            requiring format features this cairn does not know), each with why. When
+            there is one, the run deleted and claimed nothing (``deleted`` is empty):
+            what such a manifest names cannot be known, and it may be anything in the
+            store.
+    """
 
     deleted: list[CheckpointId] = field(default_factory=list)
     retained: list[CheckpointId] = field(default_factory=list)
@@ -187,23 +262,9 @@ class GcResult:
     dry_run: bool = False
     orphans_deleted: list[str] = field(default_factory=list)
     objects_deleted: int = 0
-    """Objects deleted (manifests, artifacts, intents, orphans); 0 on a dry run."""
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
-    """Why each of ``retained`` is kept (:attr:`GcPlan.reasons`)."""
     pack_bytes: int = 0
-    """The bytes of the packs and carried objects kept for the retained checkpoints
-    (:attr:`GcPlan.pack_bytes`)."""
     pack_range_bytes: int = 0
-    """The bytes of those that the retained checkpoints use
-    (:attr:`GcPlan.pack_range_bytes`); the rest is kept only because it shares an object."""
     damaged: dict[CheckpointId, str] = field(default_factory=dict)
-    """The committed checkpoints left alone because their manifest does not decode (or a
-    part of it is missing or damaged), each with why: what they reference is unknown."""
     foreign_objects: list[str] = field(default_factory=list)
-    """The objects left alone in checkpoints' directories because cairn never writes
-    their names (:attr:`GcPlan.foreign`): another application's data."""
     newer_format: dict[CheckpointId, str] = field(default_factory=dict)
-    """The committed checkpoints a newer cairn wrote (a manifest requiring format
-    features this cairn does not know), each with why. When there is one, the run
-    deleted and claimed nothing (``deleted`` is empty): what such a manifest names
-    cannot be known, and it may be anything in the store."""
