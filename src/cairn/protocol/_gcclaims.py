@@ -56,13 +56,11 @@ async def look_again(
 ) -> tuple[set[CheckpointId], set[str]]:
     """The second phase of every deletion (GC's, or one checkpoint's): what to spare.
 
-    Called once the manifests of ``doomed`` are deleted and before their objects are:
-    reads the store again, and returns the checkpoints to keep whole and the object paths
-    they reference (or raises :class:`NewerFormatError` when it meets a manifest a newer
-    cairn wrote: nothing may then be deleted). They are the checkpoints committed since
-    ``known`` (the manifests the
-    deletion was planned from) was read, and the parents of saves in progress (a live
-    lease, or an object younger than ``min_age``), by the store's time.
+    Called once the manifests of the doomed checkpoints are deleted and before their
+    objects are: reads the store again. What is spared is the checkpoints committed
+    since the manifests the deletion was planned from were read, and the parents of
+    saves in progress (a live lease, or an object younger than ``min_age``), by the
+    store's time.
 
     A save building on a doomed checkpoint whose lease lapsed is claimed first (its
     tombstone written, see :mod:`cairn.protocol._lease`): a lapsed lease may be a paused process,
@@ -73,6 +71,21 @@ async def look_again(
     forced deletion) every save building on a doomed checkpoint, or on one that carries
     a doomed checkpoint's objects, is claimed, its lease live or not: it could only
     commit naming what goes.
+
+    Args:
+        store: The store.
+        paths: The checkpoint layout.
+        known: The manifests the deletion was planned from, by id.
+        doomed: The checkpoints being deleted.
+        min_age: An uncommitted directory with an object younger than this is busy.
+        claim_live: Claim saves building on what goes even while their lease is live.
+
+    Returns:
+        The checkpoints to keep whole, and the object paths they reference.
+
+    Raises:
+        NewerFormatError: A manifest a newer cairn wrote was met: nothing may then be
+            deleted.
     """
     state = await read_state(store, paths)
     if state.newer:
@@ -107,11 +120,28 @@ async def claim_saves_on(
     min_age: dt.timedelta,
     live: bool,
 ) -> dict[CheckpointId, CheckpointManifest]:
-    """Claim the saves in progress in ``state`` that build on a checkpoint of ``doomed``
-    and whose lease lapsed at ``now`` (with ``live``: every one, and also those building
-    on a checkpoint of ``manifests`` that carries a doomed one's objects, which a forced
-    deletion breaks too). Returns the manifests of those whose claim found them
-    committed meanwhile (each read whole; one that does not decode is left out)."""
+    """Claim the saves in progress that build on a checkpoint being deleted and whose
+    lease lapsed.
+
+    Args:
+        store: The store.
+        paths: The checkpoint layout.
+        state: What GC read from the store (the saves in progress).
+        manifests: The committed manifests known, by id.
+        doomed: The checkpoints being deleted.
+        now: The store's time, which leases are judged by.
+        min_age: An uncommitted directory with an object younger than this is busy.
+        live: Claim every such save, its lease live or not, and also those building on
+            a checkpoint of ``manifests`` that carries a doomed one's objects, which a
+            forced deletion breaks too.
+
+    Returns:
+        The manifests of those whose claim found them committed meanwhile (each read
+        whole; one that does not decode is left out).
+
+    Raises:
+        NewerFormatError: One of those was written by a newer cairn.
+    """
     busy, abandoned = uncommitted_dirs(state, paths, now=now, min_age=min_age)
     candidates = abandoned
     if live:
@@ -133,6 +163,10 @@ async def abort_saves_in_flight(store: Store, paths: CheckpointPaths) -> None:
     fail). A save either read the new generation and stops, or committed before this
     listing (before the takeover claims ``_latest``), or can no longer commit. One
     listing, and a create-only write per save in flight.
+
+    Args:
+        store: The store.
+        paths: The checkpoint layout.
     """
     objects = await store.list(paths.base_prefix)
     listed = {info.path for info in objects}

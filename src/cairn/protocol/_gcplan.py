@@ -63,12 +63,22 @@ def _before(now: dt.datetime, span: dt.timedelta) -> dt.datetime:
 class StoreState:
     """What GC read from the store: pure data for :func:`plan_gc`.
 
-    ``intents`` (each save attempt's, see :meth:`CheckpointPaths.intent`) and
-    ``tombstones`` are those of uncommitted directories only; ``damaged``
-    are committed directories whose manifest does not decode (GC leaves them alone: what
-    they reference cannot be known). ``latest`` is the pointer as read, or None.
-    ``fenced`` are the checkpoints the writer record's fences name (where a fenced
-    generation ended, see :mod:`cairn.protocol._pointer`).
+    Attributes:
+        manifests: The committed checkpoints' manifests, each read whole, by id.
+        objects: Every object listed under the base prefix.
+        intents: Of uncommitted directories only: each save attempt's intent (see
+            :meth:`CheckpointPaths.intent`) as listed, with what it says (None where it
+            does not decode).
+        tombstones: Of uncommitted directories only: each tombstone as listed.
+        damaged: Committed directories whose manifest does not decode, each with why
+            (GC leaves them alone: what they reference cannot be known).
+        latest: The ``_latest`` pointer as read, or None.
+        fenced: The checkpoints the writer record's fences name (where a fenced
+            generation ended, see :mod:`cairn.protocol._pointer`).
+        ended: Uncommitted directories whose intent was listed but was gone when read:
+            their save ended meanwhile, committed (its manifest is there now) or not.
+        newer: Committed checkpoints whose manifest (or a part of it) a newer cairn
+            wrote: what they name cannot be known, so nothing may be deleted.
     """
 
     manifests: dict[CheckpointId, CheckpointManifest]
@@ -79,11 +89,7 @@ class StoreState:
     latest: LatestPointer | None
     fenced: frozenset[CheckpointId] = frozenset()
     ended: frozenset[CheckpointId] = frozenset()
-    """Uncommitted directories whose intent was listed but was gone when read: their
-    save ended meanwhile, committed (its manifest is there now) or not."""
     newer: Mapping[CheckpointId, NewerFormatError] = field(default_factory=dict)
-    """Committed checkpoints whose manifest (or a part of it) a newer cairn wrote: what
-    they name cannot be known, so nothing may be deleted."""
 
 
 def uncommitted_dirs(
@@ -91,11 +97,20 @@ def uncommitted_dirs(
 ) -> tuple[dict[CheckpointId, frozenset[CheckpointId]], set[CheckpointId]]:
     """Split uncommitted directories into those to leave alone and those to reclaim.
 
-    Returns ``(busy, abandoned)``: ``busy`` maps each directory GC must not touch (a live
-    lease, or an object younger than ``min_age``) to the parents its intents name (their
-    chains are protected too; two writers of one id may build on two); ``abandoned``
-    holds the unclaimed ones with neither, which GC claims before it sweeps them.
     Tombstoned directories are in neither: they are dead.
+
+    Args:
+        state: What GC read from the store.
+        paths: The checkpoint layout.
+        now: The store's time, which leases and ages are judged by.
+        min_age: A directory with an object younger than this is busy.
+
+    Returns:
+        ``(busy, abandoned)``: ``busy`` maps each directory GC must not touch (a live
+        lease, or an object younger than ``min_age``) to the parents its intents name
+        (their chains are protected too; two writers of one id may build on two);
+        ``abandoned`` holds the unclaimed ones with neither, which GC claims before it
+        sweeps them.
     """
     return uncommitted_dirs_of(state, owners_of(paths, state.objects), now=now, min_age=min_age)
 
@@ -214,6 +229,17 @@ def plan_gc(
     reference. Swept: the uncommitted directories in ``claimed`` (their ids can never
     commit) and tombstones left alone for :data:`TOMBSTONE_RETENTION`. Only objects whose
     names cairn writes are ever deleted (:attr:`GcPlan.foreign` lists the others).
+
+    Args:
+        paths: The checkpoint layout.
+        state: What GC read from the store.
+        policy: Which committed checkpoints to keep.
+        now: The store's time, which leases, ages and tombstones are judged by.
+        min_age: An uncommitted directory with an object younger than this is busy.
+        claimed: The uncommitted directories GC has claimed.
+
+    Returns:
+        The plan.
     """
     owners = owners_of(paths, state.objects)
     busy, _ = uncommitted_dirs_of(state, owners, now=now, min_age=min_age)

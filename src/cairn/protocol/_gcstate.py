@@ -54,6 +54,16 @@ async def store_now(store: Store, paths: CheckpointPaths) -> dt.datetime:
 
     GC judges leases, tombstones and ``min_age`` by this, so that no local clock, however
     far off, makes it sweep what a save still needs (see the module docstring).
+
+    Args:
+        store: The store.
+        paths: The checkpoint layout (the probe is its ``_clock``).
+
+    Returns:
+        The stamp.
+
+    Raises:
+        StoreError: The store refused the write (read-only to GC), or failed.
     """
     path = paths.clock()
     try:
@@ -93,6 +103,13 @@ async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
 
     The pointer is read before the listing; :func:`plan_gc`'s rule for it holds whatever
     moves in between.
+
+    Args:
+        store: The store.
+        paths: The checkpoint layout.
+
+    Returns:
+        What GC read.
     """
     state, _ = await read_state_and_owners(store, paths)
     return state

@@ -113,11 +113,28 @@ async def run_gc(
     dry_run: bool,
     min_age: dt.timedelta,
 ) -> GcResult:
-    """Plan and (unless ``dry_run``) execute a GC over ``store``; see the module docstring.
+    """Plan and (unless a dry run) execute a GC over a store; see the module docstring.
 
     A run that has nothing to delete or claim writes nothing (so it works on a store it
-    may only read); one that must write on a store that refuses writes raises
-    :class:`StoreError` naming ``{base}_clock``, before it has changed anything.
+    may only read). A run that meets a manifest a newer cairn wrote deletes and claims
+    nothing, and reports it (:attr:`GcResult.newer_format`).
+
+    Args:
+        store: The store.
+        paths: The checkpoint layout.
+        policy: Which committed checkpoints to keep.
+        dry_run: Report what a run would do, and write nothing.
+        min_age: An uncommitted directory with an object younger than this is left
+            alone (a save in progress), >= 0.
+
+    Returns:
+        What the run did (or would do).
+
+    Raises:
+        InvalidInputError: ``min_age`` or ``policy`` is unusable, or a pinned checkpoint
+            does not exist.
+        StoreError: The run must write and the store refuses writes (the message names
+            ``{base}_clock``); nothing was changed.
     """
     if not isinstance(min_age, dt.timedelta) or min_age < dt.timedelta(0):
         raise InvalidInputError(f"min_age must be a timedelta >= 0, got {min_age!r}")
