@@ -136,17 +136,40 @@ _BLOCKING = (
 )
 
 
+_SECTION = re.compile(r"^(Args|Returns|Yields|Raises):\s*$", re.MULTILINE)
+
+_IN_LOOP = "    SyncInAsyncContextError: Called from inside a running event loop."
+
+
+def _with_in_loop_error(sections: str) -> str:
+    """Google-style ``sections`` with :class:`SyncInAsyncContextError` last in ``Raises:``
+    (a ``Raises:`` section added when there is none)."""
+    lines = sections.splitlines()
+    if "Raises:" not in lines:
+        return "\n\n".join(part for part in [sections, f"Raises:\n{_IN_LOOP}"] if part)
+    end = lines.index("Raises:") + 1
+    while end < len(lines) and (not lines[end] or lines[end].startswith(" ")):
+        end += 1
+    while not lines[end - 1]:
+        end -= 1
+    return "\n".join([*lines[:end], _IN_LOOP, *lines[end:]])
+
+
 def _blocking_doc(method: str, async_doc: str, own: str) -> str:
     """The documentation of blocking ``method``: its async twin's, said of a blocking
-    call, then what the method's own docstring adds after its pointer to the twin."""
+    call; before the twin's sections, what the method's own docstring adds after its
+    pointer to the twin and the twin's name; :class:`SyncInAsyncContextError` among the
+    errors it raises."""
     summary, _, body = inspect.cleandoc(async_doc).partition("\n")
-    body = body.strip()
-    body = re.sub(r"\bawait (:meth:`)", r"call \1", body)
+    body = re.sub(r"\bawait (:meth:`)", r"call \1", body.strip())
     body = re.sub(r"\bAwait (:meth:`)", r"Call \1", body)
+    heading = _SECTION.search(body)
+    start = len(body) if heading is None else heading.start()
+    prose, sections = body[:start].strip(), body[start:].strip()
     extra = _POINTER.sub("", inspect.cleandoc(own), count=1).strip()
-    parts = [summary.strip(), _BLOCKING, body, extra]
     twin = f"(The blocking form of :meth:`ObjectStoreCheckpointer.{method}`.)"
-    return "\n\n".join(part for part in [*parts, twin] if part) + "\n"
+    parts = [summary.strip(), _BLOCKING, prose, extra, twin, _with_in_loop_error(sections)]
+    return "\n\n".join(part for part in parts if part) + "\n"
 
 
 def _blocking_docs(cls: type[T]) -> type[T]:
@@ -310,6 +333,9 @@ class SyncCheckpointer:
 
         Returns:
             The save's future; its ``result()`` is the committed manifest.
+
+        Raises:
+            SyncInAsyncContextError: Called from inside a running event loop.
         """
         future = _WatchedFuture()
 

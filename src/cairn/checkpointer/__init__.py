@@ -63,24 +63,11 @@ __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
 class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
     """Production checkpointer over any object store.
 
-    ``store`` is an obstore store, a :class:`~cairn.stores.Store`, or a URL opened with
-    :func:`~cairn.open_store`. Uploads run at most ``max_concurrent_uploads`` at a time
-    and downloads at most ``max_concurrent_downloads``; transient store failures are
-    retried per ``retry``. With ``compression="zstd"`` artifacts are stored compressed
-    (see :mod:`cairn.format.codecs`); readers decompress whatever each entry records. A save in
-    progress holds a ``lease`` on its directory, renewed every third of it, that keeps
-    GC away however long the save runs (see :mod:`cairn.protocol._lease`). At most
-    ``max_saves_in_flight`` saves run in the background at once (:meth:`save_async`;
-    ``background`` holds the saves, both façades save through it).
-    With ``signing_key`` (HMAC key bytes, a :class:`~cairn.format.signing.ManifestSigner`, or
-    a sequence of them: the first signs, all verify), every manifest committed is
-    signed, and every manifest used is refused with :class:`SignatureError` unless one
-    of the keys signed it; without, signatures are ignored (see :mod:`cairn.format.signing`).
-    With ``retention`` (a :class:`~cairn.RetentionPolicy`, orbax's ``max_to_keep`` is
-    ``RetentionPolicy(keep_last=n)``), every commit is followed by :meth:`gc` with that
-    policy, in the background: it never delays the save, at most one runs at a time
-    (commits meanwhile make one more run after it), a failure is logged and kept in
-    ``background_gc.last_error`` instead of raised, and :meth:`close` waits for it.
+    Readers decompress whatever each entry records. ``background`` holds the saves in
+    flight; both façades save through it. A retention GC, run after every commit, never
+    delays the save, at most one runs at a time (commits meanwhile make one more run
+    after it), a failure is logged and kept in ``background_gc.last_error`` instead of
+    raised, and :meth:`close` waits for it.
 
     Use it as ``async with ObjectStoreCheckpointer(...) as ckpt:``: leaving the block
     closes it (see :meth:`__aexit__`).
@@ -92,6 +79,34 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
     :func:`cairn.protocol.discover.resolve_checkpoint_id`; several matches raise
     :class:`~cairn.errors.AmbiguousCheckpointIdError`, none
     :class:`CheckpointNotFoundError`).
+
+    Args:
+        store: An obstore store, a :class:`~cairn.stores.Store`, or a URL opened with
+            :func:`~cairn.open_store`.
+        paths: The layout; None (the default) chooses it on first use (see
+            :meth:`resolve_paths`).
+        max_concurrent_uploads: Uploads in flight at most, >= 1.
+        retry: How transient store failures are retried; None: ``RetryPolicy()``.
+        max_concurrent_downloads: Downloads in flight at most, >= 1.
+        compression: ``"zstd"`` stores artifacts compressed (see
+            :mod:`cairn.format.codecs`); None stores them raw.
+        lease: How long a save in progress holds its directory against GC, renewed every
+            third of it, however long the save runs (see :mod:`cairn.protocol._lease`).
+        max_saves_in_flight: Background saves (:meth:`save_async`) running at once at
+            most, >= 1.
+        observers: Told what the checkpointer does (see :mod:`cairn.observe`).
+        signing_key: HMAC key bytes, a :class:`~cairn.format.signing.ManifestSigner`, or
+            a sequence of them: the first signs every manifest committed, and every
+            manifest used is refused with :class:`SignatureError` unless one of them
+            signed it. None: signatures are ignored (see :mod:`cairn.format.signing`).
+        retention: A policy every commit is followed by :meth:`gc` with, in the
+            background (orbax's ``max_to_keep`` is ``RetentionPolicy(keep_last=n)``);
+            None: no GC.
+
+    Raises:
+        InvalidInputError: An argument is out of range or of the wrong type.
+        InvalidStoreUrlError: ``store`` is a URL :func:`~cairn.open_store` cannot open.
+        CodecError: ``compression`` names no known or installed codec.
     """
 
     def __init__(
@@ -162,6 +177,9 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         Idempotent and safe to call concurrently: the store is read once, and the choice
         holds for the checkpointer's life. Every coroutine of the checkpointer calls it
         before its first store call; an explicit ``paths`` is returned as it is, no I/O.
+
+        Returns:
+            The layout.
         """
         return await self._layout.resolve(self.store)
 
@@ -176,20 +194,31 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         """Upload every artifact, commit the manifest, and advance ``_latest``.
 
         With a ``parent_id``, every partition of the parent that ``data`` does not mention
-        is carried over by reference (not uploaded again), and each delta is appended to
-        the parent's chain for its partition. Returns the committed manifest. Nothing of
-        the checkpoint is visible unless this returns (or fails after the commit point,
-        as with :class:`FencedError` from the pointer update, in which case the manifest
-        is rolled back). The save holds a lease on its directory from its first write to
-        its commit; if GC claimed the id anyway (the lease lapsed, for instance because
-        the process stalled), it raises :class:`CheckpointAbortedError` and commits
-        nothing. A write whose reply was lost is resolved by reading back: a manifest
-        that landed counts as committed (the save returns), and a pointer swap that runs
-        out of retries after the commit leaves ``_latest`` behind (a hint: readers fall
-        back to listing) but does not fail the save. One case stays open: if the store
-        keeps failing so that the outcome cannot be learnt (the manifest cannot be read
-        back, or the fence checked after a failed swap), that :class:`StoreError`
-        propagates and the checkpoint may be committed (:meth:`exists` tells).
+        is carried over by reference (not uploaded again), and each delta is appended to the
+        parent's chain for its partition. Nothing of the checkpoint is visible unless this
+        returns (or fails after the commit point, as with :class:`FencedError` from the
+        pointer update, in which case the manifest is rolled back). The save holds a lease
+        on its directory from its first write to its commit; if GC claimed the id anyway
+        (the lease lapsed, for instance because the process stalled), it raises
+        :class:`CheckpointAbortedError` and commits nothing. A write whose reply was lost is
+        resolved by reading back: a manifest that landed counts as committed (the save
+        returns), and a pointer swap that runs out of retries after the commit leaves
+        ``_latest`` behind (a hint: readers fall back to listing) but does not fail the
+        save. One case stays open: if the store keeps failing so that the outcome cannot be
+        learnt (the manifest cannot be read back, or the fence checked after a failed swap),
+        that :class:`StoreError` propagates and the checkpoint may be committed
+        (:meth:`exists` tells).
+
+        Args:
+            data: The checkpoint to save.
+
+        Returns:
+            The committed manifest.
+
+        Raises:
+            FencedError: A newer writer generation has taken over.
+            CheckpointAbortedError: GC claimed the id; nothing is committed.
+            StoreError: The store kept failing (see above).
         """
         return await self.background.save(data)
 
@@ -210,6 +239,14 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         every buffer before returning (files and streams are read in the background
         either way). A save still running when the event loop closes is cancelled and
         commits nothing: await :meth:`wait_for_saves` (or :meth:`close`) before that.
+
+        Args:
+            data: The checkpoint to save.
+            copy: Copy every buffer of ``data`` before returning, so the caller may
+                reuse them at once.
+
+        Returns:
+            The save's task; its result is the committed manifest.
         """
         return await self.background.save_async(data, copy=copy)
 
@@ -263,16 +300,32 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         claimed the id first, :class:`CheckpointAbortedError`; if a newer writer
         generation has taken over by the time ``_latest`` is swapped, the manifest is
         rolled back and :class:`FencedError` raised.
+
+        Args:
+            manifest: The manifest of the uploaded checkpoint.
+
+        Returns:
+            The committed manifest.
+
+        Raises:
+            BrokenChainError: An artifact the manifest names is not in the store.
+            CheckpointAbortedError: GC claimed the id first.
+            FencedError: A newer writer generation has taken over.
         """
         with _dispatch.watching(self.observers):
             return self._committed(await _commit.commit(await self._context(), manifest))
 
     async def save_manifest(self, manifest: CheckpointManifest) -> None:
-        """Commit ``manifest``: write it only if no manifest exists for its id.
+        """Commit a manifest: write it only if no manifest exists for its id.
 
-        Raises :class:`CheckpointExistsError` if a different manifest is committed there
-        (an identical one means this commit already happened), :class:`CheckpointAbortedError`
-        if GC claimed the id, and :class:`FencedError` if a newer writer has taken over.
+        Args:
+            manifest: The manifest.
+
+        Raises:
+            CheckpointExistsError: A different manifest is committed there (an identical
+                one means this commit already happened).
+            CheckpointAbortedError: GC claimed the id.
+            FencedError: A newer writer has taken over.
         """
         await _commit.save_manifest(await self._context(), manifest)
 
@@ -285,8 +338,19 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         name that holds other bytes already (another save of this id wrote it) raises
         :class:`ArtifactExistsError` and is left as it is. The payload is held whole in
         memory for the one create-only request; for large files or streams use
-        :meth:`save` or :meth:`save_partitions_concurrent`, which stream. Returns the
-        SHA-256 of ``data``.
+        :meth:`save` or :meth:`save_partitions_concurrent`, which stream.
+
+        Args:
+            checkpoint_id: The uncommitted checkpoint.
+            operator: The operator.
+            partition: The partition.
+            data: Its full state.
+
+        Returns:
+            The SHA-256 of ``data``, in hex.
+
+        Raises:
+            ArtifactExistsError: The name holds other bytes already.
         """
         return await self._save_write_once(checkpoint_id, (operator, partition, False, data))
 
@@ -296,6 +360,18 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         """Upload an incremental delta of one partition of an uncommitted checkpoint.
 
         Written create-only to :meth:`CheckpointPaths.delta`, as :meth:`save_snapshot`.
+
+        Args:
+            checkpoint_id: The uncommitted checkpoint.
+            operator: The operator.
+            partition: The partition.
+            data: The delta on the parent's state.
+
+        Returns:
+            The SHA-256 of ``data``, in hex.
+
+        Raises:
+            ArtifactExistsError: The name holds other bytes already.
         """
         return await self._save_write_once(checkpoint_id, (operator, partition, True, data))
 
@@ -321,12 +397,23 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         is raised once those in flight have ended (what the call uploaded is removed).
         Writes no manifest. Every object's name carries a token of this call's own
         (``partition-{p}.{attempt}.snap``; each entry's ``path`` says it), so no other
-        writer of the same id can replace it. Raises
-        :class:`CheckpointExistsError` if the checkpoint is already committed (committed
-        checkpoints are immutable). With ``metadata_key``, each artifact is hashed before
-        it is sent and its digest stored as that user-metadata key (see
-        :mod:`cairn.integrations.distributed`). The uploads hold the checkpoint's lease
-        while they run; it lapses ``lease`` after they end unless the checkpoint is committed first.
+        writer of the same id can replace it. The uploads hold the checkpoint's lease
+        while they run; it lapses ``lease`` after they end unless the checkpoint is
+        committed first.
+
+        Args:
+            checkpoint_id: The uncommitted checkpoint.
+            uploads: ``(operator, partition, is_delta, data)`` for each partition.
+            metadata_key: Hash each artifact before it is sent and store its digest as
+                this user-metadata key (see :mod:`cairn.integrations.distributed`);
+                None: no such key.
+
+        Returns:
+            ``(operator, entry)`` for each artifact, as a manifest lists them.
+
+        Raises:
+            CheckpointExistsError: The checkpoint is already committed (committed
+                checkpoints are immutable).
         """
         cid = check_id(checkpoint_id)
         checked = _upload.check_uploads(uploads)
@@ -344,6 +431,14 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         deletes it anyway, and those then no longer load. If ``_latest`` names it,
         ``_latest`` is moved, by compare-and-swap, to the newest checkpoint that remains
         (or to none). A checkpoint that does not exist is not an error.
+
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+            force: Delete it even while others build on it.
+
+        Raises:
+            CheckpointInUseError: Others build on it, and not ``force``; nothing was
+                deleted.
         """
         await _delete.delete_checkpoint(await self._context(), await self._id(checkpoint_id), force)
 
@@ -354,6 +449,12 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         reference, or list a delta whose base it holds, the reference's way), and the
         saves in progress that build on it (a live lease). Reads every manifest of the
         store: one listing and one GET each; writes nothing.
+
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+
+        Returns:
+            Their ids, oldest first.
         """
         return await _delete.dependents(await self._context(), await self._id(checkpoint_id))
 
@@ -366,8 +467,10 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         ends every save still in flight, this checkpointer's own included (its id
         claimed), and claims ``_latest`` for the new generation. From then on a
         checkpointer of an older generation cannot commit: its ``save`` raises
-        :class:`FencedError` or :class:`CheckpointAbortedError`. Returns the new
-        generation.
+        :class:`FencedError` or :class:`CheckpointAbortedError`.
+
+        Returns:
+            The new writer generation.
         """
         self.writer_generation = await _commit.take_over(self.store, await self.resolve_paths())
         return self.writer_generation
@@ -377,9 +480,17 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
     ) -> bool:
         """Point ``_latest`` at committed ``checkpoint_id``, by compare-and-swap.
 
-        Only moves forwards (to a greater epoch, then id) unless ``force``; returns
-        whether it moved. Raises :class:`CheckpointNotFoundError` for an uncommitted id
-        and :class:`FencedError` when a newer writer owns the store.
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+            force: Move it even backwards; by default it only moves forwards (to a
+                greater epoch, then id).
+
+        Returns:
+            Whether it moved.
+
+        Raises:
+            CheckpointNotFoundError: The id is not committed.
+            FencedError: A newer writer owns the store.
         """
         return await _commit.update_latest(
             await self._context(), await self._id(checkpoint_id), force
@@ -398,11 +509,21 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
 
         Never deletes the checkpoint ``_latest`` names or any newer one, a retained or
         pinned one, or any artifact reachable from one; a save in progress (a live lease,
-        or objects younger than ``min_age``) is left alone. With ``dry_run`` nothing is
-        deleted and the result says what would be. See :mod:`cairn.protocol.retention`. A pinned
-        id that does not exist and a negative ``min_age`` raise :class:`InvalidInputError`.
-        A run that meets a checkpoint a newer cairn wrote deletes nothing and names it in
-        :attr:`GcResult.newer_format`.
+        or objects younger than ``min_age``) is left alone. See
+        :mod:`cairn.protocol.retention`. A run that meets a checkpoint a newer cairn wrote
+        deletes nothing and names it in :attr:`GcResult.newer_format`.
+
+        Args:
+            policy: Which committed checkpoints to keep.
+            dry_run: Delete nothing; the result says what would be deleted.
+            min_age: An uncommitted directory with an object younger than this is a
+                save in progress, left alone; >= 0.
+
+        Returns:
+            What the run deleted and kept.
+
+        Raises:
+            InvalidInputError: A pinned id does not exist, or ``min_age`` is negative.
         """
         async with self.observed("gc") as op:
             paths = await self.resolve_paths()

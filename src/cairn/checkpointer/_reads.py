@@ -61,19 +61,34 @@ class CheckpointReads(abc.ABC):
 
     @abc.abstractmethod
     async def resolve_paths(self) -> CheckpointPaths:
-        """The layout of the store (:meth:`cairn.ObjectStoreCheckpointer.resolve_paths`)."""
+        """The layout of the store (:meth:`cairn.ObjectStoreCheckpointer.resolve_paths`).
+
+        Returns:
+            The layout.
+        """
 
     @abc.abstractmethod
     async def _context(self) -> Context:
         """What the checkpointer's parts share, once the layout is resolved."""
 
     async def read_latest(self) -> CheckpointId | None:
-        """The id ``_latest`` names; None when it is absent (or unreadable, with a warning)."""
+        """The checkpoint ``_latest`` names.
+
+        Returns:
+            Its id; None when it is absent (or unreadable, with a warning).
+        """
         return await _catalog.read_latest(await self._context())
 
     async def exists(self, checkpoint_id: CheckpointId | str) -> bool:
-        """True when ``checkpoint_id`` is committed (one HEAD of its manifest; a short
-        id: one listing too, and False when none matches)."""
+        """Whether a checkpoint is committed (one HEAD of its manifest).
+
+        Args:
+            checkpoint_id: The checkpoint; a short id costs one listing too.
+
+        Returns:
+            True when it is committed; False when not, or when no checkpoint matches a
+            short id.
+        """
         try:
             cid = await self._id(checkpoint_id)
         except CheckpointNotFoundError:
@@ -96,15 +111,25 @@ class CheckpointReads(abc.ABC):
 
         One delimiter listing of the base, then one HEAD per listed directory for its
         manifest: the cost grows with the number of checkpoints, not of their artifacts.
+
+        Returns:
+            Their ids, oldest first.
         """
         return await _catalog.list_checkpoints(await self._context())
 
     async def load_manifest(self, checkpoint_id: CheckpointId | str) -> CheckpointManifest:
-        """Load and check the manifest of ``checkpoint_id``.
+        """Load and check the manifest of a checkpoint.
 
-        Raises :class:`CheckpointNotFoundError` if it is not committed,
-        :class:`CorruptManifestError` if the bytes there are not its valid manifest, and
-        :class:`NewerFormatError` if a newer cairn wrote it (see :meth:`load_latest`).
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+
+        Returns:
+            Its manifest.
+
+        Raises:
+            CheckpointNotFoundError: It is not committed.
+            CorruptManifestError: The bytes there are not its valid manifest.
+            NewerFormatError: A newer cairn wrote it (see :meth:`load_latest`).
         """
         return await _catalog.load_manifest(await self._context(), await self._id(checkpoint_id))
 
@@ -114,9 +139,17 @@ class CheckpointReads(abc.ABC):
         The same order as :meth:`load_latest`, skipping checkpoints whose manifest does
         not read, without reading artifacts: a checkpoint whose artifacts are damaged is
         still the latest here (so ``cairn verify latest`` reports it), while
-        :meth:`load_latest` moves on to an older one. None when nothing is committed. A
-        checkpoint a newer cairn wrote raises :class:`NewerFormatError` as in
-        :meth:`load_latest` (and is passed over with ``skip_newer_format``).
+        :meth:`load_latest` moves on to an older one.
+
+        Args:
+            skip_newer_format: Pass over a checkpoint a newer cairn wrote instead of
+                raising.
+
+        Returns:
+            Its id; None when nothing is committed.
+
+        Raises:
+            NewerFormatError: A newer cairn wrote it, as in :meth:`load_latest`.
         """
         context = await self._context()
         return await _catalog.latest_id(context, skip_newer_format=skip_newer_format)
@@ -130,11 +163,20 @@ class CheckpointReads(abc.ABC):
     ) -> LoadedCheckpoint:
         """Load a committed checkpoint: manifest, every artifact (verified), source offsets.
 
-        Raises :class:`IntegrityMismatchError` naming the artifact whose digest differs,
-        and :class:`BrokenChainError` naming the link when an artifact or parent that a
-        partition's chain needs is gone. ``progress``, if given, is called on the event
-        loop with the size in bytes (decoded) of each artifact once it is read and
-        verified: a progress bar's ``advance``.
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+            verify: Check every artifact against its SHA-256.
+            progress: If given, called on the event loop with the size in bytes
+                (decoded) of each artifact once it is read and verified: a progress
+                bar's ``advance``.
+
+        Returns:
+            The checkpoint, with its artifacts.
+
+        Raises:
+            IntegrityMismatchError: An artifact's digest differs; the message names it.
+            BrokenChainError: An artifact or parent that a partition's chain needs is
+                gone; the message names the link.
         """
         with _dispatch.watching(self.observers):
             cid = await self._id(checkpoint_id)
@@ -156,9 +198,19 @@ class CheckpointReads(abc.ABC):
 
         One that a newer cairn wrote (its manifest requires format features this cairn
         does not know) is not damage: rather than restore older state past it, this
-        raises :class:`NewerFormatError`. With ``skip_newer_format=True`` it is passed
-        over like damage, with a warning naming it. One older than the checkpoint that
-        loads is never reached, so it does not matter.
+        raises :class:`NewerFormatError`. One older than the checkpoint that loads is
+        never reached, so it does not matter.
+
+        Args:
+            skip_newer_format: Pass over a checkpoint a newer cairn wrote like damage,
+                with a warning naming it, instead of raising.
+
+        Returns:
+            The checkpoint, with its artifacts; None if none loads.
+
+        Raises:
+            NewerFormatError: A newer cairn wrote a checkpoint reached before one that
+                loads.
         """
         async with self.observed("load_latest") as op:
             context = await self._context()
@@ -175,16 +227,38 @@ class CheckpointReads(abc.ABC):
     ) -> list[ChainLink]:
         """What rebuilds one partition: its base snapshot, then every delta in order.
 
-        Each link is verified. Raises :class:`BrokenChainError` naming the missing link
-        (parent, base or artifact), :class:`IntegrityMismatchError` naming the artifact
-        whose digest differs, and :class:`CheckpointNotFoundError` if the checkpoint has
-        no state for that partition.
+        Each link is verified.
+
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+            operator: The operator.
+            partition: The partition.
+
+        Returns:
+            The links, base snapshot first.
+
+        Raises:
+            BrokenChainError: A link (parent, base or artifact) is missing; the message
+                names it.
+            IntegrityMismatchError: An artifact's digest differs; the message names it.
+            CheckpointNotFoundError: The checkpoint has no state for that partition.
         """
         cid = await self._id(checkpoint_id)
         return await _download.load_chain(await self._context(), cid, operator, partition)
 
     async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
-        """The bytes at store ``path``, verified against ``expected_sha256`` when given."""
+        """The bytes of an artifact, verified when a digest is given.
+
+        Args:
+            path: The artifact's store path.
+            expected_sha256: The SHA-256 (hex) its bytes must have; None checks nothing.
+
+        Returns:
+            Its bytes.
+
+        Raises:
+            IntegrityMismatchError: Its digest differs from ``expected_sha256``.
+        """
         return await _read.load_artifact((await self._context()).store, path, expected_sha256)
 
     async def load_artifact_to(
@@ -197,18 +271,30 @@ class CheckpointReads(abc.ABC):
         codec: str | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> str:
-        """Stream the object at ``path`` into ``dest`` in bounded memory; returns its SHA-256.
+        """Stream an object into a file in bounded memory.
 
-        Reads in ranges of ``chunk_size`` (the next ranges are fetched while the current
-        one is hashed and written, on two threads). For a path ``dest``, the bytes go to a
-        temporary file beside it that is fsynced and renamed into place only once the
-        digest matches ``expected_sha256``: on a mismatch nothing appears under the final
-        name and :class:`IntegrityMismatchError` is raised. A file object receives the
+        The next ranges are fetched while the current one is hashed and written, on two
+        threads. For a path ``dest``, the bytes go to a temporary file beside it that is
+        fsynced and renamed into place only once the digest matches ``expected_sha256``:
+        on a mismatch nothing appears under the final name. A file object receives the
         bytes as they arrive; then a mismatch is raised after the last write, and the
-        caller must discard what it received. ``codec`` (an entry's ``codec``) decodes
-        the stored bytes on the way; the digest is that of the decoded bytes.
-        ``progress``, if given, is called on the event loop with the stored bytes of each
-        range as it is read.
+        caller must discard what it received.
+
+        Args:
+            path: The object's store path.
+            dest: A file path, or a binary file object open for writing.
+            expected_sha256: The SHA-256 (hex) the bytes must have; None checks nothing.
+            chunk_size: The size of each ranged read, in bytes.
+            codec: An entry's ``codec``, which decodes the stored bytes on the way (the
+                digest is that of the decoded bytes); None: stored raw.
+            progress: If given, called on the event loop with the stored bytes of each
+                range as it is read.
+
+        Returns:
+            The SHA-256 (hex) of the bytes written.
+
+        Raises:
+            IntegrityMismatchError: The digest differs from ``expected_sha256``.
         """
         return await _download.load_artifact_to(
             await self._context(), path, dest, expected_sha256, chunk_size, codec, progress
@@ -219,21 +305,39 @@ class CheckpointReads(abc.ABC):
 
         For tools that compose the public API into an operation of their own (``cairn
         copy`` is ``"copy"``): its store calls and nested operations are reported under
-        it. ``attributes`` (``checkpoint_id``, ``epoch``, ``bytes``) describe it.
+        it.
+
+        Args:
+            name: The operation's name.
+            **attributes: ``checkpoint_id``, ``epoch``, ``bytes``: what describes it.
+
+        Returns:
+            An async context manager; its value is the :class:`~cairn.observe.Operation`.
         """
         return _observed_with(self.observers, name, attributes)
 
     async def list_checkpoint_dirs(self) -> list[CheckpointId]:
-        """Every checkpoint directory under the base, oldest first, committed or not (a
-        save in progress or one that stopped before its commit has one too); see
+        """Every checkpoint directory under the base, committed or not (a save in
+        progress or one that stopped before its commit has one too); see
         :func:`cairn.protocol.discover.checkpoint_dirs`. :meth:`list_checkpoints` lists the
-        committed ones."""
+        committed ones.
+
+        Returns:
+            Their ids, oldest first.
+        """
         return await checkpoint_dirs(self.store, await self.resolve_paths())
 
     async def load_manifests(self, ids: Sequence[CheckpointId | str]) -> list[ManifestOrDamage]:
-        """:meth:`load_manifest` of each of ``ids``, read concurrently, in the order given;
-        a manifest that is damaged or gone is its error in its place (see
-        :func:`cairn.protocol.discover.load_manifests`). A store failure raises."""
+        """:meth:`load_manifest` of many checkpoints, read concurrently (see
+        :func:`cairn.protocol.discover.load_manifests`). A store failure raises.
+
+        Args:
+            ids: The checkpoints (short ids too).
+
+        Returns:
+            For each, in the order given, its manifest, or its error in its place where
+            it is damaged, gone or written by a newer cairn.
+        """
         return await load_manifests(self.load_manifest, [await self._id(cid) for cid in ids])
 
     async def restore_directory(
@@ -243,16 +347,27 @@ class CheckpointReads(abc.ABC):
         partition: int,
         dest: os.PathLike[str] | str,
     ) -> list[FileEntry]:
-        """Write the directory partition ``(operator, partition)`` into ``dest``; its files.
+        """Write a directory partition into a local directory.
 
         Every file (uploaded or carried) is verified against its size and SHA-256 while
         it is written into a staging directory beside ``dest``; each is fsynced, and the
-        staging directory is renamed onto ``dest`` only once all of them verified.
-        ``dest`` must not exist or be an empty directory (else
-        :class:`InvalidInputError`); on any failure it is left as it was. Raises
-        :class:`IntegrityMismatchError` naming the file whose bytes differ,
-        :class:`BrokenChainError` naming one that is gone, and
-        :class:`CheckpointNotFoundError` if the checkpoint has no such directory partition.
+        staging directory is renamed onto ``dest`` only once all of them verified. On any
+        failure ``dest`` is left as it was.
+
+        Args:
+            checkpoint_id: The checkpoint.
+            operator: The partition's operator.
+            partition: The partition.
+            dest: The directory to write: it must not exist, or be empty.
+
+        Returns:
+            The partition's files.
+
+        Raises:
+            InvalidInputError: ``dest`` exists and is not an empty directory.
+            IntegrityMismatchError: A file's bytes differ; the message names it.
+            BrokenChainError: A file is gone; the message names it.
+            CheckpointNotFoundError: The checkpoint has no such directory partition.
         """
         check_id(checkpoint_id)
         async with self.observed("restore_directory", checkpoint_id=checkpoint_id):
