@@ -97,3 +97,42 @@ def test_valid_names_become_one_path_segment(name: str) -> None:
 def test_relative_paths_cannot_escape(path: str) -> None:
     with pytest.raises(InvalidInputError):
         validate_relative_path(path)
+
+
+def test_the_layout_module_keeps_every_public_name() -> None:
+    import cairn.format.layout as layout
+
+    assert sorted(layout.__all__) == [
+        "CheckpointPaths",
+        "LEGACY_BASE_PREFIX",
+        "MAX_CHECKPOINT_NAME_BYTES",
+        "MAX_NAME_BYTES",
+        "MAX_PARTITION",
+        "MAX_RELATIVE_PATH_BYTES",
+        "MAX_SOURCE_NAME_BYTES",
+        "is_attempt_artifact",
+        "is_cairn_name",
+        "is_intent",
+        "new_attempt",
+        "short_repr",
+        "validate_checkpoint_name",
+        "validate_name",
+        "validate_partition",
+        "validate_relative_path",
+    ]
+    for name in layout.__all__:
+        assert getattr(layout, name) is not None, name
+    limits = (layout.MAX_NAME_BYTES, layout.MAX_SOURCE_NAME_BYTES, layout.MAX_PARTITION)
+    assert limits == (255, 236, 2**32 - 1)
+    assert (layout.MAX_RELATIVE_PATH_BYTES, layout.MAX_CHECKPOINT_NAME_BYTES) == (1024, 1024)
+    assert layout.LEGACY_BASE_PREFIX == "checkpoints/"
+
+
+def test_an_attempt_that_is_not_a_string_is_refused_with_a_typed_error() -> None:
+    paths = CheckpointPaths("base")
+    cid = CheckpointId.now()
+    with pytest.raises(InvalidInputError, match=r"not an attempt token: 12"):
+        paths.intent(cid, 12)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"not an attempt token \(12 hex digits\): 7"):
+        CheckpointPaths.relative_pack(0, 7)  # type: ignore[arg-type]
+    assert paths.intent(cid, "0123456789ab") == f"base/{cid}/intent.0123456789ab.json"
