@@ -33,6 +33,7 @@ from cairn import (
     commit_distributed,
     upload_partitions,
 )
+from cairn.protocol._lease import STAMP_RESOLUTION
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
@@ -135,7 +136,9 @@ async def test_a_worker_killed_mid_upload_commits_nothing(cluster: Cluster) -> N
     assert await ckpt.read_latest() == before.checkpoint_id
     left = [i.path for i in await ckpt.store.list(prefix)]
     assert left, "the workers did leave orphans behind"
-    await asyncio.sleep(WORKER_LEASE.total_seconds() + 0.2)  # no worker renews it any more
+    # No worker renews the lease any more. S3 stamps whole seconds, so GC counts a lease
+    # as lapsed one STAMP_RESOLUTION past its end: wait for both.
+    await asyncio.sleep((WORKER_LEASE + STAMP_RESOLUTION).total_seconds() + 0.2)
     swept = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
     assert sorted(swept.orphans_deleted) == sorted(left)
     # GC claimed the id before sweeping: only its tombstone is left, and nothing can commit.
