@@ -157,10 +157,10 @@ def _with_in_loop_error(sections: str) -> str:
 
 def _blocking_doc(method: str, async_doc: str, own: str) -> str:
     """The documentation of blocking ``method``: its async twin's, said of a blocking
-    call; before the twin's sections, what the method's own docstring adds after its
-    pointer to the twin and the twin's name; :class:`SyncInAsyncContextError` among the
-    errors it raises."""
-    summary, _, body = inspect.cleandoc(async_doc).partition("\n")
+    call (after the twin's first paragraph, however many lines it takes); before the
+    twin's sections, what the method's own docstring adds after its pointer to the twin
+    and the twin's name; :class:`SyncInAsyncContextError` among the errors it raises."""
+    summary, _, body = inspect.cleandoc(async_doc).partition("\n\n")
     body = re.sub(r"\bawait (:meth:`)", r"call \1", body.strip())
     body = re.sub(r"\bAwait (:meth:`)", r"Call \1", body)
     heading = _SECTION.search(body)

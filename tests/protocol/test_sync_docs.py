@@ -35,3 +35,11 @@ def test_a_method_says_what_its_async_twin_says_and_that_it_blocks() -> None:
     assert "Blocks until it is done" in save and "CheckpointAbortedError" in save
     assert "await :meth:" not in (inspect.getdoc(SyncCheckpointer.save_async) or "")
     assert "Blocks until it is done" in pydoc.render_doc(SyncCheckpointer.load_latest)
+
+
+def test_a_summary_over_several_lines_stays_whole_before_the_blocking_note() -> None:
+    twin = inspect.getdoc(ObjectStoreCheckpointer.load_manifests) or ""
+    summary = twin.partition("\n\n")[0]
+    assert "\n" in summary, "the twin's summary takes more than one line"
+    doc = inspect.getdoc(SyncCheckpointer.load_manifests) or ""
+    assert doc.startswith(summary + "\n\nBlocks until it is done"), doc

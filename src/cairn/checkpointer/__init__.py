@@ -362,13 +362,13 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         Written create-only to :meth:`CheckpointPaths.delta`, as :meth:`save_snapshot`.
 
         Args:
-            checkpoint_id: The uncommitted checkpoint.
-            operator: The operator.
-            partition: The partition.
+            checkpoint_id: The uncommitted checkpoint the delta is part of.
+            operator: The operator whose state changed.
+            partition: Which of its partitions changed.
             data: The delta on the parent's state.
 
         Returns:
-            The SHA-256 of ``data``, in hex.
+            The delta's SHA-256, in hex.
 
         Raises:
             ArtifactExistsError: The name holds other bytes already.

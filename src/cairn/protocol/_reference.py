@@ -67,13 +67,13 @@ class Checkpointer(abc.ABC):
         """Write an incremental delta for one operator partition.
 
         Args:
-            checkpoint_id: The checkpoint it belongs to.
-            operator: The operator.
-            partition: The partition.
+            checkpoint_id: The checkpoint the delta is part of.
+            operator: The operator whose state changed.
+            partition: Which of its partitions changed.
             data: The delta on the parent's state.
 
         Returns:
-            The SHA-256 of ``data``, in hex.
+            The delta's SHA-256, in hex.
         """
 
     @abc.abstractmethod
@@ -81,8 +81,8 @@ class Checkpointer(abc.ABC):
         """Load a snapshot or delta by store path, verifying it when a digest is given.
 
         Args:
-            path: The artifact's store path.
-            expected_sha256: The SHA-256 (hex) its bytes must have; None checks nothing.
+            path: Where the artifact is in the store.
+            expected_sha256: The hex digest to check its bytes against, or None.
 
         Returns:
             Its bytes.

@@ -139,10 +139,9 @@ def import_dcp(
         epoch: The epoch the checkpoint records, >= 0.
         name: The checkpoint's name; None (the default) is the directory's name, such
             as ``step-100``, so that ``CairnReader(checkpoint_id="step-100")`` loads it.
-        prefix: With a store: the checkpoints' prefix; None (the default) is the
-            store's root, or ``checkpoints/`` where only that holds checkpoints.
-        signing_key: With a store: the key, or keys, as
-            :class:`~cairn.ObjectStoreCheckpointer` takes it.
+        prefix: The checkpoints' prefix in a store ``dest``, as for :func:`export_dcp`.
+        signing_key: The key, or keys, a store ``dest`` is signed with, as for
+            :func:`export_dcp`.
         max_concurrent_uploads: With a store: how many artifacts are uploaded at once.
 
     Returns:
