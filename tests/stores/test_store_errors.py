@@ -26,6 +26,7 @@ from support.servers import (
 from cairn import (
     CheckpointData,
     CheckpointNotFoundError,
+    IntegrityMismatchError,
     ObjectNotFoundError,
     ObjectStoreCheckpointer,
     RetryPolicy,
@@ -231,3 +232,28 @@ def test_a_404_without_a_bucket_code_is_an_absent_object() -> None:
     )
     error = translate_error("get", "p/x", FileNotFoundError(debug))
     assert type(error) is ObjectNotFoundError
+
+
+# An IntegrityMismatchError pickled (protocol 2) by cairn when cairn.errors was one module.
+OLD_PICKLE = (
+    b"\x80\x02ccairn.errors\n_rebuild\nq\x00ccairn.errors\nIntegrityMismatchError\nq\x01X"
+    b"\xb1\x00\x00\x00sha256 mismatch at 'ckpt/a.snap': expected "
+    + b"0" * 64
+    + b", got "
+    + b"f" * 64
+    + b"q\x02\x85q\x03}q\x04(X\x04\x00\x00\x00pathq\x05X\x0b\x00\x00\x00ckpt/a.snapq\x06"
+    b"X\x08\x00\x00\x00expectedq\x07X@\x00\x00\x00"
+    + b"0" * 64
+    + b"q\x08X\x06\x00\x00\x00actualq\tX@\x00\x00\x00"
+    + b"f" * 64
+    + b"q\nu\x87q\x0bRq\x0c."
+)
+
+
+def test_errors_pickle_by_their_public_module_and_old_pickles_still_load() -> None:
+    error = IntegrityMismatchError("ckpt/a.snap", "0" * 64, "f" * 64)
+    assert b"ccairn.errors\n_rebuild\n" in pickle.dumps(error, protocol=2)
+    old = pickle.loads(OLD_PICKLE)
+    assert type(old) is IntegrityMismatchError and str(old) == str(error)
+    assert (old.path, old.expected, old.actual) == ("ckpt/a.snap", "0" * 64, "f" * 64)
+    assert old.operator is None and old.partition is None

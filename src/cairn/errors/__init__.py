@@ -61,6 +61,7 @@ from __future__ import annotations
 # isort: off
 from cairn.errors._root import (
     CheckpointerError,
+    _rebuild,  # noqa: F401 (what pickled errors name: see _root)
 )
 from cairn.errors._checkpoints import (
     CheckpointNotFoundError,

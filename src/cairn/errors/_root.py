@@ -32,3 +32,8 @@ def _rebuild(
     error.args = args
     error.__dict__.update(state)
     return error
+
+
+# Pickles name this function where the errors' public module is, ``cairn.errors``, which
+# re-exports it: pickles made while it was defined there keep loading.
+_rebuild.__module__ = "cairn.errors"
