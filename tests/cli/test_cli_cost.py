@@ -109,6 +109,11 @@ def test_history_cost_prices_each_save_and_a_day_at_the_median_interval(tmp_path
     assert "per day at that interval: 144 checkpoints" in text.stdout, text.stdout
     assert dollars(statistics.fmean(expected) * 144) + " in requests" in text.stdout
 
+    [narrow] = cairn_many([["history", *store, "--price", PRICES]], env={"COLUMNS": "80"})
+    assert narrow.code == 0, narrow.explain()
+    assert all(len(line) <= 80 for line in narrow.stdout.splitlines()), narrow.stdout
+    assert "Requests $" in narrow.stdout and dollars(expected[0]) in narrow.stdout
+
 
 def test_a_local_store_has_no_price_unless_given(tmp_path: Path) -> None:
     root = tmp_path / "store"

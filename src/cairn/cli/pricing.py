@@ -22,7 +22,7 @@ import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -70,7 +70,6 @@ class PriceTable:
         gb_month: Dollars per GiB-month of storage, or None.
         source: The page the prices are published on, or None (given with ``--price``).
         as_of: The date of the prices (``YYYY-MM``), or None.
-        billed_as: How the store bills each kind of request, in its own words.
     """
 
     name: str
@@ -78,7 +77,6 @@ class PriceTable:
     gb_month: float | None
     source: str | None = None
     as_of: str | None = None
-    billed_as: Mapping[str, str] = field(default_factory=dict)
 
     def doc(self) -> dict[str, Any]:
         """The table as ``history --cost --json`` prints it."""
@@ -110,15 +108,10 @@ S3_STANDARD = PriceTable(
     gb_month=0.023,
     source="https://aws.amazon.com/s3/pricing/",
     as_of="2026-12",
-    billed_as={
-        "put": "PUT, COPY, POST, LIST requests",
-        "get": "GET, SELECT and all other requests",
-        "head": "GET, SELECT and all other requests",
-        "list": "PUT, COPY, POST, LIST requests",
-        "delete": "DELETE and CANCEL requests are free",
-    },
 )
-"""S3 Standard list prices, US East (N. Virginia); storage: the first 50 TB a month."""
+"""S3 Standard list prices, US East (N. Virginia): PUT and LIST are "PUT, COPY, POST,
+LIST requests", GET and HEAD "GET, SELECT and all other requests", DELETE is free;
+storage: the first 50 TB a month."""
 
 GCS_STANDARD = PriceTable(
     name="Google Cloud Storage Standard, region us-central1",
@@ -126,16 +119,9 @@ GCS_STANDARD = PriceTable(
     gb_month=0.020,
     source="https://cloud.google.com/storage/pricing",
     as_of="2026-12",
-    billed_as={
-        "put": "Class A operation (objects insert)",
-        "get": "Class B operation (objects get)",
-        "head": "Class B operation (objects get, metadata)",
-        "list": "Class A operation (objects list)",
-        "delete": "free",
-    },
 )
-"""Cloud Storage Standard list prices in a single region (us-central1): Class A and
-Class B operations."""
+"""Cloud Storage Standard list prices in a single region (us-central1): inserts and
+object listings are Class A operations, reads and metadata reads Class B, deletes free."""
 
 AZURE_BLOB_HOT = PriceTable(
     name="Azure Blob Storage Hot, LRS, East US",
@@ -143,16 +129,11 @@ AZURE_BLOB_HOT = PriceTable(
     gb_month=0.018,
     source="https://azure.microsoft.com/en-us/pricing/details/storage/blobs/",
     as_of="2026-12",
-    billed_as={
-        "put": "write operation ($0.055 per 10,000)",
-        "get": "read operation ($0.0044 per 10,000)",
-        "head": "all other operations ($0.0044 per 10,000)",
-        "list": "list and create container operation ($0.055 per 10,000)",
-        "delete": "free",
-    },
 )
 """Azure Blob Storage Hot tier, LRS, East US, pay as you go (the page lists prices per
-10,000 operations; here per 1,000); storage: the first 50 TB a month."""
+10,000 operations; here per 1,000): PUT is a write operation, LIST a list operation,
+GET a read, HEAD (Get Blob Properties) one of "all other operations", DELETE free;
+storage: the first 50 TB a month."""
 
 TABLES: Mapping[str, PriceTable] = {"s3": S3_STANDARD, "gcs": GCS_STANDARD, "azure": AZURE_BLOB_HOT}
 """The built-in tables, by cloud."""
@@ -281,7 +262,6 @@ class GivenPrices:
             gb_month,
             table.source,
             table.as_of,
-            table.billed_as,
         )
 
 
