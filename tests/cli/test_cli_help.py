@@ -21,6 +21,7 @@ from cairn.cli.errors import ExitCode
 ROOT = REPO
 COMMANDS = (
     "list",
+    "history",
     "show",
     "verify",
     "restore",
@@ -54,6 +55,7 @@ def test_help_shows_flags_and_arguments_plainly() -> None:
             "verify": ["--all"],
             "copy": ["--all"],
             "show": ["--partitions"],
+            "history": ["--cost"],
             "restore": ["--overwrite"],
             "delete": ["--force"],
             "gc": ["--dry-run"],
@@ -78,6 +80,8 @@ def test_help_shows_flags_and_arguments_plainly() -> None:
     assert re.search(r"--store\s+URL\s", pages["list"].stdout)
     assert re.search(r"--prefix\s+PREFIX\s", pages["list"].stdout)
     assert re.search(r"--keep-last\s+N\s", pages["gc"].stdout)
+    assert re.search(r"--price\s+KEY=USD,\.\.\.\s", pages["history"].stdout)
+    assert "USD per 1,000 requests" in pages["history"].stdout
     assert "[default: ./checkpoints]" in pages["list"].stdout  # not eaten as markup
     assert "[default: 1h]" in pages["gc"].stdout
 

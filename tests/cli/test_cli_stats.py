@@ -59,6 +59,9 @@ def test_history_and_show_print_what_each_save_stored_and_asked(tmp_path: Path) 
         manifests[1].stats.stored_bytes,  # type: ignore[union-attr]
         requests_of(manifests[1]),
     )
+    # Sent: the artifact bytes the save sent, as stored; not the manifest.
+    assert [row["sent_bytes"] for row in series] == [5000, 70]
+    assert doc["sent_bytes"] == 70
 
     for run in (history, shown):
         assert run.code == 0, run.explain()
@@ -69,6 +72,7 @@ def test_history_and_show_print_what_each_save_stored_and_asked(tmp_path: Path) 
     put = requests_of(manifests[1])["put"]
     assert f"{totals[1]} ({put} PUT, " in shown.stdout, shown.stdout
     assert "DELETE) up to its commit" in shown.stdout
+    assert "70 B of artifacts by its save, as stored" in shown.stdout, shown.stdout
 
 
 def test_checkpoints_saved_before_the_counts_show_without_them(tmp_path: Path) -> None:

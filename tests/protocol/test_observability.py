@@ -247,3 +247,26 @@ def test_the_metrics_example_serves_metrics_over_http(tmp_path: Path) -> None:
         job.wait(timeout=30)
         if job.stdout is not None:
             job.stdout.close()
+
+
+async def test_prometheus_counts_the_bytes_each_kind_of_write_sent(tmp_path: Path) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    ckpt = make_checkpointer(ObstoreStore(MemoryStore()), observers=[PrometheusMetrics(registry)])
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(range(256)) * 12_289)  # a file: uploaded as a stream, in parts
+    manifest = await ckpt.save(
+        CheckpointData(epoch=1, snapshots={("big", 0): big, ("small", 0): b"s" * 3000})
+    )
+    assert manifest.stats is not None and isinstance(manifest.stats.stored_bytes, int)
+
+    samples = scrape(registry)
+    streamed = samples['cairn_store_sent_bytes_total{operation="put_stream"}']
+    assert streamed == big.stat().st_size
+    # The puts: the small artifact's object and the manifest, which the save's stored
+    # bytes count, plus its records (intent, pointer), which are small.
+    put = samples['cairn_store_sent_bytes_total{operation="put"}']
+    own = manifest.stats.stored_bytes - big.stat().st_size
+    assert own <= put <= own + 4096, (put, own)
+    assert not any(
+        key.startswith("cairn_store_sent_bytes_total") and "put" not in key for key in samples
+    )

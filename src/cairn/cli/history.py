@@ -85,7 +85,7 @@ def history_doc(where: dict[str, str], points: list[Point]) -> dict[str, Any]:
                 uploaded_bytes=doc["uploaded_bytes"],
                 carried_bytes=doc["carried_bytes"],
             )
-            for key in ("duration_ms", "stored_bytes", "requests"):
+            for key in ("duration_ms", "sent_bytes", "stored_bytes", "requests"):
                 if key in doc:
                     row[key] = doc[key]
         series.append(row)

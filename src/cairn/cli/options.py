@@ -23,17 +23,20 @@ import typer
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.formats import OutputFormat, Shown, apply_output
 from cairn.cli.limits import at_least
+from cairn.cli.pricing import GivenPrices, parse_prices
 from cairn.cli.session import Session, run
 
 __all__ = [
     "AllOption",
     "Body",
+    "CostOption",
     "DebugOption",
     "Given",
     "IdsOption",
     "JsonOption",
     "LimitOption",
     "PrefixOption",
+    "PriceOption",
     "RefArgument",
     "RefsArgument",
     "SinceOption",
@@ -114,6 +117,39 @@ SinceOption = Annotated[
         metavar="AGE|DATE",
         help="Only those created since: an age (7d, 12h) or a date (2026-01-31, "
         "2026-01-31T12:00Z; UTC unless an offset is given).",
+        show_default=False,
+    ),
+]
+
+CostOption = Annotated[
+    bool,
+    typer.Option(
+        "--cost",
+        help="Dollars per checkpoint and per day at the observed interval (the median gap "
+        "between commit times), from each save's requests by kind and stored bytes, at "
+        "the list prices of the store's cloud (s3://, gs://, az://); see --price.",
+    ),
+]
+
+
+def _price(text: str | GivenPrices) -> GivenPrices:
+    """``--price``'s parser: a usage error (exit 2) that quotes the bad token."""
+    try:
+        return parse_prices(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+PriceOption = Annotated[
+    GivenPrices | None,
+    typer.Option(
+        "--price",
+        metavar="KEY=USD,...",
+        parser=_price,
+        help="Prices instead of the built-in ones (implies --cost): "
+        "put=…,get=…,head=…,list=…,delete=… in USD per 1,000 requests, gb_month=… in USD "
+        "per GiB-month; those not given keep the built-in price (a local or memory store "
+        "has none: give all five kinds).",
         show_default=False,
     ),
 ]

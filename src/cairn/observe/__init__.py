@@ -91,12 +91,16 @@ class StoreCall:
         outcome: ``ok``, ``not_found``, ``exists``, ``precondition_failed``,
             ``transient`` or ``error``.
         seconds: How long it took.
+        sent_bytes: The bytes of its body it sent: a ``put``'s data, the chunks a
+            ``put_stream`` handed on (a failed attempt: those it handed on before it
+            failed); 0 for reads, lists and deletes.
     """
 
     operation: str
     path: str
     outcome: str
     seconds: float
+    sent_bytes: int = 0
 
 
 class Observer:

@@ -169,10 +169,15 @@ def fell_back(checkpoint_id: Any, error: BaseException) -> None:
 
 
 def store_call(
-    observers: Sequence[Observer], operation: str, path: str, outcome: str, seconds: float
+    observers: Sequence[Observer],
+    operation: str,
+    path: str,
+    outcome: str,
+    seconds: float,
+    sent_bytes: int = 0,
 ) -> None:
     """One store request ended (called by the observing store wrapper)."""
-    call = StoreCall(operation, path, outcome, seconds)
+    call = StoreCall(operation, path, outcome, seconds, sent_bytes)
     op = _operation.get()
     for observer in observers:  # the hottest hook: no closure per call
         try:

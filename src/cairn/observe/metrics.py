@@ -15,6 +15,8 @@ Names follow Flink's checkpoint metrics where Flink has one; labels are few and 
 ``cairn_restore_duration_seconds``                 histogram of ``load`` / ``load_latest`` durations
 ``cairn_restore_fallbacks_total``                  checkpoints ``load_latest`` skipped as damaged
 ``cairn_store_requests_total{operation,outcome}``  store requests (each retry attempt counts)
+``cairn_store_sent_bytes_total{operation}``        bytes of the bodies of store writes (``put``,
+                                                   ``put_stream``; each attempt counts)
 ``cairn_store_retries_total{operation,reason}``    retried store calls; reason ``status_503``, ...
 ``cairn_gc_deleted_objects_total``                 objects GC deleted
 ``cairn_gc_reclaimed_bytes_total``                 bytes GC reclaimed
@@ -98,6 +100,11 @@ class PrometheusMetrics(Observer):
             "operation",
             "outcome",
         )
+        self.sent_bytes = counter(
+            "cairn_store_sent_bytes",
+            "Bytes of the bodies of store writes by operation (each attempt counts).",
+            "operation",
+        )
         self.retries = counter(
             "cairn_store_retries",
             "Retried store calls by operation and reason.",
@@ -108,6 +115,7 @@ class PrometheusMetrics(Observer):
         self.gc_reclaimed = counter("cairn_gc_reclaimed_bytes", "Bytes GC reclaimed.")
         self.in_flight = gauge("cairn_saves_in_flight", "Background saves running now.")
         self._request_children: dict[tuple[str, str], Any] = {}
+        self._sent_children: dict[str, Any] = {}
 
     def ended(self, operation: Operation) -> None:
         """Count saves, restores and GC runs."""
@@ -130,12 +138,17 @@ class PrometheusMetrics(Observer):
             self.gc_reclaimed.inc(operation.gc.bytes_reclaimed)
 
     def store_call(self, operation: Operation | None, call: StoreCall) -> None:
-        """Count one store request."""
+        """Count one store request, and the bytes it sent."""
         key = (call.operation, call.outcome)
         child = self._request_children.get(key)
         if child is None:  # labels() costs a lookup under a lock: once per pair
             child = self._request_children[key] = self.requests.labels(*key)
         child.inc()
+        if call.sent_bytes:
+            sent = self._sent_children.get(call.operation)
+            if sent is None:
+                sent = self._sent_children[call.operation] = self.sent_bytes.labels(call.operation)
+            sent.inc(call.sent_bytes)
 
     def retried(self, operation: Operation | None, store_operation: str, reason: str) -> None:
         """Count one retry."""

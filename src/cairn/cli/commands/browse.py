@@ -7,6 +7,7 @@ does when the checkpoint it is given is not there.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Annotated
 
@@ -15,10 +16,19 @@ import typer
 from cairn import ObjectStoreCheckpointer
 from cairn.cli import views
 from cairn.cli.catalog import latest_mark, parse_ref, read_manifests
+from cairn.cli.costs import cost_summary, cost_table, row_costs
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.history import Point, history_chart, history_doc
 from cairn.cli.maintain import parse_since, window
-from cairn.cli.options import LimitOption, RefArgument, SinceOption, launch
+from cairn.cli.options import (
+    CostOption,
+    LimitOption,
+    PriceOption,
+    RefArgument,
+    SinceOption,
+    launch,
+)
+from cairn.cli.pricing import GivenPrices, PriceTable, no_price_reason, table_for_url
 from cairn.cli.session import Session, checkpoint_prefixes, other_prefixes_hint
 from cairn.cli.verify import signature_of, signature_state
 
@@ -71,18 +81,25 @@ def history_command(
     ctx: typer.Context,
     limit: LimitOption = None,
     since: SinceOption = None,
+    cost: CostOption = False,
+    price: PriceOption = None,
 ) -> None:
     """Draw the checkpoints over time: size uploaded and carried, duration, full or
     incremental, and the saves that did not commit and long gaps, at a glance.
 
     --since and --limit draw only the newest saves, committed or not. When there are
-    none under the prefix, names the prefixes of the store that hold some.
+    none under the prefix, names the prefixes of the store that hold some. --cost
+    lists each save's requests by kind and the bytes it sent and stored, in dollars,
+    and what a day of checkpoints costs; unknown where a save recorded no requests.
     """
-    launch(ctx, lambda session: _history(session, limit, since))
+    launch(ctx, lambda session: _history(session, limit, since, cost or price is not None, price))
 
 
-async def _history(session: Session, limit: int | None, since: str | None) -> None:
+async def _history(
+    session: Session, limit: int | None, since: str | None, cost: bool, price: GivenPrices | None
+) -> None:
     since_ms = _since(since)
+    table = _prices(session.parse(), price) if cost else None
     ckpt = await session.open()
     committed = set(await ckpt.list_checkpoints())
     dirs = await ckpt.list_checkpoint_dirs()
@@ -102,8 +119,31 @@ async def _history(session: Session, limit: int | None, since: str | None) -> No
         for cid in window(dirs, limit, since_ms)
     ]
     out = session.output
-    chart = history_chart(points, full_ids=out.full_ids, wide=out.wide)
-    out.report(history_doc(session.doc(), points), chart)
+    if not cost:
+        chart = history_chart(points, full_ids=out.full_ids, wide=out.wide)
+        out.report(history_doc(session.doc(), points), chart)
+        return
+    summary = cost_summary(
+        points, table, None if table else no_price_reason(session.url, os.environ)
+    )
+    doc = history_doc(session.doc(), points)
+    for row, point in zip(doc["series"], points, strict=True):
+        row.update(row_costs(point, table))
+    view = cost_table(points, summary, table, full_ids=out.full_ids, wide=out.wide)
+    out.report({**doc, "cost": summary}, view)
+
+
+def _prices(url: str, given: GivenPrices | None) -> PriceTable | None:
+    """The prices ``history --cost`` uses for the store at ``url``: the built-in table
+    of its cloud, with what ``--price`` gave over it; None when no price applies. A
+    usage error when ``--price`` leaves a kind unpriced that no built-in table prices."""
+    table = table_for_url(url, os.environ)
+    if given is None:
+        return table
+    try:
+        return given.over(table)
+    except ValueError as exc:
+        raise CliError(f"--price {given.text!r}: {exc}", ExitCode.USAGE) from None
 
 
 def _since(text: str | None) -> int | None:

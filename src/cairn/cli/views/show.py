@@ -172,6 +172,13 @@ def show_table(
             f"({human_size(doc['uploaded_bytes'])} uploaded by this checkpoint)",
         ),
         (
+            "sent",
+            f"{human_size(doc['sent_bytes'])} of artifacts by its save, as stored (after "
+            "compression)"
+            if "sent_bytes" in doc
+            else "—",
+        ),
+        (
             "stored",
             f"{human_size(doc['stored_bytes'])} by its save: its own objects as stored, "
             "its manifest"

@@ -91,7 +91,8 @@ def manifest_doc(manifest: CheckpointManifest) -> dict[str, Any]:
     output shows: ``artifacts`` are the entries of its restore chains, ``uploaded_*`` the
     checkpoint's own, ``carried_*`` those it references from earlier checkpoints (the
     whole chain; bytes as handed to ``save``); ``duration_ms``, ``upload_ms``,
-    ``commit_ms``, ``retries``, ``stored_bytes`` (what the save left in the store: its
+    ``commit_ms``, ``retries``, ``sent_bytes`` (the bytes of the artifacts it sent, as
+    stored: after compression), ``stored_bytes`` (what the save left in the store: its
     objects as stored, its manifest and parts) and ``requests`` (the store requests it
     made up to its commit, by kind) come from the save's statistics, each absent for
     checkpoints saved before cairn recorded it.
@@ -132,8 +133,10 @@ REQUEST_KINDS = ("put", "get", "head", "list", "delete")
 
 
 def cost_doc(stats: SaveStats) -> dict[str, Any]:
-    """``stored_bytes`` and ``requests`` (by kind) of a save's statistics, those it has."""
-    doc: dict[str, Any] = {}
+    """``sent_bytes`` (the bytes of the artifacts the save sent, as stored: after
+    compression), ``stored_bytes`` and ``requests`` (by kind) of a save's statistics,
+    those it has."""
+    doc: dict[str, Any] = {"sent_bytes": stats.uploaded_bytes}
     if isinstance(stats.stored_bytes, int):
         doc["stored_bytes"] = stats.stored_bytes
     if isinstance(stats.requests, StoreRequests):
