@@ -21,10 +21,12 @@ at which each of its buckets holds what it needs (``min(cost, burst)``: a reques
 larger than the bucket waits until the bucket is full, then leaves it in debt that the
 next callers wait out). Reservations are handed out in call order, so waiting callers
 go in turn (first come, first served), each with one sleep, to its own time: no polling,
-no timer, nothing that runs while nobody waits. In any window of ``w`` seconds a limit of
-``r`` per second lets through at most ``burst + r * w`` tokens (the bytes of one more
-request over the bucket's size, for the bytes limit). A call cancelled while it waits
-does not give its turn back: the budget errs on the slow side.
+no timer, nothing that runs while nobody waits. A call waits its turn behind every call
+that came before it, even one whose own buckets would let it go sooner. In any window
+of ``w`` seconds (both ends included) a limit of ``r`` per second lets through at most
+``burst + r * w`` tokens, and, where one call needs more than the bucket holds, that
+excess besides. A call cancelled while it waits does not give its turn back: the budget
+errs on the slow side.
 
 Invariants: a store opened without a budget pays nothing (no wrapper, no lock, no
 clock); every attempt of a call, a retried one included, reserves its tokens before it
