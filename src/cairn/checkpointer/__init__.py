@@ -23,6 +23,9 @@ written at its top:
 
 Every store call goes through :class:`~cairn.stores.retry.RetryingStore`, which retries only
 transient failures, with the checkpointer's :class:`~cairn.stores.retry.RetryPolicy`.
+With a :class:`~cairn.stores.budget.RequestBudget`, every attempt beneath it first waits
+for its turn in the budget its store shares in the process
+(:class:`~cairn.stores._budgeted.BudgetedStore`).
 """
 
 from __future__ import annotations

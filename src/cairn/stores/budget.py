@@ -30,7 +30,9 @@ errs on the slow side.
 
 Invariants: a store opened without a budget pays nothing (no wrapper, no lock, no
 clock); every attempt of a call, a retried one included, reserves its tokens before it
-is sent; the times granted never go backwards, so no caller overtakes an earlier one.
+is sent, but for what only its reply tells (a ``get``'s bytes, a listing's further
+pages), which is counted on arrival and waited out by the calls after it; the times
+granted never go backwards, so no caller overtakes an earlier one.
 """
 
 from __future__ import annotations
