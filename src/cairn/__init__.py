@@ -43,6 +43,7 @@ from cairn.format.signing import HmacSigner, ManifestSigner
 from cairn.integrations.distributed import WorkerReport, commit_distributed, upload_partitions
 from cairn.protocol.retention import GcResult, RetentionPolicy
 from cairn.stores import Store, _shutdown, open_store
+from cairn.stores.budget import RequestBudget
 from cairn.stores.retry import RetryPolicy
 from cairn.sync import SyncCheckpointer
 
@@ -66,6 +67,7 @@ __all__ = [
     "OperatorSnapshotEntry",
     "PartitionSnapshotEntry",
     "PartitionUpload",
+    "RequestBudget",
     "RetentionPolicy",
     "RetryPolicy",
     "SourceOffsetEntry",

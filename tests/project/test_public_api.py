@@ -53,6 +53,7 @@ EXPECTED = {
     "PartitionSnapshotEntry",
     "PartitionUpload",
     "PreconditionFailedError",
+    "RequestBudget",
     "RetryPolicy",
     "SourceOffsetEntry",
     "Store",

@@ -3,8 +3,9 @@
 One class per store: memory, a local directory (with and without obstore's automatic
 cleanup), S3 (moto's server), Azure Blob (Azurite), GCS (fake-gcs-server, its writes
 through the tests' XML-to-JSON proxy), and the wrappers over a store:
-:class:`RetryingStore`, the tests' :class:`FaultyStore` and :class:`RecordingStore`,
-and a retrying store over a faulty one that fails the first try of every operation.
+:class:`RetryingStore`, :class:`BudgetedStore` (paced by a request budget), the tests'
+:class:`FaultyStore` and :class:`RecordingStore`, and a retrying store over a faulty one
+that fails the first try of every operation.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from support.servers import (
     s3_store_options,
 )
 
-from cairn import RetryPolicy, TransientStoreError
+from cairn import RequestBudget, RetryPolicy, TransientStoreError
 from cairn.stores import ObstoreStore, Store
+from cairn.stores._budgeted import BudgetedStore
+from cairn.stores.budget import SharedBudget
 from cairn.stores.retry import RetryingStore
 from cairn.testing import StoreContract
 
@@ -79,6 +82,13 @@ class TestRetryingStore(StoreContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
         return RetryingStore(local_store(tmp_path), NO_WAIT)
+
+
+class TestBudgetedStore(StoreContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        budget = RequestBudget(max_requests_per_s=2000, max_bytes_per_s=1e9)
+        return BudgetedStore(local_store(tmp_path), SharedBudget(budget))
 
 
 class TestFaultyStore(StoreContract):

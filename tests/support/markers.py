@@ -61,6 +61,7 @@ SLOW_TESTS = frozenset(
         "tests/protocol/test_damaged_records.py::test_show_summarises_a_checkpoint_of_20000_partitions",
         "tests/protocol/test_lost_replies.py::test_lost_replies_when_retries_run_out",
         "tests/protocol/test_lost_replies.py::test_lost_replies_with_retries_to_spare",
+        "tests/stores/test_budget.py::test_the_server_never_sees_more_than_the_limit_while_it_throttles",
     }
 )
 """Tests of a few seconds or more each (``pytest --durations``), in quick modules."""

@@ -31,6 +31,10 @@ Guarantees:
   ``dropped`` only (their requests are never read). ``failed`` counts requests answered
   with an injected error response (``fail_requests_with`` or ``throttle``), ``resets``
   the requests whose connection ``throttle`` reset; neither kind reaches the server.
+* ``request_times()`` holds one ``time.monotonic()`` stamp per counted request, taken
+  under the same lock as the count when its head has been parsed (before it is
+  forwarded or failed), in the order they were counted: ``len(request_times())`` equals
+  ``requests`` in any one snapshot. ``reset_counters()`` clears them with the counters.
 
 Not supported: TLS, HTTP/2, protocol upgrades. A client->server stream that does not
 parse as HTTP/1.x is still forwarded, raw, but its requests are no longer counted.
@@ -45,6 +49,7 @@ import random
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
@@ -234,6 +239,7 @@ class FaultProxy:
         self._throttle: _Throttle | None = None
         self._connections = self._requests = self._dropped = self._cut = self._failed = 0
         self._resets = 0
+        self._request_times: list[float] = []
 
     @classmethod
     def for_endpoint(cls, endpoint: str) -> FaultProxy:
@@ -391,6 +397,7 @@ class FaultProxy:
         with self._lock:
             self._connections = self._requests = self._dropped = self._cut = self._failed = 0
             self._resets = 0
+            self._request_times.clear()
 
     # -- counters (any thread) ----------------------------------------------------------
 
@@ -404,6 +411,11 @@ class FaultProxy:
                 self._failed,
                 self._resets,
             )
+
+    def request_times(self) -> list[float]:
+        """The ``time.monotonic()`` stamp of every counted request, in order (a copy)."""
+        with self._lock:
+            return list(self._request_times)
 
     @property
     def connections(self) -> int:
@@ -452,6 +464,7 @@ class FaultProxy:
         """Count one request and decide its fate (see ``fail_requests_with``, ``throttle``)."""
         with self._lock:
             self._requests += 1
+            self._request_times.append(time.monotonic())
             if self._fail_left is None or self._fail_left > 0:
                 if self._fail_left is not None:
                     self._fail_left -= 1

@@ -23,6 +23,9 @@ written at its top:
 
 Every store call goes through :class:`~cairn.stores.retry.RetryingStore`, which retries only
 transient failures, with the checkpointer's :class:`~cairn.stores.retry.RetryPolicy`.
+With a :class:`~cairn.stores.budget.RequestBudget`, every attempt beneath it first waits
+for its turn in the budget its store shares in the process
+(:class:`~cairn.stores._budgeted.BudgetedStore`).
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ from cairn.protocol._reference import Checkpointer
 from cairn.protocol._upload import PartitionUpload
 from cairn.protocol.retention import GcResult, RetentionPolicy, run_gc
 from cairn.stores import Store, as_store
+from cairn.stores._budgeted import BudgetedStore
 from cairn.stores._observed import ObservedStore
+from cairn.stores.budget import BUDGETED_RETRY, RequestBudget, is_remote, open_remote, shared_budget
 from cairn.stores.retry import RetryingStore, RetryPolicy
 
 __all__ = ["Checkpointer", "ObjectStoreCheckpointer", "PartitionUpload"]
@@ -86,7 +91,8 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         paths: The layout; None (the default) chooses it on first use (see
             :meth:`resolve_paths`).
         max_concurrent_uploads: Uploads in flight at most, >= 1.
-        retry: How transient store failures are retried; None: ``RetryPolicy()``.
+        retry: How transient store failures are retried; None: ``RetryPolicy()``, or
+            :data:`~cairn.stores.budget.BUDGETED_RETRY` with a ``budget`` and a remote store's URL.
         max_concurrent_downloads: Downloads in flight at most, >= 1.
         compression: ``"zstd"`` stores artifacts compressed (see
             :mod:`cairn.format.codecs`); None stores them raw.
@@ -102,6 +108,11 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         retention: A policy every commit is followed by :meth:`gc` with, in the
             background (orbax's ``max_to_keep`` is ``RetentionPolicy(keep_last=n)``);
             None: no GC.
+        budget: Requests and bytes per second at most, to this store, shared with every
+            checkpointer of the same store (bucket) in the process (see
+            :mod:`cairn.stores.budget`); None: no limit. Given a remote store's URL,
+            the checkpointer opens it with obstore's own HTTP retry off, so that every
+            request is counted.
 
     Raises:
         InvalidInputError: An argument is out of range or of the wrong type.
@@ -123,6 +134,7 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         observers: Sequence[Observer] = (),
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
         retention: RetentionPolicy | None = None,
+        budget: RequestBudget | None = None,
     ) -> None:
         self._layout = ChosenPaths(paths)
         self.signing_keys = signing_keys(signing_key)
@@ -132,7 +144,12 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
             "max_concurrent_downloads", max_concurrent_downloads
         )
         self.lease = _lease.checked_lease(lease)
-        self.retry = retry if retry is not None else RetryPolicy()
+        if budget is not None and not isinstance(budget, RequestBudget):
+            raise InvalidInputError(f"budget must be a RequestBudget, got {budget!r}")
+        remote_url = budget is not None and isinstance(store, str) and is_remote(store)
+        if retry is None:
+            retry = BUDGETED_RETRY if remote_url else RetryPolicy()
+        self.retry = retry
         self.observers = tuple(observers)
         for observer in self.observers:
             if not isinstance(observer, Observer):
@@ -140,8 +157,12 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
                     f"observers must be cairn.observe.Observer, got {observer!r}"
                 )
         # Beneath the retries, each attempt is one request: counted (a save's statistics)
-        # and reported to the observers.
-        inner = ObservedStore(as_store(store), self.observers)
+        # and reported to the observers, and, with a budget, sent in its turn.
+        base = open_remote(store) if isinstance(store, str) and remote_url else as_store(store)
+        inner: Store = ObservedStore(base, self.observers)
+        self.budget = None if budget is None else shared_budget(base, budget)
+        if self.budget is not None:
+            inner = BudgetedStore(inner, self.budget)
         self.store: Store = RetryingStore(inner, self.retry)
         self.writer_generation = 0
         self.background = BackgroundSaves(
