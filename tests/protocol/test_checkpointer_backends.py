@@ -31,6 +31,7 @@ from cairn import (
     CheckpointId,
     CheckpointManifest,
     CheckpointNotFoundError,
+    CheckpointPaths,
     CorruptManifestError,
     IntegrityMismatchError,
     InvalidNameError,
@@ -375,7 +376,8 @@ async def test_failed_save_leaves_nothing_visible(raw_store: ObjectStore) -> Non
 
 async def test_retries_stop_at_the_policy_bound(raw_store: ObjectStore) -> None:
     faulty = FaultyStore(ObstoreStore(raw_store), FaultPlan(transient_burst=100))
-    ckpt = ObjectStoreCheckpointer(faulty, retry=FAST_RETRY)
+    # Paths given: the one call is read_latest's (choosing a layout lists twice).
+    ckpt = ObjectStoreCheckpointer(faulty, CheckpointPaths(""), retry=FAST_RETRY)
     with pytest.raises(TransientStoreError):
         await ckpt.read_latest()
     assert faulty.calls == FAST_RETRY.attempts

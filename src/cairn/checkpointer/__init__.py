@@ -49,9 +49,9 @@ from cairn.format.layout import CheckpointPaths
 from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.format.signing import SigningKey, signing_keys
 from cairn.observe import Observer, _dispatch
-from cairn.protocol import _commit, _delete, _lease, _save, _upload
+from cairn.protocol import _catalog, _commit, _delete, _lease, _pointer, _save, _upload
 from cairn.protocol._background import BackgroundGc, BackgroundSaves, close_background
-from cairn.protocol._context import Context, check_id, context_of
+from cairn.protocol._context import Context, Hints, check_id, context_of
 from cairn.protocol._paths import ChosenPaths
 from cairn.protocol._reference import Checkpointer
 from cairn.protocol._upload import PartitionUpload
@@ -165,6 +165,7 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
             inner = BudgetedStore(inner, self.budget)
         self.store: Store = RetryingStore(inner, self.retry)
         self.writer_generation = 0
+        self._hints = Hints()
         self.background = BackgroundSaves(
             positive_int("max_saves_in_flight", max_saves_in_flight),
             self._context,
@@ -207,7 +208,30 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
     async def _context(self) -> Context:
         """What the checkpointer's parts share (store, layout, limits), as set now, once
         the layout is resolved: every coroutine's first step."""
-        return context_of(self, await self.resolve_paths())
+        return context_of(self, await self.resolve_paths(), self._hints)
+
+    async def _context_seeing_latest(self) -> tuple[Context, _catalog.FirstLook | None]:
+        """:meth:`_context` for a call that finds the latest checkpoint: one that has to
+        choose the layout first reads the root's ``_writer`` and ``_latest`` beside the
+        listing that chooses it, and hands over all three when the root is chosen, so
+        that the choice costs no round trip of its own."""
+        if self._layout.chosen is not None:
+            return await self._context(), None
+        root = CheckpointPaths("")
+        _, record, pointer = await asyncio.gather(
+            self.resolve_paths(),
+            _pointer.read_writer(self.store, root.writer_record()),
+            _pointer.read_latest(self.store, root.latest_pointer(), self._hints.latest),
+            return_exceptions=True,
+        )
+        context = await self._context()
+        listing = self._layout.take_root_listing()
+        if context.paths != root or listing is None:
+            self._hints.latest.forget()  # what was read is not this layout's pointer
+            return context, None
+        if isinstance(record, BaseException) or isinstance(pointer, BaseException):
+            return context, None  # read them again, and fail there if they fail
+        return context, _catalog.FirstLook(record[0], pointer, listing)
 
     # -- writing: the commit protocol (protocol._commit, protocol._upload) ----------------
 

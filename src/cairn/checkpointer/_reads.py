@@ -71,6 +71,10 @@ class CheckpointReads(abc.ABC):
     async def _context(self) -> Context:
         """What the checkpointer's parts share, once the layout is resolved."""
 
+    @abc.abstractmethod
+    async def _context_seeing_latest(self) -> tuple[Context, _catalog.FirstLook | None]:
+        """:meth:`_context`, and what choosing the layout read that "latest" starts from."""
+
     async def read_latest(self) -> CheckpointId | None:
         """The checkpoint ``_latest`` names.
 
@@ -151,8 +155,8 @@ class CheckpointReads(abc.ABC):
         Raises:
             NewerFormatError: A newer cairn wrote it, as in :meth:`load_latest`.
         """
-        context = await self._context()
-        return await _catalog.latest_id(context, skip_newer_format=skip_newer_format)
+        context, seen = await self._context_seeing_latest()
+        return await _catalog.latest_id(context, skip_newer_format=skip_newer_format, seen=seen)
 
     async def load(
         self,
@@ -213,11 +217,12 @@ class CheckpointReads(abc.ABC):
                 loads.
         """
         async with self.observed("load_latest") as op:
-            context = await self._context()
+            context, seen = await self._context_seeing_latest()
             loaded = await _catalog.first_that_loads(
                 context,
                 lambda cid: _download.load(context, cid, True),
                 skip_newer_format=skip_newer_format,
+                seen=seen,
             )
             op.manifest = loaded.manifest if loaded is not None else None
             return loaded

@@ -132,6 +132,9 @@ class CheckpointData:
     timestamp_ms: int | None = None
     directories: Mapping[ArtifactKey, str | os.PathLike[str]] = field(default_factory=dict)
     directory_check: DirectoryCheck = "mtime"
+    generated_id: bool = field(default=False, init=False, compare=False)
+    """Whether the id was generated here (a new UUIDv7: no checkpoint can hold it yet),
+    not given."""
 
     def __post_init__(self) -> None:
         if not _is_int_in(self.epoch, 0, MAX_INT64):
@@ -189,6 +192,7 @@ class CheckpointData:
                 raise InvalidCheckpointDataError(f"{name} must be a CheckpointId, got {value!r}")
         if self.checkpoint_id is None:
             object.__setattr__(self, "checkpoint_id", CheckpointId.now())
+            object.__setattr__(self, "generated_id", True)
         if self.parent_id is not None and self.parent_id == self.checkpoint_id:
             raise InvalidCheckpointDataError(f"checkpoint {self.checkpoint_id} is its own parent")
         object.__setattr__(self, "snapshots", snapshots)
@@ -221,7 +225,9 @@ class CheckpointData:
                 for key, data in artifacts.items()
             }
 
-        return dataclasses.replace(self, snapshots=own(self.snapshots), deltas=own(self.deltas))
+        copy = dataclasses.replace(self, snapshots=own(self.snapshots), deltas=own(self.deltas))
+        object.__setattr__(copy, "generated_id", self.generated_id)
+        return copy
 
 
 @dataclass(frozen=True, slots=True)

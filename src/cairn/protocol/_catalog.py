@@ -30,8 +30,10 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -56,10 +58,11 @@ from cairn.observe import _dispatch
 from cairn.protocol import _lease, _parts, _pointer
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context, check_id
-from cairn.stores import ObjectInfo
+from cairn.stores import ListDirResult, ObjectInfo
 
 __all__ = [
     "DAMAGE",
+    "FirstLook",
     "checkpoint_names",
     "committed",
     "first_that_loads",
@@ -162,12 +165,27 @@ async def read_latest(ctx: Context) -> CheckpointId | None:
 
 async def listed_ids(ctx: Context) -> list[CheckpointId]:
     """Every checkpoint directory under the base, oldest first (committed or not)."""
-    listing = await ctx.store.list_dir(ctx.paths.base_prefix)
+    return _ids_in(ctx, await ctx.store.list_dir(ctx.paths.base_prefix))
+
+
+def _ids_in(ctx: Context, listing: ListDirResult) -> list[CheckpointId]:
+    """The checkpoint directories of a listing of the base, oldest first."""
     return sorted(
         cid
         for prefix in listing.prefixes
         if (cid := ctx.paths.parse_checkpoint_dir(prefix)) is not None
     )
+
+
+@dataclass(frozen=True)
+class FirstLook:
+    """What a call read of the base while it chose the layout, which "latest" reads
+    first: ``_writer`` (None: damaged), ``_latest`` (None: missing or damaged) and the
+    listing of the base (see :func:`latest_candidates`)."""
+
+    record: _pointer.WriterRecord | None
+    pointer: _pointer.LatestPointer | None
+    listing: ListDirResult
 
 
 LISTING_DECIDES_OBJECTS = 20
@@ -261,15 +279,25 @@ async def _committed_by_listing(ctx: Context, ids: list[CheckpointId]) -> list[b
     return found
 
 
-async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
+async def latest_candidates(
+    ctx: Context, seen: FirstLook | None = None
+) -> AsyncIterator[CheckpointId]:
     """Committed checkpoints in the order "latest" tries them (see the module docstring).
 
-    Lazy: when what ``_latest`` names is current and loads, nothing else is read.
+    Lazy: when what ``_latest`` names is current and loads, nothing else is read. The
+    records and the listing it starts from are read at once, or taken from ``seen``.
     """
-    record, _, _ = await _pointer.read_writer(ctx.store, ctx.paths.writer_record())
-    pointer, _, _ = await _pointer.read_pointer(ctx.store, ctx.paths.latest_pointer())
+    if seen is None:
+        # At once: a checkpoint committed between the reads is either listed (and ranked
+        # against what the pointer names) or published and named by it.
+        (record, _, _), pointer, listed = await asyncio.gather(
+            _pointer.read_writer(ctx.store, ctx.paths.writer_record()),
+            _pointer.read_latest(ctx.store, ctx.paths.latest_pointer(), ctx.hints.latest),
+            listed_ids(ctx),  # one listing serves the staleness check and the ranking
+        )
+    else:
+        record, pointer, listed = seen.record, seen.pointer, _ids_in(ctx, seen.listing)
     named = pointer.checkpoint_id if pointer is not None else None
-    listed = await listed_ids(ctx)  # one listing serves the staleness check and the ranking
     tried = None
     if named is not None and await _pointer_is_current(ctx, named, record, listed):
         tried = named
@@ -285,14 +313,16 @@ async def latest_candidates(ctx: Context) -> AsyncIterator[CheckpointId]:
         yield header.checkpoint_id
 
 
-async def latest_id(ctx: Context, *, skip_newer_format: bool = False) -> CheckpointId | None:
+async def latest_id(
+    ctx: Context, *, skip_newer_format: bool = False, seen: FirstLook | None = None
+) -> CheckpointId | None:
     """The latest checkpoint by manifest: the first of :func:`latest_candidates` whose
     manifest loads (artifacts unread); None when nothing is committed.
 
     One a newer cairn wrote raises :class:`NewerFormatError`, unless
     ``skip_newer_format`` (see :func:`passed_over_newer`).
     """
-    async for cid in latest_candidates(ctx):
+    async for cid in latest_candidates(ctx, seen):
         try:
             await load_manifest(ctx, cid)
         except DAMAGE as exc:
@@ -310,6 +340,7 @@ async def first_that_loads(
     load: Callable[[CheckpointId], Awaitable[T]],
     *,
     skip_newer_format: bool = False,
+    seen: FirstLook | None = None,
 ) -> T | None:
     """``load`` of the first of :func:`latest_candidates` that loads; None when none does.
 
@@ -317,9 +348,9 @@ async def first_that_loads(
     observers (:func:`cairn.observe._dispatch.fell_back`) and passed over. One a newer
     cairn wrote raises :class:`NewerFormatError`, unless ``skip_newer_format``: then it
     is passed over as damage is, with a warning naming it (:func:`passed_over_newer`).
-    Any other failure is raised.
+    Any other failure is raised. ``seen``: see :func:`latest_candidates`.
     """
-    async for cid in latest_candidates(ctx):
+    async for cid in latest_candidates(ctx, seen):
         try:
             return await load(cid)
         except DAMAGE as exc:

@@ -84,17 +84,20 @@ def check_admitted(parent: CheckpointManifest, record: _pointer.WriterRecord) ->
 
 
 async def carried_chains(
-    ctx: Context, data: CheckpointData, record: _pointer.WriterRecord
-) -> dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]:
-    """The parent's links the new checkpoint keeps, as ``(operator, entry)`` owned elsewhere.
+    ctx: Context, data: CheckpointData, record: _pointer.WriterRecord | None = None
+) -> tuple[CheckpointManifest, dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]]:
+    """The parent's manifest, and its links the new checkpoint keeps, as ``(operator,
+    entry)`` owned elsewhere.
 
     Partitions ``data`` does not mention keep the parent's whole chain; a delta extends
-    it; a new snapshot replaces it. Refuses a parent that ``record`` does not admit (a
-    fenced writer's late commit, see :mod:`cairn.protocol._pointer`).
+    it; a new snapshot replaces it. With a ``record``, refuses a parent that it does not
+    admit (a fenced writer's late commit, see :mod:`cairn.protocol._pointer`); without
+    one, the caller checks the parent (:func:`check_admitted`) once it has read it.
     """
     assert data.parent_id is not None
     parent = await _catalog.load_manifest(ctx, data.parent_id)
-    check_admitted(parent, record)
+    if record is not None:
+        check_admitted(parent, record)
     parent_chains = await resolve_chains(ctx, parent)
     missing_base = sorted(set(data.deltas) - set(parent_chains))
     if missing_base:
@@ -102,7 +105,7 @@ async def carried_chains(
             f"delta {missing_base[0]!r} has no base: parent {data.parent_id} "
             "holds no state for that partition"
         )
-    return {
+    return parent, {
         key: [(key[0], msgspec.structs.replace(entry, owner=owner)) for owner, entry in links]
         for key, links in parent_chains.items()
         if key not in data.snapshots and key not in data.directories

@@ -124,7 +124,7 @@ from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths, is_attempt_artifact, new_attempt
 from cairn.format.manifest import CheckpointManifest, check_manifest, encode_manifest, encode_stored
 from cairn.observe import _dispatch
-from cairn.protocol import _catalog, _lease, _pointer, retention
+from cairn.protocol import _catalog, _chains, _lease, _pointer, retention
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context
 from cairn.stores import Store
@@ -180,18 +180,26 @@ async def commit_and_publish(
     lease: _lease.Lease | None,
     finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
     discard: Discard | None = None,
+    parent: CheckpointManifest | None = None,
 ) -> CheckpointManifest:
     """Steps 4 and 5, as one observed ``commit``; ``lease`` (if any) stops once the
     manifest is written.
 
     A save whose uploads are its own (it passes ``discard``) and finds one of them gone
     fails with :class:`CheckpointAbortedError`: only GC removes what a save uploaded,
-    having claimed the id once the lease lapsed.
+    having claimed the id once the lease lapsed. ``parent``, the manifest of the
+    checkpoint it builds on when the caller read it, must be admitted by the writer
+    record the commit reads (:func:`cairn.protocol._chains.check_admitted`).
     """
     cid = manifest.checkpoint_id
     async with _dispatch.observed(None, "commit", checkpoint_id=cid) as op:
         try:
-            manifest = await _write_manifest(ctx, manifest, finish, discard)
+            manifest = await _write_manifest(ctx, manifest, finish, discard, parent)
+            if lease is not None:
+                await lease.stop()  # before its intent goes: a renewal would write it again
+            op.manifest = await _publish(
+                ctx, manifest, lease.path if lease is not None else None, discard
+            )
         except BrokenChainError as exc:
             if discard is not None and _own_upload(ctx, manifest, exc.link):
                 raise CheckpointAbortedError(
@@ -201,9 +209,6 @@ async def commit_and_publish(
                     "lease lapsed)",
                 ) from exc
             raise
-        if lease is not None:
-            await lease.stop()  # before its intent goes: a renewal would write it again
-        op.manifest = await _publish(ctx, manifest, lease.path if lease is not None else None)
         return op.manifest
 
 
@@ -215,7 +220,8 @@ async def save_manifest(ctx: Context, manifest: CheckpointManifest) -> None:
     intent = ctx.paths.intent(manifest.checkpoint_id, new_attempt())
     lease = await _lease.Lease.start(ctx.store, intent, manifest.parent_id, ctx.lease)
     try:
-        await _check_before_create(ctx, manifest)
+        await lease.written()
+        await _check_before_commit(ctx, manifest)
         written = await _create_manifest(ctx, manifest)
         await _check_after_create(ctx, written)
     finally:
@@ -236,14 +242,14 @@ def _check_manifest_input(manifest: CheckpointManifest) -> None:
 async def _create_manifest(ctx: Context, manifest: CheckpointManifest) -> CheckpointManifest:
     """Write ``manifest`` only if no manifest exists for its id: the create itself, after
     the parts of a large one (see :func:`cairn.format.manifest.encode_stored`). Returns the
-    manifest as stored, ``parts`` set.
+    manifest as stored, ``parts`` set. The caller has read the fence
+    (:func:`_check_before_commit`).
 
     Parts are named by their digest, so writing one that another writer of the id wrote
     (or this one, on a retry) writes the same bytes; they are never discarded with an
     attempt's uploads for that reason, and GC sweeps those no manifest names.
     """
     _check_manifest_input(manifest)
-    await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), ctx.generation)
     cid = manifest.checkpoint_id
     path = ctx.paths.manifest(cid)
     encoded = encode_stored(manifest, ctx.keys)
@@ -282,14 +288,17 @@ async def _write_manifest(
     manifest: CheckpointManifest,
     finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
     discard: Discard | None = None,
+    parent: CheckpointManifest | None = None,
 ) -> CheckpointManifest:
-    """The commit point: check every artifact is there, create the manifest, check again.
+    """The commit point: read the fence and check every artifact is there (at once),
+    then create the manifest.
 
-    ``finish`` completes the manifest once the check passed (a save adds its stats);
+    ``finish`` completes the manifest once the checks passed (a save adds its stats);
     returns the manifest written. ``discard`` runs whenever the commit surely did not
     happen; without one, the manifest's own attempt-named artifacts are removed, unless
     another writer's commit or GC's claim is what stopped this one (a twin coordinator
-    may have committed the very same uploads).
+    may have committed the very same uploads). ``parent``: see
+    :func:`commit_and_publish`. The check after the create is :func:`_publish`'s.
     """
     cid = manifest.checkpoint_id
     own_discard = discard is not None
@@ -298,7 +307,11 @@ async def _write_manifest(
         await (discard(written) if discard is not None else _discard_uncommitted(ctx, written))
 
     try:
-        await _check_before_create(ctx, manifest)
+        record = await _check_before_commit(
+            ctx, manifest, parent.checkpoint_id if parent is not None else None
+        )
+        if parent is not None:
+            _chains.check_admitted(parent, record)
         if finish is not None:
             manifest = finish(manifest)
         manifest = await _create_manifest(ctx, manifest)
@@ -325,44 +338,121 @@ async def _write_manifest(
         if not await _catalog.committed(ctx, cid):
             await discard_all(manifest)
         raise
-    await _check_after_create(ctx, manifest, lambda: discard_all(manifest))
     return manifest
+
+
+async def _check_before_commit(
+    ctx: Context, manifest: CheckpointManifest, parent: CheckpointId | None = None
+) -> _pointer.WriterRecord:
+    """Read the fence and check the artifacts (:func:`_check_before_create`), both at
+    once; the writer record read. The caller's intent is written: see the module
+    docstring for why the fence is read after it, and why ``parent``'s manifest, the
+    checkpoint the caller read to build on, is checked too). Fenced (or a damaged
+    ``_writer``) wins over a missing artifact when both are found."""
+    fence, present = await asyncio.gather(
+        _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), ctx.generation),
+        _check_before_create(ctx, manifest, parent),
+        return_exceptions=True,
+    )
+    if isinstance(fence, BaseException):
+        raise fence
+    if isinstance(present, BaseException):
+        raise present
+    return fence
 
 
 async def _publish(
-    ctx: Context, manifest: CheckpointManifest, intent: str | None
+    ctx: Context,
+    manifest: CheckpointManifest,
+    intent: str | None,
+    discard: Discard | None = None,
 ) -> CheckpointManifest:
-    """After the commit: advance ``_latest`` (or roll back if fenced), then remove the
-    intent, which says until then that the save has not finished (a deletion of the
-    checkpoint meanwhile retires its id, see :func:`cairn.protocol._lease.retire`; a takeover
-    retires it)."""
+    """After the create, at once: check the artifacts again, swap ``_latest`` (or roll
+    back a fenced commit), and remove the intents.
+
+    The intents said until the create returned that the save had not finished: a
+    deletion of the checkpoint meanwhile retires its id (see
+    :func:`cairn.protocol._lease.retire`), and a takeover retires it. A check after the
+    create that fails (see the module docstring) rolls the commit back, and ``_latest``
+    off it if the swap moved it; ``discard`` then runs (without one, the manifest's own
+    attempt-named artifacts are removed).
+    """
     cid = manifest.checkpoint_id
-    try:
-        await _advance_or_roll_back(ctx, manifest)
-    finally:
-        # Its own intent, and the one its uploading processes share (see start).
-        ended = [ctx.paths.intent(cid), *([intent] if intent is not None else [])]
-        try:
-            await ctx.store.delete(ended)
-        except CheckpointerError as exc:  # they go with the checkpoint, retired
-            log.info("could not remove the intents of committed %s: %s", cid, exc)
+    before = _pointer_before(ctx)
+    # Its own intent, and the one its uploading processes share (see start): the create
+    # has returned, so no retry of it can follow, and nothing needs them any more.
+    ended = [ctx.paths.intent(cid), *([intent] if intent is not None else [])]
+    checked, advanced, _ = await asyncio.gather(
+        _check_after_create(ctx, manifest, _discarding(ctx, manifest, discard)),
+        _advance_or_roll_back(ctx, manifest),
+        _remove_intents(ctx, cid, ended),
+        return_exceptions=True,
+    )
+    if isinstance(checked, BaseException):
+        if advanced is True:
+            await _withdraw(ctx, cid, before)
+        raise checked
+    if isinstance(advanced, BaseException):
+        raise advanced
     return manifest
 
 
-async def _advance_or_roll_back(ctx: Context, manifest: CheckpointManifest) -> None:
-    """Advance ``_latest`` to ``manifest``; roll the commit back if a takeover fenced it."""
+def _discarding(
+    ctx: Context, manifest: CheckpointManifest, discard: Discard | None
+) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        await (discard(manifest) if discard is not None else _discard_uncommitted(ctx, manifest))
+
+    return run
+
+
+def _pointer_before(ctx: Context) -> _pointer.LatestPointer | None:
+    """``_latest`` as this checkpointer last knew it, to move it back to if the commit
+    it is about to name is rolled back (None when unknown or absent)."""
+    hint = ctx.hints.latest
+    return hint.pointer if hint.known else None
+
+
+async def _withdraw(ctx: Context, cid: CheckpointId, before: _pointer.LatestPointer | None) -> None:
+    """Move ``_latest`` off ``cid``, whose commit was rolled back after the swap named
+    it, to what it named ``before``; best effort (readers check what it names)."""
+    try:
+        await _pointer.withdraw_latest(ctx.store, ctx.paths.latest_pointer(), cid, before)
+    except CheckpointerError as exc:
+        log.warning("could not move _latest off %s, rolled back: %s", cid, exc)
+    finally:
+        ctx.hints.latest.forget()
+
+
+async def _remove_intents(ctx: Context, cid: CheckpointId, ended: list[str]) -> None:
+    try:
+        await ctx.store.delete(ended)
+    except CheckpointerError as exc:  # they go with the checkpoint, retired
+        log.info("could not remove the intents of committed %s: %s", cid, exc)
+
+
+async def _advance_or_roll_back(ctx: Context, manifest: CheckpointManifest) -> bool:
+    """Advance ``_latest`` to ``manifest`` (whether it moved); roll the commit back if a
+    takeover fenced it."""
     cid = manifest.checkpoint_id
     try:
         try:
-            await _pointer.advance_latest(
-                ctx.store, ctx.paths.latest_pointer(), cid, manifest.epoch, ctx.generation
+            return await _pointer.advance_latest(
+                ctx.store,
+                ctx.paths.latest_pointer(),
+                cid,
+                manifest.epoch,
+                ctx.generation,
+                hint=ctx.hints.latest,
             )
         except StoreError as exc:
             # The checkpoint is committed; _latest is only a hint (readers fall back to
             # listing), so a swap that ran out of retries does not fail the save. But the
             # swap is where a takeover is noticed: check the fence instead.
+            ctx.hints.latest.forget()
             await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), ctx.generation)
             log.warning("checkpoint %s is committed, _latest not advanced: %s", cid, exc)
+            return False
     except FencedError:
         log.warning("checkpoint %s was fenced after its commit: rolling it back", cid)
         await _roll_back(ctx, manifest)
@@ -391,7 +481,9 @@ async def _manifest_is(ctx: Context, cid: CheckpointId, body: bytes) -> bool:
     return bytes(blob.data) == body
 
 
-async def _check_before_create(ctx: Context, manifest: CheckpointManifest) -> None:
+async def _check_before_create(
+    ctx: Context, manifest: CheckpointManifest, parent: CheckpointId | None = None
+) -> None:
     """Check every artifact is there before the create; say why when one is not.
 
     A missing artifact is :class:`CheckpointExistsError` when another writer committed
@@ -400,7 +492,7 @@ async def _check_before_create(ctx: Context, manifest: CheckpointManifest) -> No
     """
     cid = manifest.checkpoint_id
     try:
-        await _check_artifacts_present(ctx, manifest)
+        await _check_artifacts_present(ctx, manifest, parent=parent)
     except BrokenChainError as exc:
         path = ctx.paths.manifest(cid)
         try:
@@ -454,10 +546,14 @@ def _own_upload(ctx: Context, manifest: CheckpointManifest, path: str) -> bool:
 
 
 async def _check_artifacts_present(
-    ctx: Context, manifest: CheckpointManifest, written: bool = False
+    ctx: Context,
+    manifest: CheckpointManifest,
+    written: bool = False,
+    parent: CheckpointId | None = None,
 ) -> None:
     """Raise :class:`BrokenChainError` unless every entry's object (and, once the
-    manifest is ``written``, every part of it) is in the store.
+    manifest is ``written``, every part of it; and ``parent``'s manifest, when given)
+    is in the store.
 
     One listing per directory that holds entries (this checkpoint's, and those of the
     checkpoints it carries entries from), sizes checked: a whole object's exactly, a
@@ -473,6 +569,12 @@ async def _check_artifacts_present(
     for part in manifest.parts if written else ():
         own = wanted.setdefault(ctx.paths.checkpoint_dir(cid), {})
         own[ctx.paths.resolve(cid, part.path)] = (part.size_bytes, False)
+    if parent is not None:
+        # The parent's manifest, committed (not a tombstone: at least a byte), listed
+        # after this save's intent was written: a deletion of the parent that comes
+        # later finds the intent, and spares what it builds on (see the module docstring).
+        parent_dir = wanted.setdefault(ctx.paths.checkpoint_dir(parent), {})
+        parent_dir[ctx.paths.manifest(parent)] = (1, True)
 
     def check(directory: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:

@@ -14,7 +14,7 @@ every manifest read for use is verified (see :mod:`cairn.format.signing`).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from cairn.errors import InvalidInputError
@@ -22,16 +22,31 @@ from cairn.format.codecs import Codec
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKeys
+from cairn.protocol._pointer import PointerHint
 from cairn.stores import Store
 
-__all__ = ["Context", "Settings", "check_id", "context_of"]
+__all__ = ["Context", "Hints", "Settings", "check_id", "context_of"]
+
+
+@dataclass
+class Hints:
+    """What one checkpointer learned of its store that spares it a round trip later.
+
+    Each is a guess that the protocol checks before it relies on it (a swap of
+    ``_latest`` is conditioned on the version the hint holds), so a stale one costs a
+    round trip, never a wrong decision.
+    """
+
+    latest: PointerHint = field(default_factory=PointerHint)
+    """``_latest`` as this checkpointer last read or wrote it."""
 
 
 @dataclass(frozen=True, slots=True)
 class Context:
     """A checkpointer's store (retrying), layout, concurrency limits, codec, lease,
-    signing keys (None: manifests are neither signed nor verified) and the writer
-    generation it holds (0 until it takes over: see :mod:`cairn.protocol._pointer`)."""
+    signing keys (None: manifests are neither signed nor verified), the writer
+    generation it holds (0 until it takes over: see :mod:`cairn.protocol._pointer`) and
+    its :class:`Hints`."""
 
     store: Store
     paths: CheckpointPaths
@@ -41,6 +56,7 @@ class Context:
     lease: dt.timedelta
     keys: SigningKeys | None = None
     generation: int = 0
+    hints: Hints = field(default_factory=Hints)
 
 
 class Settings(Protocol):
@@ -63,9 +79,10 @@ class Settings(Protocol):
     def writer_generation(self) -> int: ...
 
 
-def context_of(settings: Settings, paths: CheckpointPaths) -> Context:
+def context_of(settings: Settings, paths: CheckpointPaths, hints: Hints | None = None) -> Context:
     """The context of a checkpointer with ``settings``, as they are now, over its
-    resolved layout ``paths``."""
+    resolved layout ``paths``, sharing its ``hints`` (None: none yet, for this context
+    alone)."""
     return Context(
         settings.store,
         paths,
@@ -75,6 +92,7 @@ def context_of(settings: Settings, paths: CheckpointPaths) -> Context:
         settings.lease,
         settings.signing_keys,
         settings.writer_generation,
+        hints if hints is not None else Hints(),
     )
 
 

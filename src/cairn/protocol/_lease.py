@@ -156,17 +156,24 @@ def is_tombstone(found: ObjectInfo | Buffer) -> bool:
 class Lease:
     """A held lease: its intent renewed in the background until :meth:`stop`.
 
-    :meth:`start` writes the intent and starts renewing it every third of the lease. A
-    lease nobody stops is stopped when it is garbage-collected, so a save abandoned
-    between its steps (a two-phase save whose commit never comes) stops renewing, and
-    its intent lapses.
+    :meth:`start` writes the intent and starts renewing it every third of the lease
+    (:meth:`begin` starts the write and returns at once). A lease nobody stops is
+    stopped when it is garbage-collected, so a save abandoned between its steps (a
+    two-phase save whose commit never comes) stops renewing, and its intent lapses.
     """
 
-    def __init__(self, renewal: asyncio.Task[None], stopping: asyncio.Event, path: str) -> None:
+    def __init__(
+        self,
+        renewal: asyncio.Task[None],
+        stopping: asyncio.Event,
+        path: str,
+        first: asyncio.Future[None],
+    ) -> None:
         self.path = path
         """The intent this lease renews."""
         self._renewal = renewal
         self._stopping = stopping
+        self._first = first
         loop = renewal.get_loop()
         self._finalizer = weakref.finalize(self, _cancel_soon, loop, renewal)
         self._finalizer.atexit = False  # at exit the loop's own shutdown ends the task
@@ -176,18 +183,46 @@ class Lease:
         cls, store: Store, path: str, parent_id: CheckpointId | None, duration: dt.timedelta
     ) -> Lease:
         """Write the intent at ``path`` (naming ``parent_id``) and renew it every third of
-        ``duration`` until :meth:`stop`.
+        ``duration`` until :meth:`stop`: :meth:`begin`, returning once the intent is
+        written.
 
         A renewal that fails is logged and tried again at the next period: the lease may
         then lapse, which costs the save its commit (GC may claim the id), never
         correctness.
         """
+        lease = cls.begin(store, path, parent_id, duration)
+        try:
+            await lease.written()
+        except BaseException:
+            await lease.stop()
+            raise
+        return lease
+
+    @classmethod
+    def begin(
+        cls, store: Store, path: str, parent_id: CheckpointId | None, duration: dt.timedelta
+    ) -> Lease:
+        """Start writing the intent at ``path`` (naming ``parent_id``), then renew it
+        every third of ``duration`` until :meth:`stop`; returns at once, so that what
+        does not depend on the intent (a save's uploads) runs beside its write.
+        :meth:`written` returns once it is written, and raises if the write failed: what
+        must come after the intent (the fence read, the commit) waits for it.
+        """
         body = _encoder.encode(Intent(parent_id, int(duration.total_seconds() * 1000)))
-        await store.put(path, body)
         period = duration.total_seconds() / 3
         stopping = asyncio.Event()
+        first = asyncio.get_running_loop().create_future()
 
-        async def renew_until_stopped() -> None:
+        async def write_then_renew() -> None:
+            try:
+                await store.put(path, body)
+            except Exception as exc:  # for written() to raise: nothing to renew
+                first.set_exception(exc)
+                return
+            except BaseException:
+                first.cancel()
+                raise
+            first.set_result(None)
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), period)
@@ -197,7 +232,11 @@ class Lease:
                 except CheckpointerError as exc:
                     log.warning("could not renew the lease %s: %s", path, exc)
 
-        return cls(asyncio.create_task(renew_until_stopped()), stopping, path)
+        return cls(asyncio.create_task(write_then_renew()), stopping, path, first)
+
+    async def written(self) -> None:
+        """Return once the intent is written; raise what its write raised."""
+        await asyncio.shield(self._first)
 
     async def stop(self) -> None:
         """Stop renewing (idempotent); returns once no renewal is in flight. The intent
@@ -214,6 +253,8 @@ class Lease:
             await asyncio.shield(self._renewal)
         if not self._renewal.done():  # the caller was cancelled: say so
             raise asyncio.CancelledError
+        if self._first.done() and not self._first.cancelled():
+            self._first.exception()  # a failed first write is written()'s to report
 
 
 def _cancel_soon(loop: asyncio.AbstractEventLoop, renewal: asyncio.Task[None]) -> None:

@@ -13,8 +13,8 @@ import logging
 
 from cairn.errors import InvalidInputError, PathsUnresolvedError
 from cairn.format.layout import CheckpointPaths
-from cairn.protocol.discover import default_paths
-from cairn.stores import Store
+from cairn.protocol.discover import default_paths_listed
+from cairn.stores import ListDirResult, Store
 
 __all__ = ["ChosenPaths"]
 
@@ -29,6 +29,7 @@ class ChosenPaths:
             raise InvalidInputError(f"paths must be a CheckpointPaths, got {given!r}")
         self._paths = given
         self._resolving = asyncio.Lock()
+        self._root_listing: ListDirResult | None = None
 
     @property
     def chosen(self) -> CheckpointPaths | None:
@@ -52,7 +53,7 @@ class ChosenPaths:
         if self._paths is None:
             async with self._resolving:
                 if self._paths is None:
-                    chosen = await default_paths(store)
+                    chosen, self._root_listing = await default_paths_listed(store)
                     if chosen.base_prefix:
                         log.warning(
                             "%r holds checkpoints under %r, cairn 0.1's default prefix, and "
@@ -67,3 +68,9 @@ class ChosenPaths:
                         )
                     self._paths = chosen
         return self._paths
+
+    def take_root_listing(self) -> ListDirResult | None:
+        """The listing of the root that chose it as the layout, once (then None): for
+        the call that made the choice, which would list the root next."""
+        listing, self._root_listing = self._root_listing, None
+        return listing

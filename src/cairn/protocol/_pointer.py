@@ -73,9 +73,11 @@ operation does then:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -118,6 +120,30 @@ class LatestPointer(msgspec.Struct, frozen=True):
     def order(self) -> tuple[int, int]:
         """The key by which the pointer only moves forwards."""
         return (self.epoch, self.checkpoint_id.uuid.int if self.checkpoint_id else -1)
+
+
+@dataclass
+class PointerHint:
+    """What one checkpointer last read or wrote of ``_latest``: the pointer and the
+    version (:class:`ObjectInfo`) it was, for its next swap to try first.
+
+    A swap on a hint needs no read when nothing else moved the pointer since: the
+    compare-and-swap is conditioned on that very version, so a hint that went stale
+    costs one failed swap, then a read, never a wrong write. ``known`` is False until
+    something was read or written (a pointer that did not exist is known too).
+    """
+
+    pointer: LatestPointer | None = None
+    version: ObjectInfo | None = None
+    known: bool = False
+
+    def remember(self, pointer: LatestPointer | None, version: ObjectInfo | None) -> None:
+        """Hold ``pointer`` at ``version`` (None: the record does not exist)."""
+        self.pointer, self.version, self.known = pointer, version, True
+
+    def forget(self) -> None:
+        """Hold nothing: the next swap reads first."""
+        self.pointer, self.version, self.known = None, None, False
 
 
 class Fence(msgspec.Struct, frozen=True):
@@ -249,44 +275,80 @@ Change = Callable[[T], tuple[msgspec.Struct | None, R]]
 to stop (a fenced writer)."""
 
 
-async def update_record(store: Store, path: str, read: Read[T], change: Change[T, R]) -> R:
+async def update_record(
+    store: Store,
+    path: str,
+    read: Read[T],
+    change: Change[T, R],
+    first: tuple[T, ObjectInfo | None] | None = None,
+    wrote: Callable[[msgspec.Struct | None, ObjectInfo | None], None] | None = None,
+) -> R:
     """The one read-modify-write of a record, by compare-and-swap, retried on conflict.
 
     Each round reads the record and the version it read, asks ``change`` for the new
     value, and writes it conditioned on that version (:func:`_swap`); when another writer
-    got there first, it reads again. Returns what ``change`` returned with the value it
+    got there first, it reads again. ``first`` is a value and version believed current
+    (a :class:`PointerHint`): the first round uses it instead of reading, and a write
+    it decides on is still conditioned on that version. ``wrote`` is told the value
+    written and the version the store returned (None when nothing was written: the
+    value read is then current). Returns what ``change`` returned with the value it
     wrote, or with its decision to write nothing. Raises :class:`StoreError` after
     :data:`MAX_CAS_ROUNDS` lost rounds.
     """
-    for _ in range(MAX_CAS_ROUNDS):
-        current, version = await read()
+    for round_ in range(MAX_CAS_ROUNDS):
+        current, version = first if first is not None and round_ == 0 else await read()
         wanted, result = change(current)
-        if wanted is None or await _swap(store, path, _encoder.encode(wanted), version):
+        if wanted is None and first is not None and round_ == 0:
+            # Decided on a hint alone: read, so that the decision is on what is there.
+            continue
+        if wanted is None:
+            if wrote is not None:
+                wrote(None, version)
+            return result
+        written = await _swap(store, path, _encoder.encode(wanted), version)
+        if written is not None:
+            if wrote is not None:
+                wrote(wanted, written)
             return result
     raise StoreError("put", path, f"gave up after {MAX_CAS_ROUNDS} contended compare-and-swaps")
 
 
-async def _swap(store: Store, path: str, data: bytes, current: ObjectInfo | None) -> bool:
+async def _swap(
+    store: Store, path: str, data: bytes, current: ObjectInfo | None
+) -> ObjectInfo | None:
     """One compare-and-swap of ``current`` (the version read; None: create the record);
-    False when another writer got there first."""
+    the new version, or None when another writer got there first."""
     mode: PutMode = "create"
     if current is not None:
         if current.e_tag is None:
             raise StoreError("put", path, "the store returned no e-tag: cannot compare-and-swap")
         mode = IfMatch(current.e_tag, current.version)
     try:
-        await store.put(path, data, mode=mode)
+        return await store.put(path, data, mode=mode)
     except (ObjectExistsError, PreconditionFailedError):
-        return False
-    return True
+        return None
 
 
-def _reading_pointer(store: Store, path: str) -> Read[LatestPointer | None]:
+def _reading_pointer(
+    store: Store, path: str, hint: PointerHint | None = None
+) -> Read[LatestPointer | None]:
     async def read() -> tuple[LatestPointer | None, ObjectInfo | None]:
-        pointer, version, _ = await read_pointer(store, path)
+        pointer, version, exists = await read_pointer(store, path)
+        if hint is not None:
+            if exists and (pointer is None or version is None or version.e_tag is None):
+                hint.forget()  # damaged, or no version to swap on: read each time
+            else:
+                hint.remember(pointer, version)
         return pointer, version
 
     return read
+
+
+async def read_latest(store: Store, path: str, hint: PointerHint) -> LatestPointer | None:
+    """``_latest`` (None when missing or damaged), read into ``hint`` too, so that the
+    next swap of it needs no read of its own."""
+    pointer, _ = await _reading_pointer(store, path, hint)()
+    return pointer
 
 
 def _reading_writer(store: Store, path: str) -> Read[WriterRecord | None]:
@@ -305,9 +367,12 @@ async def advance_latest(
     generation: int,
     *,
     force: bool = False,
+    hint: PointerHint | None = None,
 ) -> bool:
     """Point ``_latest`` at ``checkpoint_id`` if that moves it forwards (or ``force``).
 
+    With a ``hint`` that holds a version, the first swap is tried on it without a read
+    (:func:`update_record`), and the hint is left holding what was written, or read.
     Returns whether it moved. Raises :class:`FencedError` if the pointer records a
     newer writer generation than ``generation``.
     """
@@ -323,7 +388,33 @@ async def advance_latest(
                 return None, False
         return wanted, True
 
-    return await update_record(store, path, _reading_pointer(store, path), change)
+    return await update_record(
+        store, path, _reading_pointer(store, path, hint), change, *_hinted(hint)
+    )
+
+
+def _hinted(
+    hint: PointerHint | None,
+) -> tuple[
+    tuple[LatestPointer | None, ObjectInfo | None] | None,
+    Callable[[msgspec.Struct | None, ObjectInfo | None], None] | None,
+]:
+    """The first guess :func:`update_record` takes from ``hint``, and how it tells the
+    hint what it wrote."""
+    if hint is None:
+        return None, None
+
+    def wrote(value: msgspec.Struct | None, version: ObjectInfo | None) -> None:
+        if value is None:
+            return  # the read already told the hint
+        if version is None or version.e_tag is None:
+            hint.forget()  # a version no swap can be conditioned on
+        else:
+            assert isinstance(value, LatestPointer)
+            hint.remember(value, version)
+
+    first = (hint.pointer, hint.version) if hint.known else None
+    return first, wrote
 
 
 async def retreat_latest(
@@ -342,6 +433,26 @@ async def retreat_latest(
         if target is None:
             return LatestPointer(None, -1, current.writer_generation), True
         return LatestPointer(target.checkpoint_id, target.epoch, current.writer_generation), True
+
+    return await update_record(store, path, _reading_pointer(store, path), change)
+
+
+async def withdraw_latest(
+    store: Store, path: str, withdrawn: CheckpointId, before: LatestPointer | None
+) -> bool:
+    """Move ``_latest`` off ``withdrawn`` (a commit rolled back after a swap named it)
+    back to ``before``, what it named until then; None: to nothing.
+
+    Only while the pointer still names ``withdrawn``, and it keeps its writer generation.
+    Returns whether it moved.
+    """
+
+    def change(current: LatestPointer | None) -> tuple[LatestPointer | None, bool]:
+        if current is None or current.checkpoint_id != withdrawn:
+            return None, False
+        if before is None or before.checkpoint_id == withdrawn:
+            return LatestPointer(None, -1, current.writer_generation), True
+        return LatestPointer(before.checkpoint_id, before.epoch, current.writer_generation), True
 
     return await update_record(store, path, _reading_pointer(store, path), change)
 
@@ -400,8 +511,9 @@ def _reading_both(store: Store, writer_path: str, latest_path: str) -> Read[_See
     """Read ``_writer`` (the record swapped) and, beside it, ``_latest``."""
 
     async def read() -> tuple[_Seen, ObjectInfo | None]:
-        record, version, _ = await read_writer(store, writer_path)
-        pointer, _, pointer_exists = await read_pointer(store, latest_path)
+        (record, version, _), (pointer, _, pointer_exists) = await asyncio.gather(
+            read_writer(store, writer_path), read_pointer(store, latest_path)
+        )
         return (record, pointer, pointer_exists), version
 
     return read

@@ -17,15 +17,17 @@ its commit removes what its attempt uploaded, and its intent (best effort).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
 from cairn.data import ArtifactKey, CheckpointData, DirectoryCheck
-from cairn.errors import CheckpointerError, InvalidInputError
+from cairn.errors import CheckpointerError, CheckpointExistsError, InvalidInputError
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import new_attempt
 from cairn.format.manifest import (
@@ -80,6 +82,10 @@ class PendingSave:
     def intent(self) -> str:
         """The intent this save's lease renews (its own: see :meth:`CheckpointPaths.intent`)."""
         return self._lease.path
+
+    async def written(self) -> None:
+        """Return once the intent is written (raise what its write raised)."""
+        await self._lease.written()
 
     async def upload(
         self,
@@ -136,11 +142,12 @@ class PendingSave:
         manifest: CheckpointManifest,
         finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
         discard: _commit.Discard | None = None,
+        parent: CheckpointManifest | None = None,
     ) -> CheckpointManifest:
         """Steps 4 and 5 for ``manifest`` (of this checkpoint); the committed manifest.
 
-        ``finish`` and ``discard`` are those of
-        :func:`cairn.protocol._commit._write_manifest`. The lease is renewed until the
+        ``finish``, ``discard`` and ``parent`` are those of
+        :func:`cairn.protocol._commit.commit_and_publish`. The lease is renewed until the
         create has happened, and ends with the commit either way.
         """
         if manifest.checkpoint_id != self.checkpoint_id:
@@ -149,7 +156,7 @@ class PendingSave:
             )
         try:
             return await _commit.commit_and_publish(
-                self.ctx, manifest, self._lease, finish, discard
+                self.ctx, manifest, self._lease, finish, discard, parent
             )
         finally:
             await self._lease.stop()
@@ -259,47 +266,99 @@ async def _save(
     meter = SaveMeter(retries=retries)
     cid = data.id
     with meter.counting():
-        async with begin(ctx, cid, data.parent_id) as pending:
-            assert pending.record is not None
-            attempt = new_attempt()
-            plan = _upload.plan_packs(_uploads_of(data))
-            directories: tuple[DirectoryEntry, ...] = ()
-            try:
-                meter.uploading = time.perf_counter()
-                entries = await upload_all(ctx, data, pending.record, plan, attempt)
-                directories = await _directories.save_directories(ctx, data, attempt)
-                meter.uploaded = time.perf_counter()
-                if before_commit is not None:
-                    await before_commit()
-            except BaseException:
-                await _directories.discard_files(ctx, cid, directories)
-                await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
-                raise
-            manifest = assemble_manifest(
-                data.id,
-                data.epoch,
-                entries,
-                parent_id=data.parent_id,
-                source_offsets=data.source_offsets,
-                watermark=data.watermark,
-                timestamp_ms=data.timestamp_ms,
-                writer_generation=ctx.generation,
+        check_id(cid)
+        intent = ctx.paths.intent(cid, new_attempt())
+        pending = PendingSave(
+            ctx,
+            cid,
+            None,
+            _lease.Lease.begin(ctx.store, intent, data.parent_id, ctx.lease),
+            data.parent_id,
+        )
+        attempt = new_attempt()
+        plan = _upload.plan_packs(_uploads_of(data))
+        directories: tuple[DirectoryEntry, ...] = ()
+        try:
+            meter.uploading = time.perf_counter()
+            entries, parent = await _upload_beside_intent(ctx, data, pending, plan, attempt)
+            directories = await _directories.save_directories(ctx, data, attempt)
+            meter.uploaded = time.perf_counter()
+            if before_commit is not None:
+                await before_commit()
+        except BaseException:
+            await _directories.discard_files(ctx, cid, directories)
+            await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
+            raise
+        manifest = assemble_manifest(
+            data.id,
+            data.epoch,
+            entries,
+            parent_id=data.parent_id,
+            source_offsets=data.source_offsets,
+            watermark=data.watermark,
+            timestamp_ms=data.timestamp_ms,
+            writer_generation=ctx.generation,
+        )
+        if directories:
+            manifest = msgspec.structs.replace(
+                manifest,
+                directories=directories,
+                total_size_bytes=manifest.total_size_bytes
+                + sum(d.total_bytes for d in directories),
             )
-            if directories:
-                manifest = msgspec.structs.replace(
-                    manifest,
-                    directories=directories,
-                    total_size_bytes=manifest.total_size_bytes
-                    + sum(d.total_bytes for d in directories),
-                )
 
-            async def discard(written: CheckpointManifest) -> None:
-                await _directories.discard_files(ctx, cid, written.directories)
-                await _upload.discard_attempt(
-                    ctx, cid, plan.alone, attempt, len(plan.packs), pending.intent
-                )
+        async def discard(written: CheckpointManifest) -> None:
+            await _directories.discard_files(ctx, cid, written.directories)
+            await _upload.discard_attempt(
+                ctx, cid, plan.alone, attempt, len(plan.packs), pending.intent
+            )
 
-            return await pending.commit(manifest, meter.finish(ctx), discard)
+        try:
+            return await pending.commit(manifest, meter.finish(ctx), discard, parent)
+        finally:
+            await pending.end()
+
+
+async def _upload_beside_intent(
+    ctx: Context,
+    data: CheckpointData,
+    pending: PendingSave,
+    plan: _upload.PackPlan,
+    attempt: str,
+) -> tuple[list[_upload.Entry], CheckpointManifest | None]:
+    """Steps 1 to 3 of a save in one call, at once: the intent's write, the uploads, and
+    what needs no intent before it: the parent's chains, ``_latest`` (when this
+    checkpointer holds no version of it to swap) and, for an id that was given rather
+    than generated, whether it is committed. Returns once all of it has ended (nothing of
+    it still lands after a failure): the entries, and the parent's manifest (None without
+    a parent), which the commit then checks against the fence it reads after the intent.
+    """
+    jobs: list[Awaitable[object]] = [
+        pending.written(),
+        upload_all(ctx, data, None, plan, attempt, chains=False),
+    ]
+    if data.parent_id is not None:
+        jobs.append(_chains.carried_chains(ctx, data))
+    if not data.generated_id:
+        jobs.append(_refuse_committed(ctx, data.id))
+    if not ctx.hints.latest.known:
+        jobs.append(_pointer.read_latest(ctx.store, ctx.paths.latest_pointer(), ctx.hints.latest))
+    outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    entries = cast("list[_upload.Entry]", outcomes[1])
+    if data.parent_id is None:
+        return entries, None
+    parent, inherited = cast(
+        "tuple[CheckpointManifest, dict[ArtifactKey, list[_upload.Entry]]]", outcomes[2]
+    )
+    return [link for links in inherited.values() for link in links] + entries, parent
+
+
+async def _refuse_committed(ctx: Context, cid: CheckpointId) -> None:
+    if await _catalog.committed(ctx, cid):
+        raise CheckpointExistsError(str(cid), ctx.paths.manifest(cid))
 
 
 def _uploads_of(data: CheckpointData) -> list[_upload.PartitionUpload]:
@@ -313,20 +372,23 @@ def _uploads_of(data: CheckpointData) -> list[_upload.PartitionUpload]:
 async def upload_all(
     ctx: Context,
     data: CheckpointData,
-    record: _pointer.WriterRecord,
+    record: _pointer.WriterRecord | None,
     plan: _upload.PackPlan | None = None,
     attempt: str | None = None,
+    *,
+    chains: bool = True,
 ) -> list[_upload.Entry]:
     """Upload what ``data`` holds as ``plan`` says (by default
     :func:`~cairn.protocol._upload.plan_packs` of all of it: small artifacts merged into packs) as
-    ``attempt`` (by default a new one); the entries, with those carried from the parent.
-    The source offsets live in the manifest itself."""
+    ``attempt`` (by default a new one); the entries, with those carried from the parent
+    (unless not ``chains``: the caller carries them), whose manifest ``record`` must
+    admit. The source offsets live in the manifest itself."""
     cid = data.id
     plan = plan if plan is not None else _upload.plan_packs(_uploads_of(data))
     attempt = attempt if attempt is not None else new_attempt()
     inherited: dict[ArtifactKey, list[_upload.Entry]] = {}
-    if data.parent_id is not None:
-        inherited = await _chains.carried_chains(ctx, data, record)
+    if data.parent_id is not None and chains:
+        _, inherited = await _chains.carried_chains(ctx, data, record)
     jobs: list[Callable[[], Awaitable[list[_upload.Entry]]]] = [
         _upload.pack_job(ctx, cid, index, members, attempt)
         for index, members in enumerate(plan.packs)

@@ -51,7 +51,7 @@ from cairn.errors import (
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import LEGACY_BASE_PREFIX, CheckpointPaths
 from cairn.format.manifest import CheckpointManifest
-from cairn.stores import Store
+from cairn.stores import ListDirResult, Store
 
 __all__ = [
     "MAX_CONCURRENT_READS",
@@ -64,6 +64,7 @@ __all__ = [
     "checkpoint_dirs",
     "checkpoint_prefixes",
     "default_paths",
+    "default_paths_listed",
     "holds_checkpoints",
     "is_short_id",
     "load_manifests",
@@ -121,7 +122,10 @@ async def holds_checkpoints(store: Store, paths: CheckpointPaths) -> bool:
         True when it holds a checkpoint directory (committed or not) or a store-wide
         record (``_latest``, ``_writer``); other names are ignored.
     """
-    listing = await store.list_dir(paths.base_prefix)
+    return _holds_checkpoints(paths, await store.list_dir(paths.base_prefix))
+
+
+def _holds_checkpoints(paths: CheckpointPaths, listing: ListDirResult) -> bool:
     return any(paths.parse_checkpoint_dir(child) is not None for child in listing.prefixes) or any(
         paths.is_record(info.path) for info in listing.objects
     )
@@ -134,7 +138,7 @@ async def default_paths(store: Store) -> CheckpointPaths:
     the old default :data:`~cairn.format.layout.LEGACY_BASE_PREFIX` (``checkpoints/``) does
     (:func:`holds_checkpoints`): then that, so that a job written by cairn 0.1 keeps its
     checkpoints instead of starting again from nothing. An empty store gets the root.
-    At most two listings.
+    Two listings, made at once.
 
     Args:
         store: The store.
@@ -142,11 +146,28 @@ async def default_paths(store: Store) -> CheckpointPaths:
     Returns:
         The root's layout, or the old default's.
     """
-    root = CheckpointPaths("")
-    if await holds_checkpoints(store, root):
-        return root
-    legacy = CheckpointPaths(LEGACY_BASE_PREFIX)
-    return legacy if await holds_checkpoints(store, legacy) else root
+    chosen, _ = await default_paths_listed(store)
+    return chosen
+
+
+async def default_paths_listed(store: Store) -> tuple[CheckpointPaths, ListDirResult | None]:
+    """:func:`default_paths`, and the listing of the root it read when it chose the root
+    (None when it chose the old default): a caller about to list the root may use it.
+
+    Args:
+        store: The store.
+
+    Returns:
+        The layout, and the root's listing when that is the layout.
+    """
+    root, legacy = CheckpointPaths(""), CheckpointPaths(LEGACY_BASE_PREFIX)
+    # Both at once: one round trip, for one more listing whenever the root is chosen.
+    listing, legacy_listing = await asyncio.gather(
+        store.list_dir(root.base_prefix), store.list_dir(legacy.base_prefix)
+    )
+    if not _holds_checkpoints(root, listing) and _holds_checkpoints(legacy, legacy_listing):
+        return legacy, None
+    return root, listing
 
 
 async def checkpoint_prefixes(
