@@ -231,7 +231,10 @@ async def test_deleting_the_parent_of_a_save_in_progress_is_refused(
     )
     data = CheckpointData(epoch=2, deltas={("op", 0): b"+d"}, parent_id=base.checkpoint_id)
     running = asyncio.create_task(ckpt.save(data))
-    await gate.reached.wait()  # its lease names the parent; it is uploading
+    await gate.reached.wait()  # it is uploading, its intent written beside the uploads
+    directory = ckpt.paths.checkpoint_dir(data.id)
+    while not any(i.path.startswith(f"{directory}intent.") for i in await inner.list(directory)):
+        await asyncio.sleep(0.01)  # its lease names the parent once the intent is there
     other = make_checkpointer(inner)
     with pytest.raises(CheckpointInUseError) as info:
         await other.delete_checkpoint(base.checkpoint_id)

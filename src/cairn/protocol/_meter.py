@@ -7,7 +7,7 @@ hands its counts to the committer), and the meter completes the manifest, just b
 the commit point, with the :class:`~cairn.format.manifest.SaveStats` they add up to.
 
 Invariant: the statistics describe the manifest as it is written, requests included:
-those up to the create, and the create's own (its fence check, each part and the
+those up to the create, and the create's own (each part, and the
 manifest itself), and the bytes of the manifest as stored (:func:`_save_stats`).
 """
 
@@ -85,9 +85,8 @@ def _save_stats(
     its entries, its ``meter`` and ``checked``, the clock reading before the write.
 
     ``requests`` are the meter's plus those the create makes once this record is encoded
-    (:func:`cairn.protocol._commit._create_manifest`), up to the commit: its fence check
-    (a GET), then the manifest's own writes (each part, then the manifest; one PUT
-    each). ``stored_bytes`` are the save's own objects, the parts and the manifest as
+    (:func:`cairn.protocol._commit._create_manifest`), up to the commit: the manifest's
+    own writes (each part, then the manifest; one PUT each). ``stored_bytes`` are the save's own objects, the parts and the manifest as
     they will be stored. The
     manifest's size depends on the numbers it holds, so it is encoded until they agree
     (twice; three times when a number gains a digit).
@@ -126,7 +125,7 @@ def _save_stats(
             stats,
             stored_bytes=objects + sum(map(len, parts)) + len(encoded.root),
             requests=msgspec.structs.replace(
-                counted, get=counted.get + 1, put=counted.put + len(parts) + 1
+                counted, put=counted.put + len(parts) + 1
             ),
         )
         if settled == stats:
