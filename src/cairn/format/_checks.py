@@ -14,7 +14,7 @@ import re
 
 import msgspec
 
-from cairn.errors import InvalidInputError
+from cairn.errors import InvalidInputError, KeySpaceMismatchError
 from cairn.format._schema import (
     MAX_INT64,
     MAX_TIMESTAMP_MS,
@@ -22,6 +22,7 @@ from cairn.format._schema import (
     CheckpointManifest,
     DirectoryEntry,
     FileEntry,
+    KeyGroupEntry,
     ManifestPart,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
@@ -42,11 +43,13 @@ from cairn.format.layout import (
     validate_partition,
     validate_relative_path,
 )
-from cairn.format.ranges import is_index_size
+from cairn.format.keygroups import MAX_KEY_GROUPS
+from cairn.format.ranges import COMPRESSED_RECORD_BYTES, INDEX_MAGIC, INDEX_RECORD_BYTES, is_index_size
 
 __all__ = [
     "SHA256_HEX",
     "check_entry",
+    "check_key_space",
     "check_manifest",
     "check_part_records",
     "check_relative_file",
@@ -133,6 +136,8 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
         )
     if part.index_size_bytes is not None:
         _check_index(where, part)
+    if part.key_groups is not None:
+        _check_key_groups(where, part)
     if part.used_bytes is not None:
         if part.owner is None or part.offset is not None or part.codec is not None:
             raise InvalidInputError(
@@ -155,6 +160,82 @@ def _check_index(where: str, part: PartitionSnapshotEntry) -> None:
         raise InvalidInputError(
             f"entry {where} is an object of ranges: it cannot have a codec or an offset"
         )
+
+
+def _check_key_groups(where: str, part: PartitionSnapshotEntry) -> None:
+    """A keyed partition: a snapshot that is an object of ranges, one range per group,
+    its groups as canonical runs inside its count."""
+    record = part.key_groups
+    if not isinstance(record, KeyGroupEntry):
+        raise InvalidInputError(f"key_groups of {where} must be a KeyGroupEntry")
+    _check_int(f"key-group count of {where}", record.count, 1, MAX_KEY_GROUPS)
+    if part.is_delta or part.index_size_bytes is None:
+        raise InvalidInputError(
+            f"entry {where} has key_groups: only a snapshot that is an object of ranges has"
+        )
+    if not isinstance(record.groups, tuple | list):
+        raise InvalidInputError(f"key groups of {where} must be a list of runs")
+    reach, held = -1, 0
+    for run in record.groups:
+        if not isinstance(run, tuple | list) or len(run) != 2:
+            raise InvalidInputError(f"key groups of {where}: a run is [start, end), got {run!r}")
+        start, end = run
+        _check_int(f"a run start of {where}", start, 0, record.count - 1)
+        _check_int(f"a run end of {where}", end, 1, record.count)
+        if end <= start or start <= reach:
+            raise InvalidInputError(
+                f"key groups of {where} are not sorted, disjoint, non-adjacent runs: {run!r}"
+            )
+        reach, held = end, held + end - start
+    body = part.index_size_bytes - len(INDEX_MAGIC)
+    if body not in (held * INDEX_RECORD_BYTES, held * COMPRESSED_RECORD_BYTES):
+        raise InvalidInputError(
+            f"entry {where} holds {held} key groups but its index is of "
+            f"{part.index_size_bytes} bytes: not one range per group"
+        )
+
+
+def check_key_space(operator: str, entries: list[PartitionSnapshotEntry]) -> None:
+    """Raise :class:`KeySpaceMismatchError` unless the keyed entries of ``operator`` make
+    one key space: all of its entries keyed or none, one key-group count, no group held
+    by two partitions.
+
+    Args:
+        operator: The operator's name, for errors.
+        entries: Its entries, each already checked by :func:`check_entry`.
+
+    Raises:
+        KeySpaceMismatchError: They do not.
+    """
+    keyed = [part for part in entries if part.key_groups is not None]
+    if not keyed:
+        return
+    if len(keyed) != len(entries):
+        other = next(part for part in entries if part.key_groups is None)
+        raise KeySpaceMismatchError(
+            operator,
+            f"partition {other.partition_id} is not keyed state while partition "
+            f"{keyed[0].partition_id} is: an operator's partitions are all keyed or none",
+        )
+    first = keyed[0]
+    assert first.key_groups is not None
+    owners: dict[int, int] = {}
+    for part in keyed:
+        assert part.key_groups is not None
+        if part.key_groups.count != first.key_groups.count:
+            raise KeySpaceMismatchError(
+                operator,
+                f"partition {part.partition_id} has {part.key_groups.count} key groups, "
+                f"partition {first.partition_id} {first.key_groups.count}",
+            )
+        for start, end in part.key_groups.groups:
+            for group in range(start, end):
+                holder = owners.setdefault(group, part.partition_id)
+                if holder != part.partition_id:
+                    raise KeySpaceMismatchError(
+                        operator,
+                        f"partitions {holder} and {part.partition_id} both hold key group {group}",
+                    )
 
 
 def _check_range(operator: str, part: PartitionSnapshotEntry) -> None:
@@ -266,6 +347,7 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
                 snapshots.add(part.partition_id)
             check_entry(operator, part, manifest.checkpoint_id)
             checked.append(part)
+        check_key_space(operator, list(entry.partitions))
     _check_shared_paths(checked, seen_paths)
     _check_directories(manifest, seen_paths)
 
