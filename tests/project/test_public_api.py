@@ -283,7 +283,10 @@ ERROR_MESSAGES = {
         ("kind", "reason", "value"),
     ),
     "InvalidStoreUrlError": ("cannot open store URL 'ftp://x': unknown scheme", ("reason", "url")),
-    "KeyGroupError": ("key group 300 is out of range: expected 0..255", ("allowed", "value", "what")),
+    "KeyGroupError": (
+        "key group 300 is out of range: expected 0..255",
+        ("allowed", "value", "what"),
+    ),
     "KeySpaceMismatchError": (
         "operator 'counts': partitions 0 and 1 both hold key group 7",
         ("operator", "reason"),

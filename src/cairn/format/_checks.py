@@ -33,6 +33,7 @@ from cairn.format._schema import (
 from cairn.format._validate import is_int
 from cairn.format.codecs import CODECS
 from cairn.format.ids import CheckpointId
+from cairn.format.keygroups import MAX_KEY_GROUPS
 from cairn.format.layout import (
     MAX_NAME_BYTES,
     MAX_PARTITION,
@@ -43,8 +44,12 @@ from cairn.format.layout import (
     validate_partition,
     validate_relative_path,
 )
-from cairn.format.keygroups import MAX_KEY_GROUPS
-from cairn.format.ranges import COMPRESSED_RECORD_BYTES, INDEX_MAGIC, INDEX_RECORD_BYTES, is_index_size
+from cairn.format.ranges import (
+    COMPRESSED_RECORD_BYTES,
+    INDEX_MAGIC,
+    INDEX_RECORD_BYTES,
+    is_index_size,
+)
 
 __all__ = [
     "SHA256_HEX",

@@ -1,0 +1,302 @@
+"""Restoring at another parallelism: which worker reads which bytes. Pure: no I/O.
+
+A :class:`RestorePlan` says, for each of ``workers`` new workers, which key groups of
+each keyed operator it gets (:meth:`cairn.KeyGroups.groups_of`), which byte range of
+which object holds each of them (:class:`GroupRead`, with the digest to check it
+against), and which old partitions of each other operator it gets. It is plain data: an
+engine computes it once (:meth:`~cairn.ObjectStoreCheckpointer.restore_plan` reads the
+manifest and each keyed partition's range index) and ships each worker its part.
+
+Non-keyed state is redistributed as Flink redistributes list state, in a mode the
+caller names (:data:`NonKeyedMode`): ``"union"``, every worker gets every old
+partition; ``"split"``, the old partitions, in ascending order, are dealt round-robin
+to the new workers (the k-th to worker ``k % workers``).
+
+Invariants: for every keyed operator, the groups of the workers are disjoint and cover
+its whole key space; every group some partition holds is read by exactly the worker
+whose range holds it, from exactly its range (no other bytes); a group no partition
+holds has no read (it has no state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from cairn.errors import InvalidInputError, KeyGroupError, KeySpaceMismatchError
+from cairn.format._validate import is_int
+from cairn.format.ids import CheckpointId
+from cairn.format.keygroups import KeyGroups, from_runs
+from cairn.format.layout import CheckpointPaths
+from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
+from cairn.format.ranges import StoredRange
+
+__all__ = [
+    "NON_KEYED_MODES",
+    "GroupRead",
+    "KeyedAssignment",
+    "NonKeyedMode",
+    "RestorePlan",
+    "WorkerRestore",
+    "group_reads",
+    "keyed_operators",
+    "keyed_partitions",
+    "plan_restore",
+]
+
+NonKeyedMode: TypeAlias = Literal["union", "split"]
+"""How old partitions of non-keyed state go to new workers: ``"union"`` (all to every
+worker) or ``"split"`` (dealt round-robin)."""
+
+NON_KEYED_MODES: tuple[str, ...] = ("union", "split")
+"""The values of :data:`NonKeyedMode`."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRead:
+    """Where one key group's state is stored: ``length`` bytes from ``offset`` of the
+    object at store ``path`` (partition ``partition``'s object of ranges), whose
+    SHA-256 is ``sha256`` (of the decoded bytes, when ``decoded_size`` says the range is
+    a compressed frame of that many bytes)."""
+
+    group: int
+    partition: int
+    path: str
+    offset: int
+    length: int
+    sha256: str
+    decoded_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedAssignment:
+    """One keyed operator's part of a new worker: its ``groups`` (contiguous) out of
+    ``count``, and the ``reads`` of those that hold state, in path and offset order."""
+
+    operator: str
+    count: int
+    groups: range
+    reads: tuple[GroupRead, ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        """The stored bytes its reads take."""
+        return sum(read.length for read in self.reads)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRestore:
+    """What new worker ``worker`` restores: per keyed operator its
+    :class:`KeyedAssignment`, per other operator the old partitions it gets (artifact
+    and directory partitions alike: restore them with ``load_chain`` or
+    ``restore_directory``)."""
+
+    worker: int
+    keyed: dict[str, KeyedAssignment] = field(default_factory=dict)
+    partitions: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    """How checkpoint ``checkpoint_id`` restores onto ``workers`` workers (see the
+    module docstring): ``assignments[i]`` is worker ``i``'s part."""
+
+    checkpoint_id: CheckpointId
+    workers: int
+    non_keyed: Mapping[str, NonKeyedMode]
+    assignments: tuple[WorkerRestore, ...]
+
+    def worker(self, index: int) -> WorkerRestore:
+        """Worker ``index``'s part.
+
+        Args:
+            index: A worker, in ``0..workers-1``.
+
+        Returns:
+            Its part of the plan.
+        """
+        return self.assignments[index]
+
+
+def keyed_operators(manifest: CheckpointManifest) -> dict[str, KeyGroups]:
+    """Each keyed operator of ``manifest`` (one whose entries record key groups) and its
+    key space.
+
+    Args:
+        manifest: A checked manifest (whole: a root's parts assembled).
+
+    Returns:
+        Operator name to its key groups.
+    """
+    found: dict[str, KeyGroups] = {}
+    for operator, entry in manifest.partition_entries():
+        if entry.key_groups is not None:
+            found[operator] = KeyGroups(entry.key_groups.count)
+    return found
+
+
+def keyed_partitions(
+    manifest: CheckpointManifest, operator: str
+) -> dict[int, tuple[PartitionSnapshotEntry, list[int]]]:
+    """The keyed partitions of ``operator``: partition to its entry and its groups, in
+    the order of its ranges.
+
+    Args:
+        manifest: A checked manifest.
+        operator: A keyed operator of it.
+
+    Returns:
+        Partition number to ``(entry, groups)``.
+
+    Raises:
+        KeySpaceMismatchError: ``operator`` has no keyed state in ``manifest``.
+    """
+    entries = manifest.operators.get(operator)
+    found = {
+        entry.partition_id: (entry, from_runs(entry.key_groups.groups))
+        for entry in (entries.partitions if entries is not None else ())
+        if entry.key_groups is not None
+    }
+    if not found:
+        raise KeySpaceMismatchError(
+            operator, f"checkpoint {manifest.checkpoint_id} holds no keyed state of it"
+        )
+    return found
+
+
+def group_reads(
+    manifest: CheckpointManifest,
+    paths: CheckpointPaths,
+    operator: str,
+    indexes: Mapping[int, Sequence[StoredRange]],
+    groups: Sequence[int],
+) -> list[GroupRead]:
+    """The reads of ``groups`` of ``operator`` (those some partition holds), given the
+    range index of each partition that holds one of them.
+
+    Args:
+        manifest: A checked manifest.
+        paths: The layout its checkpointer uses (to name each object's store path).
+        operator: A keyed operator of it.
+        indexes: Partition to its decoded range index (:func:`cairn.format.ranges.decode_index`).
+        groups: Key groups of the operator, each in its key space.
+
+    Returns:
+        One read per group held, in path and offset order.
+
+    Raises:
+        InvalidInputError: An index needed is not in ``indexes``, or does not have one
+            range per group of its partition.
+    """
+    wanted = set(groups)
+    reads: list[GroupRead] = []
+    for partition, (entry, held) in sorted(keyed_partitions(manifest, operator).items()):
+        if wanted.isdisjoint(held):
+            continue
+        index = indexes.get(partition)
+        if index is None or len(index) != len(held):
+            raise InvalidInputError(
+                f"operator {operator!r}, partition {partition}: its range index is "
+                + ("missing" if index is None else f"of {len(index)} ranges, not {len(held)}")
+            )
+        path = paths.resolve(entry.owner or manifest.checkpoint_id, entry.path)
+        for group, stored in zip(held, index, strict=True):
+            if group in wanted:
+                reads.append(
+                    GroupRead(
+                        group,
+                        partition,
+                        path,
+                        stored.offset,
+                        stored.length,
+                        stored.sha256,
+                        stored.decoded_size,
+                    )
+                )
+    reads.sort(key=lambda read: (read.path, read.offset))
+    return reads
+
+
+def plan_restore(
+    manifest: CheckpointManifest,
+    paths: CheckpointPaths,
+    indexes: Mapping[tuple[str, int], Sequence[StoredRange]],
+    workers: int,
+    non_keyed: NonKeyedMode | Mapping[str, NonKeyedMode] = "split",
+) -> RestorePlan:
+    """The plan to restore ``manifest`` onto ``workers`` workers.
+
+    Args:
+        manifest: A checked manifest (whole: a root's parts assembled).
+        paths: The layout its checkpointer uses.
+        indexes: ``(operator, partition)`` to the decoded range index of every keyed
+            partition.
+        workers: How many new workers, an int >= 1.
+        non_keyed: How non-keyed state is redistributed: one mode for every operator,
+            or a mode per operator (every non-keyed operator named).
+
+    Returns:
+        The plan.
+
+    Raises:
+        KeyGroupError: ``workers`` is below 1.
+        InvalidInputError: ``non_keyed`` names a mode that is not one of
+            :data:`NON_KEYED_MODES`, or leaves out a non-keyed operator.
+    """
+    keyed = keyed_operators(manifest)
+    other: dict[str, set[int]] = {}
+    for operator, entry in manifest.partition_entries():
+        if operator not in keyed:
+            other.setdefault(operator, set()).add(entry.partition_id)
+    for directory in manifest.directories:
+        other.setdefault(directory.operator, set()).add(directory.partition_id)
+    modes = _modes(non_keyed, sorted(other))
+    assignments = []
+    if not is_int(workers) or workers < 1:
+        raise KeyGroupError("worker count", workers, "1 or more")
+    for worker in range(workers):
+        assigned: dict[str, KeyedAssignment] = {}
+        for operator, space in sorted(keyed.items()):
+            groups = space.groups_of(worker, workers)
+            per_partition = {p: index for (op, p), index in indexes.items() if op == operator}
+            reads = group_reads(manifest, paths, operator, per_partition, groups)
+            assigned[operator] = KeyedAssignment(operator, space.count, groups, tuple(reads))
+        partitions = {
+            operator: _deal(sorted(held), worker, workers, modes[operator])
+            for operator, held in sorted(other.items())
+        }
+        assignments.append(WorkerRestore(worker, assigned, partitions))
+    return RestorePlan(manifest.checkpoint_id, workers, modes, tuple(assignments))
+
+
+def _modes(non_keyed: object, operators: list[str]) -> dict[str, NonKeyedMode]:
+    if isinstance(non_keyed, str):
+        chosen: Mapping[str, object] = dict.fromkeys(operators, non_keyed)
+        if non_keyed not in NON_KEYED_MODES:
+            raise InvalidInputError(
+                f"non_keyed must be one of {', '.join(NON_KEYED_MODES)}, got {non_keyed!r}"
+            )
+    elif isinstance(non_keyed, Mapping):
+        chosen = non_keyed
+    else:
+        raise InvalidInputError(
+            f"non_keyed must be a mode or map operators to modes, got {type(non_keyed).__name__}"
+        )
+    modes: dict[str, NonKeyedMode] = {}
+    for operator in operators:
+        mode = chosen.get(operator)
+        if mode == "union" or mode == "split":
+            modes[operator] = mode
+        else:
+            raise InvalidInputError(
+                f"non-keyed operator {operator!r} needs a mode ({', '.join(NON_KEYED_MODES)}), "
+                f"got {mode!r}"
+            )
+    return modes
+
+
+def _deal(partitions: list[int], worker: int, workers: int, mode: NonKeyedMode) -> tuple[int, ...]:
+    if mode == "union":
+        return tuple(partitions)
+    return tuple(partitions[worker::workers])
