@@ -4,6 +4,7 @@ and the pure restore plan."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 
 import msgspec
@@ -135,7 +136,7 @@ def test_out_of_range_is_a_typed_error_naming_the_value(call: object, what: str)
 def test_runs_are_one_encoding_of_a_set(groups: set[int]) -> None:
     runs = to_runs(groups)
     assert from_runs(runs) == sorted(groups)
-    for (_, end), (start, _) in zip(runs, runs[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(runs):
         assert end < start  # disjoint and not adjacent
     assert to_runs(sorted(groups, reverse=True)) == runs
 

@@ -53,7 +53,7 @@ class ByteCountingStore(ForwardingStore):
         result = await call()
         if operation in ("get", "get_range"):
             self.requests += 1
-            data = result.data if operation == "get" else result  # type: ignore[attr-defined]
+            data: Buffer = result.data if operation == "get" else result  # type: ignore[attr-defined,assignment]
             self.read[path] = self.read.get(path, 0) + memoryview(data).nbytes
         return result
 

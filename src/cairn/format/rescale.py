@@ -58,7 +58,17 @@ class GroupRead:
     """Where one key group's state is stored: ``length`` bytes from ``offset`` of the
     object at store ``path`` (partition ``partition``'s object of ranges), whose
     SHA-256 is ``sha256`` (of the decoded bytes, when ``decoded_size`` says the range is
-    a compressed frame of that many bytes)."""
+    a compressed frame of that many bytes).
+
+    Attributes:
+        group: The key group.
+        partition: The old partition whose object holds it.
+        path: The object's store path.
+        offset: Where its range starts in the object.
+        length: Its range's length, as stored.
+        sha256: The hex digest of its bytes (decoded).
+        decoded_size: Its decoded length when the range is compressed, else None.
+    """
 
     group: int
     partition: int
@@ -72,7 +82,14 @@ class GroupRead:
 @dataclass(frozen=True, slots=True)
 class KeyedAssignment:
     """One keyed operator's part of a new worker: its ``groups`` (contiguous) out of
-    ``count``, and the ``reads`` of those that hold state, in path and offset order."""
+    ``count``, and the ``reads`` of those that hold state, in path and offset order.
+
+    Attributes:
+        operator: The keyed operator.
+        count: Its key-group count.
+        groups: The groups the worker gets.
+        reads: Where each of them that holds state is stored.
+    """
 
     operator: str
     count: int
@@ -90,7 +107,13 @@ class WorkerRestore:
     """What new worker ``worker`` restores: per keyed operator its
     :class:`KeyedAssignment`, per other operator the old partitions it gets (artifact
     and directory partitions alike: restore them with ``load_chain`` or
-    ``restore_directory``)."""
+    ``restore_directory``).
+
+    Attributes:
+        worker: The new worker's index.
+        keyed: Keyed operator to the worker's part of it.
+        partitions: Non-keyed operator to the old partitions the worker gets.
+    """
 
     worker: int
     keyed: dict[str, KeyedAssignment] = field(default_factory=dict)
@@ -100,7 +123,14 @@ class WorkerRestore:
 @dataclass(frozen=True, slots=True)
 class RestorePlan:
     """How checkpoint ``checkpoint_id`` restores onto ``workers`` workers (see the
-    module docstring): ``assignments[i]`` is worker ``i``'s part."""
+    module docstring): ``assignments[i]`` is worker ``i``'s part.
+
+    Attributes:
+        checkpoint_id: The checkpoint to restore.
+        workers: How many new workers.
+        non_keyed: Each non-keyed operator's mode.
+        assignments: Each worker's part, by index.
+    """
 
     checkpoint_id: CheckpointId
     workers: int
