@@ -30,6 +30,7 @@ from cairn.format.ranges import StoredRange, index_size
 from cairn.format.rescale import plan_restore
 
 CID = CheckpointId.parse("01900000-0000-7000-8000-000000000001")
+OWNER = CheckpointId.parse("01900000-0000-7000-8000-000000000000")
 DIGEST = "ab" * 32
 
 
@@ -227,6 +228,21 @@ def test_a_manifest_whose_partitions_disagree_is_refused(
         (keyed_entry(0, 16, ((5, 8), (0, 2))), "not sorted, disjoint"),
         (keyed_entry(0, 0, ()), "key-group count"),
         (
+            msgspec.structs.replace(
+                keyed_entry(0, 16, ((0, 4),)),
+                key_groups=KeyGroupEntry(count=16, groups=((0, 4),), used=((1, 2),)),
+            ),
+            "only an object carried from another checkpoint has",
+        ),
+        (
+            msgspec.structs.replace(
+                keyed_entry(0, 16, ((0, 4),)),
+                owner=OWNER,
+                key_groups=KeyGroupEntry(count=16, groups=((0, 4),), used=((3, 5),)),
+            ),
+            "used key groups of .* are not all in its groups",
+        ),
+        (
             msgspec.structs.replace(keyed_entry(0, 16, ((0, 4),)), index_size_bytes=index_size(3)),
             "holds 4 key groups but its index is of",
         ),
@@ -274,11 +290,13 @@ def test_the_plan_reads_each_group_from_its_range_and_deals_other_state() -> Non
         },
     )
     digests = [f"{g:02x}" * 32 for g in range(8)]
+    paths = CheckpointPaths()
     indexes = {
-        ("counts", p): [StoredRange(10 * i, 10, digests[4 * p + i]) for i in range(4)]
+        paths.resolve(CID, entries[p].path): [
+            StoredRange(10 * i, 10, digests[4 * p + i]) for i in range(4)
+        ]
         for p in (0, 1)
     }
-    paths = CheckpointPaths()
     plan = plan_restore(manifest, paths, indexes, 3, "split")
     assert [w.keyed["counts"].groups for w in plan.assignments] == [
         range(0, 3),
@@ -302,3 +320,55 @@ def test_the_plan_reads_each_group_from_its_range_and_deals_other_state() -> Non
         plan_restore(manifest, paths, indexes, 2, "broadcast")  # type: ignore[arg-type]
     with pytest.raises(KeyGroupError, match="worker count 0"):
         plan_restore(manifest, paths, indexes, 0)
+
+
+def test_a_partition_may_carry_groups_of_objects_another_partition_saved() -> None:
+    """After a rescale, new partitions each carry the groups of one old object they hold."""
+    shared = msgspec.structs.replace(keyed_entry(3, 16, ((0, 16),)), owner=OWNER)
+    first = msgspec.structs.replace(
+        shared,
+        partition_id=0,
+        key_groups=KeyGroupEntry(count=16, groups=((0, 16),), used=((0, 8),)),
+        used_bytes=80,
+    )
+    second = msgspec.structs.replace(
+        shared,
+        partition_id=1,
+        key_groups=KeyGroupEntry(count=16, groups=((0, 16),), used=((8, 16),)),
+        used_bytes=80,
+    )
+    check_manifest(keyed_manifest(first, second))
+    with pytest.raises(KeySpaceMismatchError, match="partitions 0 and 1 both hold key group 7"):
+        check_manifest(
+            keyed_manifest(
+                first,
+                msgspec.structs.replace(
+                    second, key_groups=KeyGroupEntry(count=16, groups=((0, 16),), used=((7, 9),))
+                ),
+            )
+        )
+    twice = msgspec.structs.replace(
+        keyed_entry(0, 16, ((4, 6),)), path="operators/counts/partition-0.ba9876543210.snap"
+    )
+    with pytest.raises(KeySpaceMismatchError, match="partition 0 holds key group 4 twice"):
+        check_manifest(
+            keyed_manifest(
+                msgspec.structs.replace(
+                    first, key_groups=KeyGroupEntry(count=16, groups=((0, 16),), used=((4, 5),))
+                ),
+                twice,
+            )
+        )
+    # Only keyed objects carried from another checkpoint may be shared, or named by
+    # another partition than their own.
+    with pytest.raises(InvalidInputError, match="is not at the layout's path"):
+        check_manifest(
+            keyed_manifest(
+                msgspec.structs.replace(
+                    first,
+                    owner=None,
+                    key_groups=KeyGroupEntry(count=16, groups=((0, 16),)),
+                    used_bytes=None,
+                )
+            )
+        )

@@ -4,6 +4,7 @@ refused before anything is committed."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from cairn import (
     KeyGroups,
     KeySpaceMismatchError,
     ObjectStoreCheckpointer,
+    RetentionPolicy,
     SyncCheckpointer,
 )
 from cairn.format._buffer import Buffer
@@ -257,23 +259,67 @@ async def test_a_save_with_another_count_than_its_parent_commits_nothing() -> No
 
 
 @pytest.mark.parametrize(("before", "after"), [(4, 3), (3, 7), (7, 1)])
-async def test_a_save_after_a_rescale_replaces_the_parents_partitions(
+async def test_a_save_after_a_rescale_uploads_only_the_changed_groups(
     before: int, after: int
 ) -> None:
     ckpt = make_checkpointer("memory://")
     state = random_state(before)
     parent = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots_of(state, before)))
     state[b"new key"] = b"new value"
+    changed = COUNTS.group_of(b"new key")
     child = await ckpt.save(
         CheckpointData(
             epoch=2, parent_id=parent.checkpoint_id, snapshots=snapshots_of(state, after)
         )
     )
-    assert sorted(e.partition_id for e in child.operators["counts"].partitions) == list(
-        range(after)
+    entries = child.operators["counts"].partitions
+    own = [e for e in entries if e.owner is None]
+    assert sorted(e.partition_id for e in own) == list(range(after))
+    assert [e.key_groups.groups for e in own if e.key_groups and e.key_groups.groups] == [
+        ((changed, changed + 1),)
+    ]
+    carried = [e for e in entries if e.owner is not None]
+    assert {e.owner for e in carried} == {parent.checkpoint_id}
+    held = sorted(
+        g for e in carried if e.key_groups for s, t in e.key_groups.held for g in range(s, t)
     )
+    assert held == sorted(set(range(128)) - {changed})
+    for entry in carried:
+        assert entry.key_groups is not None
+        owner = COUNTS.owner_of(entry.key_groups.held[0][0], after)
+        assert entry.partition_id == owner  # carried into the partition that now holds it
+    stats = child.stats
+    assert stats is not None
+    group_bytes = len(encode({k: v for k, v in state.items() if COUNTS.group_of(k) == changed}))
+    assert stats.uploaded_bytes == group_bytes + sum(e.index_size_bytes or 0 for e in own)
     got = await ckpt.load_key_groups(child.checkpoint_id, "counts", range(128))
     assert dict(pair for data in got.values() for pair in decode(data)) == state
+    # The parent's objects stay while the child reads groups from them, GC or not.
+    await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(0))
+    assert await committed(ckpt) == [child.checkpoint_id]
+    got = await ckpt.load_key_groups(child.checkpoint_id, "counts", range(128))
+    assert dict(pair for data in got.values() for pair in decode(data)) == state
+    assert (await ckpt.load(child.checkpoint_id)).checkpoint_id == child.checkpoint_id
+    # A later save carries from both: groups named in its parent by reference stay there.
+    grandchild = await ckpt.save(
+        CheckpointData(
+            epoch=3, parent_id=child.checkpoint_id, snapshots=snapshots_of(state, before)
+        )
+    )
+    assert grandchild.stats is not None and grandchild.stats.uploaded_bytes == sum(
+        e.index_size_bytes or 0 for e in grandchild.operators["counts"].partitions if not e.owner
+    )
+    assert {e.owner for e in grandchild.operators["counts"].partitions} == {
+        None,
+        parent.checkpoint_id,
+        child.checkpoint_id,
+    }
+    plan = await ckpt.restore_plan(grandchild.checkpoint_id, workers=after)
+    restored: dict[bytes, bytes] = {}
+    for worker in plan.assignments:
+        for data in (await ckpt.load_assignment(worker.keyed["counts"])).values():
+            restored.update(decode(data))
+    assert restored == state
 
 
 async def test_an_unchanged_keyed_partition_is_carried_and_a_partial_one_refused() -> None:

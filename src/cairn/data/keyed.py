@@ -14,6 +14,9 @@ Invariants:
 * each group is hashed once per snapshot, over the caller's bytes, the first time the
   save reads it; an upload retried reads the same digests (the buffers must not change
   while the save runs, as for any buffer given to ``save``);
+* a save with a parent leaves out of its upload exactly the groups it carries
+  (:meth:`KeyedSnapshot.carry`, decided for that checkpoint id by
+  :mod:`cairn.protocol._keyed`), and lists them as ranges of the objects that hold them;
 * :func:`check_keyed` refuses, before any upload, keyed data that cannot make one key
   space: a keyed delta, partitions of one operator that overlap in groups, disagree on
   the count, or mix keyed and other state.
@@ -25,6 +28,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 
 from cairn.errors import InvalidCheckpointDataError, InvalidInputError, KeySpaceMismatchError
 from cairn.format._buffer import Buffer, raw_bytes
+from cairn.format.ids import CheckpointId
 from cairn.format.integrity import INLINE_HASH_LIMIT, sha256_hex, sha256_hex_async
 from cairn.format.keygroups import KeyGroups, to_runs
 from cairn.format.manifest import KeyGroupEntry
@@ -77,6 +81,7 @@ class KeyedSnapshot(RangeSource):
         self.key_groups = key_groups
         self._views = views
         self._digests: dict[int, str] = {}
+        self._carried: dict[CheckpointId, frozenset[int]] = {}
 
     def __repr__(self) -> str:
         return f"KeyedSnapshot(count={self.key_groups.count}, groups={len(self._views)})"
@@ -110,6 +115,34 @@ class KeyedSnapshot(RangeSource):
             A copy whose groups the caller's later writes do not reach.
         """
         return KeyedSnapshot(self.key_groups, {g: bytes(v) for g, v in self._views.items()})
+
+    def carry(self, checkpoint_id: CheckpointId, groups: Iterable[int]) -> None:
+        """Record that the save of ``checkpoint_id`` carries ``groups`` of this snapshot
+        by reference (their bytes equal a parent's): its upload leaves them out.
+
+        Args:
+            checkpoint_id: The checkpoint being saved.
+            groups: Groups of this snapshot.
+        """
+        self._carried[checkpoint_id] = frozenset(groups) & self._views.keys()
+
+    def uploaded_in(self, checkpoint_id: CheckpointId) -> KeyedSnapshot:
+        """What the save of ``checkpoint_id`` uploads of this snapshot: every group but
+        those it carries (:meth:`carry`), digests kept.
+
+        Args:
+            checkpoint_id: The checkpoint being saved.
+
+        Returns:
+            This snapshot, or one over the groups it uploads.
+        """
+        carried = self._carried.get(checkpoint_id, frozenset())
+        if not carried:
+            return self
+        part = KeyedSnapshot(self.key_groups, {})
+        part._views = {g: v for g, v in self._views.items() if g not in carried}
+        part._digests = {g: d for g, d in self._digests.items() if g not in carried}
+        return part
 
     async def digests(self) -> dict[int, str]:
         """Each group's SHA-256 hex digest, computed once (the first read hashes).

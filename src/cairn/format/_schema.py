@@ -43,17 +43,27 @@ MAX_TIMESTAMP_MS = 253_402_300_799_999
 """The latest ``timestamp_ms``: 9999-12-31T23:59:59.999Z, the last time ``datetime`` shows."""
 
 
-class KeyGroupEntry(msgspec.Struct, frozen=True):
-    """The key groups a keyed partition holds (see :mod:`cairn.format.keygroups`).
+class KeyGroupEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The key groups of a keyed partition's object of ranges (see
+    :mod:`cairn.format.keygroups`).
 
     ``count`` is the operator's key-group count, the same in every keyed entry of the
-    operator; ``groups`` the groups this partition holds, as runs: sorted, disjoint,
-    non-adjacent ``[start, end)`` pairs (:func:`cairn.format.keygroups.to_runs`). The
-    partition's object of ranges holds one range per group, in ascending group order.
+    operator; ``groups`` the groups the object holds, one range each in ascending group
+    order, as runs: sorted, disjoint, non-adjacent ``[start, end)`` pairs
+    (:func:`cairn.format.keygroups.to_runs`). ``used`` (runs too, within ``groups``) is
+    set on an object carried from an earlier checkpoint: the groups of it that this
+    entry's partition holds (None: all of them). A partition may have several keyed
+    entries: its own object and objects it carries groups from.
     """
 
     count: int
     groups: tuple[tuple[int, int], ...] = ()
+    used: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def held(self) -> tuple[tuple[int, int], ...]:
+        """The groups the entry's partition holds in this object, as runs."""
+        return self.groups if self.used is None else self.used
 
 
 class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):

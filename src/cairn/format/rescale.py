@@ -20,7 +20,7 @@ holds has no read (it has no state).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
@@ -36,12 +36,13 @@ __all__ = [
     "NON_KEYED_MODES",
     "GroupRead",
     "KeyedAssignment",
+    "KeyedObject",
     "NonKeyedMode",
     "RestorePlan",
     "WorkerRestore",
     "group_reads",
+    "keyed_objects",
     "keyed_operators",
-    "keyed_partitions",
     "plan_restore",
 ]
 
@@ -77,6 +78,25 @@ class GroupRead:
     length: int
     sha256: str
     decoded_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedObject:
+    """One object of ranges a keyed partition reads groups from.
+
+    Attributes:
+        partition: The partition.
+        path: The object's store path.
+        entry: Its manifest entry.
+        groups: The groups of its ranges, in index order.
+        held: The groups of it the partition holds.
+    """
+
+    partition: int
+    path: str
+    entry: PartitionSnapshotEntry
+    groups: tuple[int, ...]
+    held: frozenset[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,28 +186,36 @@ def keyed_operators(manifest: CheckpointManifest) -> dict[str, KeyGroups]:
     return found
 
 
-def keyed_partitions(
-    manifest: CheckpointManifest, operator: str
-) -> dict[int, tuple[PartitionSnapshotEntry, list[int]]]:
-    """The keyed partitions of ``operator``: partition to its entry and its groups, in
-    the order of its ranges.
+def keyed_objects(
+    manifest: CheckpointManifest, paths: CheckpointPaths, operator: str
+) -> list[KeyedObject]:
+    """The objects of ranges the keyed partitions of ``operator`` read groups from: each
+    partition's own, and those it carries groups of (an object shared by partitions
+    after a rescale is listed once per partition).
 
     Args:
         manifest: A checked manifest.
+        paths: The layout its checkpointer uses.
         operator: A keyed operator of it.
 
     Returns:
-        Partition number to ``(entry, groups)``.
+        The objects, by partition.
 
     Raises:
         KeySpaceMismatchError: ``operator`` has no keyed state in ``manifest``.
     """
     entries = manifest.operators.get(operator)
-    found = {
-        entry.partition_id: (entry, from_runs(entry.key_groups.groups))
+    found = [
+        KeyedObject(
+            entry.partition_id,
+            paths.resolve(entry.owner or manifest.checkpoint_id, entry.path),
+            entry,
+            tuple(from_runs(entry.key_groups.groups)),
+            frozenset(from_runs(entry.key_groups.held)),
+        )
         for entry in (entries.partitions if entries is not None else ())
         if entry.key_groups is not None
-    }
+    ]
     if not found:
         raise KeySpaceMismatchError(
             operator, f"checkpoint {manifest.checkpoint_id} holds no keyed state of it"
@@ -196,20 +224,17 @@ def keyed_partitions(
 
 
 def group_reads(
-    manifest: CheckpointManifest,
-    paths: CheckpointPaths,
-    operator: str,
-    indexes: Mapping[int, Sequence[StoredRange]],
-    groups: Sequence[int],
+    objects: Sequence[KeyedObject],
+    indexes: Mapping[str, Sequence[StoredRange]],
+    groups: Iterable[int],
 ) -> list[GroupRead]:
-    """The reads of ``groups`` of ``operator`` (those some partition holds), given the
-    range index of each partition that holds one of them.
+    """The reads of ``groups`` (those some partition holds), given the range index of
+    each object that holds one of them.
 
     Args:
-        manifest: A checked manifest.
-        paths: The layout its checkpointer uses (to name each object's store path).
-        operator: A keyed operator of it.
-        indexes: Partition to its decoded range index (:func:`cairn.format.ranges.decode_index`).
+        objects: The operator's :func:`keyed_objects`.
+        indexes: An object's store path to its decoded range index
+            (:func:`cairn.format.ranges.decode_index`).
         groups: Key groups of the operator, each in its key space.
 
     Returns:
@@ -217,27 +242,30 @@ def group_reads(
 
     Raises:
         InvalidInputError: An index needed is not in ``indexes``, or does not have one
-            range per group of its partition.
+            range per group of its object.
     """
     wanted = set(groups)
     reads: list[GroupRead] = []
-    for partition, (entry, held) in sorted(keyed_partitions(manifest, operator).items()):
-        if wanted.isdisjoint(held):
+    for held in objects:
+        if wanted.isdisjoint(held.held):
             continue
-        index = indexes.get(partition)
-        if index is None or len(index) != len(held):
+        index = indexes.get(held.path)
+        if index is None or len(index) != len(held.groups):
             raise InvalidInputError(
-                f"operator {operator!r}, partition {partition}: its range index is "
-                + ("missing" if index is None else f"of {len(index)} ranges, not {len(held)}")
+                f"{held.path!r}: its range index is "
+                + (
+                    "missing"
+                    if index is None
+                    else f"of {len(index)} ranges, not {len(held.groups)}"
+                )
             )
-        path = paths.resolve(entry.owner or manifest.checkpoint_id, entry.path)
-        for group, stored in zip(held, index, strict=True):
-            if group in wanted:
+        for group, stored in zip(held.groups, index, strict=True):
+            if group in wanted and group in held.held:
                 reads.append(
                     GroupRead(
                         group,
-                        partition,
-                        path,
+                        held.partition,
+                        held.path,
                         stored.offset,
                         stored.length,
                         stored.sha256,
@@ -251,7 +279,7 @@ def group_reads(
 def plan_restore(
     manifest: CheckpointManifest,
     paths: CheckpointPaths,
-    indexes: Mapping[tuple[str, int], Sequence[StoredRange]],
+    indexes: Mapping[str, Sequence[StoredRange]],
     workers: int,
     non_keyed: NonKeyedMode | Mapping[str, NonKeyedMode] = "split",
 ) -> RestorePlan:
@@ -260,8 +288,8 @@ def plan_restore(
     Args:
         manifest: A checked manifest (whole: a root's parts assembled).
         paths: The layout its checkpointer uses.
-        indexes: ``(operator, partition)`` to the decoded range index of every keyed
-            partition.
+        indexes: The store path of every keyed object (:func:`keyed_objects`) to its
+            decoded range index.
         workers: How many new workers, an int >= 1.
         non_keyed: How non-keyed state is redistributed: one mode for every operator,
             or a mode per operator (every non-keyed operator named).
@@ -275,6 +303,7 @@ def plan_restore(
             :data:`NON_KEYED_MODES`, or leaves out a non-keyed operator.
     """
     keyed = keyed_operators(manifest)
+    objects = {operator: keyed_objects(manifest, paths, operator) for operator in keyed}
     other: dict[str, set[int]] = {}
     for operator, entry in manifest.partition_entries():
         if operator not in keyed:
@@ -289,8 +318,7 @@ def plan_restore(
         assigned: dict[str, KeyedAssignment] = {}
         for operator, space in sorted(keyed.items()):
             groups = space.groups_of(worker, workers)
-            per_partition = {p: index for (op, p), index in indexes.items() if op == operator}
-            reads = group_reads(manifest, paths, operator, per_partition, groups)
+            reads = group_reads(objects[operator], indexes, groups)
             assigned[operator] = KeyedAssignment(operator, space.count, groups, tuple(reads))
         partitions = {
             operator: _deal(sorted(held), worker, workers, modes[operator])

@@ -16,7 +16,9 @@ Invariants:
   chain: a new keyed partition must have the parent's key-group count, and a parent's
   keyed partition the new checkpoint does not mention is carried only if it shares no
   group with the new ones, dropped if they hold all its groups (a rescale), refused if
-  they hold some (:class:`KeySpaceMismatchError`, before any upload);
+  they hold some (:class:`KeySpaceMismatchError`, before any upload); a new keyed
+  partition's groups whose bytes equal the parent's are carried by reference, not
+  uploaded (:func:`cairn.protocol._keyed.unchanged_groups`);
 * a parent committed by a fenced writer after the takeover is never built upon.
 """
 
@@ -35,7 +37,7 @@ from cairn.errors import (
 from cairn.format.ids import CheckpointId
 from cairn.format.keygroups import from_runs
 from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.protocol import _catalog, _pointer
+from cairn.protocol import _catalog, _keyed, _pointer
 from cairn.protocol._context import Context
 
 __all__ = ["Chains", "carried_chains", "check_admitted", "resolve_chains"]
@@ -115,11 +117,13 @@ async def carried_chains(
             "holds no state for that partition"
         )
     kept = _keyed_carry(data, parent_chains)
-    return {
+    carried = {
         key: [(key[0], msgspec.structs.replace(entry, owner=owner)) for owner, entry in links]
         for key, links in parent_chains.items()
         if key not in data.snapshots and key not in data.directories and key in kept
     }
+    carried.update(await _keyed.unchanged_groups(ctx, data, parent_chains))
+    return carried
 
 
 def _keyed_carry(data: CheckpointData, parent_chains: Chains) -> set[ArtifactKey]:
@@ -136,9 +140,10 @@ def _keyed_carry(data: CheckpointData, parent_chains: Chains) -> set[ArtifactKey
     kept = set(parent_chains)
     for key, links in parent_chains.items():
         operator = key[0]
-        record = links[0][1].key_groups
-        if record is None or operator not in counts:
+        records = [entry.key_groups for _, entry in links if entry.key_groups is not None]
+        if not records or operator not in counts:
             continue
+        record = records[0]
         if record.count != counts[operator]:
             raise KeySpaceMismatchError(
                 operator,
@@ -148,7 +153,7 @@ def _keyed_carry(data: CheckpointData, parent_chains: Chains) -> set[ArtifactKey
             )
         if key in data.snapshots:
             continue
-        groups = from_runs(record.groups)
+        groups = sorted(g for r in records for g in from_runs(r.held))
         taken = [g for g in groups if g in saved[operator]]
         if taken and len(taken) < len(groups):
             raise KeySpaceMismatchError(

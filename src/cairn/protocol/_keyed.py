@@ -4,7 +4,7 @@ A keyed partition (:class:`~cairn.data.keyed.KeyedSnapshot`) is an object of ran
 range per key group. A restore at another parallelism reads, for each partition that
 holds one of its groups, the partition's range index (one ranged read of its last
 bytes, checked against the entry's digest), then exactly the ranges of its groups,
-adjacent ones together in spans of at most :data:`~cairn.protocol._download.SPAN_BYTES`.
+adjacent ones together in spans of at most :data:`SPAN_BYTES`.
 
 Invariants:
 
@@ -21,9 +21,14 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
+import msgspec
+
+from cairn.data import ArtifactKey, CheckpointData
+from cairn.data.keyed import KeyedSnapshot
 from cairn.errors import (
     BrokenChainError,
     CheckpointNotFoundError,
@@ -34,62 +39,72 @@ from cairn.errors import (
 )
 from cairn.format._buffer import Buffer
 from cairn.format.ids import CheckpointId
-from cairn.format.keygroups import KeyGroups
+from cairn.format.keygroups import KeyGroups, from_runs, to_runs
 from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.format.ranges import StoredRange, decode_index, decode_range, group_spans
 from cairn.format.rescale import (
     GroupRead,
     KeyedAssignment,
+    KeyedObject,
     NonKeyedMode,
     RestorePlan,
     group_reads,
+    keyed_objects,
     keyed_operators,
-    keyed_partitions,
     plan_restore,
 )
 from cairn.protocol import _catalog, _read
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context
-from cairn.protocol._download import SPAN_BYTES
 
-__all__ = ["load_assignment", "load_key_groups", "read_groups", "read_index", "restore_plan"]
+__all__ = [
+    "SPAN_BYTES",
+    "load_assignment",
+    "load_key_groups",
+    "read_groups",
+    "read_index",
+    "read_indexes",
+    "restore_plan",
+    "unchanged_groups",
+]
+
+SPAN_BYTES = 8 * 1024 * 1024
+"""The most bytes of adjacent groups of one object read with one request (as
+:data:`cairn.protocol._download.SPAN_BYTES` for packs)."""
 
 
-async def read_index(
-    ctx: Context, manifest: CheckpointManifest, operator: str, entry: PartitionSnapshotEntry
-) -> list[StoredRange]:
-    """The range index of one keyed partition, read with one ranged request and checked
+async def read_index(ctx: Context, operator: str, held: KeyedObject) -> list[StoredRange]:
+    """The range index of one keyed object, read with one ranged request and checked
     against its entry's digest; damage names the operator and partition."""
+    entry = held.entry
     assert entry.index_size_bytes is not None
-    path = ctx.paths.resolve(entry.owner or manifest.checkpoint_id, entry.path)
     data_size = entry.size_bytes - entry.index_size_bytes
     try:
-        index = await _read.read_range(ctx.store, path, data_size, entry.index_size_bytes)
+        index = await _read.read_range(ctx.store, held.path, data_size, entry.index_size_bytes)
         actual = await asyncio.to_thread(lambda: hashlib.sha256(index).hexdigest())
         if actual != entry.sha256:
             raise IntegrityMismatchError(
-                path, entry.sha256, actual, what="sha256 of its range index"
+                held.path, entry.sha256, actual, what="sha256 of its range index"
             )
-        return decode_index(path, index, data_size)
+        return decode_index(held.path, index, data_size)
     except CheckpointNotFoundError:
-        owner = entry.owner or manifest.checkpoint_id
-        gone = BrokenChainError(path, f"artifact of checkpoint {owner} is gone")
-        raise gone.located(operator, entry.partition_id) from None
+        gone = BrokenChainError(held.path, "the object holding its key groups is gone")
+        raise gone.located(operator, held.partition) from None
     except IntegrityError as exc:
-        raise exc.located(operator, entry.partition_id) from None
+        raise exc.located(operator, held.partition) from None
 
 
-async def _indexes(
-    ctx: Context, manifest: CheckpointManifest, operator: str, partitions: Iterable[int]
-) -> dict[int, list[StoredRange]]:
-    held = keyed_partitions(manifest, operator)
-    wanted = sorted(set(partitions))
+async def read_indexes(
+    ctx: Context, operator: str, objects: Iterable[KeyedObject]
+) -> dict[str, list[StoredRange]]:
+    """The range index of each of ``objects`` (each object once), by store path, at
+    most ``max_concurrent_downloads`` reads at a time."""
+    unique = {held.path: held for held in objects}
     jobs: list[Callable[[], Awaitable[list[StoredRange]]]] = [
-        lambda entry=held[p][0]: read_index(ctx, manifest, operator, entry)  # type: ignore[misc]
-        for p in wanted
+        functools.partial(read_index, ctx, operator, held) for held in unique.values()
     ]
     found = await bounded_gather(ctx.max_concurrent_downloads, jobs)
-    return dict(zip(wanted, found, strict=True))
+    return dict(zip(unique, found, strict=True))
 
 
 def _space(manifest: CheckpointManifest, operator: str, key_groups: KeyGroups | None) -> KeyGroups:
@@ -128,10 +143,10 @@ async def load_key_groups(
     if isinstance(groups, str | bytes) or not isinstance(groups, Iterable):
         raise InvalidInputError(f"groups must be an iterable of ints, got {groups!r:.80}")
     wanted = sorted({space.check_group(group) for group in groups})
-    held = keyed_partitions(manifest, operator)
-    needed = [p for p, (_, gs) in held.items() if not set(gs).isdisjoint(wanted)]
-    indexes = await _indexes(ctx, manifest, operator, needed)
-    reads = group_reads(manifest, ctx.paths, operator, indexes, wanted)
+    objects = keyed_objects(manifest, ctx.paths, operator)
+    needed = [held for held in objects if not held.held.isdisjoint(wanted)]
+    indexes = await read_indexes(ctx, operator, needed)
+    reads = group_reads(objects, indexes, wanted)
     return await read_groups(ctx, operator, reads, verify)
 
 
@@ -246,11 +261,10 @@ async def restore_plan(
     """The plan of :func:`cairn.format.rescale.plan_restore` for ``checkpoint_id`` onto
     ``workers`` workers: its manifest and every keyed partition's range index read."""
     manifest = await _catalog.load_manifest(ctx, checkpoint_id)
-    indexes: dict[tuple[str, int], list[StoredRange]] = {}
+    indexes: dict[str, list[StoredRange]] = {}
     for operator in sorted(keyed_operators(manifest)):
-        held = keyed_partitions(manifest, operator)
-        for partition, index in (await _indexes(ctx, manifest, operator, held)).items():
-            indexes[(operator, partition)] = index
+        objects = keyed_objects(manifest, ctx.paths, operator)
+        indexes.update(await read_indexes(ctx, operator, objects))
     return plan_restore(manifest, ctx.paths, indexes, workers, non_keyed)
 
 
@@ -262,3 +276,80 @@ async def load_assignment(
     if not isinstance(assignment, KeyedAssignment):
         raise InvalidInputError(f"expected a KeyedAssignment, got {assignment!r:.80}")
     return await read_groups(ctx, assignment.operator, assignment.reads, verify)
+
+
+async def unchanged_groups(
+    ctx: Context,
+    data: CheckpointData,
+    parent_links: Mapping[ArtifactKey, Sequence[tuple[CheckpointId, PartitionSnapshotEntry]]],
+) -> dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]:
+    """The groups of ``data``'s keyed snapshots whose bytes equal the parent's (the same
+    SHA-256, computed now, over the caller's bytes), carried by reference: per new
+    partition, an entry for each object of the parent's chains (``parent_links``) that
+    holds some of them, ``used`` naming those, and each snapshot told to leave them out
+    of its upload (:meth:`~cairn.data.keyed.KeyedSnapshot.carry`).
+
+    The parent's digests are in its objects' range indexes: one ranged read per object,
+    concurrent, before the uploads start; it is what lets an unchanged group cost no
+    upload. Only an uncompressed range of the same length is carried."""
+    per_operator: dict[str, list[tuple[int, KeyedSnapshot]]] = {}
+    for (operator, partition), snapshot in data.snapshots.items():
+        if isinstance(snapshot, KeyedSnapshot):
+            per_operator.setdefault(operator, []).append((partition, snapshot))
+    carried: dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]] = {}
+    for operator, snapshots in per_operator.items():
+        objects = [
+            KeyedObject(
+                key[1],
+                ctx.paths.resolve(owner, entry.path),
+                msgspec.structs.replace(entry, owner=owner),
+                tuple(from_runs(entry.key_groups.groups)),
+                frozenset(from_runs(entry.key_groups.held)),
+            )
+            for key, links in parent_links.items()
+            if key[0] == operator
+            for owner, entry in links
+            if entry.key_groups is not None
+        ]
+        if not objects:
+            continue
+        indexes = await read_indexes(ctx, operator, objects)
+        where: dict[int, tuple[KeyedObject, StoredRange]] = {}
+        for held in objects:
+            for group, stored in zip(held.groups, indexes[held.path], strict=True):
+                if group in held.held:
+                    where[group] = (held, stored)
+        for partition, snapshot in snapshots:
+            digests = await snapshot.digests()
+            same: dict[str, list[tuple[int, StoredRange]]] = {}
+            for group, digest in digests.items():
+                found = where.get(group)
+                if found is None:
+                    continue
+                held, stored = found
+                if (
+                    stored.sha256 == digest
+                    and stored.decoded_size is None
+                    and stored.length == snapshot.size_of(group)
+                ):
+                    same.setdefault(held.path, []).append((group, stored))
+            snapshot.carry(data.id, [g for groups in same.values() for g, _ in groups])
+            entries = []
+            for path, groups in same.items():
+                entry = next(held.entry for held in objects if held.path == path)
+                assert entry.key_groups is not None
+                record = msgspec.structs.replace(
+                    entry.key_groups, used=to_runs(g for g, _ in groups)
+                )
+                used_bytes = sum(stored.length for _, stored in groups)
+                entries.append(
+                    (
+                        operator,
+                        msgspec.structs.replace(
+                            entry, partition_id=partition, key_groups=record, used_bytes=used_bytes
+                        ),
+                    )
+                )
+            if entries:
+                carried[(operator, partition)] = entries
+    return carried

@@ -322,6 +322,8 @@ def upload_job(
     """
     relative = ctx.paths.relative_artifact(operator, partition, is_delta, attempt)
     path = ctx.paths.resolve(cid, relative)
+    if isinstance(data, KeyedSnapshot):
+        data = data.uploaded_in(cid)  # less the groups this save carries from its parent
     if isinstance(data, RangeSource):
         return _ranges_job(ctx, path, operator, partition, is_delta, relative, data, metadata_key)
     buffer = as_buffer(data, f"artifact {path!r}")
