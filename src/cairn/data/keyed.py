@@ -34,7 +34,7 @@ from cairn.format.keygroups import KeyGroups, to_runs
 from cairn.format.manifest import KeyGroupEntry
 from cairn.format.ranges import Range, RangeSource
 
-__all__ = ["KeyedSnapshot", "check_keyed"]
+__all__ = ["KeyedSnapshot", "KeyedUpload", "check_keyed"]
 
 
 class KeyedSnapshot(RangeSource):
@@ -126,23 +126,29 @@ class KeyedSnapshot(RangeSource):
         """
         self._carried[checkpoint_id] = frozenset(groups) & self._views.keys()
 
-    def uploaded_in(self, checkpoint_id: CheckpointId) -> KeyedSnapshot:
+    def uploaded_in(self, checkpoint_id: CheckpointId) -> KeyedUpload:
         """What the save of ``checkpoint_id`` uploads of this snapshot: every group but
-        those it carries (:meth:`carry`), digests kept.
+        those it carries (:meth:`carry`).
 
         Args:
             checkpoint_id: The checkpoint being saved.
 
         Returns:
-            This snapshot, or one over the groups it uploads.
+            The ranges to upload.
         """
         carried = self._carried.get(checkpoint_id, frozenset())
-        if not carried:
-            return self
-        part = KeyedSnapshot(self.key_groups, {})
-        part._views = {g: v for g, v in self._views.items() if g not in carried}
-        part._digests = {g: d for g, d in self._digests.items() if g not in carried}
-        return part
+        return KeyedUpload(self, [g for g in self._views if g not in carried])
+
+    def view_of(self, group: int) -> memoryview:
+        """The bytes of one group's state, as given (not copied).
+
+        Args:
+            group: A group this partition holds.
+
+        Returns:
+            Its bytes.
+        """
+        return self._views[group]
 
     async def digests(self) -> dict[int, str]:
         """Each group's SHA-256 hex digest, computed once (the first read hashes).
@@ -160,6 +166,38 @@ class KeyedSnapshot(RangeSource):
         digests = await self.digests()
         for group, view in self._views.items():
             yield Range(view, digests[group])
+
+    def open(self) -> AsyncIterator[Range]:
+        """A fresh pass over its ranges: one per group, ascending.
+
+        Returns:
+            An async iterator of the ranges.
+        """
+        return self._ranges()
+
+
+class KeyedUpload(RangeSource):
+    """The groups of a :class:`KeyedSnapshot` one save uploads, as an object of ranges:
+    one range per group, ascending, each with the digest the snapshot computed.
+
+    Args:
+        snapshot: The snapshot.
+        groups: The groups of it to upload.
+    """
+
+    def __init__(self, snapshot: KeyedSnapshot, groups: Iterable[int]) -> None:
+        self.snapshot = snapshot
+        self.groups = tuple(sorted(groups))
+
+    @property
+    def record(self) -> KeyGroupEntry:
+        """What the uploaded object's manifest entry records: the count and its groups."""
+        return KeyGroupEntry(count=self.snapshot.key_groups.count, groups=to_runs(self.groups))
+
+    async def _ranges(self) -> AsyncIterator[Range]:
+        digests = await self.snapshot.digests()
+        for group in self.groups:
+            yield Range(self.snapshot.view_of(group), digests[group])
 
     def open(self) -> AsyncIterator[Range]:
         """A fresh pass over its ranges: one per group, ascending.

@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from cairn.data.inputs import READ_CHUNK, ArtifactData, StreamSource, as_buffer, check_artifact_data
-from cairn.data.keyed import KeyedSnapshot, check_keyed
+from cairn.data.keyed import KeyedSnapshot, KeyedUpload, check_keyed
 from cairn.errors import (
     ArtifactExistsError,
     CheckpointerError,
@@ -371,7 +371,7 @@ def _ranges_job(
             f"{path!r}: an object of ranges has no digest of its whole bytes to carry as "
             "metadata: pass bytes or a file"
         )
-    if is_delta and isinstance(source, KeyedSnapshot):
+    if is_delta and isinstance(source, KeyedUpload):
         raise InvalidInputError(f"{path!r}: a KeyedSnapshot is saved as a snapshot, not a delta")
     recorded: list[tuple[int, int, str]] = []  # stored length, decoded length, digest
     codec = source.codec
@@ -420,7 +420,7 @@ def _ranges_job(
             size_bytes=sum(length for length, _, _ in recorded) + len(encoded),
             sha256=sha256_hex(encoded),
             index_size_bytes=len(encoded),
-            key_groups=source.record if isinstance(source, KeyedSnapshot) else None,
+            key_groups=source.record if isinstance(source, KeyedUpload) else None,
         )
         return operator, entry
 
