@@ -13,6 +13,7 @@ counts.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import random
 import signal
@@ -202,6 +203,6 @@ def test_the_rocksdb_job_rescales_between_runs(job: ModuleType, tmp_path: Path) 
     workers = [len({d.partition_id for d in m.directories}) for m in manifests]
     assert workers == sorted(workers, key=lambda n: {4: 0, 6: 1, 3: 2}[n])
     assert set(workers) == {4, 6, 3}
-    for before, after in zip(manifests, manifests[1:], strict=False):
+    for before, after in itertools.pairwise(manifests):
         changed = len(before.directories) != len(after.directories)
         assert (after.parent_id is None) == changed, after.epoch
