@@ -395,6 +395,18 @@ def demo_command(
             help="How long the stream takes to arrive.",
         ),
     ] = 3.0,
+    workers: Annotated[
+        int | None,
+        at_least(
+            "--workers", 1, "Run the keyed job on N workers (see --rescale-to). \\[default: 4]"
+        ),
+    ] = None,
+    rescale_to: Annotated[
+        int | None,
+        at_least(
+            "--rescale-to", 1, "Restart the keyed job on M workers, each reading its key groups."
+        ),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -412,18 +424,6 @@ def demo_command(
             metavar="PREFIX",
             help="An empty prefix for this run. \\[default: demo/<time>-<random>/]",
             show_default=False,
-        ),
-    ] = None,
-    workers: Annotated[
-        int | None,
-        at_least(
-            "--workers", 1, "Run the keyed job on N workers (see --rescale-to). \\[default: 4]"
-        ),
-    ] = None,
-    rescale_to: Annotated[
-        int | None,
-        at_least(
-            "--rescale-to", 1, "Restart the keyed job on M workers, each reading its key groups."
         ),
     ] = None,
     json_mode: Annotated[
