@@ -19,6 +19,7 @@ from cairn import (
     KeyGroupError,
     KeyGroups,
     KeySpaceMismatchError,
+    NewerFormatError,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
 )
@@ -183,6 +184,16 @@ def test_a_keyed_manifest_requires_the_key_groups_feature_and_round_trips() -> N
     # A cairn that does not know the feature refuses it as too new, never as damage.
     assert features.unknown_features(["key-groups"]) == ()
     assert "key-groups" in features.KNOWN
+
+
+def test_a_reader_without_the_key_groups_feature_refuses_it_as_newer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = encode_manifest(keyed_manifest(keyed_entry(0, 16, ((0, 16),))))
+    monkeypatch.setattr(features, "KNOWN", features.KNOWN - {"key-groups"})
+    with pytest.raises(NewerFormatError) as caught:
+        decode_manifest("id/manifest.json", data)
+    assert caught.value.features == ("key-groups",)
 
 
 def test_a_manifest_without_key_groups_is_written_as_before() -> None:
