@@ -16,6 +16,7 @@ from support.backends import make_checkpointer, make_store
 
 from cairn import (
     CheckpointData,
+    CheckpointInUseError,
     IntegrityMismatchError,
     InvalidCheckpointDataError,
     InvalidInputError,
@@ -29,6 +30,7 @@ from cairn import (
 )
 from cairn.format._buffer import Buffer
 from cairn.format.ids import CheckpointId
+from cairn.protocol.copy import copy_checkpoints
 from cairn.stores import ForwardingStore, ObstoreStore, Store, StoreMethod
 
 T = TypeVar("T")
@@ -401,3 +403,23 @@ def test_keyed_snapshot_input_is_checked() -> None:
         KeyedSnapshot(KeyGroups(8), {1: "text"})  # type: ignore[dict-item]
     with pytest.raises(InvalidInputError, match="must be a KeyGroups"):
         KeyedSnapshot(8, {})  # type: ignore[arg-type]
+
+
+async def test_objects_a_checkpoint_reads_groups_from_stay_deletable_only_with_it() -> None:
+    """A parent whose objects a child reads groups from is in use; a copy of the child
+    alone takes those objects with it."""
+    ckpt = make_checkpointer("memory://")
+    state = random_state(11)
+    parent = await ckpt.save(CheckpointData(epoch=1, snapshots=snapshots_of(state, 4)))
+    state[b"another key"] = b"v"
+    child = await ckpt.save(
+        CheckpointData(epoch=2, parent_id=parent.checkpoint_id, snapshots=snapshots_of(state, 3))
+    )
+    with pytest.raises(CheckpointInUseError):
+        await ckpt.delete_checkpoint(parent.checkpoint_id)
+
+    target = make_checkpointer("memory://")
+    [copied] = await copy_checkpoints(ckpt, target, [child.checkpoint_id])
+    assert copied.status == "copied", copied
+    got = await target.load_key_groups(child.checkpoint_id, "counts", range(128))
+    assert dict(pair for data in got.values() for pair in decode(data)) == state
