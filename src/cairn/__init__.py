@@ -28,10 +28,12 @@ from typing import Any
 from cairn import errors
 from cairn.checkpointer import Checkpointer, ObjectStoreCheckpointer, PartitionUpload
 from cairn.data import ArtifactKey, ChainLink, CheckpointData, LoadedCheckpoint
+from cairn.data.keyed import KeyedSnapshot
 from cairn.errors import *  # noqa: F403 - the whole error tree, as errors.__all__ lists it
 from cairn.format.features import VERSION
 from cairn.format.ids import CheckpointId
 from cairn.format.integrity import sha256_hex, verify_integrity
+from cairn.format.keygroups import KeyGroups
 from cairn.format.layout import CheckpointPaths
 from cairn.format.manifest import (
     CheckpointManifest,
@@ -61,6 +63,8 @@ __all__ = [
     "Checkpointer",
     "GcResult",
     "HmacSigner",
+    "KeyGroups",
+    "KeyedSnapshot",
     "LoadedCheckpoint",
     "ManifestSigner",
     "ObjectStoreCheckpointer",

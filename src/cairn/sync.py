@@ -398,6 +398,21 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.load_chain`."""
         return run_blocking(self.async_checkpointer.load_chain(*args, **kwargs))
 
+    @_twin_of(ObjectStoreCheckpointer.load_key_groups)
+    def load_key_groups(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`ObjectStoreCheckpointer.load_key_groups`."""
+        return run_blocking(self.async_checkpointer.load_key_groups(*args, **kwargs))
+
+    @_twin_of(ObjectStoreCheckpointer.restore_plan)
+    def restore_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`ObjectStoreCheckpointer.restore_plan`."""
+        return run_blocking(self.async_checkpointer.restore_plan(*args, **kwargs))
+
+    @_twin_of(ObjectStoreCheckpointer.load_assignment)
+    def load_assignment(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`ObjectStoreCheckpointer.load_assignment`."""
+        return run_blocking(self.async_checkpointer.load_assignment(*args, **kwargs))
+
     @_twin_of(ObjectStoreCheckpointer.gc)
     def gc(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.gc`."""

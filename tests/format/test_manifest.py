@@ -177,6 +177,7 @@ PUBLIC_MANIFEST_NAMES = {
     "DirectoryEntry",
     "EncodedManifest",
     "FileEntry",
+    "KeyGroupEntry",
     "HeaderPart",
     "ManifestHeader",
     "ManifestPart",

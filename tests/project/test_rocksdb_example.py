@@ -13,6 +13,7 @@ counts.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import random
 import signal
@@ -145,7 +146,7 @@ def test_a_killed_rocksdb_job_restarts_exactly_once_from_incremental_checkpoints
     db = rocksdict.Rdict(str(dest), job.options(rocksdict))
     try:
         assert job.check(db, EVENTS, KEYS) == []
-        assert job.value(db, KEYS - 1) == job.truth(EVENTS, KEYS)[KEYS - 1]
+        assert job.value(db, KEYS - 1, KEYS) == job.truth(EVENTS, KEYS)[KEYS - 1]
     finally:
         db.close()
 
@@ -171,3 +172,37 @@ def test_cairn_list_counts_the_files_of_directory_partitions(tmp_path: Path) -> 
     assert second["kind"] == "incremental"
     assert (second["uploaded_artifacts"], second["uploaded_bytes"]) == (1, 15)
     assert (second["carried_artifacts"], second["carried_bytes"]) == (1, 1500)
+
+
+def test_the_rocksdb_job_rescales_between_runs(job: ModuleType, tmp_path: Path) -> None:
+    """Saved by 4 workers, restored on 6, then on 3: every key once, in its owner's
+    database; the first checkpoint after each rescale is a full one."""
+    pytest.importorskip("rocksdict", reason="the RocksDB example needs rocksdict")
+    first = run(tmp_path, "--workers", "4", "--kill-at", "15000")
+    assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
+    second = run(tmp_path, "--rescale-to", "6", "--kill-at", "29000")
+    explain = second.stdout + second.stderr
+    assert second.returncode == -signal.SIGKILL, explain
+    assert "(epoch 7, 4 workers) onto 6 workers: resuming at offset 14000" in second.stdout
+    copied = [line for line in second.stdout.splitlines() if line.startswith("worker ")]
+    assert [line.split(":")[0] for line in copied] == [f"worker {w}" for w in range(6)]
+    assert "worker 0: key groups 0..21," in second.stdout, explain
+    third = run(tmp_path, "--rescale-to", "3")
+    explain = third.stdout + third.stderr
+    assert third.returncode == 0, explain
+    assert "6 workers) onto 3 workers" in third.stdout, explain
+    assert third.stdout.splitlines()[-1] == "exactly-once: YES", explain
+    verified = run(tmp_path, "--verify")
+    assert verified.stdout.splitlines()[-1] == "exactly-once: YES", verified.stdout
+
+    ckpt = SyncCheckpointer(str(tmp_path / "store"), CheckpointPaths(""))
+    try:
+        manifests = [ckpt.load_manifest(cid) for cid in ckpt.list_checkpoints()]
+    finally:
+        ckpt.close()
+    workers = [len({d.partition_id for d in m.directories}) for m in manifests]
+    assert workers == sorted(workers, key=lambda n: {4: 0, 6: 1, 3: 2}[n])
+    assert set(workers) == {4, 6, 3}
+    for before, after in itertools.pairwise(manifests):
+        changed = len(before.directories) != len(after.directories)
+        assert (after.parent_id is None) == changed, after.epoch

@@ -233,8 +233,10 @@ async def test_deleting_the_parent_of_a_save_in_progress_is_refused(
     running = asyncio.create_task(ckpt.save(data))
     await gate.reached.wait()  # it is uploading, its intent written beside the uploads
     directory = ckpt.paths.checkpoint_dir(data.id)
-    while not any(i.path.startswith(f"{directory}intent.") for i in await inner.list(directory)):
-        await asyncio.sleep(0.01)  # its lease names the parent once the intent is there
+    intents = f"{directory}intent."
+    # Its lease names the parent once the intent is there (no event says so: poll).
+    while not [i for i in await inner.list(directory) if i.path.startswith(intents)]:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
     other = make_checkpointer(inner)
     with pytest.raises(CheckpointInUseError) as info:
         await other.delete_checkpoint(base.checkpoint_id)

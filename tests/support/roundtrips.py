@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cairn.format._buffer import Buffer
-from cairn.stores import ForwardingStore, PutMode, Store, StoreCall, StoreMethod
-from cairn.stores._types import Metadata, OpenChunks
+from cairn.stores import ForwardingStore, PutMode, Store
+from cairn.stores._types import Metadata, OpenChunks, StoreCall, StoreMethod
 
 from .sim.loop import Deadlock, SimLoop
 

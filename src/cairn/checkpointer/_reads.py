@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, BinaryIO
 
@@ -26,10 +26,12 @@ from cairn.data import ChainLink, LoadedCheckpoint
 from cairn.errors import CheckpointNotFoundError
 from cairn.format._buffer import Buffer
 from cairn.format.ids import CheckpointId
+from cairn.format.keygroups import KeyGroups
 from cairn.format.layout import CheckpointPaths
 from cairn.format.manifest import CheckpointManifest, FileEntry
+from cairn.format.rescale import KeyedAssignment, NonKeyedMode, RestorePlan
 from cairn.observe import Observer, Operation, _dispatch
-from cairn.protocol import _catalog, _directories, _download, _read
+from cairn.protocol import _catalog, _directories, _download, _keyed, _read
 from cairn.protocol._context import Context, check_id
 from cairn.protocol._download import RESTORE_CHUNK
 from cairn.protocol.discover import (
@@ -250,6 +252,95 @@ class CheckpointReads(abc.ABC):
         """
         cid = await self._id(checkpoint_id)
         return await _download.load_chain(await self._context(), cid, operator, partition)
+
+    async def load_key_groups(
+        self,
+        checkpoint_id: CheckpointId | str,
+        operator: str,
+        groups: Iterable[int],
+        *,
+        key_groups: KeyGroups | None = None,
+        verify: bool = True,
+    ) -> dict[int, Buffer]:
+        """The state of some key groups of a keyed operator, whichever partitions hold
+        them: each group read with ranged reads (adjacent groups of one partition
+        together) after that partition's range index, and verified on its own.
+
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+            operator: An operator saved as :class:`~cairn.KeyedSnapshot` partitions.
+            groups: The key groups to read.
+            key_groups: The key space the caller expects; a checkpoint with another
+                count is refused. None accepts the checkpoint's.
+            verify: Check every group against its SHA-256.
+
+        Returns:
+            Each group that a partition holds, ascending, to its bytes (a group no
+            partition holds has no state and is absent).
+
+        Raises:
+            KeyGroupError: A group is outside the operator's key space.
+            KeySpaceMismatchError: The operator has no keyed state in the checkpoint, or
+                another key-group count than ``key_groups``.
+            IntegrityError: A group's bytes (or a partition's index) are damaged; the
+                error names the operator, partition and group, the other damaged
+                groups in its ``others``.
+        """
+        cid = await self._id(checkpoint_id)
+        context = await self._context()
+        return await _keyed.load_key_groups(context, cid, operator, groups, key_groups, verify)
+
+    async def restore_plan(
+        self,
+        checkpoint_id: CheckpointId | str,
+        *,
+        workers: int,
+        non_keyed: NonKeyedMode | Mapping[str, NonKeyedMode] = "split",
+    ) -> RestorePlan:
+        """How to restore a checkpoint onto ``workers`` workers, whatever number saved it:
+        per worker, the key groups of each keyed operator it gets and the byte range of
+        each (object, offset, length, digest), and the old partitions of each other
+        operator it gets. Reads the manifest and each keyed partition's range index;
+        the plan itself is plain data, to ship to the workers (each reads its part with
+        :meth:`load_assignment`).
+
+        Args:
+            checkpoint_id: The checkpoint (a short id too).
+            workers: How many workers restore it, 1 or more.
+            non_keyed: How other operators' partitions are redistributed: ``"split"``
+                (dealt round-robin, in ascending order) or ``"union"`` (every worker
+                gets all); one mode, or a mode per non-keyed operator.
+
+        Returns:
+            The plan (:class:`cairn.format.rescale.RestorePlan`).
+
+        Raises:
+            KeyGroupError: ``workers`` is below 1.
+            InvalidInputError: ``non_keyed`` is not a mode, or leaves an operator out.
+            IntegrityError: A keyed partition's range index is damaged (naming it).
+        """
+        cid = await self._id(checkpoint_id)
+        return await _keyed.restore_plan(await self._context(), cid, workers, non_keyed)
+
+    async def load_assignment(
+        self, assignment: KeyedAssignment, *, verify: bool = True
+    ) -> dict[int, Buffer]:
+        """The state of one worker's groups of one keyed operator, read as a
+        :meth:`restore_plan` says: its ranges only, no manifest or index, each verified.
+
+        Args:
+            assignment: One worker's part of a plan for one operator
+                (``plan.worker(i).keyed[operator]``).
+            verify: Check every group against its SHA-256.
+
+        Returns:
+            Each group of the assignment that holds state, ascending, to its bytes.
+
+        Raises:
+            IntegrityError: A group's bytes are damaged; the error names the operator,
+                partition and group.
+        """
+        return await _keyed.load_assignment(await self._context(), assignment, verify)
 
     async def load_artifact(self, path: str, *, expected_sha256: str | None = None) -> Buffer:
         """The bytes of an artifact, verified when a digest is given.

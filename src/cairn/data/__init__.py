@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from cairn.data.inputs import ArtifactData, check_artifact_data
+from cairn.data.keyed import KeyedSnapshot, check_keyed
 from cairn.errors import InvalidCheckpointDataError, InvalidInputError, InvalidNameError
 from cairn.format._buffer import Buffer, raw_bytes
 from cairn.format._validate import is_int
@@ -97,7 +98,8 @@ class CheckpointData:
     Args:
         epoch: The epoch the checkpoint records, an int in 0..2**63-1.
         snapshots: ``(operator, partition)`` to the full state of that partition:
-            bytes-like, a :class:`pathlib.Path`, a binary file, or an iterable of chunks.
+            bytes-like, a :class:`pathlib.Path`, a binary file, an iterable of chunks,
+            or a :class:`~cairn.data.keyed.KeyedSnapshot` (keyed state by key group).
         deltas: ``(operator, partition)`` to a delta on the parent's state, in the same
             forms; needs ``parent_id``. A partition is a snapshot or a delta, not both.
         source_offsets: A source name to its :class:`SourceOffsetEntry`.
@@ -119,6 +121,8 @@ class CheckpointData:
             without parent, a partition given twice, its own parent, ...); the message
             names it.
         InvalidNameError: An operator or source name, or a partition, is not allowed.
+        KeySpaceMismatchError: The keyed partitions of an operator overlap in key
+            groups, disagree on the key-group count, or mix with other state.
         SpecialFileError: A directory to save holds a symbolic link or special file.
     """
 
@@ -148,6 +152,10 @@ class CheckpointData:
             raise InvalidCheckpointDataError(
                 f"(operator, partition) {both[0]!r} is given both as snapshot and as delta"
             )
+        check_keyed(
+            [(op, p, False, d) for (op, p), d in snapshots.items()]
+            + [(op, p, True, d) for (op, p), d in deltas.items()]
+        )
         directories = _check_directories(self.directories)
         overlap = sorted(set(directories) & (set(snapshots) | set(deltas)))
         if overlap:
@@ -221,6 +229,8 @@ class CheckpointData:
             return {
                 key: bytes(view)
                 if (view := raw_bytes(data, f"artifact {key!r}")) is not None
+                else data.copied()
+                if isinstance(data, KeyedSnapshot)
                 else data
                 for key, data in artifacts.items()
             }

@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import math
 import random
 import secrets
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -54,6 +53,7 @@ from cairn.cli.session import (
     run,
 )
 from cairn.cli.views import kind
+from cairn.demo.children import ChildRun, Kill, finish, read_message
 from cairn.demo.job import (
     OPERATORS,
     PARTITIONS,
@@ -63,6 +63,8 @@ from cairn.demo.job import (
     restore_pipeline,
     restored_offset,
 )
+from cairn.demo.keyed import SPLITS
+from cairn.demo.rescale import RescaleSettings, rescale_view, run_rescale_demo
 from cairn.protocol.discover import checkpoint_counts, checkpoint_dirs, default_paths, short_ids
 
 __all__ = ["DemoSettings", "demo_command", "run_demo"]
@@ -111,55 +113,6 @@ class DemoSettings:
         ]
 
 
-@dataclass
-class ChildRun:
-    """What one run of the job reported on stdout, and how it ended."""
-
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    returncode: int | None = None
-    stderr: str = ""
-
-    def of_type(self, kind: str) -> list[dict[str, Any]]:
-        """The messages of one ``type``."""
-        return [m for m in self.messages if m.get("type") == kind]
-
-
-@dataclass
-class Kill:
-    """When and how the first run was killed."""
-
-    after_checkpoints: int
-    delay_ms: int
-    pid: int
-    killed: bool = False
-
-
-async def _read_message(proc: asyncio.subprocess.Process, deadline: float) -> dict[str, Any] | None:
-    assert proc.stdout is not None
-    remaining = max(0.01, deadline - time.monotonic())
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), remaining)
-    except TimeoutError:
-        proc.kill()
-        raise CliError(
-            "the demo job stopped making progress (timed out)", ExitCode.INTEGRITY
-        ) from None
-    if not line:
-        return None
-    message = json.loads(line)
-    if not isinstance(message, dict):
-        raise CliError(f"the demo job printed {line!r}", ExitCode.INTEGRITY)
-    return message
-
-
-async def _finish(proc: asyncio.subprocess.Process, run_: ChildRun, deadline: float) -> None:
-    while (message := await _read_message(proc, deadline)) is not None:
-        run_.messages.append(message)
-    assert proc.stderr is not None
-    run_.stderr = (await proc.stderr.read()).decode(errors="replace")
-    run_.returncode = await proc.wait()
-
-
 async def _spawn(settings: DemoSettings, paced: bool) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         *settings.child_command(paced),
@@ -181,7 +134,7 @@ async def run_killed(settings: DemoSettings, rng: random.Random) -> tuple[ChildR
     run_ = ChildRun()
     deadline = time.monotonic() + PHASE_TIMEOUT
     while len(run_.of_type("checkpoint")) < kill.after_checkpoints:
-        message = await _read_message(proc, deadline)
+        message = await read_message(proc, deadline)
         if message is None:
             break
         run_.messages.append(message)
@@ -191,7 +144,7 @@ async def run_killed(settings: DemoSettings, rng: random.Random) -> tuple[ChildR
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGKILL)
                 kill.killed = True
-    await _finish(proc, run_, deadline)
+    await finish(proc, run_, deadline)
     if not kill.killed and run_.returncode != 0:
         _child_failed("the demo job", run_)
     return run_, kill
@@ -207,7 +160,7 @@ async def run_recovery(settings: DemoSettings) -> ChildRun:
     """The restart: a new process that restores, replays and finishes the stream."""
     proc = await _spawn(settings, paced=False)
     run_ = ChildRun()
-    await _finish(proc, run_, time.monotonic() + PHASE_TIMEOUT)
+    await finish(proc, run_, time.monotonic() + PHASE_TIMEOUT)
     if run_.returncode != 0:
         _child_failed("the restarted demo job", run_)
     return run_
@@ -442,6 +395,18 @@ def demo_command(
             help="How long the stream takes to arrive.",
         ),
     ] = 3.0,
+    workers: Annotated[
+        int | None,
+        at_least(
+            "--workers", 1, "Run the keyed job on N workers (see --rescale-to). \\[default: 4]"
+        ),
+    ] = None,
+    rescale_to: Annotated[
+        int | None,
+        at_least(
+            "--rescale-to", 1, "Restart the keyed job on M workers, each reading its key groups."
+        ),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -471,6 +436,8 @@ def demo_command(
     The job checkpoints into a fresh prefix of the store (demo/<time>-<random>/ of
     ./checkpoints by default); after it, a bare `cairn list` shows the run. Exits with 0
     when the restarted job's final state equals an uninterrupted run's, 1 otherwise.
+    With --workers or --rescale-to, the job counts events per user in key groups on N
+    workers and is restarted on M.
     """
     session = Session.create(store, prefix or _run_prefix(), json_mode, debug)
 
@@ -483,6 +450,8 @@ def demo_command(
                 ExitCode.USAGE,
             )
         every = checkpoint_every or max(1, events // 10)
+        if workers is not None or rescale_to is not None:
+            return await _rescale(url, every, workers or 4, rescale_to or workers or 4)
         settings = DemoSettings(
             url=url,
             prefix=session.prefix,
@@ -503,6 +472,37 @@ def demo_command(
             report = await run_demo(settings, random.Random())
         session.output.json(report)
         session.output.show(_report_view(report))
+        if report["exactly_once"]:
+            return ExitCode.OK
+        session.output.fail(
+            "IntegrityError",
+            "the recovered final state differs from the uninterrupted run's",
+            ExitCode.INTEGRITY,
+        )
+        return ExitCode.INTEGRITY
+
+    async def _rescale(url: str, every: int, before: int, after: int) -> ExitCode:
+        settings = RescaleSettings(
+            url=url,
+            prefix=session.prefix,
+            seed=seed,
+            events=events,
+            checkpoint_every=every,
+            stream_seconds=stream_seconds,
+            workers=before,
+            rescale_to=after,
+        )
+        if settings.checkpoints < 3:
+            raise CliError(
+                f"{events} events with a checkpoint every {every} make fewer than 3 "
+                f"checkpoints of the keyed job ({SPLITS} source splits): lower "
+                "--checkpoint-every or raise --events",
+                ExitCode.USAGE,
+            )
+        async with Transfer(session.output.err, "running the demo job", None, unit=""):
+            report = await run_rescale_demo(settings, random.Random())
+        session.output.json(report)
+        session.output.show(rescale_view(report))
         if report["exactly_once"]:
             return ExitCode.OK
         session.output.fail(

@@ -25,6 +25,9 @@ CheckpointerError
 │   ├── InvalidStoreUrlError       URL that open_store cannot open
 │   ├── CheckpointLocationError    a DCP checkpoint_id names a place outside the store
 │   ├── IncompleteCheckpointError  a distributed commit misses or repeats a partition
+│   ├── KeyGroupError              a key-group count, group or worker index out of range
+│   ├── KeySpaceMismatchError      keyed partitions overlap in groups or disagree on
+│   │                              the key-group count
 │   └── InvalidCheckpointDataError inconsistent CheckpointData (duplicates, deltas
 │       │                          without parent, negative epoch, ...)
 │       └── SpecialFileError       a directory to save holds a link or special file
@@ -93,6 +96,8 @@ from cairn.errors._usage import (
     InvalidCheckpointDataError,
     SpecialFileError,
     IncompleteCheckpointError,
+    KeyGroupError,
+    KeySpaceMismatchError,
     SyncInAsyncContextError,
     PathsUnresolvedError,
 )
@@ -128,6 +133,8 @@ __all__ = [
     "InvalidInputError",
     "InvalidNameError",
     "InvalidStoreUrlError",
+    "KeyGroupError",
+    "KeySpaceMismatchError",
     "MissingArtifactError",
     "NewerFormatError",
     "NotDurableError",

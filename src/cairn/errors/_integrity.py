@@ -31,8 +31,9 @@ class IntegrityError(CheckpointerError):
     An error about the bytes of one partition of a checkpoint names it, in its attributes
     and at the start of its message (:meth:`located`): ``operator`` and ``partition``;
     within it, ``item`` (a DCP item of a rank object: its fully qualified name, as the
-    DCP metadata records it) or ``file`` (a file of a directory partition: its path
-    relative to the directory). They are None where the bytes are not one partition's
+    DCP metadata records it), ``file`` (a file of a directory partition: its path
+    relative to the directory) or ``group`` (a key group of a keyed partition, see
+    :class:`cairn.KeyedSnapshot`). They are None where the bytes are not one partition's
     (a manifest, a record) or the reader was given a path alone.
 
     Attributes:
@@ -40,6 +41,7 @@ class IntegrityError(CheckpointerError):
         partition: That partition's number, or None.
         item: The DCP item within the partition, or None.
         file: The file of a directory partition, or None.
+        group: The key group of a keyed partition, or None.
         others: The errors of the other damaged partitions found by the same read (a
             whole :meth:`~cairn.ObjectStoreCheckpointer.load` reads every partition, and
             raises the error of the first in the manifest's order), each naming its own;
@@ -50,6 +52,7 @@ class IntegrityError(CheckpointerError):
     partition: int | None = None
     item: str | None = None
     file: str | None = None
+    group: int | None = None
     others: tuple[IntegrityError, ...] = ()
 
     @property
@@ -63,10 +66,18 @@ class IntegrityError(CheckpointerError):
             words += f", item {self.item!r}"
         if self.file is not None:
             words += f", file {self.file!r}"
+        if self.group is not None:
+            words += f", key group {self.group}"
         return words
 
     def located(
-        self, operator: str, partition: int, *, item: str | None = None, file: str | None = None
+        self,
+        operator: str,
+        partition: int,
+        *,
+        item: str | None = None,
+        file: str | None = None,
+        group: int | None = None,
     ) -> Self:
         """This error, naming the partition of ``operator`` whose bytes it is about (and
         the ``item`` or ``file`` in it): set as attributes and put in front of the
@@ -78,12 +89,14 @@ class IntegrityError(CheckpointerError):
             partition: The partition's number.
             item: The DCP item of a rank object the bytes are, if any.
             file: The file of a directory partition the bytes are, if any.
+            group: The key group of a keyed partition the bytes are, if any.
 
         Returns:
             The error itself.
         """
         if self.operator is None:
             self.operator, self.partition, self.item, self.file = operator, partition, item, file
+            self.group = group
             message = str(self.args[0]) if self.args else ""
             self.args = (f"{self.location}: {message}", *self.args[1:])
         return self

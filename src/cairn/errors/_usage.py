@@ -18,6 +18,8 @@ __all__ = [
     "InvalidInputError",
     "InvalidNameError",
     "InvalidStoreUrlError",
+    "KeyGroupError",
+    "KeySpaceMismatchError",
     "PathsUnresolvedError",
     "SpecialFileError",
     "SyncInAsyncContextError",
@@ -113,6 +115,37 @@ class SpecialFileError(InvalidCheckpointDataError):
 
 class IncompleteCheckpointError(InvalidInputError):
     """Worker reports do not cover the expected partitions exactly once; nothing committed."""
+
+
+class KeyGroupError(InvalidInputError):
+    """A key-group count, key group, worker index or worker count is out of its range
+    (see :class:`cairn.KeyGroups`), or a key is not bytes.
+
+    Attributes:
+        what: What the value is (``"key-group count"``, ``"key group"``, ...).
+        value: The value given.
+        allowed: The values allowed, in words (``"0..127"``).
+    """
+
+    def __init__(self, what: str, value: object, allowed: str) -> None:
+        self.what, self.value, self.allowed = what, value, allowed
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        super().__init__(f"{what} {shown} is out of range: expected {allowed}")
+
+
+class KeySpaceMismatchError(InvalidInputError):
+    """Keyed partitions of one operator do not make one key space: they overlap in key
+    groups, disagree on the key-group count (with each other, with the parent's, or with
+    the count a reader expects), or mix keyed and other state. Nothing was committed.
+
+    Attributes:
+        operator: The operator whose partitions disagree.
+        reason: What disagrees, naming the partitions and groups.
+    """
+
+    def __init__(self, operator: str, reason: str) -> None:
+        self.operator, self.reason = operator, reason
+        super().__init__(f"operator {operator!r}: {reason}")
 
 
 class SyncInAsyncContextError(CheckpointerError, RuntimeError):

@@ -14,7 +14,7 @@ import re
 
 import msgspec
 
-from cairn.errors import InvalidInputError
+from cairn.errors import InvalidInputError, KeySpaceMismatchError
 from cairn.format._schema import (
     MAX_INT64,
     MAX_TIMESTAMP_MS,
@@ -22,6 +22,7 @@ from cairn.format._schema import (
     CheckpointManifest,
     DirectoryEntry,
     FileEntry,
+    KeyGroupEntry,
     ManifestPart,
     OperatorSnapshotEntry,
     PartitionSnapshotEntry,
@@ -32,6 +33,7 @@ from cairn.format._schema import (
 from cairn.format._validate import is_int
 from cairn.format.codecs import CODECS
 from cairn.format.ids import CheckpointId
+from cairn.format.keygroups import MAX_KEY_GROUPS
 from cairn.format.layout import (
     MAX_NAME_BYTES,
     MAX_PARTITION,
@@ -42,11 +44,17 @@ from cairn.format.layout import (
     validate_partition,
     validate_relative_path,
 )
-from cairn.format.ranges import is_index_size
+from cairn.format.ranges import (
+    COMPRESSED_RECORD_BYTES,
+    INDEX_MAGIC,
+    INDEX_RECORD_BYTES,
+    is_index_size,
+)
 
 __all__ = [
     "SHA256_HEX",
     "check_entry",
+    "check_key_space",
     "check_manifest",
     "check_part_records",
     "check_relative_file",
@@ -105,8 +113,9 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
     expected = CheckpointPaths.relative_artifact(operator, part.partition_id, part.is_delta)
     if part.offset is not None:
         _check_range(operator, part)
-    elif not isinstance(part.path, str) or not CheckpointPaths.is_artifact_of(
-        part.path, operator, part.partition_id, part.is_delta
+    elif not isinstance(part.path, str) or not (
+        CheckpointPaths.is_artifact_of(part.path, operator, part.partition_id, part.is_delta)
+        or _is_carried_keyed(operator, part)
     ):
         validate_relative_path(part.path)  # its more precise reason first, if it has one
         kind = "delta" if part.is_delta else "snapshot"
@@ -133,6 +142,8 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
         )
     if part.index_size_bytes is not None:
         _check_index(where, part)
+    if part.key_groups is not None:
+        _check_key_groups(where, part)
     if part.used_bytes is not None:
         if part.owner is None or part.offset is not None or part.codec is not None:
             raise InvalidInputError(
@@ -140,6 +151,20 @@ def check_entry(operator: str, part: object, checkpoint_id: CheckpointId | None 
                 "from another checkpoint has"
             )
         _check_int(f"used_bytes of {where}", part.used_bytes, 0, part.size_bytes)
+
+
+def _is_carried_keyed(operator: str, part: PartitionSnapshotEntry) -> bool:
+    """A keyed snapshot carried from another checkpoint may be the object of another
+    partition of its operator (groups saved by another worker before a rescale)."""
+    if part.key_groups is None or part.owner is None or part.is_delta:
+        return False
+    stem = CheckpointPaths.relative_artifact(operator, 0, False).rpartition("partition-0.")[0]
+    number = part.path[len(stem) :].removeprefix("partition-").partition(".")[0]
+    if not part.path.startswith(stem) or not number.isdigit() or number != str(int(number)):
+        return False
+    return int(number) <= MAX_PARTITION and CheckpointPaths.is_artifact_of(
+        part.path, operator, int(number), False
+    )
 
 
 def _check_index(where: str, part: PartitionSnapshotEntry) -> None:
@@ -155,6 +180,102 @@ def _check_index(where: str, part: PartitionSnapshotEntry) -> None:
         raise InvalidInputError(
             f"entry {where} is an object of ranges: it cannot have a codec or an offset"
         )
+
+
+def _check_key_groups(where: str, part: PartitionSnapshotEntry) -> None:
+    """A keyed partition: a snapshot that is an object of ranges, one range per group,
+    its groups as canonical runs inside its count."""
+    record = part.key_groups
+    if not isinstance(record, KeyGroupEntry):
+        raise InvalidInputError(f"key_groups of {where} must be a KeyGroupEntry")
+    _check_int(f"key-group count of {where}", record.count, 1, MAX_KEY_GROUPS)
+    if part.is_delta or part.index_size_bytes is None:
+        raise InvalidInputError(
+            f"entry {where} has key_groups: only a snapshot that is an object of ranges has"
+        )
+    held = len(_check_runs(f"key groups of {where}", record.groups, record.count))
+    if record.used is not None:
+        if part.owner is None:
+            raise InvalidInputError(
+                f"entry {where} has used key groups: only an object carried from another "
+                "checkpoint has"
+            )
+        used = _check_runs(f"used key groups of {where}", record.used, record.count)
+        if not used <= _check_runs("", record.groups, record.count):
+            raise InvalidInputError(f"used key groups of {where} are not all in its groups")
+    body = part.index_size_bytes - len(INDEX_MAGIC)
+    if body not in (held * INDEX_RECORD_BYTES, held * COMPRESSED_RECORD_BYTES):
+        raise InvalidInputError(
+            f"entry {where} holds {held} key groups but its index is of "
+            f"{part.index_size_bytes} bytes: not one range per group"
+        )
+
+
+def _check_runs(what: str, runs: object, count: int) -> set[int]:
+    """The groups ``runs`` hold, if they are sorted, disjoint, non-adjacent runs inside
+    ``0..count``; else :class:`InvalidInputError` naming ``what``."""
+    if not isinstance(runs, tuple | list):
+        raise InvalidInputError(f"{what} must be a list of runs")
+    reach = -1
+    groups: set[int] = set()
+    for run in runs:
+        if not isinstance(run, tuple | list) or len(run) != 2:
+            raise InvalidInputError(f"{what}: a run is [start, end), got {short_repr(run)}")
+        start, end = run
+        _check_int(f"a run start of {what}", start, 0, count - 1)
+        _check_int(f"a run end of {what}", end, 1, count)
+        if end <= start or start <= reach:
+            raise InvalidInputError(f"{what} are not sorted, disjoint, non-adjacent runs: {run!r}")
+        reach = end
+        groups.update(range(start, end))
+    return groups
+
+
+def check_key_space(operator: str, entries: list[PartitionSnapshotEntry]) -> None:
+    """Raise :class:`KeySpaceMismatchError` unless the keyed entries of ``operator`` make
+    one key space: all of its entries keyed or none, one key-group count, no group held
+    by two partitions.
+
+    Args:
+        operator: The operator's name, for errors.
+        entries: Its entries, each already checked by :func:`check_entry`.
+
+    Raises:
+        KeySpaceMismatchError: They do not.
+    """
+    keyed = [part for part in entries if part.key_groups is not None]
+    if not keyed:
+        return
+    if len(keyed) != len(entries):
+        other = next(part for part in entries if part.key_groups is None)
+        raise KeySpaceMismatchError(
+            operator,
+            f"partition {other.partition_id} is not keyed state while partition "
+            f"{keyed[0].partition_id} is: an operator's partitions are all keyed or none",
+        )
+    first = keyed[0]
+    assert first.key_groups is not None
+    owners: dict[int, int] = {}
+    for number, part in enumerate(keyed):
+        assert part.key_groups is not None
+        if part.key_groups.count != first.key_groups.count:
+            raise KeySpaceMismatchError(
+                operator,
+                f"partition {part.partition_id} has {part.key_groups.count} key groups, "
+                f"partition {first.partition_id} {first.key_groups.count}",
+            )
+        for start, end in part.key_groups.held:
+            for group in range(start, end):
+                holder = owners.setdefault(group, number)
+                if holder == number:
+                    continue
+                before = keyed[holder].partition_id
+                raise KeySpaceMismatchError(
+                    operator,
+                    f"partitions {before} and {part.partition_id} both hold key group {group}"
+                    if before != part.partition_id
+                    else f"partition {before} holds key group {group} twice",
+                )
 
 
 def _check_range(operator: str, part: PartitionSnapshotEntry) -> None:
@@ -184,18 +305,27 @@ def _check_shared_paths(
     entries: list[PartitionSnapshotEntry], seen_paths: set[tuple[CheckpointId | None, str]]
 ) -> None:
     """No two entries at one path, unless all of those have offsets and their ranges do
-    not overlap (empty ranges overlap nothing). Adds the paths to ``seen_paths``."""
+    not overlap (empty ranges overlap nothing), or all are keyed objects carried from
+    another checkpoint (partitions after a rescale may each carry groups of one object:
+    :func:`check_key_space` sees that they hold different ones). Adds the paths to
+    ``seen_paths``."""
     ranges: dict[tuple[CheckpointId | None, str], list[tuple[int, int]]] = {}
+    keyed: set[tuple[CheckpointId | None, str]] = set()
     for part in entries:
         key = (part.owner, part.path)
-        if part.offset is None:
+        if part.key_groups is not None and part.owner is not None:
             if key in seen_paths or key in ranges:
+                raise InvalidInputError(f"two entries share the path {part.path!r}")
+            keyed.add(key)
+        elif part.offset is None:
+            if key in seen_paths or key in ranges or key in keyed:
                 raise InvalidInputError(f"two entries share the path {part.path!r}")
             seen_paths.add(key)
         else:
-            if key in seen_paths:
+            if key in seen_paths or key in keyed:
                 raise InvalidInputError(f"two entries share the path {part.path!r}")
             ranges.setdefault(key, []).append((part.offset, part.offset + part.stored_length))
+    seen_paths.update(keyed)
     for key, spans in ranges.items():
         reach = 0
         for start, end in sorted(spans):
@@ -258,7 +388,11 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
         _check_int(f"total_bytes of operator {operator!r}", entry.total_bytes, 0, MAX_INT64)
         snapshots: set[int] = set()
         for part in entry.partitions:
-            if isinstance(part, PartitionSnapshotEntry) and part.is_delta is False:
+            if (
+                isinstance(part, PartitionSnapshotEntry)
+                and part.is_delta is False
+                and part.key_groups is None  # a keyed partition may carry groups of others
+            ):
                 if part.partition_id in snapshots:
                     raise InvalidInputError(
                         f"operator {operator!r} has two snapshots of partition {part.partition_id}"
@@ -266,6 +400,7 @@ def check_manifest(manifest: CheckpointManifest, *, stored: bool = False) -> Non
                 snapshots.add(part.partition_id)
             check_entry(operator, part, manifest.checkpoint_id)
             checked.append(part)
+        check_key_space(operator, list(entry.partitions))
     _check_shared_paths(checked, seen_paths)
     _check_directories(manifest, seen_paths)
 

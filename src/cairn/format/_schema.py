@@ -23,6 +23,7 @@ __all__ = [
     "CheckpointManifest",
     "DirectoryEntry",
     "FileEntry",
+    "KeyGroupEntry",
     "ManifestPart",
     "OperatorSnapshotEntry",
     "PartitionSnapshotEntry",
@@ -40,6 +41,29 @@ MAX_INT64 = 2**63 - 1
 
 MAX_TIMESTAMP_MS = 253_402_300_799_999
 """The latest ``timestamp_ms``: 9999-12-31T23:59:59.999Z, the last time ``datetime`` shows."""
+
+
+class KeyGroupEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The key groups of a keyed partition's object of ranges (see
+    :mod:`cairn.format.keygroups`).
+
+    ``count`` is the operator's key-group count, the same in every keyed entry of the
+    operator; ``groups`` the groups the object holds, one range each in ascending group
+    order, as runs: sorted, disjoint, non-adjacent ``[start, end)`` pairs
+    (:func:`cairn.format.keygroups.to_runs`). ``used`` (runs too, within ``groups``) is
+    set on an object carried from an earlier checkpoint: the groups of it that this
+    entry's partition holds (None: all of them). A partition may have several keyed
+    entries: its own object and objects it carries groups from.
+    """
+
+    count: int
+    groups: tuple[tuple[int, int], ...] = ()
+    used: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def held(self) -> tuple[tuple[int, int], ...]:
+        """The groups the entry's partition holds in this object, as runs."""
+        return self.groups if self.used is None else self.used
 
 
 class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -63,6 +87,10 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     take. It only
     informs the space report of GC (:attr:`~cairn.protocol.retention.GcPlan.pack_bytes`); the
     object is kept whole, and verified whole, whatever it says.
+
+    ``key_groups`` is set on the object of ranges of a keyed partition
+    (:class:`cairn.KeyedSnapshot`): the operator's key-group count and the groups the
+    partition holds, its ranges in ascending group order, so each group is read alone.
     """
 
     partition_id: int
@@ -76,6 +104,7 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     offset: int | None = None
     index_size_bytes: int | None = None
     used_bytes: int | None = None
+    key_groups: KeyGroupEntry | None = None
 
     @property
     def stored_length(self) -> int:

@@ -69,6 +69,11 @@ FEATURES: tuple[Feature, ...] = (
         "partitions saved as directories, file by file: a non-empty `directories`",
     ),
     Feature(
+        "key-groups",
+        "0.2.0",
+        "keyed state in key groups: an entry with `key_groups`, one range per group",
+    ),
+    Feature(
         "packs",
         "0.2.0",
         "small artifacts merged into packs: an entry with `offset` is a byte range of one",
@@ -91,14 +96,16 @@ KNOWN = frozenset(feature.name for feature in FEATURES)
 
 
 def entry_features(entries: Iterable[PartitionSnapshotEntry]) -> set[str]:
-    """The features artifact entries use: ``packs`` (an entry with an offset) and
-    ``ranges`` (an object of ranges)."""
+    """The features artifact entries use: ``packs`` (an entry with an offset),
+    ``ranges`` (an object of ranges) and ``key-groups`` (a keyed partition)."""
     used: set[str] = set()
     for entry in entries:
         if entry.offset is not None:
             used.add("packs")
         if entry.index_size_bytes is not None:
             used.add("ranges")
+        if entry.key_groups is not None:
+            used.add("key-groups")
     return used
 
 

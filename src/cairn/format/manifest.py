@@ -43,6 +43,7 @@ from cairn.format._schema import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
 from cairn.format._schema import CheckpointManifest as CheckpointManifest
 from cairn.format._schema import DirectoryEntry as DirectoryEntry
 from cairn.format._schema import FileEntry as FileEntry
+from cairn.format._schema import KeyGroupEntry as KeyGroupEntry
 from cairn.format._schema import ManifestPart as ManifestPart
 from cairn.format._schema import OperatorSnapshotEntry as OperatorSnapshotEntry
 from cairn.format._schema import PartitionSnapshotEntry as PartitionSnapshotEntry

@@ -12,6 +12,13 @@ Invariants:
   it; a delta whose partition the parent has no state for is refused before any upload;
   a partition the new checkpoint saves as a directory drops the parent's chain of it
   (directory partitions carry their files themselves: :mod:`cairn.protocol._directories`);
+* keyed state (:class:`~cairn.data.keyed.KeyedSnapshot`) keeps one key space across a
+  chain: a new keyed partition must have the parent's key-group count, and a parent's
+  keyed partition the new checkpoint does not mention is carried only if it shares no
+  group with the new ones, dropped if they hold all its groups (a rescale), refused if
+  they hold some (:class:`KeySpaceMismatchError`, before any upload); a new keyed
+  partition's groups whose bytes equal the parent's are carried by reference, not
+  uploaded (:func:`cairn.protocol._keyed.unchanged_groups`);
 * a parent committed by a fenced writer after the takeover is never built upon.
 """
 
@@ -20,10 +27,17 @@ from __future__ import annotations
 import msgspec
 
 from cairn.data import ArtifactKey, CheckpointData
-from cairn.errors import BrokenChainError, CheckpointNotFoundError, InvalidCheckpointDataError
+from cairn.data.keyed import KeyedSnapshot
+from cairn.errors import (
+    BrokenChainError,
+    CheckpointNotFoundError,
+    InvalidCheckpointDataError,
+    KeySpaceMismatchError,
+)
 from cairn.format.ids import CheckpointId
+from cairn.format.keygroups import from_runs
 from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
-from cairn.protocol import _catalog, _pointer
+from cairn.protocol import _catalog, _keyed, _pointer
 from cairn.protocol._context import Context
 
 __all__ = ["Chains", "carried_chains", "check_admitted", "resolve_chains"]
@@ -105,8 +119,54 @@ async def carried_chains(
             f"delta {missing_base[0]!r} has no base: parent {data.parent_id} "
             "holds no state for that partition"
         )
-    return parent, {
+    kept = _keyed_carry(data, parent_chains)
+    carried = {
         key: [(key[0], msgspec.structs.replace(entry, owner=owner)) for owner, entry in links]
         for key, links in parent_chains.items()
-        if key not in data.snapshots and key not in data.directories
+        if key not in data.snapshots and key not in data.directories and key in kept
     }
+    carried.update(await _keyed.unchanged_groups(ctx, data, parent_chains))
+    return parent, carried
+
+
+def _keyed_carry(data: CheckpointData, parent_chains: Chains) -> set[ArtifactKey]:
+    """The partitions of ``parent_chains`` the new checkpoint may carry as far as key
+    groups go: all but a parent's keyed partition whose every group ``data`` saves anew
+    (a rescale). Raises :class:`KeySpaceMismatchError` where a new keyed partition has
+    another count than the parent's, or holds some, not all, of a carried one's groups."""
+    saved: dict[str, dict[int, int]] = {}  # operator: group -> new partition
+    counts: dict[str, int] = {}
+    for (operator, partition), snapshot in data.snapshots.items():
+        if isinstance(snapshot, KeyedSnapshot):
+            counts[operator] = snapshot.key_groups.count
+            saved.setdefault(operator, {}).update(dict.fromkeys(snapshot.groups, partition))
+    kept = set(parent_chains)
+    for key, links in parent_chains.items():
+        operator = key[0]
+        records = [entry.key_groups for _, entry in links if entry.key_groups is not None]
+        if not records or operator not in counts:
+            continue
+        record = records[0]
+        if record.count != counts[operator]:
+            raise KeySpaceMismatchError(
+                operator,
+                f"the new partitions have {counts[operator]} key groups, parent "
+                f"{data.parent_id}'s partition {key[1]} has {record.count}: the key-group "
+                "count is fixed for the life of the state",
+            )
+        if key in data.snapshots:
+            continue
+        groups = sorted(g for r in records for g in from_runs(r.held))
+        taken = [g for g in groups if g in saved[operator]]
+        if taken and len(taken) < len(groups):
+            raise KeySpaceMismatchError(
+                operator,
+                f"parent {data.parent_id}'s partition {key[1]} holds key groups that the new "
+                f"partitions hold only in part (group {taken[0]} is saved again by partition "
+                f"{saved[operator][taken[0]]}, group "
+                f"{next(g for g in groups if g not in saved[operator])} is not): "
+                "save every group of the parent's partition, or none",
+            )
+        if taken:
+            kept.discard(key)
+    return kept

@@ -116,6 +116,7 @@ from cairn.errors import (
     CheckpointNotFoundError,
     FencedError,
     InvalidInputError,
+    KeySpaceMismatchError,
     NotDurableError,
     ObjectExistsError,
     StoreError,
@@ -235,6 +236,8 @@ def _check_manifest_input(manifest: CheckpointManifest) -> None:
         raise InvalidInputError(f"expected a CheckpointManifest, got {manifest!r}")
     try:
         check_manifest(manifest)
+    except KeySpaceMismatchError:
+        raise  # its own type: partitions of a keyed operator disagree
     except InvalidInputError as exc:
         raise InvalidInputError(f"manifest {manifest.checkpoint_id}: {exc}") from None
 

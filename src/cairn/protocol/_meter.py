@@ -86,8 +86,8 @@ def _save_stats(
 
     ``requests`` are the meter's plus those the create makes once this record is encoded
     (:func:`cairn.protocol._commit._create_manifest`), up to the commit: the manifest's
-    own writes (each part, then the manifest; one PUT each). ``stored_bytes`` are the save's own objects, the parts and the manifest as
-    they will be stored. The
+    own writes (each part, then the manifest; one PUT each). ``stored_bytes`` are the
+    save's own objects, the parts and the manifest as they will be stored. The
     manifest's size depends on the numbers it holds, so it is encoded until they agree
     (twice; three times when a number gains a digit).
     """
@@ -124,9 +124,7 @@ def _save_stats(
         settled = msgspec.structs.replace(
             stats,
             stored_bytes=objects + sum(map(len, parts)) + len(encoded.root),
-            requests=msgspec.structs.replace(
-                counted, put=counted.put + len(parts) + 1
-            ),
+            requests=msgspec.structs.replace(counted, put=counted.put + len(parts) + 1),
         )
         if settled == stats:
             break

@@ -27,6 +27,7 @@ from typing import cast
 import msgspec
 
 from cairn.data import ArtifactKey, CheckpointData, DirectoryCheck
+from cairn.data.keyed import KeyedSnapshot
 from cairn.errors import CheckpointerError, CheckpointExistsError, InvalidInputError
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import new_attempt
@@ -319,6 +320,10 @@ async def _save(
             await pending.end()
 
 
+_Carried = tuple[CheckpointManifest, dict[ArtifactKey, list[_upload.Entry]]]
+"""The parent's manifest, and the chains a save carries from it."""
+
+
 async def _upload_beside_intent(
     ctx: Context,
     data: CheckpointData,
@@ -333,12 +338,24 @@ async def _upload_beside_intent(
     it still lands after a failure): the entries, and the parent's manifest (None without
     a parent), which the commit then checks against the fence it reads after the intent.
     """
-    jobs: list[Awaitable[object]] = [
-        pending.written(),
-        upload_all(ctx, data, None, plan, attempt, chains=False),
-    ]
-    if data.parent_id is not None:
-        jobs.append(_chains.carried_chains(ctx, data))
+    chains: Awaitable[_Carried | None]
+    uploads: Awaitable[list[_upload.Entry]]
+    if data.parent_id is not None and any(
+        isinstance(snapshot, KeyedSnapshot) for snapshot in data.snapshots.values()
+    ):
+        # The parent's chains decide which key groups need no upload: them first.
+        carried = asyncio.ensure_future(_chains.carried_chains(ctx, data))
+        chains = carried
+
+        async def after_chains() -> list[_upload.Entry]:
+            await carried
+            return await upload_all(ctx, data, None, plan, attempt, chains=False)
+
+        uploads = after_chains()
+    else:
+        chains = _chains.carried_chains(ctx, data) if data.parent_id is not None else _nothing()
+        uploads = upload_all(ctx, data, None, plan, attempt, chains=False)
+    jobs: list[Awaitable[object]] = [pending.written(), uploads, chains]
     if not data.generated_id:
         jobs.append(_refuse_committed(ctx, data.id))
     if not ctx.hints.latest.known:
@@ -348,12 +365,15 @@ async def _upload_beside_intent(
         if isinstance(outcome, BaseException):
             raise outcome
     entries = cast("list[_upload.Entry]", outcomes[1])
-    if data.parent_id is None:
+    found = cast("_Carried | None", outcomes[2])
+    if found is None:
         return entries, None
-    parent, inherited = cast(
-        "tuple[CheckpointManifest, dict[ArtifactKey, list[_upload.Entry]]]", outcomes[2]
-    )
+    parent, inherited = found
     return [link for links in inherited.values() for link in links] + entries, parent
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def _refuse_committed(ctx: Context, cid: CheckpointId) -> None:

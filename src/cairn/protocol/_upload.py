@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from cairn.data.inputs import READ_CHUNK, ArtifactData, StreamSource, as_buffer, check_artifact_data
+from cairn.data.keyed import KeyedSnapshot, KeyedUpload, check_keyed
 from cairn.errors import (
     ArtifactExistsError,
     CheckpointerError,
@@ -321,6 +322,8 @@ def upload_job(
     """
     relative = ctx.paths.relative_artifact(operator, partition, is_delta, attempt)
     path = ctx.paths.resolve(cid, relative)
+    if isinstance(data, KeyedSnapshot):
+        data = data.uploaded_in(cid)  # less the groups this save carries from its parent
     if isinstance(data, RangeSource):
         return _ranges_job(ctx, path, operator, partition, is_delta, relative, data, metadata_key)
     buffer = as_buffer(data, f"artifact {path!r}")
@@ -368,6 +371,8 @@ def _ranges_job(
             f"{path!r}: an object of ranges has no digest of its whole bytes to carry as "
             "metadata: pass bytes or a file"
         )
+    if is_delta and isinstance(source, KeyedUpload):
+        raise InvalidInputError(f"{path!r}: a KeyedSnapshot is saved as a snapshot, not a delta")
     recorded: list[tuple[int, int, str]] = []  # stored length, decoded length, digest
     codec = source.codec
 
@@ -415,6 +420,7 @@ def _ranges_job(
             size_bytes=sum(length for length, _, _ in recorded) + len(encoded),
             sha256=sha256_hex(encoded),
             index_size_bytes=len(encoded),
+            key_groups=source.record if isinstance(source, KeyedUpload) else None,
         )
         return operator, entry
 
@@ -488,4 +494,5 @@ def check_uploads(uploads: Sequence[PartitionUpload]) -> list[PartitionUpload]:
             raise InvalidInputError(f"({operator!r}, {partition}) is uploaded twice")
         seen.add((operator, partition, is_delta))
         checked.append(item)
+    check_keyed(checked)
     return checked

@@ -1,0 +1,70 @@
+"""The demo's child processes: what one run of a job reported, and how it ended.
+
+A demo job prints one JSON object per line on stdout; :func:`read_message` reads the
+next within a deadline (a job that stops making progress is killed, and the demo fails
+with a clear error), :func:`finish` reads the rest, its stderr and its exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn.cli.errors import CliError, ExitCode
+
+__all__ = ["ChildRun", "Kill", "finish", "read_message"]
+
+
+@dataclass
+class ChildRun:
+    """What one run of the job reported on stdout, and how it ended."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    returncode: int | None = None
+    stderr: str = ""
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        """The messages of one ``type``."""
+        return [m for m in self.messages if m.get("type") == kind]
+
+
+@dataclass
+class Kill:
+    """When and how the first run was killed."""
+
+    after_checkpoints: int
+    delay_ms: int
+    pid: int
+    killed: bool = False
+
+
+async def read_message(proc: asyncio.subprocess.Process, deadline: float) -> dict[str, Any] | None:
+    """The next message of ``proc``, or None at the end of its output; a job silent
+    past ``deadline`` is killed (:class:`CliError`)."""
+    assert proc.stdout is not None
+    remaining = max(0.01, deadline - time.monotonic())
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), remaining)
+    except TimeoutError:
+        proc.kill()
+        raise CliError(
+            "the demo job stopped making progress (timed out)", ExitCode.INTEGRITY
+        ) from None
+    if not line:
+        return None
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise CliError(f"the demo job printed {line!r}", ExitCode.INTEGRITY)
+    return message
+
+
+async def finish(proc: asyncio.subprocess.Process, run_: ChildRun, deadline: float) -> None:
+    """Read the rest of ``proc``'s messages into ``run_``, then its stderr and status."""
+    while (message := await read_message(proc, deadline)) is not None:
+        run_.messages.append(message)
+    assert proc.stderr is not None
+    run_.stderr = (await proc.stderr.read()).decode(errors="replace")
+    run_.returncode = await proc.wait()
