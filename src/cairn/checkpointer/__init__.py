@@ -53,7 +53,7 @@ from cairn.protocol._paths import ChosenPaths
 from cairn.protocol._reference import Checkpointer
 from cairn.protocol._upload import PartitionUpload
 from cairn.protocol.retention import GcResult, RetentionPolicy, run_gc
-from cairn.stores import Store, as_store
+from cairn.stores import PartsInFlight, Store, as_store
 from cairn.stores._observed import ObservedStore
 from cairn.stores.retry import RetryingStore, RetryPolicy
 
@@ -102,9 +102,16 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         retention: A policy every commit is followed by :meth:`gc` with, in the
             background (orbax's ``max_to_keep`` is ``RetentionPolicy(keep_last=n)``);
             None: no GC.
+        parts_in_flight: Parts of one object moved at once when cairn opens the store
+            (a URL, an obstore store): a :class:`~cairn.stores.PartsInFlight`, an int
+            (fixed), or None (the default: from 8, adapting between 2 and 16). Memory is
+            at most its ``maximum`` times 8 MiB per object in flight. A
+            :class:`~cairn.stores.Store` passed as ``store`` carries its own (see
+            :class:`~cairn.stores.ObstoreStore`); a local directory has no parts.
 
     Raises:
-        InvalidInputError: An argument is out of range or of the wrong type.
+        InvalidInputError: An argument is out of range or of the wrong type, or
+            ``parts_in_flight`` is given with a :class:`~cairn.stores.Store`.
         InvalidStoreUrlError: ``store`` is a URL :func:`~cairn.open_store` cannot open.
         CodecError: ``compression`` names no known or installed codec.
     """
@@ -123,6 +130,7 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         observers: Sequence[Observer] = (),
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
         retention: RetentionPolicy | None = None,
+        parts_in_flight: PartsInFlight | int | None = None,
     ) -> None:
         self._layout = ChosenPaths(paths)
         self.signing_keys = signing_keys(signing_key)
@@ -141,7 +149,7 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
                 )
         # Beneath the retries, each attempt is one request: counted (a save's statistics)
         # and reported to the observers.
-        inner = ObservedStore(as_store(store), self.observers)
+        inner = ObservedStore(as_store(store, parts_in_flight), self.observers)
         self.store: Store = RetryingStore(inner, self.retry)
         self.writer_generation = 0
         self.background = BackgroundSaves(
