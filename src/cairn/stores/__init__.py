@@ -365,7 +365,8 @@ class ObstoreStore:
     halving when the store throttles or fails a transfer; uploads and reads adapt apart,
     and what they learn lasts as long as this adapter (reuse one across saves to keep it).
     The bytes one object holds in flight are at most ``maximum`` times the part size
-    (16 x 8 MiB = 128 MiB by default), beside what the caller itself holds.
+    (16 x 8 MiB = 128 MiB by default for an upload, 16 x 4 MiB beside the result for a
+    read), beside what the caller itself holds.
 
     Args:
         store: The obstore store to adapt.

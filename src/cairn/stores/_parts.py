@@ -50,7 +50,7 @@ class PartsInFlight:
 
     ``PartsInFlight.fixed(n)`` (or a plain ``n`` wherever a setting is accepted) never
     adapts. The bytes one object holds in flight are at most ``maximum`` times the part
-    size (8 MiB for uploads and for the pieces of a large ranged read).
+    size (8 MiB for uploads, 4 MiB for the pieces of a large ranged read).
 
     Args:
         initial: Parts in flight for the first transfer.

@@ -26,8 +26,9 @@ from cairn.stores._parts import PartsController
 
 __all__ = ["READ_PIECE", "read_in_pieces", "split_range"]
 
-READ_PIECE = 8 * 1024 * 1024
-"""Bytes of one piece of a large ranged read (the upload part size too)."""
+READ_PIECE = 4 * 1024 * 1024
+"""Bytes of one piece of a large ranged read: half the upload part size, as reads have no
+minimum part size and a piece's time on a capped connection is what one read waits for."""
 
 GetPiece = Callable[[int, int], Awaitable[Buffer]]
 """Reads bytes ``start`` to ``end`` of the object: one request."""
