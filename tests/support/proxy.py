@@ -36,6 +36,14 @@ Guarantees:
   forwarded or failed), in the order they were counted: ``len(request_times())`` equals
   ``requests`` in any one snapshot. ``reset_counters()`` clears them with the counters.
 
+* ``shape(bytes_per_second, latency)`` is a standing mode (until ``reset()``) that models
+  a link such as S3's, whose every connection carries a bounded rate: each direction of
+  each connection accepted after the call is paced to at most ``bytes_per_second`` (the
+  bytes of a read are forwarded once the link would have carried them), and each request
+  head and each response's first bytes wait ``latency`` seconds (one way) first.
+  ``peak_open`` counts the most forwarded connections open at once (with moto, which
+  closes every connection after one response, the most requests in flight at once).
+
 Not supported: TLS, HTTP/2, protocol upgrades. A client->server stream that does not
 parse as HTTP/1.x is still forwarded, raw, but its requests are no longer counted.
 """
@@ -79,10 +87,47 @@ class ProxyStats:
     cut: int
     failed: int
     resets: int = 0
+    peak_open: int = 0
 
 
 class _NotHttp(Exception):
     """The client->server stream is not parseable HTTP/1.x."""
+
+
+@dataclass(frozen=True)
+class _Shape:
+    bytes_per_second: float | None
+    latency: float
+
+
+class _Pacer:
+    """One direction of one shaped connection: a link free again at ``free_at``."""
+
+    def __init__(self, shape: _Shape) -> None:
+        self.shape = shape
+        self.free_at = 0.0
+
+    async def carry(self, nbytes: int) -> None:
+        """Wait until the link would have carried ``nbytes`` more bytes."""
+        rate = self.shape.bytes_per_second
+        if rate is None:
+            return
+        now = asyncio.get_running_loop().time()
+        self.free_at = max(now, self.free_at) + nbytes / rate
+        if self.free_at > now:
+            await asyncio.sleep(self.free_at - now)
+
+    async def delay(self) -> None:
+        """One round trip."""
+        if self.shape.latency > 0:
+            await asyncio.sleep(self.shape.latency)
+
+
+async def _paced_write(writer: asyncio.StreamWriter, data: bytes, pacer: _Pacer | None) -> None:
+    if pacer is not None:
+        await pacer.carry(len(data))
+    writer.write(data)
+    await writer.drain()
 
 
 @dataclass(frozen=True)
@@ -121,7 +166,10 @@ def _parse_head(raw: bytes) -> _RequestHead:
 
 
 async def _relay_exact(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, n: int
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter | None,
+    n: int,
+    pacer: _Pacer | None = None,
 ) -> None:
     """Copy exactly ``n`` bytes (or discard them when ``writer`` is None)."""
     while n > 0:
@@ -130,8 +178,7 @@ async def _relay_exact(
             raise asyncio.IncompleteReadError(b"", n)
         n -= len(data)
         if writer is not None:
-            writer.write(data)
-            await writer.drain()
+            await _paced_write(writer, data, pacer)
 
 
 async def _relay_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None) -> bytes:
@@ -142,11 +189,14 @@ async def _relay_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 
 async def _relay_body(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, head: _RequestHead
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter | None,
+    head: _RequestHead,
+    pacer: _Pacer | None = None,
 ) -> None:
     """Copy (or discard) exactly one request body, framed as ``head`` says."""
     if not head.chunked:
-        await _relay_exact(reader, writer, head.content_length)
+        await _relay_exact(reader, writer, head.content_length, pacer)
         return
     while True:
         size_line = await _relay_line(reader, writer)
@@ -156,7 +206,7 @@ async def _relay_body(
             raise _NotHttp(size_line[:100]) from exc
         if size == 0:
             break
-        await _relay_exact(reader, writer, size + 2)
+        await _relay_exact(reader, writer, size + 2, pacer)
     while await _relay_line(reader, writer) != b"\r\n":  # trailer section
         pass
     if writer is not None:
@@ -240,6 +290,8 @@ class FaultProxy:
         self._connections = self._requests = self._dropped = self._cut = self._failed = 0
         self._resets = 0
         self._request_times: list[float] = []
+        self._shape: _Shape | None = None
+        self._open = self._peak_open = 0
 
     @classmethod
     def for_endpoint(cls, endpoint: str) -> FaultProxy:
@@ -386,18 +438,31 @@ class FaultProxy:
         with self._lock:
             self._throttle = _Throttle(fail_fraction, reset_fraction, response, random.Random(seed))
 
+    def shape(self, bytes_per_second: float | None = None, latency: float = 0.0) -> None:
+        """Until ``reset()``, pace each direction of every connection accepted from now on
+        to ``bytes_per_second`` (None: unbounded), and delay the connection and each of
+        its request heads by ``latency`` seconds (a round trip each)."""
+        if bytes_per_second is not None and bytes_per_second <= 0:
+            raise ValueError("bytes_per_second must be > 0 or None")
+        if latency < 0:
+            raise ValueError("latency must be >= 0")
+        with self._lock:
+            self._shape = _Shape(bytes_per_second, latency)
+
     def reset(self) -> None:
-        """Disarm every fault: back to pass-through. Counters are kept."""
+        """Disarm every fault and the shaping: back to pass-through. Counters are kept."""
         with self._lock:
             self._drop_left = self._cut_left = 0
             self._fail_left = 0
             self._throttle = None
+            self._shape = None
 
     def reset_counters(self) -> None:
         with self._lock:
             self._connections = self._requests = self._dropped = self._cut = self._failed = 0
             self._resets = 0
             self._request_times.clear()
+            self._peak_open = self._open
 
     # -- counters (any thread) ----------------------------------------------------------
 
@@ -410,6 +475,7 @@ class FaultProxy:
                 self._cut,
                 self._failed,
                 self._resets,
+                self._peak_open,
             )
 
     def request_times(self) -> list[float]:
@@ -440,6 +506,11 @@ class FaultProxy:
     def failed(self) -> int:
         """Requests answered with an injected error (``fail_requests_with``, ``throttle``)."""
         return self.stats().failed
+
+    @property
+    def peak_open(self) -> int:
+        """The most forwarded connections open at once (since the last ``reset_counters``)."""
+        return self.stats().peak_open
 
     @property
     def resets(self) -> int:
@@ -506,11 +577,19 @@ class FaultProxy:
         ureader, uwriter = await asyncio.open_connection(
             self.target_host, self.target_port, limit=_HEAD_LIMIT
         )
-        up = asyncio.create_task(self._client_to_server(creader, cwriter, uwriter))
-        down = asyncio.create_task(self._server_to_client(ureader, cwriter, cut_limit))
+        with self._lock:
+            shape = self._shape
+            self._open += 1
+            self._peak_open = max(self._peak_open, self._open)
+        up_pacer = None if shape is None else _Pacer(shape)
+        down_pacer = None if shape is None else _Pacer(shape)
+        up = asyncio.create_task(self._client_to_server(creader, cwriter, uwriter, up_pacer))
+        down = asyncio.create_task(self._server_to_client(ureader, cwriter, cut_limit, down_pacer))
         try:
             await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            with self._lock:
+                self._open -= 1
             # Close both sides before any await, so that a cancellation (stop()) arriving
             # during the awaits below cannot leave a transport open.
             uwriter.close()
@@ -525,7 +604,10 @@ class FaultProxy:
         creader: asyncio.StreamReader,
         cwriter: asyncio.StreamWriter,
         uwriter: asyncio.StreamWriter,
+        pacer: _Pacer | None = None,
     ) -> None:
+        if pacer is not None:
+            await pacer.delay()  # the handshake's round trip
         while True:
             try:
                 raw = await creader.readuntil(b"\r\n\r\n")
@@ -549,8 +631,10 @@ class FaultProxy:
                 cwriter.write(verdict.response)
                 await cwriter.drain()
                 return
-            uwriter.write(raw)
-            await _relay_body(creader, uwriter, head)
+            if pacer is not None:
+                await pacer.delay()
+            await _paced_write(uwriter, raw, pacer)
+            await _relay_body(creader, uwriter, head, pacer)
             await uwriter.drain()
 
     @staticmethod
@@ -564,9 +648,12 @@ class FaultProxy:
         ureader: asyncio.StreamReader,
         cwriter: asyncio.StreamWriter,
         cut_limit: int | None,
+        pacer: _Pacer | None = None,
     ) -> None:
         sent = 0
         while data := await ureader.read(_CHUNK):
+            if pacer is not None:
+                await pacer.carry(len(data))
             if cut_limit is not None and sent + len(data) >= cut_limit:
                 cwriter.write(data[: cut_limit - sent])
                 await cwriter.drain()

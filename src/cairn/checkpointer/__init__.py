@@ -56,7 +56,7 @@ from cairn.protocol._paths import ChosenPaths
 from cairn.protocol._reference import Checkpointer
 from cairn.protocol._upload import PartitionUpload
 from cairn.protocol.retention import GcResult, RetentionPolicy, run_gc
-from cairn.stores import Store, as_store
+from cairn.stores import PartsInFlight, Store, as_store
 from cairn.stores._budgeted import BudgetedStore
 from cairn.stores._observed import ObservedStore
 from cairn.stores.budget import BUDGETED_RETRY, RequestBudget, is_remote, open_remote, shared_budget
@@ -113,9 +113,16 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
             :mod:`cairn.stores.budget`); None: no limit. Given a remote store's URL,
             the checkpointer opens it with obstore's own HTTP retry off, so that every
             request is counted.
+        parts_in_flight: Parts of one object moved at once when cairn opens the store
+            (a URL, an obstore store): a :class:`~cairn.stores.PartsInFlight`, an int
+            (fixed), or None (the default: from 8, adapting between 2 and 16). Memory is
+            at most its ``maximum`` times 8 MiB per object in flight. A
+            :class:`~cairn.stores.Store` passed as ``store`` carries its own (see
+            :class:`~cairn.stores.ObstoreStore`); a local directory has no parts.
 
     Raises:
-        InvalidInputError: An argument is out of range or of the wrong type.
+        InvalidInputError: An argument is out of range or of the wrong type, or
+            ``parts_in_flight`` is given with a :class:`~cairn.stores.Store`.
         InvalidStoreUrlError: ``store`` is a URL :func:`~cairn.open_store` cannot open.
         CodecError: ``compression`` names no known or installed codec.
     """
@@ -135,6 +142,7 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
         retention: RetentionPolicy | None = None,
         budget: RequestBudget | None = None,
+        parts_in_flight: PartsInFlight | int | None = None,
     ) -> None:
         self._layout = ChosenPaths(paths)
         self.signing_keys = signing_keys(signing_key)
@@ -158,7 +166,11 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
                 )
         # Beneath the retries, each attempt is one request: counted (a save's statistics)
         # and reported to the observers, and, with a budget, sent in its turn.
-        base = open_remote(store) if isinstance(store, str) and remote_url else as_store(store)
+        base = (
+            open_remote(store, parts_in_flight)
+            if isinstance(store, str) and remote_url
+            else as_store(store, parts_in_flight)
+        )
         inner: Store = ObservedStore(base, self.observers)
         self.budget = None if budget is None else shared_budget(base, budget)
         if self.budget is not None:

@@ -63,9 +63,11 @@ __all__ = [
 READ_CHUNK = 8 * 1024 * 1024
 """Bytes read from a file per chunk (and the multipart part size)."""
 
-READ_BUFFERS = 5
+READ_BUFFERS = 17
 """Read buffers of READ_CHUNK bytes one streamed upload reuses, at most: enough for the
-parts a store has in flight (4, ``cairn.stores.PARTS_IN_FLIGHT``) and one being read."""
+most parts a store has in flight by default (16, ``cairn.stores.PartsInFlight().maximum``)
+and one being read. A pool allocates a buffer only when every one it has is still held,
+so a store that writes one chunk at a time (a local directory) uses two."""
 
 ArtifactData: TypeAlias = (
     Buffer | os.PathLike[str] | BinaryIO | Iterable[Buffer] | AsyncIterable[Buffer] | RangeSource

@@ -36,15 +36,18 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import obstore
 from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, ObjectStore, S3Store
 
-from cairn.errors import CheckpointNotFoundError, StoreError
+from cairn.errors import CheckpointNotFoundError, InvalidInputError, StoreError, TransientStoreError
 from cairn.format._buffer import Buffer
 from cairn.stores._local import LocalStore as LocalDirectoryStore
+from cairn.stores._parts import PartsController, PartsInFlight, parts_setting
+from cairn.stores._pieces import READ_PIECE, read_in_pieces
 from cairn.stores._translate import call as _call
 from cairn.stores._translate import info_of as _info
 from cairn.stores._translate import translate_error
@@ -70,6 +73,9 @@ from cairn.stores._urls import (
     store_url,
 )
 
+if TYPE_CHECKING:
+    from obstore import GetOptions
+
 __all__ = [
     "DEFAULT_CLIENT_RETRY",
     "Blob",
@@ -78,6 +84,7 @@ __all__ = [
     "ListDirResult",
     "ObjectInfo",
     "ObstoreStore",
+    "PartsInFlight",
     "PutMode",
     "Store",
     "StoreCapabilities",
@@ -94,8 +101,9 @@ T = TypeVar("T")
 
 PART_SIZE = 8 * 1024 * 1024
 """Multipart part size for streamed uploads (S3's minimum is 5 MiB)."""
-PARTS_IN_FLIGHT = 4
-"""Parts of one streamed upload in flight at once: memory is about PART_SIZE times this."""
+PARTS_IN_FLIGHT = PartsInFlight().maximum
+"""The most parts of one streamed upload in flight at once by default: memory is at most
+PART_SIZE times this (see :class:`PartsInFlight`)."""
 
 
 @runtime_checkable
@@ -349,18 +357,44 @@ class ObstoreStore:
     the same directory instead (:class:`~cairn.stores._local.LocalStore`: obstore's local
     store follows symbolic links, fsyncs nothing and has no compare-and-swap).
 
+    One object moves as several parts at once: a streamed upload is a multipart upload of
+    :data:`PART_SIZE` parts, and a ranged read of more than two :data:`READ_PIECE` pieces is
+    read as pieces, each its own request, into one buffer. How many parts of one object are
+    in flight at once is ``parts_in_flight``: by default it starts at 8 and adapts between
+    2 and 16 (see :class:`PartsInFlight`), growing while each part keeps its rate and
+    halving when the store throttles or fails a transfer; uploads and reads adapt apart,
+    and what they learn lasts as long as this adapter (reuse one across saves to keep it).
+    The bytes one object holds in flight are at most ``maximum`` times the part size
+    (16 x 8 MiB = 128 MiB by default for an upload, 16 x 4 MiB beside the result for a
+    read), beside what the caller itself holds.
+
     Args:
         store: The obstore store to adapt.
+        parts_in_flight: Parts of one object in flight at once: a
+            :class:`PartsInFlight`, an int (that many, fixed), or None (the default,
+            ``PartsInFlight()``).
+
+    Raises:
+        InvalidInputError: ``parts_in_flight`` is not an int >= 1, a
+            :class:`PartsInFlight` or None.
     """
 
-    def __new__(cls, store: ObjectStore | None = None) -> Any:
+    def __new__(
+        cls, store: ObjectStore | None = None, parts_in_flight: PartsInFlight | int | None = None
+    ) -> Any:
         # ``store`` defaults so that unpickling, which calls ``__new__(cls)``, works.
         if isinstance(store, LocalStore):
+            parts_setting(parts_in_flight)  # checked alike, though a local file has no parts
             return LocalDirectoryStore(store.prefix if store.prefix is not None else "/")
         return super().__new__(cls)
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(
+        self, store: ObjectStore, parts_in_flight: PartsInFlight | int | None = None
+    ) -> None:
         self._store = store
+        setting = parts_setting(parts_in_flight)
+        self._upload_parts = PartsController(setting)
+        self._download_parts = PartsController(setting)
         self._capabilities = _declared_capabilities(store)
         # Azure's List Blobs gives each ETag without the quotes that its HEAD, GET and PUT
         # replies (and so head, get and put here) give: one e-tag, one spelling. GCS lists
@@ -381,6 +415,21 @@ class ObstoreStore:
         """What the obstore store's type does natively (see :class:`StoreCapabilities`)."""
         return self._capabilities
 
+    @property
+    def parts_in_flight(self) -> PartsInFlight:
+        """The setting this adapter adapts within."""
+        return self._upload_parts.setting
+
+    @property
+    def upload_parts(self) -> int:
+        """Parts the next streamed upload will have in flight at once."""
+        return self._upload_parts.limit
+
+    @property
+    def download_parts(self) -> int:
+        """Pieces the next large ranged read will have in flight at once."""
+        return self._download_parts.limit
+
     def __repr__(self) -> str:
         return f"ObstoreStore({self._store!r})"
 
@@ -393,9 +442,43 @@ class ObstoreStore:
         if empty_range(path, start, end):
             await self.head(path)  # obstore refuses an empty range; a missing object is missing
             return b""
-        return await _call(
-            "get_range", path, obstore.get_range_async(self._store, path, start=start, end=end)
-        )
+        if end - start <= 2 * READ_PIECE:
+            return await _call(
+                "get_range", path, obstore.get_range_async(self._store, path, start=start, end=end)
+            )
+        return await self._get_in_pieces(path, start, end)
+
+    async def _get_in_pieces(self, path: str, start: int, end: int) -> Buffer:
+        """A large range as pieces at once (see :mod:`cairn.stores._pieces`): the first
+        piece's reply head gives the object's size and e-tag, which bound and pin the rest."""
+        first_end = start + READ_PIECE
+        try:
+            head = await _call(
+                "get_range",
+                path,
+                obstore.get_async(self._store, path, options={"range": (start, first_end)}),
+            )
+        except TransientStoreError:
+            self._download_parts.failed()
+            raise
+        first = _call("get_range", path, head.bytes_async())
+        end = min(end, head.meta["size"])
+        if end <= first_end:
+            return await first
+        e_tag = head.meta.get("e_tag")
+
+        async def piece(a: int, b: int) -> Buffer:
+            if a == start:
+                return await first
+            options: GetOptions = {"range": (a, b)}
+            if e_tag is not None:
+                options["if_match"] = e_tag
+            got = await _call(
+                "get_range", path, obstore.get_async(self._store, path, options=options)
+            )
+            return await _call("get_range", path, got.bytes_async())
+
+        return await read_in_pieces(piece, start, end, self._download_parts, READ_PIECE)
 
     async def head(self, path: str) -> ObjectInfo:
         return _info(await _call("head", path, obstore.head_async(self._store, path)))
@@ -433,18 +516,36 @@ class ObstoreStore:
     async def put_stream(
         self, path: str, open_chunks: OpenChunks, *, metadata: Metadata = None
     ) -> None:
-        await _call(
-            "put",
-            path,
-            obstore.put_async(
-                self._store,
+        controller = self._upload_parts
+        in_flight = controller.limit
+        sent = 0
+
+        async def source() -> AsyncIterator[Buffer]:
+            nonlocal sent
+            async for chunk in open_chunks():
+                sent += memoryview(chunk).nbytes
+                yield chunk
+
+        began = time.monotonic()
+        try:
+            await _call(
+                "put",
                 path,
-                open_chunks(),
-                attributes=self._attributes(metadata),
-                chunk_size=PART_SIZE,
-                max_concurrency=PARTS_IN_FLIGHT,
-            ),
-        )
+                obstore.put_async(
+                    self._store,
+                    path,
+                    source(),
+                    attributes=self._attributes(metadata),
+                    chunk_size=PART_SIZE,
+                    max_concurrency=in_flight,
+                ),
+            )
+        except TransientStoreError:
+            controller.failed()
+            raise
+        parts = -(-sent // PART_SIZE)
+        if parts > 1:  # a single part tells nothing of parts at once
+            controller.completed_together(parts, sent, time.monotonic() - began, in_flight)
 
     def _attributes(self, metadata: Metadata) -> dict[str, str] | None:
         return dict(metadata) if metadata and self._capabilities.user_metadata else None
@@ -492,7 +593,9 @@ class ObstoreStore:
         await self.delete([info.path for info in await self.list(prefix)])
 
 
-def as_store(store: Store | ObjectStore | str) -> Store:
+def as_store(
+    store: Store | ObjectStore | str, parts_in_flight: PartsInFlight | int | None = None
+) -> Store:
     """Accept a :class:`Store`, an obstore store, or a URL or plain path for :func:`open_store`.
 
     A local directory (an obstore ``LocalStore``, a ``file://`` URL, a plain path) gives
@@ -500,16 +603,31 @@ def as_store(store: Store | ObjectStore | str) -> Store:
 
     Args:
         store: A :class:`Store` (returned as is), an obstore store, or a URL or path.
+        parts_in_flight: For the :class:`ObstoreStore` built here: parts of one object in
+            flight at once (see :class:`PartsInFlight`); None is the default. A local
+            directory has no parts and ignores it; a :class:`Store` carries its own, so
+            passing both is an error.
 
     Returns:
         The store, as a :class:`Store`.
 
     Raises:
         InvalidStoreUrlError: A URL that :func:`open_store` cannot open.
+        InvalidInputError: ``parts_in_flight`` is not a setting, or is given with a
+            :class:`Store`.
     """
+    setting = None if parts_in_flight is None else parts_setting(parts_in_flight)
     if isinstance(store, str):
         root = local_directory(store)
-        return LocalDirectoryStore(root) if root is not None else ObstoreStore(open_store(store))
+        if root is not None:
+            return LocalDirectoryStore(root)
+        return ObstoreStore(open_store(store), setting)
     if isinstance(store, Store):
+        if setting is not None:
+            raise InvalidInputError(
+                f"parts_in_flight={parts_in_flight!r} is for a store cairn opens (a URL, a "
+                f"path, an obstore store); {store!r} is a Store, which carries its own: "
+                "build it as ObstoreStore(obstore_store, parts_in_flight=...)"
+            )
         return store
-    return ObstoreStore(store)
+    return ObstoreStore(store, setting)

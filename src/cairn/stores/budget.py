@@ -49,7 +49,7 @@ from typing import Any
 from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
 
 from cairn.errors import InvalidInputError
-from cairn.stores import ForwardingStore, ObstoreStore, Store
+from cairn.stores import ForwardingStore, ObstoreStore, PartsInFlight, Store
 from cairn.stores._local import LocalStore
 from cairn.stores._urls import DEFAULT_CLIENT_RETRY, REMOTE_SCHEMES, open_store, store_url
 from cairn.stores.retry import RetryPolicy
@@ -336,12 +336,13 @@ def is_remote(url: str) -> bool:
     return store_url(url).split(":", 1)[0].lower() in REMOTE_SCHEMES
 
 
-def open_remote(url: str) -> Store:
+def open_remote(url: str, parts_in_flight: PartsInFlight | int | None = None) -> Store:
     """The remote store a URL names, opened with obstore's own HTTP retry off
     (:data:`NO_CLIENT_RETRY`), so that cairn sees, and counts, every request.
 
     Args:
         url: The store's URL (see :func:`is_remote`).
+        parts_in_flight: As :class:`~cairn.stores.ObstoreStore` takes it.
 
     Returns:
         The store.
@@ -349,4 +350,4 @@ def open_remote(url: str) -> Store:
     Raises:
         InvalidStoreUrlError: A URL that :func:`~cairn.open_store` cannot open.
     """
-    return ObstoreStore(open_store(url, retry_config=NO_CLIENT_RETRY))
+    return ObstoreStore(open_store(url, retry_config=NO_CLIENT_RETRY), parts_in_flight)

@@ -41,6 +41,7 @@ from cairn.integrations._interface import (
     Buffer,
     bounded_gather,
 )
+from cairn.stores import PartsInFlight
 from cairn.torch._format import (
     ItemRecord,
     copy_bytes_into,
@@ -90,10 +91,14 @@ class CairnReader(StorageReader):
             (:class:`~cairn.SignatureError`), and passed over when choosing the latest.
         skip_newer_format: Pass over, with a warning, a checkpoint a newer cairn wrote
             when choosing the latest or by name, instead of raising.
+        parts_in_flight: Pieces of one large ranged read in flight at once (a
+            :class:`~cairn.stores.PartsInFlight`, an int, or None: adaptive from 8,
+            between 2 and 16); for a store cairn opens, not a
+            :class:`~cairn.stores.Store` (see :class:`~cairn.ObjectStoreCheckpointer`).
 
     Raises:
-        InvalidInputError: An argument is out of range, or ``checkpoint_id`` names
-            nothing.
+        InvalidInputError: An argument is out of range, ``checkpoint_id`` names
+            nothing, or ``parts_in_flight`` is given with a :class:`~cairn.stores.Store`.
         CheckpointLocationError: ``checkpoint_id`` is a location outside the store.
     """
 
@@ -107,12 +112,14 @@ class CairnReader(StorageReader):
         skip: Iterable[CheckpointId] = (),
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
         skip_newer_format: bool = False,
+        parts_in_flight: PartsInFlight | int | None = None,
     ) -> None:
         self._ckpt = make_checkpointer(
             store,
             prefix,
             max_concurrent_downloads=max_concurrent_downloads,
             signing_key=signing_key,
+            parts_in_flight=parts_in_flight,
         )
         self._store = store
         self._skip = frozenset(skip)

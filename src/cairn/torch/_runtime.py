@@ -25,7 +25,7 @@ from cairn.errors import InvalidInputError, PathsUnresolvedError, SyncInAsyncCon
 from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKey
 from cairn.integrations._interface import DEFAULT_LEASE, positive_int, run_blocking
-from cairn.stores import Store
+from cairn.stores import PartsInFlight, Store
 
 __all__ = [
     "StoreArg",
@@ -63,6 +63,7 @@ def make_checkpointer(
     compression: str | None = None,
     lease: dt.timedelta = DEFAULT_LEASE,
     signing_key: SigningKey | Sequence[SigningKey] | None = None,
+    parts_in_flight: PartsInFlight | int | None = None,
 ) -> ObjectStoreCheckpointer:
     """The checkpointer a writer or reader works through (arguments checked here);
     ``prefix`` None: the library's default, chosen from the store on first use (see
@@ -77,6 +78,7 @@ def make_checkpointer(
         compression=compression,
         lease=lease,
         signing_key=signing_key,
+        parts_in_flight=parts_in_flight,
     )
 
 

@@ -29,6 +29,7 @@ from cairn.integrations._interface import (
     begin,
     is_int,
 )
+from cairn.stores import PartsInFlight
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
 from cairn.torch._finish import commit_dcp
 from cairn.torch._format import rank_operator
@@ -96,10 +97,16 @@ class CairnWriter(StorageWriter):
         parent: With ``incremental``: the parent, a checkpoint id or name (read as
             :meth:`reset` reads ``checkpoint_id``); None (the default) is the one
             :class:`CairnReader` would load as the latest.
+        parts_in_flight: Parts of one rank object's multipart upload in flight at once
+            (a :class:`~cairn.stores.PartsInFlight`, an int, or None: adaptive from 8,
+            between 2 and 16; memory at most its ``maximum`` times 8 MiB beside the
+            tensors); for a store cairn opens, not a :class:`~cairn.stores.Store` (see
+            :class:`~cairn.ObjectStoreCheckpointer`).
 
     Raises:
         InvalidInputError: An argument is out of range, ``parent`` without
-            ``incremental``, or a ``parent`` that names nothing.
+            ``incremental``, a ``parent`` that names nothing, or ``parts_in_flight``
+            given with a :class:`~cairn.stores.Store`.
         CheckpointLocationError: ``parent`` is a location outside the store.
         CodecError: ``compression`` names no known or installed codec.
     """
@@ -117,6 +124,7 @@ class CairnWriter(StorageWriter):
         signing_key: SigningKey | Sequence[SigningKey] | None = None,
         incremental: bool = False,
         parent: CheckpointId | str | os.PathLike[str] | None = None,
+        parts_in_flight: PartsInFlight | int | None = None,
     ) -> None:
         if parent is not None and not incremental:
             raise InvalidInputError("CairnWriter's parent= is for an incremental=True save")
@@ -132,6 +140,7 @@ class CairnWriter(StorageWriter):
             "compression": compression,
             "lease": lease,
             "signing_key": signing_key,
+            "parts_in_flight": parts_in_flight,
         }
         self._prefix = prefix
         self.epoch = epoch
