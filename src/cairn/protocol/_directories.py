@@ -231,19 +231,22 @@ def check_directories(directories: object, check: object) -> dict[ArtifactKey, P
 
 
 async def save_directories(
-    ctx: Context, data: CheckpointData, attempt: str
+    ctx: Context, data: CheckpointData, attempt: str, parent: CheckpointManifest | None = None
 ) -> tuple[DirectoryEntry, ...]:
     """Upload (or carry) every file of ``data.directories`` as ``attempt``; the entries,
     with the parent's directory partitions ``data`` does not mention carried whole.
+    ``parent`` is the parent's manifest if the caller read it (else it is read here).
 
     Paths in the entries are relative to the owner's directory (``owner`` None: this
     checkpoint's upload). On failure, the objects this call may have written are
     deleted (best effort) before the error is raised.
     """
-    parent = None
     carried: list[DirectoryEntry] = []
-    if data.parent_id is not None:
-        parent = await _catalog.load_manifest(ctx, data.parent_id)
+    if data.parent_id is None:
+        parent = None
+    else:
+        if parent is None or parent.checkpoint_id != data.parent_id:
+            parent = await _catalog.load_manifest(ctx, data.parent_id)
         for directory in parent.directories:
             key = (directory.operator, directory.partition_id)
             if key not in data.directories and key not in data.snapshots:

@@ -282,7 +282,7 @@ async def _save(
         try:
             meter.uploading = time.perf_counter()
             entries, parent = await _upload_beside_intent(ctx, data, pending, plan, attempt)
-            directories = await _directories.save_directories(ctx, data, attempt)
+            directories = await _directories.save_directories(ctx, data, attempt, parent)
             meter.uploaded = time.perf_counter()
             if before_commit is not None:
                 await before_commit()

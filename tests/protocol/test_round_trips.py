@@ -1,0 +1,107 @@
+"""How many round trips a save and a load wait for, one after another, and what they ask
+of the store: counted exactly (:mod:`support.roundtrips`), on every kind of store.
+
+A small save takes four sequential round trips: its intent and uploads at once (with
+``_latest`` read beside them when the checkpointer holds no version of it), the fence
+read and the check of its artifacts at once, the create of its manifest, then the swap
+of ``_latest``, the check after the create and the removal of its intent at once.
+``load_latest`` takes three, in a new process too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.backends import make_store
+from support.roundtrips import RoundTripStore, simulate
+
+from cairn import (
+    CheckpointData,
+    CheckpointId,
+    ObjectStoreCheckpointer,
+    SourceOffsetEntry,
+)
+from cairn.stores import as_store
+
+BACKENDS = ["memory", "local", "s3", "gcs"]
+
+
+def small(epoch: int, **fields: object) -> CheckpointData:
+    """64 partitions of 4 KiB and one source offset: state that fits in one pack."""
+    snapshots = {(f"op{p // 8}", p % 8): bytes([epoch]) * 4096 for p in range(64)}
+    offsets = {"events": SourceOffsetEntry("kafka", {"0": str(epoch)}, epoch)}
+    return CheckpointData(epoch=epoch, snapshots=snapshots, source_offsets=offsets, **fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> RoundTripStore:
+    backend = str(request.param)
+    if backend in ("s3", "gcs"):
+        request.applymarker(pytest.mark.servers)
+    return RoundTripStore(as_store(make_store(backend, tmp_path, request)))
+
+
+def test_a_save_and_a_load_wait_for_few_round_trips(store: RoundTripStore) -> None:
+    async def scenario() -> None:
+        ckpt = ObjectStoreCheckpointer(store)
+        with store.measure() as first:
+            await ckpt.save(small(1))
+        # A new checkpointer chooses its layout (both listings at once) first.
+        assert first.round_trips == 5, first.trace()
+
+        with store.measure() as later:
+            saved = await ckpt.save(small(2))
+        assert later.round_trips == 4, later.trace()
+        # Intent, pack, manifest and pointer; the fence; a listing before the create and
+        # one after; the intent removed. No HEAD: a generated id needs no check.
+        assert later.requests() == {"put": 4, "get": 1, "list": 2, "delete": 1}, later.trace()
+
+        with store.measure() as delta:
+            # Incremental: one partition changes, the 63 others are carried.
+            data = CheckpointData(
+                epoch=3, parent_id=saved.checkpoint_id, deltas={("op0", 0): b"+" * 400}
+            )
+            await ckpt.save(data)
+        assert delta.round_trips == 4, delta.trace()
+
+        with store.measure() as given:
+            await ckpt.save(small(4, checkpoint_id=CheckpointId.now()))
+        # An id given, not generated, is checked not to be committed: beside the uploads.
+        assert given.round_trips == 4 and given.requests()["head"] == 1, given.trace()
+
+        with store.measure() as warm:
+            loaded = await ckpt.load_latest()
+        assert loaded is not None and loaded.manifest.epoch == 4
+        assert warm.round_trips == 3, warm.trace()
+
+        fresh = ObjectStoreCheckpointer(store)  # as in a new process
+        with store.measure() as cold:
+            loaded = await fresh.load_latest()
+        assert loaded is not None and loaded.manifest.epoch == 4
+        assert cold.round_trips == 3, cold.trace()
+
+        with store.measure() as takeover:
+            await fresh.take_over()
+        assert takeover.round_trips <= 7, takeover.trace()
+
+    simulate(store, scenario)
+
+
+def test_pipelined_saves_overlap_their_round_trips() -> None:
+    """Two saves handed over at once: the second uploads while the first commits, and
+    they commit in order."""
+    store = RoundTripStore(as_store("memory://"))
+
+    async def scenario() -> None:
+        ckpt = ObjectStoreCheckpointer(store, max_saves_in_flight=2)
+        await ckpt.save(small(1))
+        with store.measure() as both:
+            first = await ckpt.save_async(small(2))
+            second = await ckpt.save_async(small(3))
+            await ckpt.wait_for_saves()
+        assert (await first).epoch == 2 and (await second).epoch == 3
+        assert await ckpt.read_latest() == (await second).checkpoint_id
+        assert both.round_trips < 8, both.trace()
+
+    simulate(store, scenario)
