@@ -245,7 +245,13 @@ async def test_gc_during_an_incremental_save_does_not_break_it(raw_store: Object
 
     async def gc_while_uploading(op: str, path: str) -> None:
         if op == "put" and ".delta" in path and not ran:
-            ran.append(1)  # the save has read its parent: collect everything but the latest
+            ran.append(1)
+            # Once its intent is written (beside its uploads), the save is protected:
+            # collect everything but the latest. (A parent deleted before that stops the
+            # save before its commit: see test_save_sequencing.)
+            directory = path[: path.index("/operators/") + 1]
+            while not [i for i in await inner.list(directory) if "/intent." in i.path]:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
             await plain.gc(RetentionPolicy(keep_last=1), min_age=NOW)
 
     saving = make_checkpointer(FaultyStore(inner, FaultPlan(before_call=gc_while_uploading)))

@@ -75,7 +75,8 @@ async def test_the_default_client_retry_bounds_requests_too(
 ) -> None:
     options = dict(s3_store_options(s3_proxy.endpoint))
     store = open_store(f"s3://{s3_bucket}", **options)
-    ckpt = ObjectStoreCheckpointer(store, retry=POLICY)
+    # Paths given: one listing (choosing a layout would list twice).
+    ckpt = ObjectStoreCheckpointer(store, CheckpointPaths(""), retry=POLICY)
     s3_proxy.fail_requests_with(503, n=None)
     s3_proxy.reset_counters()
     with pytest.raises(TransientStoreError):
