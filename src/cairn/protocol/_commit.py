@@ -17,7 +17,8 @@ invariant below). This module keeps what decides whether a checkpoint exists: th
 preconditions (step 2), the commit point (step 4) and the publication (step 5), and the
 takeover that fences earlier writers.
 
-The steps, in order:
+The steps, in order, and what runs at once (a save of small state waits for four
+round trips one after another: 1 and 3 at once; 2; 4's create; 5):
 
 1. **Lease** (:mod:`cairn.protocol._lease`): the save writes its intent,
    ``{id}/intent.{attempt}.json`` (the processes that only upload parts of one save
@@ -26,16 +27,20 @@ The steps, in order:
    happens between its steps: GC sweeps nothing of a live lease and keeps the parent's
    chain. One rule for every path: the lease is held from the intent to the commit by
    whoever will commit (a worker that only uploads holds it while it uploads). A lease
-   nobody renews lapses; GC may then claim the id (step 4's race). The intent comes
-   before anything is read: a takeover raises the writer generation, then claims every
-   save whose intent it finds, so a save either reads the new generation below, or
-   cannot commit.
-2. **Preconditions** (:func:`preconditions`, the one check every path makes before it
-   uploads anything): a writer that will commit is not fenced, i.e. no newer writer
-   generation holds ``_writer`` (:mod:`cairn.protocol._pointer`); the record read is what the
-   parent must be admitted by. And the id is not committed (committed ids are
-   immutable). A process that only uploads part of a save checks the id alone: the fence
-   is the committer's to check. A save refused here removes its intent.
+   nobody renews lapses; GC may then claim the id (step 4's race). A save in one call
+   writes its intent beside its uploads and its read of the parent's manifest (step
+   3), and, when it holds no version of ``_latest`` to swap, beside a read of it; the
+   fence read and the check of what it builds on (step 2, then 4) come after the intent
+   is written, which is all the ordering needs (see "Why the order is safe" below).
+2. **Preconditions**: a writer that will commit is not fenced, i.e. no newer writer
+   generation holds ``_writer`` (:mod:`cairn.protocol._pointer`); the record read is what
+   the parent must be admitted by. And the id is not committed (committed ids are
+   immutable). A save in one call reads the fence once, after its intent is written,
+   beside the check before the create (step 4); an id it generated itself (a new
+   UUIDv7) cannot be committed, and one given is checked beside the uploads. A save in
+   two phases (:func:`preconditions`) checks both before it uploads anything; a
+   process that only uploads part of a save checks the id alone (the fence is the
+   committer's to check). A save refused removes what it uploaded and its intent.
 3. **Uploads** (:mod:`cairn.protocol._upload`): every snapshot and delta goes under ``{base}{id}/``
    with a name carrying this attempt's token (:func:`cairn.format.layout.new_attempt`),
    concurrently and bounded, hashed as it travels (a one-phase save merges small ones
@@ -43,20 +48,53 @@ The steps, in order:
    by reference (:mod:`cairn.protocol._chains`); a directory partition's files are uploaded or
    carried one by one (:mod:`cairn.protocol._directories`). Source offsets live in the manifest.
    Nothing is visible to any reader yet. A failure removes this attempt's objects and its intent.
-4. **Commit point**: check that every artifact the manifest names is in the store, then
-   write ``{base}{id}/manifest.json`` only if absent: **this single write is the
-   commit**; then check the artifacts once more. A manifest of more than
+4. **Commit point**: check that every artifact the manifest names is in the store (and,
+   for a save that read its parent's manifest beside its intent, that the parent's
+   manifest still stands), beside the fence read; then write ``{base}{id}/manifest.json``
+   only if absent: **this single write is the commit**. A manifest of more than
    :data:`~cairn.format.manifest.PART_ENTRIES` entries first writes its parts, named by their
    digests, which the manifest then records with their sizes and digests (see
    :mod:`cairn.format.manifest`): still one write commits. GC claims an uncommitted id with a
    tombstone, a create-only write on that very path, so a commit and a claim race for
    one object and the store lets exactly one win.
-5. **Publish**: stop renewing the lease, advance ``_latest`` by compare-and-swap, only
-   forwards, and only if not fenced (fenced there, the commit is rolled back: its
-   manifest becomes a tombstone, so its id can never commit again), then delete the
-   intents. Until then an intent says the save has not finished: a deletion of the
-   checkpoint meanwhile retires its id rather than free it for the create this save may
-   still retry.
+5. **Publish**, at once: stop renewing the lease, then advance ``_latest`` by
+   compare-and-swap, only forwards, and only if not fenced (fenced there, the commit is
+   rolled back: its manifest becomes a tombstone, so its id can never commit again),
+   check the artifacts once more, and delete the intents. The swap is conditioned on the
+   version of ``_latest`` this checkpointer last wrote or read
+   (:class:`cairn.protocol._pointer.PointerHint`): when no one else moved it, no read
+   precedes it; when someone did, the swap fails and is retried on a fresh read. Until the create has returned, an intent says the save
+   has not finished: a deletion of the checkpoint meanwhile retires its id rather than
+   free it for the create this save may still retry.
+
+Why the order is safe. Each concurrency above overlaps steps that do not depend on
+each other; what does is still ordered:
+
+* *Fencing.* A takeover raises the generation, then claims every save whose intent it
+  finds (:func:`cairn.protocol.retention.abort_saves_in_flight`), then claims
+  ``_latest``. A save reads the fence only once its intent is written, and creates its
+  manifest only after that read. If the read saw the old generation, the raise came
+  after it, so the takeover's search for intents came after the intent was written:
+  the takeover claims the id, and the create fails. So a fenced writer's commit never
+  lands after a takeover completes; one that lands during it fails its swap of
+  ``_latest`` (which carries the new generation) and is rolled back.
+* *What a save builds on.* The parent's manifest is read beside the intent, so a
+  deletion of the parent may run before the intent can protect it. The check before the
+  create lists the parent's manifest after the intent is written: if it is still
+  there, a deletion of the parent comes later, and its second look
+  (:func:`cairn.protocol.retention.look_again`) finds the intent and spares what the
+  save builds on; if it is gone, the save fails before its create. A GC claims the id
+  of a save whose lease lapsed before it sweeps anything it uploaded, so the create
+  fails rather than commit over swept objects.
+* *The check after the create* runs beside the swap of ``_latest``. It finds something
+  missing only when a GC claimed the id, swept it, and removed its tombstone, which GC
+  does only once the tombstone is a day old by the store's time: a save stalled that
+  long between its check before the create and the create itself (see Limits in the
+  reliability documentation). Then the commit is rolled back and ``_latest``, if the
+  swap moved it, is moved back to what it named before (best effort: readers verify
+  what it names and fall back).
+* *The intents* go beside the swap: the create has returned, so no retry of it can
+  follow, and a deletion that finds no intent deletes a checkpoint that needs none.
 
 Invariants:
 

@@ -8,9 +8,10 @@ parts of a save that only upload (:func:`upload_partitions`, :func:`upload_write
 whose commit comes from elsewhere; and the manifest of what was uploaded
 (:func:`assemble_manifest`).
 
-Invariants: every way takes the lease before it reads anything (step 1), checks the
-preconditions before it uploads anything (step 2), uploads under that lease with names
-of its own attempt (step 3), and commits through
+Invariants: every way writes its intent before it reads the fence (step 1) and checks
+the preconditions before its commit (step 2; a save in two phases before it uploads
+anything, a save in one call beside its last check of the artifacts, its intent and
+uploads at once), uploads with names of its own attempt (step 3), and commits through
 :func:`cairn.protocol._commit.commit_and_publish` (steps 4 and 5); one that fails before
 its commit removes what its attempt uploaded, and its intent (best effort).
 """
