@@ -8,14 +8,20 @@ with a clear error), :func:`finish` reads the rest, its stderr and its exit stat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from cairn.cli.errors import CliError, ExitCode
 
-__all__ = ["ChildRun", "Kill", "finish", "read_message"]
+__all__ = ["PHASE_TIMEOUT", "ChildRun", "Kill", "finish", "kill_at_random", "read_message"]
+
+PHASE_TIMEOUT = 120.0
+"""Seconds one phase of a demo (a run of the job) may take at most."""
 
 
 @dataclass
@@ -68,3 +74,35 @@ async def finish(proc: asyncio.subprocess.Process, run_: ChildRun, deadline: flo
     assert proc.stderr is not None
     run_.stderr = (await proc.stderr.read()).decode(errors="replace")
     run_.returncode = await proc.wait()
+
+
+async def kill_at_random(
+    proc: asyncio.subprocess.Process,
+    stream_seconds: float,
+    checkpoints: int,
+    rng: random.Random,
+) -> tuple[ChildRun, Kill]:
+    """Read a paced job's messages until a random checkpoint, SIGKILL it a random moment
+    within the next interval, and collect what it said (a run that ends first is not
+    killed: the caller checks its exit)."""
+    interval = stream_seconds / checkpoints
+    kill = Kill(
+        after_checkpoints=rng.randint(1, max(1, checkpoints - 2)),
+        delay_ms=int(rng.uniform(0, interval) * 1000),
+        pid=proc.pid,
+    )
+    run_ = ChildRun()
+    deadline = time.monotonic() + PHASE_TIMEOUT
+    while len(run_.of_type("checkpoint")) < kill.after_checkpoints:
+        message = await read_message(proc, deadline)
+        if message is None:
+            break
+        run_.messages.append(message)
+    else:
+        await asyncio.sleep(kill.delay_ms / 1000)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+                kill.killed = True
+    await finish(proc, run_, deadline)
+    return run_, kill

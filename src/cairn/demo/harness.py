@@ -24,12 +24,10 @@ one (:mod:`cairn.cli.session`): after ``cairn demo``, a bare ``cairn list`` show
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import math
 import random
 import secrets
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -53,7 +51,7 @@ from cairn.cli.session import (
     run,
 )
 from cairn.cli.views import kind
-from cairn.demo.children import ChildRun, Kill, finish, read_message
+from cairn.demo.children import PHASE_TIMEOUT, ChildRun, Kill, finish, kill_at_random
 from cairn.demo.job import (
     OPERATORS,
     PARTITIONS,
@@ -68,8 +66,6 @@ from cairn.demo.rescale import RescaleSettings, rescale_view, run_rescale_demo
 from cairn.protocol.discover import checkpoint_counts, checkpoint_dirs, default_paths, short_ids
 
 __all__ = ["DemoSettings", "demo_command", "run_demo"]
-
-PHASE_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -125,26 +121,7 @@ async def _spawn(settings: DemoSettings, paced: bool) -> asyncio.subprocess.Proc
 async def run_killed(settings: DemoSettings, rng: random.Random) -> tuple[ChildRun, Kill]:
     """The first run: started, then SIGKILLed at a random moment."""
     proc = await _spawn(settings, paced=True)
-    interval = settings.stream_seconds / settings.checkpoints
-    kill = Kill(
-        after_checkpoints=rng.randint(1, max(1, settings.checkpoints - 2)),
-        delay_ms=int(rng.uniform(0, interval) * 1000),
-        pid=proc.pid,
-    )
-    run_ = ChildRun()
-    deadline = time.monotonic() + PHASE_TIMEOUT
-    while len(run_.of_type("checkpoint")) < kill.after_checkpoints:
-        message = await read_message(proc, deadline)
-        if message is None:
-            break
-        run_.messages.append(message)
-    else:
-        await asyncio.sleep(kill.delay_ms / 1000)
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-                kill.killed = True
-    await finish(proc, run_, deadline)
+    run_, kill = await kill_at_random(proc, settings.stream_seconds, settings.checkpoints, rng)
     if not kill.killed and run_.returncode != 0:
         _child_failed("the demo job", run_)
     return run_, kill

@@ -18,10 +18,8 @@ The sequence, every step through cairn's public API:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -33,7 +31,7 @@ from rich.text import Text
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.output import human_size
 from cairn.cli.session import open_checkpointer
-from cairn.demo.children import ChildRun, Kill, finish, read_message
+from cairn.demo.children import PHASE_TIMEOUT, ChildRun, Kill, finish, kill_at_random
 from cairn.demo.keyed import (
     KEY_GROUPS,
     OPERATOR,
@@ -44,8 +42,6 @@ from cairn.demo.keyed import (
 )
 
 __all__ = ["RescaleSettings", "rescale_view", "run_rescale_demo"]
-
-PHASE_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -124,26 +120,7 @@ def _failed(what: str, run_: ChildRun) -> None:
 
 async def _run_killed(settings: RescaleSettings, rng: random.Random) -> tuple[ChildRun, Kill]:
     proc = await _spawn(settings.child_command(settings.workers, paced=True))
-    interval = settings.stream_seconds / settings.checkpoints
-    kill = Kill(
-        after_checkpoints=rng.randint(1, max(1, settings.checkpoints - 2)),
-        delay_ms=int(rng.uniform(0, interval) * 1000),
-        pid=proc.pid,
-    )
-    run_ = ChildRun()
-    deadline = time.monotonic() + PHASE_TIMEOUT
-    while len(run_.of_type("checkpoint")) < kill.after_checkpoints:
-        message = await read_message(proc, deadline)
-        if message is None:
-            break
-        run_.messages.append(message)
-    else:
-        await asyncio.sleep(kill.delay_ms / 1000)
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-                kill.killed = True
-    await finish(proc, run_, deadline)
+    run_, kill = await kill_at_random(proc, settings.stream_seconds, settings.checkpoints, rng)
     if not kill.killed and run_.returncode != 0:
         _failed("the keyed demo job", run_)
     return run_, kill

@@ -63,9 +63,10 @@ round trips one after another: 1 and 3 at once; 2; 4's create; 5):
    check the artifacts once more, and delete the intents. The swap is conditioned on the
    version of ``_latest`` this checkpointer last wrote or read
    (:class:`cairn.protocol._pointer.PointerHint`): when no one else moved it, no read
-   precedes it; when someone did, the swap fails and is retried on a fresh read. Until the create has returned, an intent says the save
-   has not finished: a deletion of the checkpoint meanwhile retires its id rather than
-   free it for the create this save may still retry.
+   precedes it; when someone did, the swap fails and is retried on a fresh read. Until
+   the create has returned, an intent says the save has not finished: a deletion of the
+   checkpoint meanwhile retires its id rather than free it for the create this save may
+   still retry.
 
 Why the order is safe. Each concurrency above overlaps steps that do not depend on
 each other; what does is still ordered:
@@ -220,6 +221,7 @@ async def commit_and_publish(
     finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
     discard: Discard | None = None,
     parent: CheckpointManifest | None = None,
+    before_create: Callable[[], Awaitable[None]] | None = None,
 ) -> CheckpointManifest:
     """Steps 4 and 5, as one observed ``commit``; ``lease`` (if any) stops once the
     manifest is written.
@@ -229,11 +231,13 @@ async def commit_and_publish(
     having claimed the id once the lease lapsed. ``parent``, the manifest of the
     checkpoint it builds on when the caller read it, must be admitted by the writer
     record the commit reads (:func:`cairn.protocol._chains.check_admitted`).
+    ``before_create`` is awaited once the checks before the create passed (a pipelined
+    save waits there for the one before it); what it raises ends the save, uncommitted.
     """
     cid = manifest.checkpoint_id
     async with _dispatch.observed(None, "commit", checkpoint_id=cid) as op:
         try:
-            manifest = await _write_manifest(ctx, manifest, finish, discard, parent)
+            manifest = await _write_manifest(ctx, manifest, finish, discard, parent, before_create)
             if lease is not None:
                 await lease.stop()  # before its intent goes: a renewal would write it again
             op.manifest = await _publish(
@@ -330,6 +334,7 @@ async def _write_manifest(
     finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
     discard: Discard | None = None,
     parent: CheckpointManifest | None = None,
+    before_create: Callable[[], Awaitable[None]] | None = None,
 ) -> CheckpointManifest:
     """The commit point: read the fence and check every artifact is there (at once),
     then create the manifest.
@@ -353,6 +358,8 @@ async def _write_manifest(
         )
         if parent is not None:
             _chains.check_admitted(parent, record)
+        if before_create is not None:
+            await before_create()
         if finish is not None:
             manifest = finish(manifest)
         manifest = await _create_manifest(ctx, manifest)

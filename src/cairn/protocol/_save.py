@@ -145,10 +145,11 @@ class PendingSave:
         finish: Callable[[CheckpointManifest], CheckpointManifest] | None = None,
         discard: _commit.Discard | None = None,
         parent: CheckpointManifest | None = None,
+        before_create: Callable[[], Awaitable[None]] | None = None,
     ) -> CheckpointManifest:
         """Steps 4 and 5 for ``manifest`` (of this checkpoint); the committed manifest.
 
-        ``finish``, ``discard`` and ``parent`` are those of
+        ``finish``, ``discard``, ``parent`` and ``before_create`` are those of
         :func:`cairn.protocol._commit.commit_and_publish`. The lease is renewed until the
         create has happened, and ends with the commit either way.
         """
@@ -158,7 +159,7 @@ class PendingSave:
             )
         try:
             return await _commit.commit_and_publish(
-                self.ctx, manifest, self._lease, finish, discard, parent
+                self.ctx, manifest, self._lease, finish, discard, parent, before_create
             )
         finally:
             await self._lease.stop()
@@ -247,8 +248,9 @@ async def save(
 ) -> CheckpointManifest:
     """Every step of the module docstring for ``data``; the committed manifest.
 
-    ``before_commit`` is awaited after the uploads, just before the commit point (a
-    background save waits there for the one before it). The manifest records
+    ``before_commit`` is awaited after the uploads and the checks before the create,
+    just before the commit point (a background save waits there for the one before it,
+    so that its uploads and checks overlap that save's commit). The manifest records
     :class:`~cairn.format.manifest.SaveStats` of this save.
     """
     if not isinstance(data, CheckpointData):
@@ -285,8 +287,6 @@ async def _save(
             entries, parent = await _upload_beside_intent(ctx, data, pending, plan, attempt)
             directories = await _directories.save_directories(ctx, data, attempt, parent)
             meter.uploaded = time.perf_counter()
-            if before_commit is not None:
-                await before_commit()
         except BaseException:
             await _directories.discard_files(ctx, cid, directories)
             await pending.abandon(plan.alone, attempt, packs=len(plan.packs))
@@ -316,7 +316,7 @@ async def _save(
             )
 
         try:
-            return await pending.commit(manifest, meter.finish(ctx), discard, parent)
+            return await pending.commit(manifest, meter.finish(ctx), discard, parent, before_commit)
         finally:
             await pending.end()
 
