@@ -290,11 +290,20 @@ async def latest_candidates(
     if seen is None:
         # At once: a checkpoint committed between the reads is either listed (and ranked
         # against what the pointer names) or published and named by it.
-        (record, _, _), pointer, listed = await asyncio.gather(
+        writer, latest, ids = await asyncio.gather(
             _pointer.read_writer(ctx.store, ctx.paths.writer_record()),
             _pointer.read_latest(ctx.store, ctx.paths.latest_pointer(), ctx.hints.latest),
             listed_ids(ctx),  # one listing serves the staleness check and the ranking
+            return_exceptions=True,
         )
+        # Each ends first, and the same error is raised whichever answers first.
+        if isinstance(writer, BaseException):
+            raise writer
+        if isinstance(latest, BaseException):
+            raise latest
+        if isinstance(ids, BaseException):
+            raise ids
+        (record, _, _), pointer, listed = writer, latest, ids
     else:
         record, pointer, listed = seen.record, seen.pointer, _ids_in(ctx, seen.listing)
     named = pointer.checkpoint_id if pointer is not None else None

@@ -511,9 +511,16 @@ def _reading_both(store: Store, writer_path: str, latest_path: str) -> Read[_See
     """Read ``_writer`` (the record swapped) and, beside it, ``_latest``."""
 
     async def read() -> tuple[_Seen, ObjectInfo | None]:
-        (record, version, _), (pointer, _, pointer_exists) = await asyncio.gather(
-            read_writer(store, writer_path), read_pointer(store, latest_path)
+        writer, latest = await asyncio.gather(
+            read_writer(store, writer_path),
+            read_pointer(store, latest_path),
+            return_exceptions=True,
         )
+        if isinstance(writer, BaseException):  # the same error whichever answers first
+            raise writer
+        if isinstance(latest, BaseException):
+            raise latest
+        (record, version, _), (pointer, _, pointer_exists) = writer, latest
         return (record, pointer, pointer_exists), version
 
     return read

@@ -162,9 +162,17 @@ async def default_paths_listed(store: Store) -> tuple[CheckpointPaths, ListDirRe
     """
     root, legacy = CheckpointPaths(""), CheckpointPaths(LEGACY_BASE_PREFIX)
     # Both at once: one round trip, for one more listing whenever the root is chosen.
+    # Both end before either's failure is raised, the root's first: the same error
+    # whichever answers first (a missing bucket fails both).
     listing, legacy_listing = await asyncio.gather(
-        store.list_dir(root.base_prefix), store.list_dir(legacy.base_prefix)
+        store.list_dir(root.base_prefix),
+        store.list_dir(legacy.base_prefix),
+        return_exceptions=True,
     )
+    if isinstance(listing, BaseException):
+        raise listing
+    if isinstance(legacy_listing, BaseException):
+        raise legacy_listing
     if not _holds_checkpoints(root, listing) and _holds_checkpoints(legacy, legacy_listing):
         return legacy, None
     return root, listing
