@@ -30,6 +30,7 @@ import random
 import secrets
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -445,18 +446,7 @@ def demo_command(
                 "checkpoints: lower --checkpoint-every",
                 ExitCode.USAGE,
             )
-        async with Transfer(session.output.err, "running the demo job", None, unit=""):
-            report = await run_demo(settings, random.Random())
-        session.output.json(report)
-        session.output.show(_report_view(report))
-        if report["exactly_once"]:
-            return ExitCode.OK
-        session.output.fail(
-            "IntegrityError",
-            "the recovered final state differs from the uninterrupted run's",
-            ExitCode.INTEGRITY,
-        )
-        return ExitCode.INTEGRITY
+        return await _reported(run_demo(settings, random.Random()), _report_view)
 
     async def _rescale(url: str, every: int, before: int, after: int) -> ExitCode:
         settings = RescaleSettings(
@@ -476,10 +466,16 @@ def demo_command(
                 "--checkpoint-every or raise --events",
                 ExitCode.USAGE,
             )
+        return await _reported(run_rescale_demo(settings, random.Random()), rescale_view)
+
+    async def _reported(
+        demo: Awaitable[dict[str, Any]], view: Callable[[dict[str, Any]], RenderableType]
+    ) -> ExitCode:
+        """Run ``demo`` under a progress line, print its report, and exit by its verdict."""
         async with Transfer(session.output.err, "running the demo job", None, unit=""):
-            report = await run_rescale_demo(settings, random.Random())
+            report = await demo
         session.output.json(report)
-        session.output.show(rescale_view(report))
+        session.output.show(view(report))
         if report["exactly_once"]:
             return ExitCode.OK
         session.output.fail(
