@@ -1,4 +1,4 @@
-"""What every part of one checkpointer shares: its store, its layout and its limits. Pure.
+"""What every part of one checkpointer shares: its store, its layout, its limits and its hints.
 
 The checkpointer's parts (:mod:`cairn.protocol._catalog`, :mod:`cairn.protocol._upload`,
 :mod:`cairn.protocol._download`, :mod:`cairn.protocol._chains`,

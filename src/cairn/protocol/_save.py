@@ -271,6 +271,8 @@ async def _save(
     cid = data.id
     with meter.counting():
         check_id(cid)
+        attempt = new_attempt()
+        plan = _upload.plan_packs(_uploads_of(data))  # before anything is written
         intent = ctx.paths.intent(cid, new_attempt())
         pending = PendingSave(
             ctx,
@@ -279,8 +281,6 @@ async def _save(
             _lease.Lease.begin(ctx.store, intent, data.parent_id, ctx.lease),
             data.parent_id,
         )
-        attempt = new_attempt()
-        plan = _upload.plan_packs(_uploads_of(data))
         directories: tuple[DirectoryEntry, ...] = ()
         try:
             meter.uploading = time.perf_counter()
