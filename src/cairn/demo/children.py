@@ -18,7 +18,16 @@ from typing import Any
 
 from cairn.cli.errors import CliError, ExitCode
 
-__all__ = ["PHASE_TIMEOUT", "ChildRun", "Kill", "finish", "kill_at_random", "read_message"]
+__all__ = [
+    "PHASE_TIMEOUT",
+    "ChildRun",
+    "Kill",
+    "child_failed",
+    "finish",
+    "kill_at_random",
+    "read_message",
+    "spawn",
+]
 
 PHASE_TIMEOUT = 120.0
 """Seconds one phase of a demo (a run of the job) may take at most."""
@@ -106,3 +115,20 @@ async def kill_at_random(
                 kill.killed = True
     await finish(proc, run_, deadline)
     return run_, kill
+
+
+async def spawn(command: list[str]) -> asyncio.subprocess.Process:
+    """Start a demo job's process, its output piped back (see :func:`read_message`)."""
+    return await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+def child_failed(what: str, run_: ChildRun) -> None:
+    """Raise the failure of a job run that ended badly, with its last line of errors."""
+    lines = [line for line in run_.stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else "no error output"
+    raise CliError(f"{what} exited with status {run_.returncode}: {last}", ExitCode.INTEGRITY)

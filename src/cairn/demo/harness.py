@@ -23,7 +23,6 @@ one (:mod:`cairn.cli.session`): after ``cairn demo``, a bare ``cairn list`` show
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import math
 import random
@@ -52,7 +51,15 @@ from cairn.cli.session import (
     run,
 )
 from cairn.cli.views import kind
-from cairn.demo.children import PHASE_TIMEOUT, ChildRun, Kill, finish, kill_at_random
+from cairn.demo.children import (
+    PHASE_TIMEOUT,
+    ChildRun,
+    Kill,
+    child_failed,
+    finish,
+    kill_at_random,
+    spawn,
+)
 from cairn.demo.job import (
     OPERATORS,
     PARTITIONS,
@@ -110,37 +117,22 @@ class DemoSettings:
         ]
 
 
-async def _spawn(settings: DemoSettings, paced: bool) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *settings.child_command(paced),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
 async def run_killed(settings: DemoSettings, rng: random.Random) -> tuple[ChildRun, Kill]:
     """The first run: started, then SIGKILLed at a random moment."""
-    proc = await _spawn(settings, paced=True)
+    proc = await spawn(settings.child_command(paced=True))
     run_, kill = await kill_at_random(proc, settings.stream_seconds, settings.checkpoints, rng)
     if not kill.killed and run_.returncode != 0:
-        _child_failed("the demo job", run_)
+        child_failed("the demo job", run_)
     return run_, kill
-
-
-def _child_failed(what: str, run_: ChildRun) -> None:
-    lines = [line for line in run_.stderr.splitlines() if line.strip()]
-    last = lines[-1] if lines else "no error output"
-    raise CliError(f"{what} exited with status {run_.returncode}: {last}", ExitCode.INTEGRITY)
 
 
 async def run_recovery(settings: DemoSettings) -> ChildRun:
     """The restart: a new process that restores, replays and finishes the stream."""
-    proc = await _spawn(settings, paced=False)
+    proc = await spawn(settings.child_command(paced=False))
     run_ = ChildRun()
     await finish(proc, run_, time.monotonic() + PHASE_TIMEOUT)
     if run_.returncode != 0:
-        _child_failed("the restarted demo job", run_)
+        child_failed("the restarted demo job", run_)
     return run_
 
 

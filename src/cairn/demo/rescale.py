@@ -17,7 +17,6 @@ The sequence, every step through cairn's public API:
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import sys
@@ -31,7 +30,15 @@ from rich.text import Text
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.output import human_size
 from cairn.cli.session import open_checkpointer
-from cairn.demo.children import PHASE_TIMEOUT, ChildRun, Kill, finish, kill_at_random
+from cairn.demo.children import (
+    PHASE_TIMEOUT,
+    ChildRun,
+    Kill,
+    child_failed,
+    finish,
+    kill_at_random,
+    spawn,
+)
 from cairn.demo.keyed import (
     KEY_GROUPS,
     OPERATOR,
@@ -103,26 +110,11 @@ class RescaleSettings:
         ]
 
 
-async def _spawn(command: list[str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *command,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
-def _failed(what: str, run_: ChildRun) -> None:
-    lines = [line for line in run_.stderr.splitlines() if line.strip()]
-    last = lines[-1] if lines else "no error output"
-    raise CliError(f"{what} exited with status {run_.returncode}: {last}", ExitCode.INTEGRITY)
-
-
 async def _run_killed(settings: RescaleSettings, rng: random.Random) -> tuple[ChildRun, Kill]:
-    proc = await _spawn(settings.child_command(settings.workers, paced=True))
+    proc = await spawn(settings.child_command(settings.workers, paced=True))
     run_, kill = await kill_at_random(proc, settings.stream_seconds, settings.checkpoints, rng)
     if not kill.killed and run_.returncode != 0:
-        _failed("the keyed demo job", run_)
+        child_failed("the keyed demo job", run_)
     return run_, kill
 
 
@@ -148,11 +140,11 @@ async def run_rescale_demo(settings: RescaleSettings, rng: random.Random) -> dic
             ExitCode.USAGE,
         )
     first, kill = await _run_killed(settings, rng)
-    proc = await _spawn(settings.child_command(settings.rescale_to, paced=False))
+    proc = await spawn(settings.child_command(settings.rescale_to, paced=False))
     recovery = ChildRun()
     await finish(proc, recovery, time.monotonic() + PHASE_TIMEOUT)
     if recovery.returncode != 0:
-        _failed("the restarted keyed demo job", recovery)
+        child_failed("the restarted keyed demo job", recovery)
     [start] = recovery.of_type("start")
     latest = await ckpt.latest_id()
     if latest is None:
