@@ -216,7 +216,8 @@ def test_manifests_without_stats_still_load() -> None:
 async def test_a_pipelined_save_after_one_that_failed_commits_nothing() -> None:
     # Save N names an id another writer has committed, so it fails; save N+1, submitted
     # while N ran, builds on that id. Committing N+1 would publish a chain whose parent
-    # is the other writer's state, not the one this job saved: it must fail instead.
+    # is the other writer's state, not the one this job saved: it must fail instead,
+    # and it waits for N's outcome rather than read the other writer's manifest.
     store = ObstoreStore(MemoryStore())
     other = make_checkpointer(store)
     taken = CheckpointData(epoch=1, snapshots={("agg", 0): b"another writer's state"})
@@ -229,11 +230,58 @@ async def test_a_pipelined_save_after_one_that_failed_commits_nothing() -> None:
     behind = await ckpt.save_async(child)
     with pytest.raises(CheckpointExistsError):
         await failing
-    with pytest.raises(CheckpointAbortedError, match="the save submitted before it did not commit"):
+    with pytest.raises(CheckpointAbortedError, match=f"the save of its parent {taken.id} did not"):
         await behind
     assert not await ckpt.exists(child.id)
     assert [info.path for info in await store.list(f"{child.id}/")] == []
     assert await ckpt.list_checkpoints() == [taken.id]
+
+
+async def test_a_pipelined_save_builds_on_a_parent_still_committing() -> None:
+    # An incremental job saving every interval names the save before as the parent of
+    # the next, while that one still uploads: each child takes its parent's chains from
+    # what the parent commits, not from the store, which holds no manifest of it yet.
+    inner = ObstoreStore(MemoryStore())
+    base = CheckpointData(epoch=0, snapshots={("agg", 0): b"base", ("other", 0): b"kept"})
+    gate = Gate(f"{base.id}/".encode())
+    ckpt = make_checkpointer(gated(inner, gate), max_saves_in_flight=4)
+    tasks = [await ckpt.save_async(base)]
+    parent = base.id
+    for epoch in range(1, 4):
+        delta = CheckpointData(epoch=epoch, deltas={("agg", 0): b"+%d" % epoch}, parent_id=parent)
+        tasks.append(await ckpt.save_async(delta))
+        parent = delta.id
+    await asyncio.sleep(0.05)
+    assert not any(task.done() for task in tasks)  # the base's writes are held
+    gate.opened.set()
+    manifests = [await task for task in tasks]
+    assert [m.epoch for m in manifests] == [0, 1, 2, 3]
+    loaded = await ckpt.load_latest()
+    assert loaded is not None and loaded.checkpoint_id == parent
+    chain = [bytes(link.data) for link in loaded.chains[("agg", 0)]]
+    assert chain == [b"base", b"+1", b"+2", b"+3"]
+    assert bytes(loaded.artifacts[("other", 0)]) == b"kept"
+    assert [link.owner for link in loaded.chains[("other", 0)]] == [base.id]
+
+
+async def test_a_pipelined_save_fails_when_its_parent_still_in_flight_fails() -> None:
+    # The parent fails while its child uploads; the child commits nothing (a chain
+    # never skips a link), and the parent's own failure reaches the caller.
+    inner = ObstoreStore(MemoryStore())
+    store = FaultyStore(inner)
+    ckpt = make_checkpointer(store, max_saves_in_flight=3, retry=FAST_RETRY)
+    base = await ckpt.save(CheckpointData(epoch=0, snapshots={("agg", 0): b"base"}))
+    doomed = CheckpointData(epoch=1, deltas={("agg", 0): b"+1"}, parent_id=base.checkpoint_id)
+    store.plan.fail_puts_matching = f"{doomed.id}/"  # every write of that save fails
+    failing = await ckpt.save_async(doomed)
+    child = CheckpointData(epoch=2, deltas={("agg", 0): b"+2"}, parent_id=doomed.id)
+    behind = await ckpt.save_async(child)
+    with pytest.raises(StoreError):
+        await failing
+    with pytest.raises(CheckpointAbortedError, match=f"the save of its parent {doomed.id}"):
+        await behind
+    assert await ckpt.list_checkpoints() == [base.checkpoint_id]
+    assert [info.path for info in await inner.list(f"{child.id}/")] == []
 
 
 async def test_a_save_submitted_after_a_failure_was_seen_commits() -> None:

@@ -34,6 +34,13 @@ def small(epoch: int, **fields: object) -> CheckpointData:
     return CheckpointData(epoch=epoch, snapshots=snapshots, source_offsets=offsets, **fields)  # type: ignore[arg-type]
 
 
+def incremental(epoch: int, parent: CheckpointId) -> CheckpointData:
+    """One partition in ten of :func:`small` changed, as a delta on ``parent``."""
+    deltas = {(f"op{p // 8}", p % 8): b"+" * 400 for p in range(0, 64, 10)}
+    offsets = {"events": SourceOffsetEntry("kafka", {"0": str(epoch)}, epoch)}
+    return CheckpointData(epoch=epoch, deltas=deltas, parent_id=parent, source_offsets=offsets)
+
+
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> RoundTripStore:
     backend = str(request.param)
@@ -103,5 +110,28 @@ def test_pipelined_saves_overlap_their_round_trips() -> None:
         assert await ckpt.read_latest() == (await tasks[-1]).checkpoint_id
         # The first takes four; each after it two more (its create, then its swap).
         assert four.round_trips == 4 + 3 * 2, four.trace()
+
+    simulate(store, scenario)
+
+
+def test_pipelined_incremental_saves_wait_only_for_their_parent() -> None:
+    """Each save builds on the one before it, handed over at once: its uploads overlap
+    that save, and it takes its parent's chains from what that save commits once it has,
+    then checks (its parent's manifest too), creates and swaps: three round trips."""
+    store = RoundTripStore(as_store("memory://"))
+
+    async def scenario() -> None:
+        ckpt = ObjectStoreCheckpointer(store, max_saves_in_flight=2)
+        parent = (await ckpt.save(small(1))).checkpoint_id
+        with store.measure() as chained:
+            tasks = []
+            for epoch in range(2, 6):
+                data = incremental(epoch, parent)
+                tasks.append(await ckpt.save_async(data))
+                parent = data.id
+            await ckpt.wait_for_saves()
+        assert [(await task).epoch for task in tasks] == [2, 3, 4, 5]
+        assert await ckpt.read_latest() == parent
+        assert chained.round_trips == 4 + 3 * 3, chained.trace()
 
     simulate(store, scenario)

@@ -20,6 +20,11 @@ Invariants:
   later one. A pipeline never skips a link: the save after a failed one may build on it
   (its parent), and committing it would publish a chain with a checkpoint missing, or
   built on whatever another writer committed under that id;
+* a save whose parent is a save of the same pipeline still in flight takes the parent's
+  chains from the manifest that save commits, once it has (its own uploads go on
+  meanwhile), never from the store, which holds no manifest of it yet, or another
+  writer's under that id; if the parent commits nothing, it fails with
+  :class:`~cairn.errors.CheckpointAbortedError` and commits nothing;
 * a failure is never lost: it is raised from the save's own future, and, if nobody
   looked at that future, from the next submission (also when it ended while that
   submission waited for its slot: the save submitted is then not started), ``wait()``
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 
 from cairn.data import CheckpointData
 from cairn.errors import CheckpointAbortedError, InvalidInputError
+from cairn.format.ids import CheckpointId
 from cairn.format.manifest import CheckpointManifest
 from cairn.observe import Observer, _dispatch
 from cairn.protocol import _save
@@ -90,6 +96,8 @@ class BackgroundSaves:
         self._failures: list[_Failure] = []
         self._uncommitted: set[asyncio.Task[CheckpointManifest]] = set()
         """Saves that ended without committing (kept while a later save may ask)."""
+        self._committing: dict[CheckpointId, asyncio.Future[CheckpointManifest | None]] = {}
+        """Each background save in flight, by id: what it commits (None: nothing)."""
 
     @property
     def in_flight(self) -> int:
@@ -127,13 +135,51 @@ class BackgroundSaves:
         if copy:
             data = data.copied()
         context = await self._context()
+        label = (str(data.id), context.paths.manifest(data.id))
+        parent = self._parent_committing(data, label)
+        outcome: asyncio.Future[CheckpointManifest | None] = (
+            asyncio.get_running_loop().create_future()
+        )
         with _dispatch.watching(self._observers):  # the task copies this context
 
             async def run(in_order: BeforeCommit) -> CheckpointManifest:
-                return self._committed(await _save.save(context, data, in_order))
+                manifest = self._committed(await _save.save(context, data, in_order, parent))
+                outcome.set_result(manifest)
+                return manifest
 
-            label = (str(data.id), context.paths.manifest(data.id))
-            return await self.submit(run, seen, checkpoint=label)
+            task = await self.submit(run, seen, checkpoint=label)
+        self._committing[data.id] = outcome
+
+        def ended(_: object) -> None:
+            if not outcome.done():
+                outcome.set_result(None)
+            if self._committing.get(data.id) is outcome:
+                del self._committing[data.id]
+
+        task.add_done_callback(ended)
+        return task
+
+    def _parent_committing(
+        self, data: CheckpointData, checkpoint: tuple[str, str]
+    ) -> Callable[[], Awaitable[CheckpointManifest]] | None:
+        """A wait for what ``data``'s parent commits, when the parent is a save of this pipeline
+        still in flight: its manifest once committed, or
+        :class:`CheckpointAbortedError` (naming ``checkpoint``) if it commits nothing.
+        None when the parent is not in flight here (the store has it, or not)."""
+        outcome = self._committing.get(data.parent_id) if data.parent_id is not None else None
+        if outcome is None:
+            return None
+        committing = outcome
+
+        async def parent() -> CheckpointManifest:
+            manifest = await asyncio.shield(committing)
+            if manifest is None:
+                raise CheckpointAbortedError(
+                    *checkpoint, f"the save of its parent {data.parent_id} did not commit"
+                )
+            return manifest
+
+        return parent
 
     async def submit(
         self,

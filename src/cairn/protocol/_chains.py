@@ -24,6 +24,8 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import msgspec
 
 from cairn.data import ArtifactKey, CheckpointData
@@ -98,7 +100,10 @@ def check_admitted(parent: CheckpointManifest, record: _pointer.WriterRecord) ->
 
 
 async def carried_chains(
-    ctx: Context, data: CheckpointData, record: _pointer.WriterRecord | None = None
+    ctx: Context,
+    data: CheckpointData,
+    record: _pointer.WriterRecord | None = None,
+    parent_committing: Callable[[], Awaitable[CheckpointManifest]] | None = None,
 ) -> tuple[CheckpointManifest, dict[ArtifactKey, list[tuple[str, PartitionSnapshotEntry]]]]:
     """The parent's manifest, and its links the new checkpoint keeps, as ``(operator,
     entry)`` owned elsewhere.
@@ -107,9 +112,15 @@ async def carried_chains(
     it; a new snapshot replaces it. With a ``record``, refuses a parent that it does not
     admit (a fenced writer's late commit, see :mod:`cairn.protocol._pointer`); without
     one, the caller checks the parent (:func:`check_admitted`) once it has read it.
+    ``parent_committing``, for a parent whose save is still running in the same
+    pipeline, waits for the manifest that save commits (and raises if it commits
+    none): it is called instead of reading the store.
     """
     assert data.parent_id is not None
-    parent = await _catalog.load_manifest(ctx, data.parent_id)
+    if parent_committing is not None:
+        parent = await parent_committing()
+    else:
+        parent = await _catalog.load_manifest(ctx, data.parent_id)
     if record is not None:
         check_admitted(parent, record)
     parent_chains = await resolve_chains(ctx, parent)

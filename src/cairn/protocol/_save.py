@@ -245,19 +245,23 @@ async def save(
     ctx: Context,
     data: CheckpointData,
     before_commit: Callable[[], Awaitable[None]] | None = None,
+    parent_committing: Callable[[], Awaitable[CheckpointManifest]] | None = None,
 ) -> CheckpointManifest:
     """Every step of the module docstring for ``data``; the committed manifest.
 
     ``before_commit`` is awaited after the uploads and the checks before the create,
     just before the commit point (a background save waits there for the one before it,
-    so that its uploads and checks overlap that save's commit). The manifest records
+    so that its uploads and checks overlap that save's commit). ``parent_committing``,
+    when ``data``'s parent is a save still running in the same pipeline, waits for the
+    manifest that save commits: the parent's chains are taken from it once it is
+    committed, while this save's own uploads go on. The manifest records
     :class:`~cairn.format.manifest.SaveStats` of this save.
     """
     if not isinstance(data, CheckpointData):
         raise InvalidInputError(f"save takes a CheckpointData, got {data!r}")
     with _dispatch.counting_retries() as retries:
         async with _dispatch.observed(None, "save", checkpoint_id=data.id, epoch=data.epoch) as op:
-            op.manifest = await _save(ctx, data, before_commit, retries)
+            op.manifest = await _save(ctx, data, before_commit, retries, parent_committing)
             return op.manifest
 
 
@@ -266,6 +270,7 @@ async def _save(
     data: CheckpointData,
     before_commit: Callable[[], Awaitable[None]] | None,
     retries: _dispatch.RetryCounter,
+    parent_committing: Callable[[], Awaitable[CheckpointManifest]] | None,
 ) -> CheckpointManifest:
     meter = SaveMeter(retries=retries)
     cid = data.id
@@ -284,7 +289,9 @@ async def _save(
         directories: tuple[DirectoryEntry, ...] = ()
         try:
             meter.uploading = time.perf_counter()
-            entries, parent = await _upload_beside_intent(ctx, data, pending, plan, attempt)
+            entries, parent = await _upload_beside_intent(
+                ctx, data, pending, plan, attempt, parent_committing
+            )
             directories = await _directories.save_directories(ctx, data, attempt, parent)
             meter.uploaded = time.perf_counter()
         except BaseException:
@@ -331,6 +338,7 @@ async def _upload_beside_intent(
     pending: PendingSave,
     plan: _upload.PackPlan,
     attempt: str,
+    parent_committing: Callable[[], Awaitable[CheckpointManifest]] | None = None,
 ) -> tuple[list[_upload.Entry], CheckpointManifest | None]:
     """Steps 1 to 3 of a save in one call, at once: the intent's write, the uploads, and
     what needs no intent before it: the parent's chains, ``_latest`` (when this
@@ -338,6 +346,8 @@ async def _upload_beside_intent(
     than generated, whether it is committed. Returns once all of it has ended (nothing of
     it still lands after a failure): the entries, and the parent's manifest (None without
     a parent), which the commit then checks against the fence it reads after the intent.
+    A parent still committing in the same pipeline (``parent_committing``) is waited
+    for here, so the commit's checks, listing the parent's manifest too, come after it.
     """
     chains: Awaitable[_Carried | None]
     uploads: Awaitable[list[_upload.Entry]]
@@ -345,7 +355,9 @@ async def _upload_beside_intent(
         isinstance(snapshot, KeyedSnapshot) for snapshot in data.snapshots.values()
     ):
         # The parent's chains decide which key groups need no upload: them first.
-        carried = asyncio.ensure_future(_chains.carried_chains(ctx, data))
+        carried = asyncio.ensure_future(
+            _chains.carried_chains(ctx, data, parent_committing=parent_committing)
+        )
         chains = carried
 
         async def after_chains() -> list[_upload.Entry]:
@@ -354,7 +366,11 @@ async def _upload_beside_intent(
 
         uploads = after_chains()
     else:
-        chains = _chains.carried_chains(ctx, data) if data.parent_id is not None else _nothing()
+        chains = (
+            _chains.carried_chains(ctx, data, parent_committing=parent_committing)
+            if data.parent_id is not None
+            else _nothing()
+        )
         uploads = upload_all(ctx, data, None, plan, attempt, chains=False)
     jobs: list[Awaitable[object]] = [pending.written(), uploads, chains]
     if not data.generated_id:
