@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,6 @@ from cairn.format.ids import CheckpointId  # noqa: E402
 from cairn.observe import Observer, Operation, StoreCall  # noqa: E402
 from cairn.observe._dispatch import REQUEST_KINDS  # noqa: E402
 from cairn.stores import ForwardingStore, Store, StoreMethod, as_store  # noqa: E402
-from cairn.stores import StoreCall as Call  # noqa: E402
 
 # Imported by name at run time: tests/ is not a package (see bench_s3.py).
 servers: Any = importlib.import_module("support.servers")
@@ -92,7 +91,7 @@ class DelayedStore(ForwardingStore):
         super().__init__(inner)
         self.delay = delay
 
-    async def _around(self, operation: StoreMethod, path: str, call: Call[Any], **_: Any) -> Any:
+    async def _around(self, operation: StoreMethod, path: str, call: Callable[[], Awaitable[Any]], **_: Any) -> Any:
         await asyncio.sleep(self.delay)
         return await call()
 
