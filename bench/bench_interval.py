@@ -91,7 +91,9 @@ class DelayedStore(ForwardingStore):
         super().__init__(inner)
         self.delay = delay
 
-    async def _around(self, operation: StoreMethod, path: str, call: Callable[[], Awaitable[Any]], **_: Any) -> Any:
+    async def _around(
+        self, operation: StoreMethod, path: str, call: Callable[[], Awaitable[Any]], **_: Any
+    ) -> Any:
         await asyncio.sleep(self.delay)
         return await call()
 
