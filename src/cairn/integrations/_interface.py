@@ -37,6 +37,7 @@ Nothing here reaches into a private name of a public module.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
@@ -113,10 +114,20 @@ class TwoPhaseSave:
             generation, (parent.epoch, parent.checkpoint_id.uuid.int)
         )
 
-    async def upload(self, uploads: Sequence[PartitionUpload]) -> list[Entry]:
+    async def upload(
+        self, uploads: Sequence[PartitionUpload], *, last: bool = False
+    ) -> list[Entry]:
         """Upload partitions of the checkpoint (checked as ``save_partitions_concurrent``
-        checks them); their entries. A failure ends the save."""
-        return await self._pending.upload(_upload.check_uploads(uploads))
+        checks them); their entries. A failure ends the save. ``last``: the commit comes
+        next, so ``_latest`` is read beside these uploads (when not known already), and
+        the swap after the commit needs no read of its own."""
+        checked = _upload.check_uploads(uploads)
+        if not last:
+            return await self._pending.upload(checked)
+        entries, _ = await asyncio.gather(
+            self._pending.upload(checked), self._pending.read_latest()
+        )
+        return entries
 
     async def upload_directories(
         self,
@@ -168,15 +179,19 @@ async def begin(
     ckpt: ObjectStoreCheckpointer,
     checkpoint_id: CheckpointId,
     parent_id: CheckpointId | None = None,
+    *,
+    generated: bool = False,
 ) -> TwoPhaseSave:
     """Begin a two-phase save of ``checkpoint_id`` through ``ckpt``, as the writer that
     will commit it, building on ``parent_id`` (its lease keeps the parent's objects from
-    GC until the commit; None: no parent).
+    GC until the commit; None: no parent). ``generated``: the caller made the id
+    (``CheckpointId.now()``), which no checkpoint can hold yet, so it is not looked up.
 
     Raises :class:`~cairn.FencedError` if a newer writer generation has taken over and
-    :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is written then.
+    :class:`~cairn.CheckpointExistsError` if the id is committed; nothing is left
+    written then.
     """
-    pending = await _save.start(await _context(ckpt), checkpoint_id, parent_id)
+    pending = await _save.start(await _context(ckpt), checkpoint_id, parent_id, generated=generated)
     return TwoPhaseSave(ckpt, pending)
 
 

@@ -38,9 +38,11 @@ round trips one after another: 1 and 3 at once; 2; 4's create; 5):
    immutable). A save in one call reads the fence once, after its intent is written,
    beside the check before the create (step 4); an id it generated itself (a new
    UUIDv7) cannot be committed, and one given is checked beside the uploads. A save in
-   two phases (:func:`preconditions`) checks both before it uploads anything; a
-   process that only uploads part of a save checks the id alone (the fence is the
-   committer's to check). A save refused removes what it uploaded and its intent.
+   two phases (:func:`preconditions`) checks both beside its intent's write, before it
+   uploads anything, so that a writer already fenced is refused early (it reads the
+   fence again before its create, as every save does); a process that only uploads
+   part of a save checks the id alone (the fence is the committer's to check), beside
+   its intent and its uploads. A save refused removes what it uploaded and its intent.
 3. **Uploads** (:mod:`cairn.protocol._upload`): every snapshot and delta goes under ``{base}{id}/``
    with a name carrying this attempt's token (:func:`cairn.format.layout.new_attempt`),
    concurrently and bounded, hashed as it travels (a one-phase save merges small ones
@@ -183,22 +185,31 @@ log = logging.getLogger("cairn")
 
 
 async def preconditions(
-    ctx: Context, cid: CheckpointId, *, commits: bool = True
+    ctx: Context, cid: CheckpointId, *, commits: bool = True, committed: bool = True
 ) -> _pointer.WriterRecord | None:
-    """Step 1: the one check before a save of ``cid`` writes anything.
+    """Step 2 of a save in two phases, read beside its intent's write, at once.
 
     A save that ``commits`` must not be fenced (:class:`FencedError`; a damaged
     ``_writer`` is :class:`CorruptManifestError`): returns the writer record read, which
-    the parent must be admitted by. Any save: ``cid`` must not be committed
-    (:class:`CheckpointExistsError`). A part of a save that only uploads returns None.
+    the parent must be admitted by. With ``committed`` (not for an id the save generated
+    itself), ``cid`` must not be committed (:class:`CheckpointExistsError`). A part of a
+    save that only uploads returns None.
     """
-    record = None
-    if commits:
-        record = await _pointer.check_not_fenced(
-            ctx.store, ctx.paths.writer_record(), ctx.generation
-        )
-    if await _catalog.committed(ctx, cid):
-        raise CheckpointExistsError(str(cid), ctx.paths.manifest(cid))
+
+    async def fence() -> _pointer.WriterRecord | None:
+        if not commits:
+            return None
+        return await _pointer.check_not_fenced(ctx.store, ctx.paths.writer_record(), ctx.generation)
+
+    async def not_committed() -> None:
+        if committed and await _catalog.committed(ctx, cid):
+            raise CheckpointExistsError(str(cid), ctx.paths.manifest(cid))
+
+    record, absent = await asyncio.gather(fence(), not_committed(), return_exceptions=True)
+    for outcome in (record, absent):  # fenced first, as before
+        if isinstance(outcome, BaseException):
+            raise outcome
+    assert not isinstance(record, BaseException)
     return record
 
 

@@ -89,6 +89,13 @@ class PendingSave:
         """Return once the intent is written (raise what its write raised)."""
         await self._lease.written()
 
+    async def read_latest(self) -> None:
+        """Read ``_latest`` now, unless this save's context holds a version of it: the
+        swap after the commit then needs no read of its own (call it beside an upload)."""
+        hint = self.ctx.hints.latest
+        if not hint.known:
+            await _pointer.read_latest(self.ctx.store, self.ctx.paths.latest_pointer(), hint)
+
     async def upload(
         self,
         uploads: Sequence[_upload.PartitionUpload],
@@ -176,30 +183,39 @@ async def start(
     parent_id: CheckpointId | None = None,
     *,
     commits: bool = True,
+    generated: bool = False,
 ) -> PendingSave:
-    """Begin a save of ``cid`` building on ``parent_id``: the lease, then
-    :func:`cairn.protocol._commit.preconditions`. The caller ends it
-    (:meth:`PendingSave.commit` or :meth:`PendingSave.end`); one it drops stops renewing
-    when it is garbage-collected.
+    """Begin a save of ``cid`` building on ``parent_id``: the lease, and beside its
+    intent's write :func:`cairn.protocol._commit.preconditions` (not whether the id is
+    committed when it was ``generated`` here: a new UUIDv7 cannot be). The caller ends
+    it (:meth:`PendingSave.commit` or :meth:`PendingSave.end`); one it drops stops
+    renewing when it is garbage-collected.
 
-    The intent is written before the fence is read: a takeover raises the generation,
-    then claims every save whose intent it finds
-    (:func:`cairn.protocol.retention.abort_saves_in_flight`), so a save either reads the
-    new generation and stops, or its intent is found and its id claimed before it can
-    commit. Preconditions that fail end the lease and remove the
-    intent (best effort)."""
+    The fence read beside the intent only refuses early a writer fenced before the save
+    began: the commit reads the fence again before its create, after the intent is
+    written, which is what a takeover's search for intents relies on (see "Why the order
+    is safe" in :mod:`cairn.protocol._commit`). Preconditions that fail end the lease and
+    remove the intent (best effort)."""
     check_id(cid)
     # A save that commits has an intent of its own; the processes that only upload parts
     # of one save share one (``intent.json``), which its commit removes.
     intent = ctx.paths.intent(cid, new_attempt() if commits else None)
-    lease = await _lease.Lease.start(ctx.store, intent, parent_id, ctx.lease)
+    lease = _lease.Lease.begin(ctx.store, intent, parent_id, ctx.lease)
     try:
-        record = await _commit.preconditions(ctx, cid, commits=commits)
+        written, record = await asyncio.gather(
+            lease.written(),
+            _commit.preconditions(ctx, cid, commits=commits, committed=not generated),
+            return_exceptions=True,
+        )
+        for outcome in (record, written):  # a refusal says more than a failed write
+            if isinstance(outcome, BaseException):
+                raise outcome
     except BaseException:
         await lease.stop()
         with contextlib.suppress(CheckpointerError):
             await ctx.store.delete([intent])
         raise
+    assert not isinstance(record, BaseException)
     return PendingSave(ctx, cid, record, lease, parent_id)
 
 
@@ -226,9 +242,31 @@ async def upload_partitions(
     metadata_key: str | None,
 ) -> list[_upload.Entry]:
     """A part of a save that only uploads (its commit comes from elsewhere): steps 1 to
-    3 for checked ``uploads``; the lease lapses a lease after they end."""
-    async with begin(ctx, cid, commits=False) as pending:
-        return await pending.upload(uploads, metadata_key)
+    3 for checked ``uploads``, at once: the intent's write, the check that the id is not
+    committed, and the uploads (as a save in one call writes its intent beside its
+    uploads: see "Why the order is safe" in :mod:`cairn.protocol._commit`). The lease
+    lapses a lease after they end; a failure removes the uploads and the intent."""
+    check_id(cid)
+    lease = _lease.Lease.begin(ctx.store, ctx.paths.intent(cid), None, ctx.lease)
+    pending = PendingSave(ctx, cid, None, lease)
+    attempt = new_attempt()
+    try:
+        written, checked, uploaded = await asyncio.gather(
+            lease.written(),
+            _commit.preconditions(ctx, cid, commits=False),
+            _upload.upload_partitions(ctx, cid, uploads, attempt, metadata_key),
+            return_exceptions=True,
+        )
+        for outcome in (checked, written, uploaded):  # a refusal says the most
+            if isinstance(outcome, BaseException):
+                raise outcome
+    except BaseException:
+        await pending.abandon(uploads, attempt)
+        raise
+    finally:
+        await pending.end()
+    assert not isinstance(uploaded, BaseException)
+    return uploaded
 
 
 async def upload_write_once(

@@ -84,7 +84,7 @@ async def commit_dcp(
         records, entries = _collect(results)
         metadata.storage_data = records
         body = dump_metadata(metadata)
-    uploaded = await save.upload([(METADATA_OPERATOR, 0, False, body)])
+    uploaded = await save.upload([(METADATA_OPERATOR, 0, False, body)], last=True)
     if meter is not None:
         meter.uploaded = time.perf_counter()
     manifest = assemble_manifest(

@@ -272,7 +272,10 @@ class CairnWriter(StorageWriter):
         meter = SaveMeter()
         parent = self._open_parent(ckpt, meter)
         parent_id = parent.checkpoint_id if parent is not None else None
-        beginning = _counted(meter, functools.partial(begin, ckpt, cid, parent_id))
+        generated = not isinstance(requested, CheckpointId)
+        beginning = _counted(
+            meter, functools.partial(begin, ckpt, cid, parent_id, generated=generated)
+        )
         self._pending = run(beginning, "CairnWriter.prepare_global_plan")
         meter.uploading = time.perf_counter()
         self._meter = meter
