@@ -50,7 +50,7 @@ class Examples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
-class Losses(TrainerCallback):  # type: ignore[misc]
+class Losses(TrainerCallback):
     """The training loss logged at each step."""
 
     def __init__(self) -> None:
@@ -103,7 +103,9 @@ def train(
 
 
 @pytest.fixture(params=["local", "s3"])
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Any, list[str], dict[str, str], ObjectStore]:
+def place(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[Any, list[str], dict[str, str], ObjectStore]:
     if request.param == "local":
         root = tmp_path / "store"
         root.mkdir()
@@ -149,7 +151,9 @@ def test_two_saves_gc_to_the_limit_and_a_restored_checkpoint_resumes_exactly(
     # Resume on a "new machine": nothing local, the directory restored from the store.
     shutil.rmtree(tmp_path / "out")
     restored = restore_checkpoint(store, "checkpoint-4", tmp_path / "restored")
-    assert sorted(p.name for p in restored.iterdir()) == sorted(f.relative_path for f in folder.files)
+    assert sorted(p.name for p in restored.iterdir()) == sorted(
+        f.relative_path for f in folder.files
+    )
     again = CairnCallback(store)
     resumed = train(tmp_path / "out", 6, [again], resume=restored)
     assert resumed == {5: uninterrupted[5], 6: uninterrupted[6]}

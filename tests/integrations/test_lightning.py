@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.torch]
 STEPS_PER_EPOCH = 4
 
 
-class Regression(LightningModule):  # type: ignore[misc]
+class Regression(LightningModule):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
@@ -65,7 +65,7 @@ def loader() -> DataLoader[Any]:
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=16)
 
 
-class StartStep(Callback):  # type: ignore[misc]
+class StartStep(Callback):
     """Records the global step training starts at (after any restore)."""
 
     def __init__(self) -> None:
@@ -212,7 +212,45 @@ def test_remove_keeps_the_resumed_checkpoint_and_async_saves_commit(tmp_path: Pa
     io.load_checkpoint(names[0])  # by name, as on a machine without the pointer files
     assert io.loaded == resumed_from
     io.remove_checkpoint(dirpath / names[0])
-    assert resumed_from in run_blocking(io.checkpointer.list_checkpoints()), "a resumed run's origin"
+    assert resumed_from in run_blocking(io.checkpointer.list_checkpoints()), (
+        "a resumed run's origin"
+    )
     assert not (dirpath / names[0]).exists()
     io.remove_checkpoint(dirpath / names[1])
     assert run_blocking(named_ids(io.checkpointer, names[1])) == []
+
+
+def _no_cuda() -> str | None:
+    if not torch.cuda.is_available():
+        return "CUDA is not available here (torch.cuda.is_available() is False)"
+    return None
+
+
+@pytest.mark.skipif(_no_cuda() is not None, reason=str(_no_cuda()))
+def test_a_gpu_run_saves_and_resumes_through_cairn(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    dirpath = tmp_path / "ckpts"
+
+    def on_gpu(epochs: int, callbacks: list[Any]) -> Trainer:
+        return Trainer(
+            max_epochs=epochs,
+            accelerator="gpu",
+            devices=1,
+            plugins=[CairnCheckpointIO(store)],
+            callbacks=callbacks,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+
+    first = Regression()
+    run = on_gpu(2, [checkpointing(dirpath)])
+    run.fit(first, loader())
+    ended = state_of(first, run)
+    loaded = CairnCheckpointIO(store).load_checkpoint("last")
+    assert_same(loaded["state_dict"], {k: v.cpu() for k, v in ended[0].items()})
+    start = StartStep()
+    resumed = Regression()
+    on_gpu(3, [checkpointing(dirpath), start]).fit(resumed, loader(), ckpt_path="last")
+    assert start.step == 2 * STEPS_PER_EPOCH
+    assert next(resumed.parameters()).is_cuda

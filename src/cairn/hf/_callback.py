@@ -69,7 +69,7 @@ def _holds_trainer_folder(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> b
     return any((d.operator, d.partition_id) == (OPERATOR, 0) for d in manifest.directories)
 
 
-class CairnCallback(TrainerCallback):  # type: ignore[misc]
+class CairnCallback(TrainerCallback):
     """A ``TrainerCallback`` that commits each ``checkpoint-N`` directory to a cairn store.
 
     Pass it in ``Trainer(callbacks=[...])``. Give each run a store (or prefix) of its
@@ -140,7 +140,7 @@ class CairnCallback(TrainerCallback):  # type: ignore[misc]
         if not state.is_world_process_zero:
             return
         name = f"checkpoint-{state.global_step}"
-        folder = Path(args.output_dir) / name
+        folder = Path(args.output_dir or ".") / name
         if not folder.is_dir():
             raise InvalidInputError(f"the Trainer wrote no checkpoint directory at {folder}")
         manifest = run_blocking(

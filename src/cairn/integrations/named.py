@@ -28,7 +28,8 @@ import os
 from collections.abc import Collection, Mapping
 
 from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.data import ArtifactData, ArtifactKey, DirectoryCheck
+from cairn.data import ArtifactKey, DirectoryCheck
+from cairn.data.inputs import ArtifactData
 from cairn.errors import CheckpointInUseError
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import validate_checkpoint_name
@@ -85,7 +86,9 @@ async def save_named(
     validate_checkpoint_name(name)
     cid = CheckpointId.now()
     async with await begin(ckpt, cid, parent_id) as save:
-        entries = await save.upload([(op, p, False, data) for (op, p), data in (snapshots or {}).items()])
+        entries = await save.upload(
+            [(op, p, False, data) for (op, p), data in (snapshots or {}).items()]
+        )
         listed = await save.upload_directories(directories or {}, check=directory_check)
         manifest = assemble_manifest(
             cid,

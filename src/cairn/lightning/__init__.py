@@ -26,8 +26,7 @@ try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "cairn.lightning needs Lightning 2.x and PyTorch: "
-        "pip install 'cairn-checkpoint[lightning]'"
+        "cairn.lightning needs Lightning 2.x and PyTorch: pip install 'cairn-checkpoint[lightning]'"
     ) from exc
 
 from cairn.lightning._io import POINTER_KIND, CairnCheckpointIO

@@ -85,7 +85,7 @@ _LAST_NAME = re.compile(r"last(-v?\d+)?\.ckpt")
 _POINTER_MAX_BYTES = 64 << 10
 
 
-class CairnCheckpointIO(CheckpointIO):  # type: ignore[misc]
+class CairnCheckpointIO(CheckpointIO):
     """A Lightning ``CheckpointIO`` that saves each checkpoint as a named cairn checkpoint.
 
     Pass it in ``Trainer(plugins=[...])``. A path is named by its last component
@@ -193,9 +193,7 @@ class CairnCheckpointIO(CheckpointIO):  # type: ignore[misc]
         epoch = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
         ckpt = self.checkpointer
         manifest = self._run(
-            save_named(
-                ckpt, name, epoch=epoch, snapshots={(OPERATOR, 0): buffer.getbuffer()}
-            )
+            save_named(ckpt, name, epoch=epoch, snapshots={(OPERATOR, 0): buffer.getbuffer()})
         )
         cid = manifest.checkpoint_id
         keep = {cid} if self.loaded is None else {cid, self.loaded}
@@ -207,7 +205,7 @@ class CairnCheckpointIO(CheckpointIO):  # type: ignore[misc]
     def load_checkpoint(
         self,
         path: str | os.PathLike[str],
-        map_location: Any = None,
+        map_location: Any = "cpu",
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """The checkpoint ``path`` names, every byte verified, unpickled by ``torch.load``.
@@ -215,7 +213,9 @@ class CairnCheckpointIO(CheckpointIO):  # type: ignore[misc]
         Args:
             path: A pointer file, a checkpoint id, ``"last"``, or a path or name whose
                 last component names the checkpoint.
-            map_location: As ``torch.load`` takes it.
+            map_location: As ``torch.load`` takes it; ``"cpu"`` (the default, as
+                Lightning's own ``TorchCheckpointIO``) loads every tensor into host
+                memory, and Lightning moves the state onto the model's device.
             weights_only: As ``torch.load`` takes it; None is torch's default (True
                 since torch 2.6: tensors and plain values only).
 
@@ -369,4 +369,3 @@ def read_pointer(path: Path) -> CheckpointId | None:
         return CheckpointId(str(body.get("checkpoint_id")))
     except ValueError:
         return None
-
