@@ -33,7 +33,7 @@ from cairn import CheckpointNotFoundError, IntegrityMismatchError, ObjectStoreCh
 from cairn.hf import CairnCallback, restore_checkpoint
 from cairn.sync import SyncCheckpointer
 
-pytestmark = [pytest.mark.torch]
+pytestmark = [pytest.mark.torch, pytest.mark.frameworks, pytest.mark.slow]
 
 
 class Examples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):

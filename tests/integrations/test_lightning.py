@@ -38,7 +38,7 @@ from cairn.integrations.named import named_ids
 from cairn.lightning import POINTER_KIND, CairnCheckpointIO
 from cairn.sync import SyncCheckpointer
 
-pytestmark = [pytest.mark.torch]
+pytestmark = [pytest.mark.torch, pytest.mark.frameworks, pytest.mark.slow]
 
 STEPS_PER_EPOCH = 4
 

@@ -22,7 +22,12 @@ PAGE = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 PYTHON = [body for lang, body in FENCE.findall(PAGE) if lang == "python"]
 
-pytestmark = [pytest.mark.torch, pytest.mark.subprocess]
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.frameworks,
+    pytest.mark.slow,
+    pytest.mark.subprocess,
+]
 
 EXPECTED = {
     # the block's store, and what `cairn list` must show there (names, or a count)

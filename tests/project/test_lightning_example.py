@@ -17,7 +17,7 @@ from support.paths import REPO
 pytest.importorskip("torch", reason="the torch extra is not installed")
 pytest.importorskip("lightning", reason="the lightning extra is not installed")
 
-pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.torch]
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.torch, pytest.mark.frameworks]
 
 EXAMPLE = REPO / "examples" / "lightning_train.py"
 
