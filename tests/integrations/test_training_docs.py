@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ pytestmark = [
     pytest.mark.subprocess,
 ]
 
-EXPECTED = {
+EXPECTED: dict[str, Callable[[list[str]], bool]] = {
     # the block's store, and what `cairn list` must show there (names, or a count)
     "lightning-run": lambda names: (
         "last.ckpt" in names and sum(n.startswith("epoch=") for n in names) == 2
