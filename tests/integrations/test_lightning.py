@@ -9,12 +9,14 @@ flipped byte in the stored checkpoint is refused with :class:`~cairn.IntegrityMi
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import warnings
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import obstore
 import pytest
@@ -28,15 +30,17 @@ pytest.importorskip("lightning", reason="the lightning extra is not installed")
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cairn import IntegrityMismatchError, ObjectStoreCheckpointer
 from cairn.integrations._interface import run_blocking
-from cairn.integrations.named import named_ids
-from cairn.lightning import POINTER_KIND, CairnCheckpointIO
+from cairn.integrations.named import checkpoint_names, named_ids
+from cairn.lightning import POINTER_KIND, AsyncCairnCheckpointIO, CairnCheckpointIO
+from cairn.stores import ForwardingStore, PutMode, StoreMethod, as_store
 from cairn.sync import SyncCheckpointer
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.torch, pytest.mark.frameworks, pytest.mark.slow]
 
@@ -195,29 +199,54 @@ def test_three_epochs_list_resume_and_refuse_a_flipped_byte(place: Place, tmp_pa
         )
 
 
-def test_remove_keeps_the_resumed_checkpoint_and_async_saves_commit(tmp_path: Path) -> None:
-    store = tmp_path / "store"
+class SlowCommits(ForwardingStore):
+    """Every manifest write waits a little: saves queued behind one another take long."""
+
+    async def _around(
+        self,
+        operation: StoreMethod,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        mode: PutMode | None = None,
+    ) -> T:
+        if operation == "put" and path.endswith("manifest.json"):
+            await asyncio.sleep(0.2)
+        return await call()
+
+
+def test_async_saves_and_removals_run_in_order(tmp_path: Path) -> None:
+    store = SlowCommits(as_store(LocalStore(tmp_path / "store", mkdir=True)))
     dirpath = tmp_path / "ckpts"
-    # AsyncCheckpointIO copies the tensors on the training thread, then saves through
-    # cairn in its own thread: every checkpoint is committed by the end of fit.
-    run = trainer(3, [AsyncCheckpointIO(CairnCheckpointIO(str(store)))], [checkpointing(dirpath)])
-    run.fit(Regression(), loader())
-    io = CairnCheckpointIO(str(store))
+    # The training thread only copies the tensors; the saves, and ModelCheckpoint's
+    # removal of the worst one (at epoch 3), run behind it in call order: the removal
+    # finds the checkpoint it removes committed, and nothing is left over.
+    io = AsyncCairnCheckpointIO(store)
+    trainer(3, [io], [checkpointing(dirpath)]).fit(Regression(), loader())
     names = sorted(p.name for p in dirpath.iterdir())
     assert len(names) == 3
+    assert sorted(run_blocking(checkpoint_names(io.checkpointer))) == names
     for name in names:
         assert len(run_blocking(named_ids(io.checkpointer, name))) == 1, name
 
+
+def test_remove_keeps_the_checkpoint_a_run_resumed_from(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    dirpath = tmp_path / "ckpts"
+    trainer(3, [CairnCheckpointIO(str(store))], [checkpointing(dirpath)]).fit(
+        Regression(), loader()
+    )
+    io = CairnCheckpointIO(str(store))
+    names = sorted(p.name for p in dirpath.iterdir() if p.name != "last.ckpt")
     resumed_from = io.resolve(dirpath / names[0])
     io.load_checkpoint(names[0])  # by name, as on a machine without the pointer files
     assert io.loaded == resumed_from
     io.remove_checkpoint(dirpath / names[0])
-    assert resumed_from in run_blocking(io.checkpointer.list_checkpoints()), (
-        "a resumed run's origin"
-    )
+    assert resumed_from in run_blocking(io.checkpointer.list_checkpoints()), "a run's origin"
     assert not (dirpath / names[0]).exists()
     io.remove_checkpoint(dirpath / names[1])
     assert run_blocking(named_ids(io.checkpointer, names[1])) == []
+    assert not (dirpath / names[1]).exists()
 
 
 def _no_cuda() -> str | None:

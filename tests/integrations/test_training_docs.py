@@ -35,7 +35,7 @@ EXPECTED: dict[str, Callable[[list[str]], bool]] = {
     "lightning-run": lambda names: (
         "last.ckpt" in names and sum(n.startswith("epoch=") for n in names) == 2
     ),
-    "async-run": lambda names: "last.ckpt" in names,
+    "async-run": lambda names: len(names) == 2 and "last.ckpt" in names,
     "hf-run": lambda names: names == ["checkpoint-4", "checkpoint-6"],
     "titan-run": lambda names: names == ["checkpoint/step-10"],
 }

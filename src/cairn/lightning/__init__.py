@@ -17,7 +17,8 @@ Each ``Trainer.save_checkpoint`` (what ``ModelCheckpoint`` calls) commits one ca
 checkpoint named after the file Lightning asked for (``epoch=2-step=300.ckpt``,
 ``last.ckpt``): ``cairn list`` shows it, ``cairn verify`` checks it, and a load reads it
 back with every byte checked against its SHA-256. See :class:`CairnCheckpointIO` for
-paths, ``"last"``, removal and what is guaranteed.
+paths, ``"last"``, removal and what is guaranteed; :class:`AsyncCairnCheckpointIO` saves
+in the background, the step waiting only for the copy of the tensors to host memory.
 """
 
 from __future__ import annotations
@@ -29,6 +30,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "cairn.lightning needs Lightning 2.x and PyTorch: pip install 'cairn-checkpoint[lightning]'"
     ) from exc
 
-from cairn.lightning._io import POINTER_KIND, CairnCheckpointIO
+from cairn.lightning._io import POINTER_KIND, AsyncCairnCheckpointIO, CairnCheckpointIO
 
-__all__ = ["POINTER_KIND", "CairnCheckpointIO"]
+__all__ = ["POINTER_KIND", "AsyncCairnCheckpointIO", "CairnCheckpointIO"]

@@ -28,12 +28,14 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
 import re
 import secrets
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -70,7 +72,7 @@ else:
 
     CheckpointIO = _checkpoint_io_base()
 
-__all__ = ["LAST", "OPERATOR", "POINTER_KIND", "CairnCheckpointIO"]
+__all__ = ["LAST", "OPERATOR", "POINTER_KIND", "AsyncCairnCheckpointIO", "CairnCheckpointIO"]
 
 T = TypeVar("T")
 
@@ -369,3 +371,119 @@ def read_pointer(path: Path) -> CheckpointId | None:
         return CheckpointId(str(body.get("checkpoint_id")))
     except ValueError:
         return None
+
+
+class AsyncCairnCheckpointIO(CairnCheckpointIO):
+    """:class:`CairnCheckpointIO` whose saves and removals run on a background thread.
+
+    ``save_checkpoint`` copies every tensor of the checkpoint into host memory on the
+    calling (training) thread, which is all the step waits for, then queues the save.
+    Saves and removals run one at a time, in the order they were called, so a removal
+    that ``ModelCheckpoint`` asks for never overtakes the save it concerns (Lightning's
+    own ``AsyncCheckpointIO`` runs removals on the training thread at once). A load, and
+    ``teardown`` (the end of ``fit``), first wait for everything queued; a failure of a
+    queued call is raised by the next call or by ``teardown``.
+
+    Takes the arguments of :class:`CairnCheckpointIO`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_executor"] = None
+        state["_pending"] = []
+        return state
+
+    def _submit(self, call: Callable[[], None]) -> None:
+        self._raise_failures(wait=False)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="cairn-lightning")
+        self._pending.append(self._executor.submit(call))
+
+    def _raise_failures(self, *, wait: bool) -> None:
+        done = [f for f in self._pending if wait or f.done()]
+        self._pending = [f for f in self._pending if f not in done]
+        for future in done:
+            future.result()  # raises what the call raised
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any = None
+    ) -> None:
+        """Copy ``checkpoint``'s tensors to host memory, then queue its save (see
+        :meth:`CairnCheckpointIO.save_checkpoint`).
+
+        Args:
+            checkpoint: The state Lightning built.
+            path: Where Lightning would write the file; its last component is the name.
+            storage_options: Not supported: must be None.
+
+        Raises:
+            InvalidInputError: ``storage_options`` is given.
+        """
+        if storage_options is not None:
+            raise InvalidInputError(
+                f"CairnCheckpointIO takes no storage_options, got {storage_options!r}"
+            )
+        copied = _to_host(checkpoint)
+        save = super().save_checkpoint
+        self._submit(lambda: save(copied, path))
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Queue the removal of the checkpoints named after ``path`` (see
+        :meth:`CairnCheckpointIO.remove_checkpoint`), after the saves queued before it.
+
+        Args:
+            path: The path Lightning saved to.
+        """
+        remove = super().remove_checkpoint
+        self._submit(lambda: remove(path))
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        map_location: Any = "cpu",
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Wait for the queued saves and removals, then load as
+        :meth:`CairnCheckpointIO.load_checkpoint` does.
+
+        Args:
+            path: As :meth:`CairnCheckpointIO.load_checkpoint` takes it.
+            map_location: As ``torch.load`` takes it.
+            weights_only: As ``torch.load`` takes it.
+
+        Returns:
+            The checkpoint dict.
+        """
+        self._raise_failures(wait=True)
+        return super().load_checkpoint(path, map_location, weights_only)
+
+    def teardown(self) -> None:
+        """Wait for every queued save and removal; raise the first failure."""
+        try:
+            self._raise_failures(wait=True)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+
+def _to_host(value: Any) -> Any:
+    """``value`` with every tensor in it copied into host memory (a fresh copy even of a
+    CPU tensor: training goes on changing the original)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        copied = copy.copy(value)  # its own type (an AttributeDict, a defaultdict's factory)
+        for key, item in value.items():
+            copied[key] = _to_host(item)
+        return copied
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_to_host(v) for v in value))
+    if isinstance(value, list | tuple):
+        return type(value)(_to_host(v) for v in value)
+    return value
