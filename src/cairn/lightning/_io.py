@@ -101,9 +101,8 @@ class CairnCheckpointIO(CheckpointIO):
 
     Loading reads ``path`` as: a pointer file (the checkpoint it names); a checkpoint id;
     ``"last"`` (the newest checkpoint named ``last.ckpt`` or ``last-vN.ckpt``); else a
-    name, its newest checkpoint. For asynchronous saves wrap it in Lightning's
-    ``AsyncCheckpointIO``, which copies the tensors on the training thread and saves in
-    a background thread.
+    name, its newest checkpoint. For saves in the background use
+    :class:`AsyncCairnCheckpointIO`.
 
     Args:
         store: Anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
