@@ -1,0 +1,192 @@
+"""Hugging Face's ``Trainer`` checkpoints through :class:`cairn.hf.CairnCallback`.
+
+A tiny GPT-2 built from a config in code (nothing is downloaded) trains 4 steps with a
+save every 2, ``save_total_limit=1``, on local disk and on S3 (moto). Each
+``checkpoint-N`` is committed under its name, the second carrying the files equal to the
+first's; cairn's GC keeps one checkpoint. Restored from the store into an empty
+directory (the local output is deleted first), ``checkpoint-4`` resumes a run whose
+next losses are the uninterrupted run's, to the last bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+from obstore.store import LocalStore, ObjectStore
+from support.cli import cairn, s3_env, s3_store
+
+pytest.importorskip("torch", reason="the torch extra is not installed")
+pytest.importorskip("transformers", reason="the hf extra is not installed")
+pytest.importorskip("accelerate", reason="the hf extra is not installed")
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+from cairn import CheckpointNotFoundError, IntegrityMismatchError, ObjectStoreCheckpointer
+from cairn.hf import CairnCallback, restore_checkpoint
+from cairn.sync import SyncCheckpointer
+
+pytestmark = [pytest.mark.torch, pytest.mark.frameworks, pytest.mark.slow]
+
+
+class Examples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """16 fixed sequences of 16 token ids."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(0, 64, (16, 16), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+
+class Losses(TrainerCallback):
+    """The training loss logged at each step."""
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, float] = {}
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+        if logs and "loss" in logs:
+            self.by_step[state.global_step] = logs["loss"]
+
+
+def model() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def train(
+    output: Path, steps: int, callbacks: list[Any], resume: Path | None = None
+) -> dict[int, float]:
+    losses = Losses()
+    args = TrainingArguments(
+        output_dir=str(output),
+        max_steps=steps,
+        save_steps=2,
+        save_total_limit=1,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        seed=0,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(
+        model=model(), args=args, train_dataset=Examples(), callbacks=[*callbacks, losses]
+    )
+    trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
+    return losses.by_step
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[Any, list[str], dict[str, str], ObjectStore]:
+    if request.param == "local":
+        root = tmp_path / "store"
+        root.mkdir()
+        return str(root), ["--store", str(root)], {}, LocalStore(root)
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    store = s3_store(server, bucket)
+    return store, ["--store", f"s3://{bucket}"], s3_env(server), store
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=UserWarning)
+        yield
+
+
+def test_two_saves_gc_to_the_limit_and_a_restored_checkpoint_resumes_exactly(
+    place: tuple[Any, list[str], dict[str, str], ObjectStore], tmp_path: Path
+) -> None:
+    store, cli, env, raw = place
+    uninterrupted = train(tmp_path / "whole", 6, [])
+
+    callback = CairnCallback(store)
+    first = train(tmp_path / "out", 4, [callback])
+    assert first == {step: uninterrupted[step] for step in (1, 2, 3, 4)}
+    assert len(callback.saved) == 2
+    earlier, later = callback.saved
+
+    # The second save carried what did not change (the config, ...) from the first and
+    # uploaded the new weights; GC then kept only checkpoint-4 (save_total_limit=1).
+    ckpt = SyncCheckpointer.wrap(ObjectStoreCheckpointer(raw))
+    [folder] = ckpt.load_manifest(later).directories
+    carried = {f.relative_path for f in folder.files if f.owner == earlier}
+    assert "config.json" in carried and "model.safetensors" not in carried
+    listed = cairn("list", *cli, "--json", env=env)
+    assert listed.code == 0, listed.explain()
+    assert [c["name"] for c in listed.json()["checkpoints"]] == ["checkpoint-4"]
+
+    # Resume on a "new machine": nothing local, the directory restored from the store.
+    shutil.rmtree(tmp_path / "out")
+    restored = restore_checkpoint(store, "checkpoint-4", tmp_path / "restored")
+    assert sorted(p.name for p in restored.iterdir()) == sorted(
+        f.relative_path for f in folder.files
+    )
+    again = CairnCallback(store)
+    resumed = train(tmp_path / "out", 6, [again], resume=restored)
+    assert resumed == {5: uninterrupted[5], 6: uninterrupted[6]}
+
+    # A flipped byte in the newest weights file: the restore is refused, writes nothing.
+    newest = again.saved[-1]
+    [files] = ckpt.load_manifest(newest).directories
+    weights = next(f for f in files.files if f.relative_path == "model.safetensors")
+    path = ckpt.paths.resolve(weights.owner or newest, weights.path)
+    data = bytearray(obstore.get(raw, path).bytes())
+    data[len(data) // 2] ^= 0x01
+    obstore.put(raw, path, bytes(data))
+    with pytest.raises(IntegrityMismatchError, match=r"model\.safetensors"):
+        restore_checkpoint(store, "latest", tmp_path / "damaged")
+    assert not (tmp_path / "damaged").exists() or not any((tmp_path / "damaged").iterdir())
+    with pytest.raises(CheckpointNotFoundError, match="checkpoint-2"):
+        restore_checkpoint(store, "checkpoint-2", tmp_path / "gone")
+
+
+def test_without_transformers_the_import_names_the_extra(tmp_path: Path) -> None:
+    blocked = "import sys; sys.modules['transformers'] = None"
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{blocked}; import cairn.hf"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        "ImportError: cairn.hf needs transformers and accelerate: "
+        "pip install 'cairn-checkpoint[hf]'"
+    ), proc.stderr
