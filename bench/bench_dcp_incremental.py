@@ -18,6 +18,7 @@ full save's wall time (medians).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -128,7 +129,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as root:
                 results[where] = run_store(LocalStore(root), args)
         elif where == "s3":
-            from support import servers
+            servers: Any = importlib.import_module("support.servers")  # tests/ is no package
 
             with servers.S3Server() as server:
                 bucket = servers.unique_name("dcp-inc")

@@ -77,6 +77,7 @@ from bench.harness import (  # noqa: E402
     fsync_upwards,
     print_report,
     report,
+    reported_mib,
     settle,
     table,
 )
@@ -296,8 +297,18 @@ def measure_children(
     ]
     for rnd, name in order:
         with prepare(f"{sc.name.split()[0]}/{name}") as spec:
+            reported_before = reported_mib()
             settle()
+            reported_at_start = reported_mib()
             result = run_child(spec)
+            reported_at_end = reported_mib()
+        if (
+            reported_before is not None
+            and reported_at_start is not None
+            and reported_at_end is not None
+        ):
+            result["host_reclaimed_mib_before"] = reported_at_start - reported_before
+            result["host_reclaimed_mib_during"] = reported_at_end - reported_at_start
         if result["sha256"]:
             digests.add(result["sha256"])
         peak_mib = (result["rss_peak_kib"] - result["rss_base_kib"]) / 1024
@@ -306,9 +317,15 @@ def measure_children(
             sc.times[name].append(result["wall_s"])
             sc.cpu[name].append(result["cpu_s"])
             rss[name].append(peak_mib)
+        reclaimed = ""
+        if "host_reclaimed_mib_before" in result:
+            reclaimed = (
+                f", host reclaimed {result['host_reclaimed_mib_before']:.0f} MiB before, "
+                f"{result['host_reclaimed_mib_during']:.0f} MiB during"
+            )
         print(
             f"  round {rnd} {name}: {result['wall_s']:.2f}s wall, {result['cpu_s']:.2f}s cpu, "
-            f"peak RSS +{peak_mib:.0f} MiB",
+            f"peak RSS +{peak_mib:.0f} MiB{reclaimed}",
             file=sys.stderr,
             flush=True,
         )

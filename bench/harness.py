@@ -152,6 +152,22 @@ def dirty_mib() -> float:
     return sum(int(fields.get(k, "0 kB").split()[0]) for k in ("Dirty", "Writeback")) / 1024
 
 
+REPORTED_KIB = Path("/sys/module/page_reporting/parameters/reported_kib")
+
+
+def reported_mib() -> float | None:
+    """Free memory this virtual machine has handed back to its host so far, in MiB (the
+    kernel's free page reporting, ``virtio_balloon``); None where it is not reported.
+
+    Memory handed back costs a fault on the host when the guest touches it again: a run
+    that writes 1 GiB into pages just reported pays for it, one that reuses pages still
+    backed does not."""
+    try:
+        return int(REPORTED_KIB.read_text()) / 1024
+    except (OSError, ValueError):
+        return None
+
+
 def settle(pause: float = 0.5, timeout: float = 60.0) -> None:
     """``os.sync()``, then wait until the page cache holds under 32 MiB to write, and pause.
 
