@@ -97,7 +97,8 @@ def test_every_cairn_command_of_the_readme_runs(tmp_path: Path) -> None:
 
 
 def test_load_documents_what_artifacts_are() -> None:
-    where = README.index("## Use it from Python")
-    section = README[where : README.index("## Incremental checkpoints")]
+    page = (ROOT / "docs" / "python.md").read_text()
+    where = page.index("## Save and load")
+    section = page[where : page.index("## Incremental checkpoints")]
     for needle in ("obstore's `Bytes`", "not a copy", "buffer protocol", "`bytes(x)`"):
         assert needle in section, needle
