@@ -91,7 +91,12 @@ def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
 
 def _members(cls: type) -> Iterator[Documented]:
     init = vars(cls).get("__init__")
-    if init is not None or hasattr(cls, "__dataclass_fields__"):
+    # A dataclass's and a msgspec struct's constructor is made from its fields.
+    if (
+        init is not None
+        or hasattr(cls, "__dataclass_fields__")
+        or hasattr(cls, "__struct_fields__")
+    ):
         yield Documented(cls.__qualname__, inspect.getdoc(cls) or "", _signature(cls), True)
     for name, member in vars(cls).items():
         func = member.__func__ if isinstance(member, classmethod | staticmethod) else member
