@@ -19,7 +19,7 @@ from typing import Any
 import griffe
 import msgspec
 
-_KINDS = {
+_KINDS: dict[inspect._ParameterKind, griffe.ParameterKind] = {
     inspect.Parameter.POSITIONAL_OR_KEYWORD: griffe.ParameterKind.positional_or_keyword,
     inspect.Parameter.KEYWORD_ONLY: griffe.ParameterKind.keyword_only,
 }
@@ -67,7 +67,9 @@ class MsgspecStructs(griffe.Extension):
             parameters = [griffe.Parameter("self", kind=griffe.ParameterKind.positional_or_keyword)]
             for name, parameter in signature.parameters.items():
                 attribute = documented.members.get(name)
-                annotation = attribute.annotation if attribute is not None else None
+                annotation = (
+                    attribute.annotation if isinstance(attribute, griffe.Attribute) else None
+                )
                 parameters.append(
                     griffe.Parameter(
                         name,

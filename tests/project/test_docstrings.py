@@ -18,48 +18,22 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import importlib.util
 import inspect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from support.paths import REPO
+from support.apipages import rendered_modules
 
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.observe import Observer
 from cairn.stores import Store
 from cairn.sync import SyncCheckpointer
 
-API_PAGES = REPO / "docs" / "api"
-
 SECTION = re.compile(r"^(\w+):\s*$")
 ENTRY = re.compile(r"^    (\*{0,2}[\w.]+)(?: \([^)]*\))?:")
-
-
-def rendered_modules(pages: Path = API_PAGES) -> list[str]:
-    """The modules whose names the API reference's pages render: each ``::: module``,
-    and the module of each ``::: module.NAME`` (the ``cairn`` page renders its names
-    one by one, grouped by role), once each."""
-    modules: list[str] = []
-    for page in sorted(pages.glob("*.md")):
-        for line in page.read_text(encoding="utf-8").splitlines():
-            if line.startswith("::: "):
-                dotted = line.removeprefix("::: ").strip()
-                module = dotted if _is_module(dotted) else dotted.rpartition(".")[0]
-                if module not in modules:
-                    modules.append(module)
-    return modules
-
-
-def _is_module(dotted: str) -> bool:
-    try:
-        return importlib.util.find_spec(dotted) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def sections(doc: str) -> dict[str, list[str]]:
