@@ -11,7 +11,7 @@ to a store), :mod:`cairn.data` (what callers hand in and get back), :mod:`cairn.
 
 Names that left the top level, and modules that moved into a subpackage, still import
 from their old place for a while, with a :class:`DeprecationWarning` saying where they
-live now (see ``_MOVED`` and ``_MOVED_MODULES``).
+live now (the changelog lists them).
 """
 
 from __future__ import annotations

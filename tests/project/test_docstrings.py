@@ -22,31 +22,18 @@ import inspect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from support.paths import REPO
+from support.apipages import rendered_modules
 
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.observe import Observer
 from cairn.stores import Store
 from cairn.sync import SyncCheckpointer
 
-API_PAGES = REPO / "docs" / "api"
-
 SECTION = re.compile(r"^(\w+):\s*$")
 ENTRY = re.compile(r"^    (\*{0,2}[\w.]+)(?: \([^)]*\))?:")
-
-
-def rendered_modules(pages: Path = API_PAGES) -> list[str]:
-    """The modules named by the ``::: module`` lines of the API reference's pages."""
-    modules = []
-    for page in sorted(pages.glob("*.md")):
-        for line in page.read_text(encoding="utf-8").splitlines():
-            if line.startswith("::: "):
-                modules.append(line.removeprefix("::: ").strip())
-    return modules
 
 
 def sections(doc: str) -> dict[str, list[str]]:
@@ -91,7 +78,12 @@ def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
 
 def _members(cls: type) -> Iterator[Documented]:
     init = vars(cls).get("__init__")
-    if init is not None or hasattr(cls, "__dataclass_fields__"):
+    # A dataclass's and a msgspec struct's constructor is made from its fields.
+    if (
+        init is not None
+        or hasattr(cls, "__dataclass_fields__")
+        or hasattr(cls, "__struct_fields__")
+    ):
         yield Documented(cls.__qualname__, inspect.getdoc(cls) or "", _signature(cls), True)
     for name, member in vars(cls).items():
         func = member.__func__ if isinstance(member, classmethod | staticmethod) else member

@@ -1,16 +1,13 @@
 """Packaging metadata: the distribution's name, its long description, the license as
 old and new metadata readers see it, the classifiers, upper bounds on dependencies, the
-supported torch range and the one CI installs, and ``pip install`` hints that name the
-distribution. The documentation's examples run as written."""
+supported torch range and the one CI installs, ``pip install`` hints that name the
+distribution (or a clone), and install sections that say what works before the
+distribution is published. (The documentation's examples run in ``test_doc_pages.py``.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import subprocess
-import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 from support.paths import REPO
@@ -32,9 +29,34 @@ def test_the_distribution_is_cairn_checkpoint_and_installs_cairn() -> None:
 def test_the_long_description_speaks_to_someone_who_installed_the_wheel() -> None:
     assert PROJECT["readme"] == "PYPI.md"
     text = (ROOT / "PYPI.md").read_text()
-    assert f"pip install {DIST}" in text and "cairn demo" in text
+    assert "pip install ." in text and "cairn demo" in text
     assert "--index-url https://download.pytorch.org/whl/cpu" in text
     assert "scripts/" not in text, "a wheel has no scripts/ folder"
+
+
+INSTALL_PAGES = {"README.md": "## Install", "docs/index.md": "## Install", "PYPI.md": "## Install"}
+"""The pages that tell a newcomer how to install cairn, and the section that does."""
+
+
+@pytest.mark.parametrize("page", sorted(INSTALL_PAGES))
+def test_the_install_sections_say_it_is_not_published_and_what_works(page: str) -> None:
+    # The distribution is not on the package index yet: `pip install cairn-checkpoint`
+    # finds nothing, and `pip install cairn` is another project. What works is a clone.
+    text = (ROOT / page).read_text()
+    section = text[text.index(INSTALL_PAGES[page]) :].split("\n## ", 1)[0]
+    prose = " ".join(section.replace("**", "").split())
+    assert "not published on the package index yet" in prose
+    assert "Python 3.11" in prose
+    assert "pip install ." in section and "pip install '.[torch]'" in section
+    assert "git+" in section, "how to install once the repository has a public address"
+    assert f"`{DIST}`" in section, "the name the distribution keeps in its metadata"
+    commands = [
+        line.strip()
+        for lang, body in FENCE.findall(section)
+        if lang in ("sh", "bash")
+        for line in body.splitlines()
+    ]
+    assert not any(re.match(rf"pip install '?{DIST}\b", c) for c in commands), commands
 
 
 def test_the_license_reads_for_old_and_new_metadata_readers() -> None:
@@ -91,30 +113,6 @@ def test_install_hints_name_the_distribution() -> None:
     ]
     found = {(path.name, m.group(1)) for path in files for m in hint.finditer(path.read_text())}
     assert found, "no install hint found"
-    assert {name for _, name in found} == {DIST}, sorted(found)
-
-
-def python_blocks(path: Path) -> list[str]:
-    return [body for lang, body in FENCE.findall(path.read_text()) if lang == "python"]
-
-
-BLOCKS = [
-    pytest.param(block, id=f"{path.stem}-{i}")
-    for path in (ROOT / "PYPI.md", ROOT / "docs/quickstart.md")
-    for i, block in enumerate(python_blocks(path))
-]
-
-
-@pytest.mark.parametrize("block", BLOCKS)
-def test_the_documented_python_runs_as_written(block: str, tmp_path: Path) -> None:
-    if "import torch" in block and importlib.util.find_spec("torch") is None:
-        pytest.skip("needs the torch extra")
-    proc = subprocess.run(
-        [sys.executable, "-c", block],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, f"{block}\n{proc.stdout}\n{proc.stderr}"
+    # "." is an extra installed from a clone (`pip install '.[torch]'`).
+    assert {name for _, name in found} <= {DIST, "."}, sorted(found)
+    assert DIST in {name for _, name in found}, "no hint names the distribution"

@@ -5,7 +5,9 @@ README says so). Every ``cairn`` line of the ```bash blocks runs, in README orde
 temporary directory, as a real process: each must exit 0. ``ID`` is the one placeholder
 allowed; it stands for the newest checkpoint's id. The other shell lines (the set-up
 scripts, activating the virtualenv) are listed here, so a new command cannot be skipped
-silently.
+silently. Every link of the README leads to a file of the repository, and to a heading
+of it where it names one. The pages the README's longer sections moved to are run the
+same way by ``test_doc_pages.py``.
 """
 
 from __future__ import annotations
@@ -97,7 +99,31 @@ def test_every_cairn_command_of_the_readme_runs(tmp_path: Path) -> None:
 
 
 def test_load_documents_what_artifacts_are() -> None:
-    where = README.index("## Use it from Python")
-    section = README[where : README.index("## Incremental checkpoints")]
+    page = (ROOT / "docs" / "python.md").read_text()
+    where = page.index("## Save and load")
+    section = page[where : page.index("## Incremental checkpoints")]
     for needle in ("obstore's `Bytes`", "not a copy", "buffer protocol", "`bytes(x)`"):
         assert needle in section, needle
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor, as GitHub and the documentation site make it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)}
+
+
+def test_every_link_of_the_readme_leads_somewhere() -> None:
+    links = [link for link in LINK.findall(README) if not link.startswith("https://")]
+    assert len(links) >= 20, "the README links to the documentation"
+    for link in links:
+        target, _, anchor = link.partition("#")
+        path = ROOT / target if target else ROOT / "README.md"
+        assert path.is_file(), f"{link}: no such file"
+        if anchor:
+            assert anchor in anchors(path), f"{link}: no such heading"

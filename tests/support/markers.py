@@ -57,6 +57,7 @@ SLOW_TESTS = frozenset(
         "tests/dcp/test_torch_dcpdir.py::test_export_and_import_on_the_command_line",
         "tests/dcp/test_torch_dcpdir.py::test_the_commands_fail_with_their_exit_codes",
         "tests/format/test_old_layout.py::test_the_command_line_lists_verifies_copies_and_restores_unpacked_checkpoints",
+        "tests/project/test_doc_pages.py::test_every_guide_works_from_start_to_end",
         "tests/project/test_readme.py::test_every_cairn_command_of_the_readme_runs",
         "tests/protocol/test_damaged_records.py::test_show_summarises_a_checkpoint_of_20000_partitions",
         "tests/protocol/test_lost_replies.py::test_lost_replies_when_retries_run_out",

@@ -52,6 +52,7 @@ from cairn.observe import Observer, _dispatch
 from cairn.protocol import _catalog, _commit, _delete, _lease, _pointer, _save, _upload
 from cairn.protocol._background import BackgroundGc, BackgroundSaves, close_background
 from cairn.protocol._context import Context, Hints, check_id, context_of
+from cairn.protocol._lease import DEFAULT_LEASE
 from cairn.protocol._paths import ChosenPaths
 from cairn.protocol._reference import Checkpointer
 from cairn.protocol._upload import PartitionUpload
@@ -97,7 +98,8 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         compression: ``"zstd"`` stores artifacts compressed (see
             :mod:`cairn.format.codecs`); None stores them raw.
         lease: How long a save in progress holds its directory against GC, renewed every
-            third of it, however long the save runs (see :mod:`cairn.protocol._lease`).
+            third of it, however long the save runs; 60 s by default (docs/format.md,
+            "Intents and leases").
         max_saves_in_flight: Background saves (:meth:`save_async`) running at once at
             most, >= 1.
         observers: Told what the checkpointer does (see :mod:`cairn.observe`).
@@ -136,7 +138,7 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         retry: RetryPolicy | None = None,
         max_concurrent_downloads: int = 8,
         compression: str | None = None,
-        lease: dt.timedelta = _lease.DEFAULT_LEASE,
+        lease: dt.timedelta = DEFAULT_LEASE,
         max_saves_in_flight: int = 1,
         observers: Sequence[Observer] = (),
         signing_key: SigningKey | Sequence[SigningKey] | None = None,

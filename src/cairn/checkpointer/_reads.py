@@ -194,12 +194,12 @@ class CheckpointReads(abc.ABC):
     async def load_latest(self, *, skip_newer_format: bool = False) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads and verifies, or None if there is none.
 
-        Tries the committed checkpoints in the order "latest" means (see
-        :mod:`cairn.protocol._catalog`): what ``_latest`` names, unless a checkpoint committed
+        Tries the committed checkpoints in the order "latest" means (docs/format.md,
+        "``_writer`` and fences"): what ``_latest`` names, unless a checkpoint committed
         after it outranks it (its writer stopped between its commit and its pointer
         swap); then every committed checkpoint ranked by writer generation, epoch and id.
-        A checkpoint committed by a fenced writer after the takeover never counts (see
-        :mod:`cairn.protocol._pointer`). Each one that does not load (a deleted or damaged manifest
+        A checkpoint committed by a fenced writer after the takeover never counts (the
+        same section's admission rule). Each one that does not load (a deleted or damaged manifest
         or artifact) is logged and skipped.
 
         One that a newer cairn wrote (its manifest requires format features this cairn

@@ -52,10 +52,9 @@ each error carries the context needed to act on it (path, checkpoint id, value; 
 damaged bytes of a partition, its operator and partition number); every
 error pickles as itself, attributes included (errors cross processes).
 
-The classes live in one private module per family (``_checkpoints``, ``_integrity``,
-``_usage``, ``_store``, under the root in ``_root``); this module is their one public
-path, and each class names it as its ``__module__``, so tracebacks and pickles say
-``cairn.errors.FencedError`` wherever the class is defined.
+The classes are defined in private modules of this package, one per family; this module
+is their one public path, and each class names it as its ``__module__``, so tracebacks
+and pickles say ``cairn.errors.FencedError`` wherever the class is defined.
 """
 
 from __future__ import annotations

@@ -125,8 +125,8 @@ class CheckpointAbortedError(CheckpointerError):
     Either its id was claimed (``path``, its manifest's, holds a tombstone: GC, or a
     deletion of the checkpoint it builds on, found its lease lapsed) and can never
     commit, or, for a save in a pipeline (``save_async``), the save submitted before it
-    did not commit. Save again with a new :class:`~cairn.CheckpointData` (see
-    :mod:`cairn.protocol._lease` and :mod:`cairn.protocol._background`).
+    did not commit. Save again with a new :class:`~cairn.CheckpointData` (leases and
+    tombstones: docs/format.md, "Intents and leases" and "Tombstones").
 
     Attributes:
         checkpoint_id: The save's checkpoint id.

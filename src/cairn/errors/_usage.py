@@ -78,7 +78,7 @@ class InvalidStoreUrlError(InvalidInputError):
 class CheckpointLocationError(InvalidInputError):
     """A DCP ``checkpoint_id`` is a location (a URL, an absolute path) outside the store
     being written or read, or one it cannot be compared with: nothing is written or read
-    anywhere but where it names (see :mod:`cairn.torch._target`).
+    anywhere but where it names (how a ``checkpoint_id`` is read: :mod:`cairn.torch`).
 
     Attributes:
         checkpoint_id: The ``checkpoint_id`` given.

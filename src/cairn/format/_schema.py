@@ -91,6 +91,21 @@ class PartitionSnapshotEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     ``key_groups`` is set on the object of ranges of a keyed partition
     (:class:`cairn.KeyedSnapshot`): the operator's key-group count and the groups the
     partition holds, its ranges in ascending group order, so each group is read alone.
+
+    Attributes:
+        partition_id: The partition, an int >= 0.
+        is_delta: True for a delta, False for a snapshot.
+        path: Where the bytes are, relative to the directory of ``owner``.
+        size_bytes: The size of the bytes the caller handed in.
+        sha256: The SHA-256 of those bytes, 64 lowercase hex digits (of the index, for
+            an object of ranges).
+        owner: The checkpoint whose upload holds the bytes; None for the manifest's own.
+        codec: How the bytes are encoded in the store (``"zstd"``); None: as given.
+        stored_size_bytes: Their size in the store when encoded, or None.
+        offset: Where they start in a pack, or None for a whole object.
+        index_size_bytes: The size of an object of ranges' index, or None.
+        used_bytes: The bytes of a carried object this checkpoint reads, or None.
+        key_groups: The key groups of a keyed partition, or None.
     """
 
     partition_id: int
@@ -127,7 +142,13 @@ def chain_order(entry: PartitionSnapshotEntry) -> tuple[int, bool, int]:
 
 
 class OperatorSnapshotEntry(msgspec.Struct, frozen=True):
-    """The partitions stored for one operator, and their total size in bytes."""
+    """The partitions stored for one operator, and their total size in bytes.
+
+    Attributes:
+        partitions: Every entry of the operator, each partition's chain in restore order
+            (the base snapshot, then deltas oldest first).
+        total_bytes: The sum of their ``size_bytes``.
+    """
 
     partitions: tuple[PartitionSnapshotEntry, ...] = ()
     total_bytes: int = 0
@@ -149,7 +170,17 @@ class OperatorSnapshotEntry(msgspec.Struct, frozen=True):
 
 
 class SourceOffsetEntry(msgspec.Struct, frozen=True):
-    """Where a source should resume: its type, per-split offsets, and the epoch they match."""
+    """Where a source should resume: its type, per-split offsets, and the epoch they match.
+
+    ``SourceOffsetEntry("kafka", {"events-0": "1234", "events-1": "980"}, 42)``: resume
+    partition 0 of topic ``events`` at offset 1234 and partition 1 at 980, the position
+    of epoch 42. cairn stores the values as given and never interprets them.
+
+    Attributes:
+        source_type: What kind of source it is (``"kafka"``, ``"kinesis"``, ...).
+        offsets: Each split (partition, shard) of the source to its position, as text.
+        epoch: The epoch these offsets belong to.
+    """
 
     source_type: str
     offsets: dict[str, str] = {}
@@ -271,6 +302,23 @@ class CheckpointManifest(msgspec.Struct, frozen=True, kw_only=True, omit_default
     writer gave the checkpoint besides its id, such as the ``checkpoint_id`` a DCP save
     was given (``step-100``; see :mod:`cairn.torch`): several checkpoints may carry one
     name, and a name never replaces the id in the store's layout.
+
+    Attributes:
+        version: The manifest schema version, 2.
+        checkpoint_id: The checkpoint's id.
+        epoch: The epoch the checkpoint records.
+        timestamp_ms: When it was made, in milliseconds since the Unix epoch, by the
+            saving process's clock (a copy keeps the original's); ``keep_within`` uses it.
+        operators: Each operator's partitions: every partition's whole restore chain.
+        source_offsets: Each source's offsets to resume from.
+        parent_id: The checkpoint it builds on, or None.
+        watermark: The watermark the writer gave, or None.
+        total_size_bytes: The size of every artifact the manifest names.
+        writer_generation: The writer generation that wrote it (None: 0).
+        stats: How its save went, or None.
+        name: A label besides the id (``step-100``), or None.
+        directories: Its directory partitions, file by file.
+        parts: Where its entries are stored when the manifest is in parts.
     """
 
     version: int

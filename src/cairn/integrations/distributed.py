@@ -60,7 +60,16 @@ DIGEST_METADATA_KEY = "cairn-sha256"
 
 
 class WorkerReport(msgspec.Struct, frozen=True):
-    """What one worker uploaded for a checkpoint: ``(operator, entry)`` pairs."""
+    """What one worker uploaded for a checkpoint: ``(operator, entry)`` pairs.
+
+    Made by :func:`upload_partitions`; sent to the coordinator as :meth:`to_json` bytes
+    and read there with :meth:`from_json`.
+
+    Attributes:
+        checkpoint_id: The checkpoint the worker uploaded to.
+        worker: The worker's name, for errors.
+        entries: ``(operator, entry)`` of every artifact it stored.
+    """
 
     checkpoint_id: CheckpointId
     worker: str

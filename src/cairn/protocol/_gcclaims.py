@@ -63,7 +63,7 @@ async def look_again(
     store's time.
 
     A save building on a doomed checkpoint whose lease lapsed is claimed first (its
-    tombstone written, see :mod:`cairn.protocol._lease`): a lapsed lease may be a paused process,
+    tombstone written, see docs/format.md, "Tombstones"): a lapsed lease may be a paused process,
     not a dead one, and once claimed it can never commit naming what is deleted next. One
     whose claim finds it committed instead is spared like the others. (A save whose
     intent appears only after this reading reads its parent's manifest after it: the
@@ -157,7 +157,7 @@ async def abort_saves_in_flight(store: Store, paths: CheckpointPaths) -> None:
     """What a takeover does between raising the writer generation and claiming
     ``_latest``: claim the id of every save in flight.
 
-    A save writes its intent before it reads the fence (:func:`cairn.protocol._save.start`), so
+    Every way to save writes its intent before it reads the fence, so
     one that read an older generation has its intent in the store by now, and each
     uncommitted directory holding an intent is claimed (a tombstone: its create will
     fail). A save either read the new generation and stops, or committed before this

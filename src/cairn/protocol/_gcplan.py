@@ -74,7 +74,7 @@ class StoreState:
             (GC leaves them alone: what they reference cannot be known).
         latest: The ``_latest`` pointer as read, or None.
         fenced: The checkpoints the writer record's fences name (where a fenced
-            generation ended, see :mod:`cairn.protocol._pointer`).
+            generation ended, see docs/format.md, "``_writer`` and fences").
         ended: Uncommitted directories whose intent was listed but was gone when read:
             their save ended meanwhile, committed (its manifest is there now) or not.
         newer: Committed checkpoints whose manifest (or a part of it) a newer cairn

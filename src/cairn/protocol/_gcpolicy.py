@@ -172,8 +172,7 @@ class GcPlan:
             marks), and tombstones that have expired.
         retired: Of ``deleted``, those whose directory holds an intent (the save that
             committed it has not finished) or that a fence names: each manifest is
-            replaced by a tombstone instead of deleted
-            (:func:`cairn.protocol._lease.retire`).
+            replaced by a tombstone instead of deleted (docs/format.md, "Tombstones").
         reasons: Why each retained checkpoint is kept (see :data:`KEPT_REASONS`), in
             order.
         pack_bytes: The bytes of the shared objects kept for retained checkpoints: each

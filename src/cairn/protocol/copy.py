@@ -244,8 +244,8 @@ async def stored_bytes(
     ``loaded`` holds each link's data verified and decoded; an entry stored compressed is
     read again as stored (its digest covers the decoded bytes, which ``loaded`` checked),
     no more than the size its entry records. A pack (entries with offsets) is read once,
-    whole, as stored, each range its entries name in it verified again
-    (:func:`cairn.protocol._read.read_pack`): it is copied as one object. So is every
+    whole, as stored, each range its entries name in it verified again: it is copied
+    as one object. So is every
     file of a directory partition (:func:`directory_bytes`).
 
     Args:

@@ -24,7 +24,7 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   that has an object younger than ``min_age``, is left whole and its parent's chain kept.
   Any other uncommitted directory is swept only after GC has claimed its id with a
   tombstone, which the save's own commit races for: one of the two wins, never both
-  (:mod:`cairn.protocol._lease`);
+  (docs/format.md, "Tombstones");
 * deletion goes in two phases: every manifest to delete first, then the artifacts, so a
   crash mid-GC never leaves a listed checkpoint with missing artifacts — only orphans,
   which the next run sweeps (GC is idempotent and resumable); a checkpoint whose manifest
@@ -50,7 +50,7 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   commit over them the moment the manifest is gone: it stays whole, and once the
   manifest is gone a later run judges it as an uncommitted directory (claimed once its
   lease lapsed, then swept). A doomed checkpoint whose directory still holds an intent
-  is retired instead of deleted (:func:`cairn.protocol._lease.retire`): its manifest becomes a
+  is retired instead of deleted: its manifest becomes a
   tombstone, because the save that wrote it may still retry the create;
 * reachability is by object path, packs included: a pack (many small artifacts of one
   save, each a byte range of it) is kept whole while any kept checkpoint names a range

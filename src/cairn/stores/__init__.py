@@ -13,10 +13,10 @@ every operation to an inner store through one hook. A store may declare
 backends differently asks for the capability it needs, never for a backend type.
 :mod:`cairn.testing` holds the contract every store and wrapper passes.
 
-This module is the interface; its parts live beside it: the values it speaks in
-(:mod:`cairn.stores._types`), error translation (:mod:`cairn.stores._translate`), the local store
-(:mod:`cairn.stores._local`, on the link-safe primitives of :mod:`cairn.stores._localfs`) and
-opening stores by URL (:mod:`cairn.stores._urls`). Every public name stays importable from here.
+This module is the interface; its parts live beside it, in private modules of this
+package: the values it speaks in, error translation, the local store (on link-safe
+filesystem primitives) and opening stores by URL. Every public name stays importable
+from here.
 
 Invariants kept at this boundary (the local store's own are in its module):
 

@@ -119,8 +119,8 @@ class StoreCapabilities:
         user_metadata: ``put``'s ``metadata`` is stored and :meth:`Store.stat` returns
             it. Where False, it is dropped.
         local_path: For a store whose objects are the files below a local directory,
-            that directory. Symbolic links can appear there, and are never followed
-            (see :mod:`cairn.stores._local`). None for every other store.
+            that directory. Symbolic links can appear there; cairn's local store never
+            follows them. None for every other store.
     """
 
     native_compare_and_swap: bool = False

@@ -19,18 +19,18 @@ checkpoint; anything else is a *name* (``step-100``, or a path or URL inside the
 store, which keeps the part below the store's root), recorded in the manifest of a new
 checkpoint (a fresh id), and a load by that name loads the newest committed checkpoint
 with it. A path or URL outside the store is refused (:class:`~cairn.CheckpointLocationError`).
-The whole mapping is in :mod:`cairn.torch._target`.
+The whole mapping is in docs/pytorch.md.
 
 In and out of DCP's own format: :func:`export_dcp` writes a DCP checkpoint as a
 directory that ``FileSystemReader`` and ``dcp_to_torch_save`` read, every byte verified;
 :func:`import_dcp` commits a directory ``FileSystemWriter`` wrote as one checkpoint,
-checked on the way in (see :mod:`cairn.torch._dcpfiles` for what can and cannot be
-checked). ``cairn export-dcp`` and ``cairn import-dcp`` are the same on the command line.
+checked on the way in (what can and cannot be checked: :func:`import_dcp`). ``cairn
+export-dcp`` and ``cairn import-dcp`` are the same on the command line.
 
 Incremental saves: ``CairnWriter(..., incremental=True)`` builds on the latest DCP
 checkpoint (or ``parent=``) and carries by reference every item whose bytes (SHA-256),
-dtype and shape equal the parent's item of the same key, instead of uploading it (see
-:mod:`cairn.torch._carry`); GC, ``dependents`` and copies see what it carries.
+dtype and shape equal the parent's item of the same key, instead of uploading it; GC,
+``dependents`` and copies see what it carries.
 
 Pass ``signing_key=`` to the writer and the reader (or ``load_latest``) for signed
 checkpoints (see :mod:`cairn.format.signing`): a reader with the key refuses, or passes over
@@ -46,12 +46,11 @@ save can wait on each other forever.
 One ``dcp.save`` is one cairn checkpoint (one id, one manifest), so ``cairn
 list/show/verify/restore/copy/gc``, retention, fencing and ``load_latest`` work on it
 unchanged. Every rank uploads its items as one object of ranges
-(:mod:`cairn.torch._rankobject`) while holding the checkpoint's lease; DCP's coordinator
+(:mod:`cairn.format.ranges`) while holding the checkpoint's lease; DCP's coordinator
 stores DCP's metadata with every item's record and commits the manifest
-(:mod:`cairn.torch._writer`, :mod:`cairn.torch._finish`); a load reads the metadata,
-verified, then only the records and the byte ranges of the items a rank needs
-(:mod:`cairn.torch._reader`). The layout is specified in docs/format.md, section "DCP
-checkpoints".
+(:class:`CairnWriter`); a load reads the metadata, verified, then only the records and
+the byte ranges of the items a rank needs (:class:`CairnReader`). The layout is
+specified in docs/format.md, section "DCP checkpoints".
 
 Invariants:
 
@@ -76,7 +75,7 @@ Invariants:
 * a byte item (a value that is not a tensor, which DCP stores pickled and whose default
   planner unpickles with ``weights_only=False``, running whatever code it names) reaches
   a planner only if it unpickles with ``weights_only=True``
-  (:class:`~cairn.torch.SafeLoadPlanner`, see :mod:`cairn.torch._planner`);
+  (:class:`~cairn.torch.SafeLoadPlanner`);
 * memory during a save is bounded by the concurrency, not by the state: contiguous CPU
   tensors are sent from their own memory, small items a coalesced chunk at a time, and
   a tensor that must be copied (from a device, or to make them contiguous) is copied

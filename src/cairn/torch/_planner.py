@@ -96,7 +96,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     def create_local_plan(self) -> LoadPlan:
         """DCP's default local plan. Against metadata stored as a chunk table
-        (:mod:`cairn.torch._tableread`), each tensor's chunks are first narrowed to those
+        (docs/format.md, "DCP checkpoints"), each tensor's chunks are first narrowed to those
         this rank's chunks overlap, all tensors in one vectorized pass, so planning
         takes time in proportion to this rank's items, not to every rank's."""
         metadata = self.metadata

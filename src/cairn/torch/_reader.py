@@ -72,7 +72,7 @@ class CairnReader(StorageReader):
     Byte items (DCP's pickled non-tensor values) reach the planner only if they unpickle
     with ``weights_only=True``: use :class:`~cairn.torch.SafeLoadPlanner`, which then
     unpickles them that way once; any other planner gets them after cairn has checked
-    them so (see :mod:`cairn.torch._planner`).
+    them so.
 
     Args:
         store: Anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
@@ -160,8 +160,8 @@ class CairnReader(StorageReader):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new load; DCP passes the ``checkpoint_id`` given to ``dcp.load``.
 
-        Read as :meth:`CairnWriter.reset <cairn.torch.CairnWriter.reset>` reads it (see
-        :mod:`cairn.torch._target`): a checkpoint id loads that checkpoint; a name (or a
+        Read as :meth:`CairnWriter.reset <cairn.torch.CairnWriter.reset>` reads it: a
+        checkpoint id loads that checkpoint; a name (or a
         path or URL inside the store) the newest committed checkpoint with that name; a
         location outside the store raises :class:`~cairn.CheckpointLocationError`.
         """

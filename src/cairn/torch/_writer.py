@@ -71,7 +71,7 @@ class CairnWriter(StorageWriter):
     An incremental save builds on a parent DCP checkpoint: every item whose bytes
     (SHA-256), dtype and shape equal the parent's item of the same key (fully qualified
     name and chunk offsets) is carried by reference instead of uploaded, and the
-    manifest names the parent (see :mod:`cairn.torch._carry`). With no parent to build
+    manifest names the parent. With no parent to build
     on, the save is a full one; an explicit ``parent`` that is not there raises
     :class:`~cairn.CheckpointNotFoundError`.
 
@@ -89,8 +89,8 @@ class CairnWriter(StorageWriter):
         compression: ``"zstd"`` stores artifacts compressed; None stores them raw.
         writer_generation: The generation this job holds after
             :meth:`~cairn.ObjectStoreCheckpointer.take_over` (0 if it never took over).
-        lease: How long an interrupted save's uploads are protected from GC (see
-            :mod:`cairn.protocol._lease`).
+        lease: How long an interrupted save's uploads are protected from GC
+            (docs/format.md, "Intents and leases").
         signing_key: The key, or keys, that sign the manifest (see
             :mod:`cairn.format.signing`).
         incremental: Build each save on a parent DCP checkpoint.
@@ -215,8 +215,8 @@ class CairnWriter(StorageWriter):
         checkpoint (a fresh UUIDv7) whose manifest records it, and a
         :class:`~cairn.torch.CairnReader` given the same ``checkpoint_id`` loads the
         newest checkpoint with that name. A location outside the store raises
-        :class:`~cairn.CheckpointLocationError`. See :mod:`cairn.torch._target` for the
-        whole mapping. Without a ``checkpoint_id``, each save gets a new id and no name.
+        :class:`~cairn.CheckpointLocationError`. docs/pytorch.md has the whole
+        mapping. Without a ``checkpoint_id``, each save gets a new id and no name.
         """
         self._requested = (
             None
@@ -311,12 +311,12 @@ class CairnWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Upload this rank's items into the checkpoint; their records.
 
-        The items go into one object of ranges (:mod:`cairn.torch._rankobject`; one per
+        The items go into one object of ranges (:mod:`cairn.format.ranges`; one per
         :data:`RANK_OBJECT_BYTES`), each item resolved as the upload reaches it and
         hashed once. In an incremental save, the rank reads the parent's records of its
         items; the items the parent holds are first hashed (in parallel, at most
         :data:`COPY_BUDGET` bytes of copies at a time) and those equal to the parent's
-        carried (:mod:`cairn.torch._carry`). With compression, each item is one frame of
+        carried. With compression, each item is one frame of
         the checkpointer's codec in that object. The rank's store requests and retries
         travel to the coordinator in its results, for the save's statistics (a rank
         whose plan holds no item makes none).
