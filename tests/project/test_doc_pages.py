@@ -9,9 +9,9 @@
   and ``cairn`` as this interpreter runs them) and must end with the exit status its
   comment gives (``exit status N``), else 0; each line of a ```text block after a bash
   block must be printed by that block's commands (a checkpoint id in it stands for any).
-* Every page with Python blocks is in exactly one of :data:`RUN`, :data:`GUIDES` and
-  :data:`FRAGMENTS` (blocks that need names defined elsewhere), so that a new page
-  cannot go untested unnoticed.
+* Every page with Python blocks is in exactly one of :data:`RUN`, :data:`GUIDES`,
+  :data:`RUN_ELSEWHERE` and :data:`FRAGMENTS` (blocks that need names defined
+  elsewhere), so that a new page cannot go untested unnoticed.
 """
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ FRAGMENTS = [
 ]
 """Pages whose Python blocks are parts of a program, not programs."""
 
+RUN_ELSEWHERE = {
+    # each block with the framework it needs (Lightning, transformers), on local and S3
+    "docs/training.md": "tests/integrations/test_training_docs.py",
+}
+"""Pages whose Python blocks another test module runs, and that module."""
+
 
 def fenced(path: Path) -> list[tuple[str, str]]:
     """The language and body of each fenced block of a page, in order."""
@@ -75,8 +81,10 @@ def test_every_page_with_python_is_run_walked_or_a_fragment() -> None:
         for page in pages
         if any(language == "python" for language, _ in fenced(page))
     }
-    listed = [*RUN, *GUIDES, *FRAGMENTS]
+    listed = [*RUN, *GUIDES, *FRAGMENTS, *RUN_ELSEWHERE]
     assert len(listed) == len(set(listed)), "a page is listed twice"
+    for page, module in RUN_ELSEWHERE.items():
+        assert page in (REPO / module).read_text(encoding="utf-8"), (page, module)
     assert with_python == set(listed)
 
 
