@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
-safetensors_torch = pytest.importorskip(
-    "safetensors.torch", reason="export-hf tests need safetensors (the hf extra)"
-)
+pytest.importorskip("safetensors", reason="these tests need safetensors (the hf extra)")
 
+import safetensors.torch as safetensors_torch
 import torch
 from obstore.store import S3Store
+from support.cli import cairn, document, failure
 from support.servers import S3Server, s3_store_options
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
@@ -47,8 +47,7 @@ from cairn import (
 )
 from cairn.protocol._blocking import run_blocking
 from cairn.stores import ObstoreStore, Store
-from cairn.torch import CairnReader, CairnWriter, export_hf, import_hf, under_prefix
-from cairn.torch import _hfimport
+from cairn.torch import CairnReader, CairnWriter, _hfimport, export_hf, import_hf, under_prefix
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
@@ -141,9 +140,13 @@ def read_export(root: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit: dtype, shape and bytes."""
-    return a.dtype == b.dtype and a.shape == b.shape and a.view(-1).view(torch.uint8).equal(
-        b.contiguous().view(-1).view(torch.uint8)
-    ) if a.numel() else (a.dtype == b.dtype and a.shape == b.shape)
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.view(-1).view(torch.uint8).equal(b.contiguous().view(-1).view(torch.uint8))
+        if a.numel()
+        else (a.dtype == b.dtype and a.shape == b.shape)
+    )
 
 
 def save(store: Any, state: dict[str, Any], **writer: Any) -> None:
@@ -323,7 +326,9 @@ def test_on_s3_an_export_streams_shards_and_a_damaged_one_leaves_nothing(
     assert imported.tensors == 2 and all(same(target[k], state[k]) for k in state)
 
     ckpt = SyncCheckpointer(source)
-    flip_a_byte(ckpt.async_checkpointer.store, rank_object(ckpt), 5 << 20)  # inside a chunk of "big"
+    flip_a_byte(
+        ckpt.async_checkpointer.store, rank_object(ckpt), 5 << 20
+    )  # inside a chunk of "big"
     damaged = s3(s3_server, s3_bucket, "hf/run-2")
     with pytest.raises(IntegrityMismatchError, match=r"item 'big'"):
         export_hf(source, None, damaged, max_shard_bytes=10 << 20)
@@ -338,3 +343,42 @@ def uploads_in_progress(server: S3Server, bucket: str, prefix: str) -> list[str]
     with urllib.request.urlopen(url, timeout=10) as reply:
         body = reply.read().decode()
     return re.findall(r"<Upload>.*?<Key>(.*?)</Key>", body, flags=re.S)
+
+
+def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    state = {"model": {"w": torch.arange(12.0).reshape(3, 4)}, "optim": {"m": torch.ones(2)}}
+    dcp_save(
+        state, storage_writer=CairnWriter(str(store), epoch=4), checkpoint_id="step-4", no_dist=True
+    )
+    out = tmp_path / "hf" / "step-4"
+    args = ["--to", str(out), "--store", str(store), "--strip-prefix", "model."]
+    doc = document(
+        "export-hf", cairn("export-hf", "step-4", *args, "--dtype", "bfloat16", "--json")
+    )
+    assert doc["name"] == "step-4" and doc["epoch"] == 4 and doc["verified"] is True
+    assert doc["tensors"] == 1 and doc["left_out"] == ["optim.m"]
+    loaded, _ = read_export(out)
+    assert same(loaded["w"], state["model"]["w"].bfloat16())
+
+    again = cairn("export-hf", "latest", *args)
+    assert again.code == 2 and "already holds an export" in again.stderr, again.explain()
+    failure(
+        "export-hf",
+        cairn("export-hf", "latest", *args, "--max-shard-size", "lots", "--json"),
+        2,
+        "UsageError",
+    )
+
+    other = tmp_path / "other"
+    doc = document(
+        "import-hf", cairn("import-hf", str(out), "--store", str(other), "--epoch", "9", "--json")
+    )
+    assert doc["name"] == "step-4" and doc["epoch"] == 9 and doc["tensors"] == 1
+    target = {"w": torch.empty(3, 4, dtype=torch.bfloat16)}
+    dcp_load(target, storage_reader=CairnReader(str(other), checkpoint_id="step-4"), no_dist=True)
+    assert same(target["w"], state["model"]["w"].bfloat16())
+    text = cairn("export-hf", "step-4", "--to", str(tmp_path / "text"), "--store", str(other))
+    assert text.code == 0 and "every item verified against its SHA-256" in text.stdout, (
+        text.explain()
+    )
