@@ -23,7 +23,7 @@ import torch
 from cairn.format.ids import CheckpointId
 from cairn.format.signing import SigningKey
 from cairn.stores import Store, as_store
-from cairn.torch._dcpdir import Source, _checkpointer
+from cairn.torch._dcpdir import Source, source_checkpointer
 from cairn.torch._hfexport import DEFAULT_SHARD_BYTES, ExportedHf, FqnMap, export_hf_async
 from cairn.torch._hfimport import ImportedHf, import_hf_async
 from cairn.torch._runtime import StoreArg, known_paths, run
@@ -100,7 +100,7 @@ def export_hf(
             safetensors lacks.
         ObjectExistsError: ``to`` already holds ``model.safetensors.index.json``.
     """
-    ckpt, store = _checkpointer(source, prefix, signing_key, max_concurrent_downloads)
+    ckpt, store = source_checkpointer(source, prefix, signing_key, max_concurrent_downloads)
     target = (
         None
         if checkpoint_id is None
@@ -162,7 +162,7 @@ def import_hf(
         InvalidInputError: No safetensors file, a tensor in two files, or an unusable
             ``name`` or ``epoch``.
     """
-    ckpt, _ = _checkpointer(dest, prefix, signing_key, max_concurrent_uploads)
+    ckpt, _ = source_checkpointer(dest, prefix, signing_key, max_concurrent_uploads)
     store, shown = location(source)
     chosen = _last_segment(shown) if name is None else name
     return run(import_hf_async(ckpt, store, shown=shown, name=chosen, epoch=epoch), "import_hf")
