@@ -28,7 +28,11 @@ from obstore.store import S3Store
 from support.cli import cairn, document, failure
 from support.servers import S3Server, s3_store_options
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import (
     SavePlan,
     TensorWriteData,
@@ -260,7 +264,8 @@ def test_an_import_loads_resharded_and_exports_back_identically(
     assert imported.files == ("model.safetensors",)
     store = str(tmp_path / "store")
     metadata = CairnReader(str(tmp_path / "store"), checkpoint_id="base").read_metadata()
-    assert len(metadata.state_dict_metadata["embed.weight"].chunks) > 1  # saved in chunks
+    embed = metadata.state_dict_metadata["embed.weight"]
+    assert isinstance(embed, TensorStorageMetadata) and len(embed.chunks) > 1  # in chunks
     # Loaded into whole tensors: another sharding than the saved chunks.
     target = {k: torch.empty_like(v) for k, v in state.items()}
     dcp_load(target, storage_reader=CairnReader(store, checkpoint_id="base"), no_dist=True)

@@ -265,7 +265,7 @@ def _tensors(
     names: dict[str, str] = {}
     for fqn, md in opened.metadata.state_dict_metadata.items():
         name = fqn_map(fqn) if isinstance(md, TensorStorageMetadata) else None
-        if name is None:
+        if name is None or not isinstance(md, TensorStorageMetadata):
             left_out.append(fqn)
             continue
         if not isinstance(name, str) or not name or name == "__metadata__":
@@ -347,8 +347,8 @@ def _check_cover(opened: Opened, fqn: str, shape: tuple[int, ...], chunks: list[
                     x < y + t and y < x + s
                     for x, s, y, t in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
                 )
-                and math.prod(a.sizes)
-                and math.prod(b.sizes)
+                and 0 not in a.sizes
+                and 0 not in b.sizes
             ):
                 raise CorruptManifestError(here, f"two chunks of {fqn!r} overlap")
     if sum(math.prod(c.sizes) for c in chunks) != math.prod(shape):

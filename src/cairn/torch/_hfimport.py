@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -152,6 +153,14 @@ def _chunks(tensor: HeaderTensor) -> list[tuple[tuple[int, ...], tuple[int, ...]
     ]
 
 
+_Where = dict[MetadataIndex, tuple[int, int, HeaderTensor, tuple[int, ...]]]
+"""Each item of a file: its first byte in the file, its length, tensor and chunk shape."""
+
+
+def _size_of(where: _Where, write: WriteItem) -> int:
+    return where[write.index][1]
+
+
 async def import_hf_async(
     ckpt: ObjectStoreCheckpointer,
     source: Store,
@@ -220,7 +229,7 @@ async def _import_into(
     meter.uploading = time.perf_counter()
     for partition, file in enumerate(files):
         writes: list[WriteItem] = []
-        where: dict[MetadataIndex, tuple[int, int, HeaderTensor, tuple[int, ...]]] = {}
+        where: _Where = {}
         for tensor in file.tensors:
             chunks = _chunks(tensor)
             state[tensor.name] = TensorStorageMetadata(
@@ -234,7 +243,7 @@ async def _import_into(
                 where[index] = (start, length, tensor, sizes)
                 writes.append(WriteItem(index=index, type=WriteItemType.TENSOR))
 
-        def resolve(write: WriteItem, name: str = file.name, at: dict = where) -> torch.Tensor:
+        def resolve(write: WriteItem, name: str = file.name, at: _Where = where) -> torch.Tensor:
             start, length, tensor, sizes = at[write.index]
             # Called on a worker thread: the store is read on the event loop.
             future = asyncio.run_coroutine_threadsafe(
@@ -254,7 +263,7 @@ async def _import_into(
             writes,
             resolve,
             off_loop=True,
-            size_of=lambda w, at=where: at[w.index][1],
+            size_of=functools.partial(_size_of, where),
             codec=ckpt.codec,
         )
         operator = rank_operator(0)
