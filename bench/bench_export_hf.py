@@ -15,6 +15,8 @@ subtracted, from ``getrusage`` and ``/proc/self/status``):
 * **cairn**: ``cairn.torch.export_hf`` from the S3 checkpoint into another S3 prefix:
   shards of at most ``--shard-mib`` MiB streamed by multipart upload, every item checked
   against its SHA-256;
+* **cairn-local**: the same from a copy of the checkpoint that ``CairnWriter`` saved to
+  the local disk: the same source medium as the baseline's;
 * **dcp+upload**: ``consolidate_safetensors_files`` from the local sharded directory to
   a local output directory (the same shard plan), then each output file uploaded to S3
   with obstore's streamed ``put`` (a multipart upload of the file).
@@ -119,12 +121,18 @@ def child(args: argparse.Namespace) -> None:
         state = state_dict(args.mib)
         source = ObstoreStore(s3_store(args.endpoint, args.bucket, "ckpt"))
         dcp_save(state, storage_writer=CairnWriter(source, epoch=1), no_dist=True)
+        local = args.work + "/cairn-local"
+        dcp_save(state, storage_writer=CairnWriter(local, epoch=1), no_dist=True)
         writer = HuggingFaceStorageWriter(args.work + "/sharded", save_distributed=True)
         dcp_save(state, storage_writer=writer, no_dist=True)
         index = shard_index(state, shard_bytes)
         Path(args.work, "index.json").write_text(json.dumps(index))
-    elif args.child == "cairn":
-        source = ObstoreStore(s3_store(args.endpoint, args.bucket, "ckpt"))
+    elif args.child in ("cairn", "cairn-local"):
+        source = (
+            ObstoreStore(s3_store(args.endpoint, args.bucket, "ckpt"))
+            if args.child == "cairn"
+            else args.work + "/cairn-local"
+        )
         dest = ObstoreStore(s3_store(args.endpoint, args.bucket, args.out))
         export_hf(source, None, dest, max_shard_bytes=shard_bytes)
     else:
@@ -185,14 +193,15 @@ def main() -> None:
             args.endpoint, args.bucket = server.endpoint, "bench-export-hf"
             server.create_bucket(args.bucket)
             run_child("setup", args)
-            results: dict[str, list[dict[str, float]]] = {"cairn": [], "dcp+upload": []}
+            names = ["cairn", "cairn-local", "dcp+upload"]
+            results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
             written: dict[str, int] = {}
             for round_ in range(args.reps + 1):
-                order = ["cairn", "dcp+upload"] if round_ % 2 == 0 else ["dcp+upload", "cairn"]
+                order = names if round_ % 2 == 0 else names[::-1]
                 for name in order:
                     settle()
                     out = f"out-{name.split('+')[0]}-{round_}"
-                    got = run_child("cairn" if name == "cairn" else "dcp", args, out)
+                    got = run_child(name.split("+")[0], args, out)
                     written[name] = empty(args.endpoint, args.bucket, out)
                     if round_:
                         results[name].append(got)
@@ -227,9 +236,13 @@ def report(
     headers = ["variant", "median s", "MiB/s", "peak RSS MiB", "above imports MiB", "MiB to S3"]
     print(f"{args.mib} MiB state dict, shards of <= {args.shard_mib} MiB, {args.reps} rounds")
     print(table(headers, rows))
-    time_ratio = median("dcp+upload", "seconds") / median("cairn", "seconds")
-    print(f"throughput cairn / dcp+upload: {time_ratio:.2f}")
-    print(f"peak RSS above imports, cairn / dcp+upload: {above('cairn') / above('dcp+upload'):.2f}")
+    for name in ("cairn", "cairn-local"):
+        time_ratio = median("dcp+upload", "seconds") / median(name, "seconds")
+        rss_ratio = above(name) / above("dcp+upload")
+        print(
+            f"{name} / dcp+upload: throughput {time_ratio:.2f}, "
+            f"peak RSS above imports {rss_ratio:.2f}"
+        )
 
 
 if __name__ == "__main__":
