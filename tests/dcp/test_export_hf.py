@@ -286,6 +286,15 @@ def test_an_import_of_a_damaged_file_commits_nothing(tmp_path: Path) -> None:
     with pytest.raises(CorruptManifestError, match=r"end at byte \d+, the file at byte"):
         import_hf(str(tmp_path / "store"), source)
     assert SyncCheckpointer(str(tmp_path / "store")).list_checkpoints() == []
+    index = {"metadata": {}, "weight_map": {"w": "model.safetensors", "v": "gone.safetensors"}}
+    (source / "model.safetensors").write_bytes(safetensors_torch.save({"w": torch.ones(10)}))
+    (source / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CorruptManifestError, match="a file the index names is missing"):
+        import_hf(str(tmp_path / "store"), source)
+    with pytest.raises(InvalidInputError, match="is not a directory"):
+        import_hf(str(tmp_path / "store"), tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()
+    assert SyncCheckpointer(str(tmp_path / "store")).list_checkpoints() == []
 
 
 def s3(server: S3Server, bucket: str, prefix: str) -> ObstoreStore:
