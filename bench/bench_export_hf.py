@@ -105,10 +105,10 @@ def child(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore", "torch.distributed is disabled")
     import obstore
     import torch  # noqa: F401
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
     from torch.distributed.checkpoint._consolidate_hf_safetensors import (
         consolidate_safetensors_files,
     )
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     from cairn.stores import ObstoreStore

@@ -163,9 +163,10 @@ def import_hf(
         InvalidInputError: No safetensors file, a tensor in two files, or an unusable
             ``name`` or ``epoch``.
     """
-    local = isinstance(source, os.PathLike | str) and "://" not in str(source)
-    if local and not os.path.isdir(source):  # opening it as a store would make it
-        raise InvalidInputError(f"cannot import {source}: it is not a directory")
+    if isinstance(source, os.PathLike | str) and "://" not in str(source):
+        local = os.fspath(source)
+        if not os.path.isdir(local):  # opening it as a store would make it
+            raise InvalidInputError(f"cannot import {local}: it is not a directory")
     ckpt, _ = source_checkpointer(dest, prefix, signing_key, max_concurrent_uploads)
     store, shown = location(source)
     chosen = _last_segment(shown) if name is None else name
