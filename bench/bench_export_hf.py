@@ -24,7 +24,10 @@ subtracted, from ``getrusage`` and ``/proc/self/status``):
 Order alternates between rounds; ``harness.settle`` (``os.sync`` and a wait for the
 dirty page cache to drain) comes before each run; outputs are deleted after each
 (untimed); round 0 is a discarded warm-up. Reports medians and the ratios cairn / dcp.
-moto is a Python server on the same cores as both; it sets much of the pace.
+moto is a Python server on the same cores as both; it sets much of the pace, and a ranged
+GET costs it time in proportion to the whole object read from (see
+``moto_ranged_reads.py``), which the "cairn" variant pays and real S3 does not: compare
+"cairn-local" with the baseline for the export itself.
 """
 
 from __future__ import annotations
