@@ -396,3 +396,33 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
     assert text.code == 0 and "every item verified against its SHA-256" in text.stdout, (
         text.explain()
     )
+
+
+def test_transformers_loads_an_export_of_a_model_saved_with_its_optimizer(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optim.step()
+    state = {"model": model.state_dict(), "optim": optim.state_dict()}
+    dcp_save(state, storage_writer=CairnWriter(str(tmp_path / "s"), epoch=1), no_dist=True)
+    out = tmp_path / "out"
+    exported = export_hf(
+        str(tmp_path / "s"), None, out, fqn_map=under_prefix("model."), max_shard_bytes=20_000
+    )
+    assert len(exported.files) > 3 and all(f.startswith("optim.") for f in exported.left_out)
+    config.save_pretrained(out)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[5, 7, 11, 13]])
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert all(same(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
