@@ -50,7 +50,8 @@ from cairn import (
     SyncCheckpointer,
 )
 from cairn.protocol._blocking import run_blocking
-from cairn.stores import ObstoreStore, Store
+from cairn.stores import ForwardingStore, ObstoreStore, Store, as_store
+from cairn.stores._types import Metadata, OpenChunks
 from cairn.torch import CairnReader, CairnWriter, _hfimport, export_hf, import_hf, under_prefix
 
 pytestmark = pytest.mark.filterwarnings(
@@ -426,3 +427,34 @@ def test_transformers_loads_an_export_of_a_model_saved_with_its_optimizer(tmp_pa
     ids = torch.tensor([[5, 7, 11, 13]])
     assert torch.equal(loaded(ids).logits, model(ids).logits)
     assert all(same(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+
+
+class AbandonsFirstStream(ForwardingStore):
+    """A store whose first streamed upload of each path reads two chunks, then gives up
+    and starts again, as a store retrying a failed upload does."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.abandoned: list[str] = []
+
+    async def put_stream(
+        self, path: str, open_chunks: OpenChunks, *, metadata: Metadata = None
+    ) -> None:
+        if path not in self.abandoned:
+            self.abandoned.append(path)
+            chunks = open_chunks()
+            await anext(chunks)
+            await anext(chunks)
+            await chunks.aclose()  # type: ignore[attr-defined]
+        await self.inner.put_stream(path, open_chunks, metadata=metadata)
+
+
+def test_a_retried_shard_upload_reads_and_checks_everything_again(tmp_path: Path) -> None:
+    state = sample_state()
+    save(str(tmp_path / "store"), state)
+    out = AbandonsFirstStream(as_store(str(tmp_path / "out")))
+    exported = export_hf(str(tmp_path / "store"), None, out, max_shard_bytes=8_000)
+    assert out.abandoned == [f for f, _ in exported.files[:-1]]
+    loaded, _ = read_export(tmp_path / "out")
+    for name, tensor in tensors_of(state).items():
+        assert same(loaded[name], tensor), name
