@@ -49,9 +49,10 @@ from cairn import (
     ObjectExistsError,
     SyncCheckpointer,
 )
+from cairn.format._buffer import Buffer
 from cairn.protocol._blocking import run_blocking
 from cairn.stores import ForwardingStore, ObstoreStore, Store, as_store
-from cairn.stores._types import Metadata, OpenChunks
+from cairn.stores._types import Metadata, ObjectInfo, OpenChunks, PutMode
 from cairn.torch import CairnReader, CairnWriter, _hfimport, export_hf, import_hf, under_prefix
 
 pytestmark = pytest.mark.filterwarnings(
@@ -458,3 +459,26 @@ def test_a_retried_shard_upload_reads_and_checks_everything_again(tmp_path: Path
     loaded, _ = read_export(tmp_path / "out")
     for name, tensor in tensors_of(state).items():
         assert same(loaded[name], tensor), name
+
+
+class IndexWrittenMeanwhile(ForwardingStore):
+    """A store where another export writes its index just before this one's."""
+
+    async def put(
+        self, path: str, data: Buffer, *, mode: PutMode = "overwrite", metadata: Metadata = None
+    ) -> ObjectInfo:
+        if path == "model.safetensors.index.json":
+            await self.inner.put(path, b'{"weight_map": {}}', mode="create")
+        return await self.inner.put(path, data, mode=mode, metadata=metadata)
+
+
+def test_an_export_that_loses_the_race_for_the_index_deletes_nothing(tmp_path: Path) -> None:
+    save(str(tmp_path / "store"), {"w": torch.ones(4)})
+    out = IndexWrittenMeanwhile(as_store(str(tmp_path / "out")))
+    with pytest.raises(ObjectExistsError):
+        export_hf(str(tmp_path / "store"), None, out)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
+    ]
+    assert (tmp_path / "out" / "model.safetensors.index.json").read_bytes() == b'{"weight_map": {}}'

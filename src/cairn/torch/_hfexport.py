@@ -28,10 +28,12 @@ Invariants:
   a destination without ``model.safetensors.index.json`` holds no complete export. A
   destination that already holds an index is refused before anything is written. A
   failed export deletes the shards it had completed; a shard being written when it failed
-  never appears;
+  never appears. Two exports into one destination at once are not kept apart (the
+  layout has fixed names): the first to write its index wins, the other fails and
+  deletes nothing;
 * the bytes written are the saved tensors' bytes (little-endian, C order), except with
-  ``dtype``, which casts floating-point tensors (and only those) to it after they are
-  verified.
+  ``dtype``, which casts floating-point tensors (and only those) to it as they are
+  written: the digests cover the saved bytes, which are hashed before the cast.
 """
 
 from __future__ import annotations
@@ -346,6 +348,9 @@ async def export_hf_async(
         total = sum(t.entry.nbytes for t in tensors)
         document = index_document(total, weight_map, str(opened.checkpoint_id))
         await dest.put(INDEX_FILE, document, mode="create")
+    except ObjectExistsError:
+        # Another export finished here meanwhile: the shards now there may be its own.
+        raise
     except BaseException:
         await _remove(dest, [path for path, _ in written])
         raise
