@@ -31,6 +31,8 @@ COMMANDS = (
     "demo",
     "export-dcp",
     "import-dcp",
+    "export-hf",
+    "import-hf",
 )
 WIDE = {"COLUMNS": "200"}
 
@@ -75,6 +77,8 @@ def test_help_shows_flags_and_arguments_plainly() -> None:
     assert usage["restore"] == "cairn restore [OPTIONS] ID|latest"
     assert usage["export-dcp"] == "cairn export-dcp [OPTIONS] ID|latest|NAME"
     assert usage["import-dcp"] == "cairn import-dcp [OPTIONS] DIR"
+    assert usage["export-hf"] == "cairn export-hf [OPTIONS] ID|latest|NAME"
+    assert usage["import-hf"] == "cairn import-hf [OPTIONS] DIR_OR_URL"
     assert usage["delete"] == "cairn delete [OPTIONS] ID|latest"
     assert usage["list"] == "cairn list [OPTIONS]"
     assert re.search(r"--store\s+URL\s", pages["list"].stdout)

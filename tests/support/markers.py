@@ -54,6 +54,7 @@ SLOW_TESTS = frozenset(
         "tests/cli/test_cli_signing.py::test_a_forged_latest_is_refused_and_copy_signs_with_the_key",
         "tests/cli/test_cli_signing.py::test_verify_and_show_say_what_is_signed_and_check_it_with_the_key",
         "tests/cli/test_copy_after_gc.py::test_copy_and_restore_keep_compressed_artifacts_as_stored",
+        "tests/dcp/test_export_hf.py::test_export_and_import_on_the_command_line",
         "tests/dcp/test_torch_dcpdir.py::test_export_and_import_on_the_command_line",
         "tests/dcp/test_torch_dcpdir.py::test_the_commands_fail_with_their_exit_codes",
         "tests/format/test_old_layout.py::test_the_command_line_lists_verifies_copies_and_restores_unpacked_checkpoints",

@@ -22,6 +22,7 @@ from cairn.cli.command import SessionCommand, TableCommand
 from cairn.cli.commands.browse import history_command, list_command, show_command
 from cairn.cli.commands.collect import delete_command, gc_command
 from cairn.cli.commands.dcp_dirs import export_dcp_command, import_dcp_command
+from cairn.cli.commands.hf_files import export_hf_command, import_hf_command
 from cairn.cli.commands.transfer import copy_command, restore_command, verify_command
 from cairn.cli.errors import EXIT_CODES_HELP
 from cairn.cli.help import CairnCommand, CairnGroup
@@ -55,6 +56,8 @@ COMMANDS: tuple[tuple[str, Callable[..., None], type[CairnCommand]], ...] = (
     ("copy", copy_command, SessionCommand),
     ("export-dcp", export_dcp_command, SessionCommand),
     ("import-dcp", import_dcp_command, SessionCommand),
+    ("export-hf", export_hf_command, SessionCommand),
+    ("import-hf", import_hf_command, SessionCommand),
     ("demo", demo_command, CairnCommand),
 )
 """Each command's name, function and class (the shared options it takes:

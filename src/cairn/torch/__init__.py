@@ -27,6 +27,13 @@ directory that ``FileSystemReader`` and ``dcp_to_torch_save`` read, every byte v
 checked on the way in (what can and cannot be checked: :func:`import_dcp`). ``cairn
 export-dcp`` and ``cairn import-dcp`` are the same on the command line.
 
+Hugging Face safetensors: :func:`export_hf` streams a DCP checkpoint as
+``model-0000k-of-0000n.safetensors`` shards and ``model.safetensors.index.json`` into any
+store, every byte verified on the way out (:mod:`cairn.torch._hfexport`); :func:`import_hf`
+commits a safetensors directory as a DCP checkpoint that loads resharded
+(:mod:`cairn.torch._hfimport`). ``cairn export-hf`` and ``cairn import-hf`` on the
+command line.
+
 Incremental saves: ``CairnWriter(..., incremental=True)`` builds on the latest DCP
 checkpoint (or ``parent=``) and carries by reference every item whose bytes (SHA-256),
 dtype and shape equal the parent's item of the same key, instead of uploading it; GC,
@@ -107,6 +114,9 @@ from cairn.torch._dcpdir import (
     import_dcp_async,
 )
 from cairn.torch._format import METADATA_OPERATOR, rank_operator
+from cairn.torch._hf import export_hf, import_hf
+from cairn.torch._hfexport import ExportedHf, export_hf_async, under_prefix
+from cairn.torch._hfimport import ImportedHf, import_hf_async
 from cairn.torch._latest import load_latest
 from cairn.torch._planner import SafeLoadPlanner
 from cairn.torch._reader import CairnReader
@@ -118,13 +128,20 @@ __all__ = [
     "CairnReader",
     "CairnWriter",
     "ExportedDcp",
+    "ExportedHf",
     "ImportedDcp",
+    "ImportedHf",
     "SafeLoadPlanner",
     "export_dcp",
     "export_dcp_async",
+    "export_hf",
+    "export_hf_async",
     "import_dcp",
     "import_dcp_async",
+    "import_hf",
+    "import_hf_async",
     "interpret_checkpoint_id",
     "load_latest",
     "rank_operator",
+    "under_prefix",
 ]

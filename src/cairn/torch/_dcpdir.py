@@ -37,6 +37,7 @@ __all__ = [
     "export_dcp_async",
     "import_dcp",
     "import_dcp_async",
+    "source_checkpointer",
 ]
 
 
@@ -44,12 +45,14 @@ Source = StoreArg | ObjectStoreCheckpointer | SyncCheckpointer
 """A store (as :class:`~cairn.torch.CairnReader` takes it) or a checkpointer over one."""
 
 
-def _checkpointer(
+def source_checkpointer(
     source: Source,
     prefix: str | None,
     signing_key: SigningKey | Sequence[SigningKey] | None,
     concurrency: int,
 ) -> tuple[ObjectStoreCheckpointer, object]:
+    """The checkpointer over ``source`` (made from a store with these settings, or the
+    one given, which then must come without them), and the store error messages name."""
     if isinstance(source, SyncCheckpointer):
         source = source.async_checkpointer
     if isinstance(source, ObjectStoreCheckpointer):
@@ -104,7 +107,7 @@ def export_dcp(
         InvalidInputError: ``dest`` is unusable, or ``prefix`` or ``signing_key`` was
             given with a checkpointer.
     """
-    ckpt, store = _checkpointer(source, prefix, signing_key, max_concurrent_downloads)
+    ckpt, store = source_checkpointer(source, prefix, signing_key, max_concurrent_downloads)
     target = (
         None
         if checkpoint_id is None
@@ -152,6 +155,6 @@ def import_dcp(
         InvalidInputError: What import does not read, an unusable ``epoch`` or
             ``name``, or ``prefix`` or ``signing_key`` given with a checkpointer.
     """
-    ckpt, _ = _checkpointer(dest, prefix, signing_key, max_concurrent_uploads)
+    ckpt, _ = source_checkpointer(dest, prefix, signing_key, max_concurrent_uploads)
     where = Path(os.path.abspath(source))
     return run(import_dcp_async(ckpt, where, epoch=epoch, name=name), "import_dcp")

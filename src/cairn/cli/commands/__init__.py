@@ -9,5 +9,7 @@ it hands what it does, a coroutine, to :func:`cairn.cli.options.launch`.
   checkpoints read and verified, and written elsewhere;
 * :mod:`~cairn.cli.commands.collect`: ``delete``, ``gc``: checkpoints removed;
 * :mod:`~cairn.cli.commands.dcp_dirs`: ``export-dcp``, ``import-dcp``: DCP's own
-  directories, out of cairn and into it.
+  directories, out of cairn and into it;
+* :mod:`~cairn.cli.commands.hf_files`: ``export-hf``, ``import-hf``: Hugging Face
+  safetensors, out of cairn into any store and into cairn from one.
 """

@@ -25,6 +25,8 @@ COMMANDS_WITH_SCHEMAS = (
     "demo",
     "export-dcp",
     "import-dcp",
+    "export-hf",
+    "import-hf",
 )
 """The commands whose ``--json`` document has a JSON Schema in ``cairn/cli/schemas/``."""
 
