@@ -1,7 +1,7 @@
 """One 2 GiB artifact from a file: cairn's streamed save and load against their floors, with memory.
 
     python bench/bench_stream.py [--quick] [--json out.json] [--reps N] [--only save|load]
-                                 [--dir /dev/shm] [--size-mib 2048]
+                                 [--dir /dev/shm] [--size-mib 2048] [--warm N]
 
 Creates a 2 GiB file (a 64 MiB random block, repeated; fsynced, so its write-back does
 not land in a timed run) in a temp dir under ``--dir`` (the default temp dir: the local
@@ -31,7 +31,12 @@ keeps it, as ``ru_maxrss_kib``). Wall and CPU seconds (all the child's threads) 
 measured in the child around the operation alone, not interpreter start-up or store
 construction. Before each run the parent calls ``os.sync()`` and waits for the dirty
 page cache to drain (:func:`bench.harness.settle`), so no run pays for the previous
-one's write-back; outputs are deleted right after each run. As in bench_save.py, each
+one's write-back; outputs are deleted right after each run. With ``--warm N`` each
+child first runs its operation N times, untimed, deleting what it wrote: this virtual
+machine hands freed memory back to its host (free page reporting), and a run that
+writes a GiB into pages just handed back pays a host fault per page, which one run
+pays and the next does not, depending only on what ran before it. Each run reports the
+memory handed back before and during it. As in bench_save.py, each
 round runs every variant once, rotating which goes first; the warm-up is one discarded
 run (see ``measure_children``). The source file stays in the page cache (reads are
 memory-speed); on the disk, writes go to the page cache and only fsync waits for the
@@ -193,8 +198,25 @@ def prepare_child(spec: Spec) -> ChildRun:
     raise ValueError(f"unknown variant {variant!r}")
 
 
+def clear_outputs(spec: Spec) -> None:
+    """Remove what a run of ``spec`` wrote (the save's store, the load's file)."""
+    if spec["variant"].startswith("save/"):
+        for entry in Path(spec["root"]).iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    elif "out" in spec:
+        Path(spec["out"]).unlink(missing_ok=True)
+
+
 async def child_measure(spec: Spec) -> dict[str, Any]:
     run = prepare_child(spec)
+    for _ in range(int(spec.get("warm", "0"))):
+        # Untimed: the pages the timed run writes into are then pages this VM already
+        # backs (the ones the warm-up freed), not pages its host must fault in again.
+        await run()
+        clear_outputs(spec)
     wall, cpu = time.perf_counter(), time.process_time()
     digest = await run()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -280,8 +302,10 @@ def measure_children(
     rss: dict[str, list[float]],
     digests: set[str],
     runs: list[dict[str, Any]],
+    warm: int = 0,
 ) -> None:
     """bench_save.measure, with each run in its own process; records peak RSS (MiB).
+    With ``warm``, each child first runs its operation that many times, untimed.
 
     A fresh process has no runtime or thread pool to warm, so the warm-up is one
     discarded run of the first variant (it settles the page cache and the disk), not a
@@ -297,6 +321,7 @@ def measure_children(
     ]
     for rnd, name in order:
         with prepare(f"{sc.name.split()[0]}/{name}") as spec:
+            spec = {**spec, "warm": str(warm)}
             reported_before = reported_mib()
             settle()
             reported_at_start = reported_mib()
@@ -371,7 +396,7 @@ def print_memory(rows: list[dict[str, Any]]) -> None:
     )
 
 
-def run_all(reps: int, only: str, size: int, where: str | None) -> dict[str, Any]:
+def run_all(reps: int, only: str, size: int, where: str | None, warm: int = 0) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="cairn-bench-stream-", dir=where))
     kind = "tmpfs" if where is not None and Path(where).resolve() == Path(SHM) else "local"
     try:
@@ -402,7 +427,9 @@ def run_all(reps: int, only: str, size: int, where: str | None) -> dict[str, Any
             print(f"running {sc.name} on {kind}...", file=sys.stderr, flush=True)
             rss: dict[str, list[float]] = {}
             names = ["cairn", "put", "put+fsync", "sha"]
-            measure_children(sc, names, reps, lambda v: save_run(work, file, v), rss, digests, runs)
+            measure_children(
+                sc, names, reps, lambda v: save_run(work, file, v), rss, digests, runs, warm
+            )
             measured.append((sc, rss))
         if only in f"load {label} to file {kind}":
             root = tempfile.mkdtemp(prefix="load-store-", dir=work)
@@ -424,7 +451,7 @@ def run_all(reps: int, only: str, size: int, where: str | None) -> dict[str, Any
             rss = {}
             names = ["cairn", "cairn 1MiB", "get+fsync", "sha"]
             prepare = load_runs(work, file, root, path, sha)
-            measure_children(sc, names, reps, prepare, rss, digests, runs)
+            measure_children(sc, names, reps, prepare, rss, digests, runs, warm)
             measured.append((sc, rss))
         if len(digests) > 1:
             raise RuntimeError(f"variants disagree on the file's SHA-256: {sorted(digests)}")
@@ -452,11 +479,17 @@ def main() -> None:
     parser.add_argument(
         "--dir", help=f"where the file and the stores go (default: the temp dir; {SHM}: tmpfs)"
     )
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="untimed runs of the operation in each child before the timed one (default 0)",
+    )
     args = parser.parse_args()
     if args.size_mib < 64 or args.size_mib % 64:
         parser.error("--size-mib must be a positive multiple of 64")
     reps = args.reps or (1 if args.quick else 3)
-    out = run_all(reps, args.only, args.size_mib * MiB, args.dir)
+    out = run_all(reps, args.only, args.size_mib * MiB, args.dir, args.warm)
     print_report(out)
     print()
     print_memory(out["memory"])
