@@ -99,10 +99,12 @@ class Coordinator:
             return self._status()
 
     async def partition_actors(self) -> list[Any]:
-        """The partition actors' handles, in partition order."""
-        async with self.lock:
-            await self._start()
-            return list(self.actors)
+        """The partition actors' handles, in partition order (without waiting for the
+        round or epoch in progress)."""
+        if self.ckpt is None:
+            async with self.lock:
+                await self._start()
+        return list(self.actors)
 
     async def run(self, until: int | None) -> JobStatus:
         """Run rounds until every source partition is at offset ``until`` (None: until
