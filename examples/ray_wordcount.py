@@ -199,14 +199,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         job.start()
         status = killer.during(first_kills, lambda: job.run(until=half))
-        restarts, failures, rescaled = status.restarts, list(status.failures), None
+        rescaled = None
         if args.rescale_to:
             status = job.rescale(args.rescale_to)
             rescaled = status.restored
             status = killer.during(args.kill - first_kills, job.run)
-            restarts += status.restarts
-            failures += status.failures
-        committed = list(status.committed)
+        committed, restarts, failures = list(status.committed), status.restarts, status.failures
     finally:
         job.stop()
     with SyncCheckpointer(args.store, CheckpointPaths(args.prefix)) as ckpt:
@@ -232,7 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rescale_to": args.rescale_to,
         "kills": killer.kills,
         "restarts": restarts,
-        "failures": failures,
+        "failures": list(failures),
         "epochs_committed": committed,
         "restored": [
             {k: r[k] for k in ("worker", "groups", "restored_groups", "bytes_read")}
