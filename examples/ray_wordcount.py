@@ -120,7 +120,8 @@ class Killer:
     """Kills random partition actors at random moments while a phase of the job runs."""
 
     def __init__(self, job: StreamJob, rng: random.Random) -> None:
-        self.job, self.rng, self.kills = job, rng, []  # type: list[dict[str, Any]]
+        self.job, self.rng = job, rng
+        self.kills: list[dict[str, Any]] = []
         self.began = time.monotonic()
 
     def during(self, count: int, run: Any) -> JobStatus:
@@ -161,9 +162,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rescale-to", type=int, default=None, help="actors after halfway")
     parser.add_argument("--seed", type=int, default=7, help="the stream's and the kills' seed")
     parser.add_argument("--store", default="./checkpoints", help="a directory or store URL")
-    parser.add_argument(
-        "--prefix", default="", help="where in the store ('' for the store's root)"
-    )
+    parser.add_argument("--prefix", default="", help="where in the store ('' for the store's root)")
     parser.add_argument("--batch", type=int, default=500, help="words per partition per round")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between checkpoints")
     parser.add_argument("--address", default=None, help="join this Ray cluster")

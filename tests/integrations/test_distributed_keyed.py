@@ -33,7 +33,10 @@ async def upload_both(ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> list[
     for worker in range(2):
         groups = {g: state(g) for g in SPACE.groups_of(worker, 2)}
         report = await upload_partitions(
-            ckpt, cid, [("counts", worker, False, KeyedSnapshot(SPACE, groups))], worker=f"w{worker}"
+            ckpt,
+            cid,
+            [("counts", worker, False, KeyedSnapshot(SPACE, groups))],
+            worker=f"w{worker}",
         )
         reports.append(WorkerReport.from_json(report.to_json()))  # as it travels
     return reports

@@ -44,7 +44,7 @@ from cairn.stores import ForwardingStore, Store, StoreMethod, as_store, open_sto
 ray = pytest.importorskip("ray", reason="cairn.ray needs ray (the ray extra)")
 cairn_ray = pytest.importorskip("cairn.ray", reason="cairn.ray needs ray (the ray extra)")
 
-pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(240)]
 
 EVENTS = 16 * 120  # 120 words in each of the 16 source partitions
 BATCH = 30
@@ -84,7 +84,7 @@ def local_ray() -> Iterator[str]:
         os.environ["PYTHONPATH"] = path
 
 
-def make_job(store: str, workers: int, **options: Any) -> Any:
+def make_job(store: str | Callable[[], Store], workers: int, **options: Any) -> Any:
     return cairn_ray.StreamJob(
         store,
         wordcount.WordCount,
@@ -373,9 +373,7 @@ def test_rescaling_4_to_6_and_6_to_3_is_exactly_once(tmp_path: Path) -> None:
     assert_exactly_once(store)
 
 
-def test_the_example_joins_a_cluster_and_prints_its_verdict(
-    local_ray: str, tmp_path: Path
-) -> None:
+def test_the_example_joins_a_cluster_and_prints_its_verdict(local_ray: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
     env = {**os.environ, "RAY_ADDRESS": ""}
     started = time.monotonic()

@@ -25,7 +25,13 @@ from support.paths import REPO
 from cairn import CheckpointData, IntegrityMismatchError, SyncCheckpointer
 
 EXAMPLES = REPO / "examples"
-SCRIPTS = ["quickstart.py", "metrics_job.py", "torch_train.py", "rocksdb_job.py"]
+SCRIPTS = [
+    "quickstart.py",
+    "metrics_job.py",
+    "torch_train.py",
+    "rocksdb_job.py",
+    "ray_wordcount.py",
+]
 
 
 def test_every_example_is_covered() -> None:

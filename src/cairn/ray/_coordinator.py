@@ -197,10 +197,12 @@ class Coordinator:
                 self.actors[worker] = _RemoteRunner.options(
                     num_cpus=0, max_restarts=-1, max_task_retries=0, **self.spec.actor_options
                 ).remote(self.spec, worker, self.workers)
+        restored: list[dict[str, Any]] = []
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        self.restored = list(results)
+            restored.append(result)
+        self.restored = restored
         self.dirty, self.rounds_since, self.last_commit = False, 0, time.monotonic()
         await self._tell(JobEvent("restored", self.epoch, checkpoint=self.latest))
 
@@ -254,13 +256,15 @@ class Coordinator:
         spec, epoch, cid = self.spec, self.epoch + 1, CheckpointId.now()
         await self._tell(JobEvent("barrier", epoch))
         refs = [a.barrier.remote(self.generation, epoch, str(cid)) for a in self.actors]
-        answers = await asyncio.gather(*(_value(ref) for ref in refs), return_exceptions=True)
-        for worker, answer in enumerate(answers):
-            if not isinstance(answer, BaseException):
+        results = await asyncio.gather(*(_value(ref) for ref in refs), return_exceptions=True)
+        for worker, result in enumerate(results):
+            if not isinstance(result, BaseException):
                 await self._tell(JobEvent("reported", epoch, worker=worker))
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
+        answers: list[dict[str, Any]] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            answers.append(result)
         await self._tell(JobEvent("committing", epoch))
         tokens = await _settle([a.confirm.remote() for a in self.actors])
         for worker, (answer, token) in enumerate(zip(answers, tokens, strict=True)):
@@ -299,7 +303,12 @@ class Coordinator:
         if hook is None:
             return
         told = JobEvent(
-            event.kind, event.epoch, event.worker, event.checkpoint, event.detail, tuple(self.actors)
+            event.kind,
+            event.epoch,
+            event.worker,
+            event.checkpoint,
+            event.detail,
+            tuple(self.actors),
         )
         result = hook(told)
         if inspect.isawaitable(result):
@@ -317,4 +326,3 @@ class Coordinator:
             restored=tuple(self.restored),
             records=self.records,
         )
-

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from cairn.data import KeyedSnapshot
+from cairn.data.keyed import KeyedSnapshot
 from cairn.errors import CheckpointerError, FencedError, InvalidInputError
 from cairn.format.ids import CheckpointId
 from cairn.integrations.distributed import upload_partitions

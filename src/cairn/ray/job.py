@@ -12,6 +12,7 @@ over).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,10 +36,10 @@ __all__ = ["StreamJob"]
 _RemoteCoordinator = ray.remote(Coordinator)
 
 
-def _at_least(name: str, value: object, least: int) -> int:
-    if not is_int(value) or value < least:  # type: ignore[operator]
+def _at_least(name: str, value: int, least: int) -> int:
+    if not is_int(value) or value < least:
         raise InvalidInputError(f"{name} must be an int >= {least}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 class StreamJob:
@@ -231,10 +232,8 @@ class StreamJob:
         """Stop the partition actors and the coordinator; the checkpoints stay."""
         if self._coordinator is None:
             return
-        try:
+        with contextlib.suppress(RayActorError, ActorUnavailableError):  # they die with it
             ray.get(self._coordinator.stop.remote())
-        except (RayActorError, ActorUnavailableError):
-            pass  # its actors die with it
         ray.kill(self._coordinator, no_restart=True)
         self._coordinator = None
 
