@@ -36,11 +36,17 @@ T = TypeVar("T")
 class JobEvent:
     """One step of an epoch, told to the job's ``on_event`` in the coordinator.
 
-    ``kind`` is one of ``"barrier"`` (the barriers are about to be sent), ``"reported"``
-    (``worker`` reported its uploads), ``"committing"`` (every report is in; the
-    commit begins), ``"committed"``, ``"failed"`` (the epoch committed nothing; ``detail``
-    says why) and ``"restored"`` (every partition restored ``checkpoint``, or started
-    empty when it is None). ``actors`` are the partition actors' handles at that moment.
+    Attributes:
+        kind: ``"barrier"`` (the barriers are about to be sent), ``"reported"``
+            (``worker`` reported its uploads), ``"committing"`` (every report is in; the
+            commit begins), ``"committed"``, ``"failed"`` (the epoch or round committed
+            nothing; ``detail`` says why) or ``"restored"`` (every partition restored
+            ``checkpoint``, or started empty when it is None).
+        epoch: The epoch the step belongs to.
+        worker: The partition that reported (``"reported"`` only).
+        checkpoint: The checkpoint committed or restored, or None.
+        detail: Why the epoch failed (``"failed"`` only).
+        actors: The partition actors' handles at that moment, in partition order.
     """
 
     kind: str
