@@ -7,8 +7,8 @@ package ``cairn`` itself for a name it exports), ``from cairn.x import y``, and
 
 * the command line and the demo use the public API only: no module whose dotted name
   has a component starting with ``_``;
-* the integrations (``cairn.integrations``, ``cairn.torch``, ``cairn.ray``) use public modules, their
-  own package, and one internal interface, :data:`INTEGRATION_INTERFACE`;
+* the integrations (``cairn.integrations``, ``cairn.torch``, ``cairn.ray``) use public
+  modules, their own package, and one internal interface, :data:`INTEGRATION_INTERFACE`;
 * each entry of ``src/cairn`` (a subpackage or a top-level module) imports only entries
   of its own layer or a lower one, the layers being the table of ARCHITECTURE.md, read
   from there (imports under ``if TYPE_CHECKING:`` are type annotations, not
