@@ -11,8 +11,11 @@ barrier (:func:`~cairn.upload_partitions`) and, on every start or restart, resto
 from the latest checkpoint with ``load_key_groups``, reading only their groups. See
 ``docs/ray.md`` for the guide, and the modules for the invariants:
 :mod:`cairn.ray._coordinator` (epochs, failures, fencing) and :mod:`cairn.ray._runner`
-(rounds, barriers, restores).
+(rounds, barriers, restores). :func:`train_upload_fn` and :func:`train_storage` (in
+:mod:`cairn.ray.train`, which needs Ray Train) checkpoint a Ray Train run through cairn.
 """
+
+from typing import Any
 
 from cairn.ray._spec import JobEvent, JobFailedError, JobStatus
 from cairn.ray.actor import PartitionActor, Source
@@ -25,4 +28,15 @@ __all__ = [
     "PartitionActor",
     "Source",
     "StreamJob",
+    "train_storage",
+    "train_upload_fn",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Ray Train's hook needs pyarrow (ray[train]); imported only when asked for.
+    if name in ("train_storage", "train_upload_fn"):
+        from cairn.ray import train
+
+        return getattr(train, name)
+    raise AttributeError(f"module 'cairn.ray' has no attribute {name!r}")
