@@ -110,6 +110,7 @@ def test_a_torch_trainer_resumes_from_a_checkpoint_it_reads_through_cairn(
     )
     result = trainer.fit()
     assert (tmp_path / "died").exists()
+    assert result.metrics is not None and result.checkpoint is not None
     [resumed] = [json.loads(line) for line in log.read_text().splitlines()]
     # Ray may not have taken the report the worker made just before it died: it then
     # resumes from the one before, which is as correct
