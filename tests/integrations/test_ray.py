@@ -14,6 +14,7 @@ own process on a partition's upload.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import importlib.util
 import json
 import os
@@ -36,6 +37,7 @@ from cairn import (
     InvalidInputError,
     KeyGroups,
     ObjectStoreCheckpointer,
+    RetentionPolicy,
     SyncCheckpointer,
     commit_distributed,
 )
@@ -50,6 +52,7 @@ EVENTS = 16 * 120  # 120 words in each of the 16 source partitions
 BATCH = 30
 SEED = 11
 EXAMPLE = REPO / "examples" / "ray_wordcount.py"
+LEASE = dt.timedelta(seconds=1)
 
 
 def _load_example() -> ModuleType:
@@ -288,6 +291,7 @@ def test_an_actor_killed_in_any_phase_of_an_epoch_fails_that_epoch_only(
         OpenSelfKilling(root, armed, worker=1) if hook is None else store,
         3,
         on_event=None if hook is None else KillAt(hook[0], hook[1], worker=1),
+        lease=LEASE,
     )
     try:
         job.start()
@@ -305,6 +309,15 @@ def test_an_actor_killed_in_any_phase_of_an_epoch_fails_that_epoch_only(
         assert final.committed == (1, 2) and final.restarts == 1
     finally:
         job.stop()
+    assert_exactly_once(store)
+    time.sleep(LEASE.total_seconds() * 1.5)  # the failed epoch's lease lapses
+    with SyncCheckpointer(store, CheckpointPaths("")) as ckpt:
+        swept = ckpt.gc(RetentionPolicy(keep_last=10), min_age=dt.timedelta(0))
+    assert swept.deleted == [] and swept.orphans_deleted
+    committed, uncommitted = committed_and_uncommitted(store)
+    [failed] = uncommitted
+    left = sorted(str(p.relative_to(root / failed)) for p in (root / failed).rglob("*"))
+    assert len(committed) == 2 and left == ["manifest.json"], "only GC's tombstone is left"
     assert_exactly_once(store)
 
 

@@ -125,6 +125,7 @@ class JobSpec:
     actor_kwargs: Mapping[str, Any] = field(default_factory=dict)
     actor_options: Mapping[str, Any] = field(default_factory=dict)
     on_event: EventHook | None = None
+    lease: dt.timedelta | None = None
 
 
 class CountingStore(ForwardingStore):
@@ -156,4 +157,6 @@ def open_checkpointer(spec: JobSpec) -> tuple[ObjectStoreCheckpointer, CountingS
     """
     raw = open_store(spec.store) if isinstance(spec.store, str) else spec.store()
     store = CountingStore(as_store(raw))
-    return ObjectStoreCheckpointer(store, CheckpointPaths(spec.prefix)), store
+    if spec.lease is None:
+        return ObjectStoreCheckpointer(store, CheckpointPaths(spec.prefix)), store
+    return ObjectStoreCheckpointer(store, CheckpointPaths(spec.prefix), lease=spec.lease), store

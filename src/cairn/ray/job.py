@@ -76,6 +76,8 @@ class StreamJob:
             and ``max_task_retries=0``.
         on_event: Called in the coordinator with each :class:`~cairn.ray.JobEvent` of an
             epoch (it may be a coroutine function; the epoch waits for it).
+        lease: How long an epoch's uploads hold their directory against GC after they
+            end unless committed (the checkpointers' ``lease``); None: cairn's default.
 
     Raises:
         InvalidInputError: An argument is out of range or of the wrong type.
@@ -100,6 +102,7 @@ class StreamJob:
         actor_kwargs: Mapping[str, Any] | None = None,
         actor_options: Mapping[str, Any] | None = None,
         on_event: EventHook | None = None,
+        lease: dt.timedelta | None = None,
     ) -> None:
         if not isinstance(store, str) and not callable(store):
             raise InvalidInputError(f"store must be a URL or a function, got {store!r}")
@@ -121,6 +124,8 @@ class StreamJob:
             not isinstance(interval, dt.timedelta) or interval <= dt.timedelta(0)
         ):
             raise InvalidInputError(f"interval must be a positive timedelta, got {interval!r}")
+        if lease is not None and (not isinstance(lease, dt.timedelta) or lease <= dt.timedelta(0)):
+            raise InvalidInputError(f"lease must be a positive timedelta, got {lease!r}")
         self.spec = JobSpec(
             store=store,
             actor=actor,
@@ -137,6 +142,7 @@ class StreamJob:
             actor_kwargs=dict(actor_kwargs or {}),
             actor_options=dict(actor_options or {}),
             on_event=on_event,
+            lease=lease,
         )
         self.coordinator_restarts = _at_least("coordinator_restarts", coordinator_restarts, 0)
         self._coordinator: Any = None
