@@ -154,9 +154,11 @@ class Coordinator:
             return self._status()
 
     async def stop(self) -> JobStatus:
-        """Stop the partition actors (nothing is checkpointed)."""
+        """Stop the partition actors (nothing is checkpointed); a later call starts the
+        job again, as a restart does."""
         async with self.lock:
             self._stop_actors()
+            self.ckpt = None
             return self._status()
 
     # -- starting, restoring ----------------------------------------------------------------
@@ -177,12 +179,12 @@ class Coordinator:
         await self._restore_surely()
 
     def _spawn(self) -> None:
+        self.actors = [self._new_actor(worker) for worker in range(self.workers)]
+
+    def _new_actor(self, worker: int) -> Any:
         options: dict[str, Any] = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
         options.update(self.spec.actor_options)
-        self.actors = [
-            _RemoteRunner.options(**options).remote(self.spec, worker, self.workers)
-            for worker in range(self.workers)
-        ]
+        return _RemoteRunner.options(**options).remote(self.spec, worker, self.workers)
 
     def _stop_actors(self) -> None:
         for actor in self.actors:
@@ -194,9 +196,7 @@ class Coordinator:
         results = await asyncio.gather(*(_value(ref) for ref in refs), return_exceptions=True)
         for worker, result in enumerate(results):
             if isinstance(result, ActorDiedError):  # Ray will not restart it: start another
-                self.actors[worker] = _RemoteRunner.options(
-                    num_cpus=0, max_restarts=-1, max_task_retries=0, **self.spec.actor_options
-                ).remote(self.spec, worker, self.workers)
+                self.actors[worker] = self._new_actor(worker)
         restored: list[dict[str, Any]] = []
         for result in results:
             if isinstance(result, BaseException):
