@@ -51,6 +51,8 @@ FRAGMENTS = [
     "docs/format.md",  # a reader's check of a manifest's checksum, in another program
     "docs/performance.md",  # a setting, on S3, in a training loop's `step`
     "docs/rescaling.md",  # parts of a keyed job: `ckpt`, `states` and `encode` are yours
+    "docs/safetensors.md",  # on S3 buckets of yours (tests/dcp/test_export_hf.py runs the calls)
+    "docs/ray.md",  # on an S3 bucket of yours (examples/ray_wordcount.py, tested, is this job)
 ]
 """Pages whose Python blocks are parts of a program, not programs."""
 

@@ -31,6 +31,7 @@ SCRIPTS = [
     "torch_train.py",
     "rocksdb_job.py",
     "lightning_train.py",
+    "ray_wordcount.py",
 ]
 
 

@@ -8,8 +8,8 @@ package ``cairn`` itself for a name it exports), ``from cairn.x import y``, and
 * the command line and the demo use the public API only: no module whose dotted name
   has a component starting with ``_``;
 * the integrations (``cairn.integrations``, ``cairn.torch``, ``cairn.lightning``,
-  ``cairn.hf``) use public modules, their own package, and one internal interface,
-  :data:`INTEGRATION_INTERFACE`;
+  ``cairn.hf``, ``cairn.ray``) use public modules, their own package, and one internal
+  interface, :data:`INTEGRATION_INTERFACE`;
 * each entry of ``src/cairn`` (a subpackage or a top-level module) imports only entries
   of its own layer or a lower one, the layers being the table of ARCHITECTURE.md, read
   from there (imports under ``if TYPE_CHECKING:`` are type annotations, not
@@ -56,7 +56,7 @@ INTEGRATION_INTERFACE = "cairn.integrations._interface"
 """The one internal module the integrations may import: what the library offers them
 beyond its public API (committing a prepared manifest, leases, the pointer)."""
 
-INTEGRATIONS = ("integrations", "torch", "lightning", "hf")
+INTEGRATIONS = ("integrations", "torch", "lightning", "hf", "ray")
 APPLICATIONS = ("cli", "demo")
 
 

@@ -1,8 +1,8 @@
 """The internal interface of cairn's integrations: what they may use beyond the public API.
 
-The integrations, :mod:`cairn.integrations.distributed` and the package
-:mod:`cairn.torch`, are built on the public modules (``cairn``, ``cairn.errors``,
-``cairn.format.ids``, ``cairn.format.layout``, ``cairn.format.manifest``,
+The integrations, :mod:`cairn.integrations.distributed` and the packages
+:mod:`cairn.torch` and :mod:`cairn.ray`, are built on the public modules (``cairn``,
+``cairn.errors``, ``cairn.format.ids``, ``cairn.format.layout``, ``cairn.format.manifest``,
 ``cairn.data``, ``cairn.format.integrity``, ``cairn.format.signing``, ``cairn.stores``,
 ``cairn.checkpointer``, ``cairn.sync``, ``cairn.format.codecs``) and on this module
 alone: they import no other private module. Everything private they need is named here,

@@ -13,7 +13,10 @@ once, as :meth:`ObjectStoreCheckpointer.save` does. Invariants:
 * it commits only entries that match the store: a HEAD per artifact checks the size and
   the SHA-256 the worker stored as object metadata, so no artifact is downloaded
   (:class:`IntegrityMismatchError` naming the artifact otherwise). Stores without user
-  metadata (local directories) are hashed from the file instead;
+  metadata (local directories) are hashed from the file instead. An object of ranges (a
+  :class:`~cairn.KeyedSnapshot`) has no digest of its whole bytes: its entry's digest is
+  its range index's, which lists every range's, so its index (the object's last
+  ``index_size_bytes``) is read, with one ranged GET, and hashed;
 * a failed commit writes nothing: no manifest, no pointer. A worker that dies mid-upload
   leaves objects in an uncommitted directory, which GC's orphan sweep removes;
 * the save's lease and preconditions are the commit protocol's (:mod:`cairn.protocol._commit`):
@@ -264,7 +267,10 @@ def _check_against_store(
         if info.size != entry.size_bytes:
             raise IntegrityMismatchError(path, str(entry.size_bytes), str(info.size), what="size")
         stored_digest = metadata.get(DIGEST_METADATA_KEY)
-        if stored_digest is None:  # a store without user metadata: hash the object itself
+        if entry.index_size_bytes is not None:  # an object of ranges: its index's digest
+            index = await ckpt.store.get_range(path, info.size - entry.index_size_bytes, info.size)
+            stored_digest = sha256_hex(index)
+        elif stored_digest is None:  # a store without user metadata: hash the object itself
             stored_digest = sha256_hex((await ckpt.store.get(path)).data)
         if stored_digest != entry.sha256:
             raise IntegrityMismatchError(path, entry.sha256, stored_digest)

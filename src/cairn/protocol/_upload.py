@@ -366,11 +366,10 @@ def _ranges_job(
     """The upload of an object of ranges (:mod:`cairn.format.ranges`): its ranges, then their
     index, in one streamed (multipart) write; stored as the source gives them (each
     range a frame of the source's codec, if it has one), whatever the checkpointer's."""
-    if metadata_key is not None:
-        raise InvalidInputError(
-            f"{path!r}: an object of ranges has no digest of its whole bytes to carry as "
-            "metadata: pass bytes or a file"
-        )
+    # ``metadata_key`` is not used: an object of ranges carries no digest of its whole
+    # bytes; its entry's digest is its index's, and a two-phase commit checks the index
+    # (see cairn.integrations.distributed).
+    del metadata_key
     if is_delta and isinstance(source, KeyedUpload):
         raise InvalidInputError(f"{path!r}: a KeyedSnapshot is saved as a snapshot, not a delta")
     recorded: list[tuple[int, int, str]] = []  # stored length, decoded length, digest

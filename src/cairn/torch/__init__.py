@@ -29,9 +29,9 @@ export-dcp`` and ``cairn import-dcp`` are the same on the command line.
 
 Hugging Face safetensors: :func:`export_hf` streams a DCP checkpoint as
 ``model-0000k-of-0000n.safetensors`` shards and ``model.safetensors.index.json`` into any
-store, every byte verified on the way out (:mod:`cairn.torch._hfexport`); :func:`import_hf`
-commits a safetensors directory as a DCP checkpoint that loads resharded
-(:mod:`cairn.torch._hfimport`). ``cairn export-hf`` and ``cairn import-hf`` on the
+store, every byte verified on the way out; :func:`import_hf` commits a safetensors
+directory as a DCP checkpoint that loads resharded (see the guide, "safetensors on the
+object store"). ``cairn export-hf`` and ``cairn import-hf`` on the
 command line.
 
 Incremental saves: ``CairnWriter(..., incremental=True)`` builds on the latest DCP

@@ -67,8 +67,9 @@ def export_hf(
     (written last), which ``safetensors.torch.load_file`` and ``transformers``'
     ``from_pretrained`` read. Each shard is streamed (a multipart upload on S3, GCS and
     Azure): nothing is staged on a local disk, no tensor is held whole, and every byte
-    comes from an item whose SHA-256 matched before the shard's upload ends. See
-    :mod:`cairn.torch._hfexport` for what a failure leaves.
+    comes from an item whose SHA-256 matched before the shard's upload ends. A failed
+    export deletes the shards it completed and writes no index; a destination that
+    holds an index already is refused before anything is written.
 
     Args:
         source: A store (as :class:`~cairn.torch.CairnReader` takes it) or a
