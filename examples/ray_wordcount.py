@@ -13,7 +13,7 @@ same stream.
         --rescale-to 6 --seed 7 --store ./checkpoints --json
 
 It starts a local Ray (``ray.init(num_cpus=2)``), or joins the cluster at ``--address``.
-Needs the ray extra: ``pip install 'cairn-checkpoint[ray]'``.
+Needs the ray extra: ``pip install '.[ray]'`` from a clone of cairn.
 """
 
 from __future__ import annotations

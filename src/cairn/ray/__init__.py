@@ -1,6 +1,6 @@
 """Streaming on Ray: keyed partition actors, one coordinator, state checkpointed to an
 object store, exactly-once through crashes and rescaling (the ``ray`` extra:
-``pip install 'cairn-checkpoint[ray]'``).
+``pip install '.[ray]'`` from a clone).
 
 The user writes a :class:`PartitionActor` (``key_of``, ``process``, ``snapshot``,
 ``restore``) and a replayable :class:`Source`; a :class:`StreamJob` runs them: a
@@ -8,10 +8,9 @@ coordinator actor that holds the store's writer generation, runs rounds and epoc
 commits each epoch with :func:`~cairn.commit_distributed`; partition actors that each
 hold the key groups ``KeyGroups.groups_of(i, workers)`` gives them, upload them at a
 barrier (:func:`~cairn.upload_partitions`) and, on every start or restart, restore them
-from the latest checkpoint with ``load_key_groups``, reading only their groups. See
-``docs/ray.md`` for the guide, and the modules for the invariants:
-:mod:`cairn.ray._coordinator` (epochs, failures, fencing) and :mod:`cairn.ray._runner`
-(rounds, barriers, restores). :func:`train_upload_fn` and :func:`train_storage` (in
+from the latest checkpoint with ``load_key_groups``, reading only their groups. The
+guide, "Streaming on Ray", gives the rounds, barriers, epochs, failures and fencing, and
+the coordinator's and the runner's modules keep them as invariants. :func:`train_upload_fn` and :func:`train_storage` (in
 :mod:`cairn.ray.train`, which needs Ray Train) checkpoint a Ray Train run through cairn.
 """
 
