@@ -10,8 +10,9 @@ hold the key groups ``KeyGroups.groups_of(i, workers)`` gives them, upload them 
 barrier (:func:`~cairn.upload_partitions`) and, on every start or restart, restore them
 from the latest checkpoint with ``load_key_groups``, reading only their groups. The
 guide, "Streaming on Ray", gives the rounds, barriers, epochs, failures and fencing, and
-the coordinator's and the runner's modules keep them as invariants. :func:`train_upload_fn` and :func:`train_storage` (in
-:mod:`cairn.ray.train`, which needs Ray Train) checkpoint a Ray Train run through cairn.
+the coordinator's and the runner's modules keep them as invariants.
+:func:`train_upload_fn` and :func:`train_storage` (in :mod:`cairn.ray.train`, which
+needs Ray Train) checkpoint a Ray Train run through cairn.
 """
 
 from typing import Any
