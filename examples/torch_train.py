@@ -202,10 +202,10 @@ def outcome(
     said = f"rank 1 was killed on purpose after step {step} (--kill-at {step})"
     ckpt = SyncCheckpointer(store, CheckpointPaths(prefix))
     try:
-        latest = ckpt.latest_id()
-        if latest is None:
+        newest = ckpt.newest_id()  # the newest committed, loaded here to prove it intact
+        if newest is None:
             return True, f"{said}, before its first checkpoint; run again without --kill-at"
-        epoch = ckpt.load(latest).epoch
+        epoch = ckpt.load(newest).epoch
     finally:
         ckpt.close()
     return True, (

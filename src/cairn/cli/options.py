@@ -82,14 +82,18 @@ RefArgument = Annotated[
     str,
     typer.Argument(
         metavar="ID|latest",
-        help="A checkpoint id, its unique start (8 characters or more), or 'latest'.",
+        help="A checkpoint id, its unique start (8 characters or more), 'latest' (the "
+        "newest checkpoint that loads and verifies, as load_latest finds it) or 'newest' "
+        "(the newest committed, whether it loads or not).",
     ),
 ]
 RefsArgument = Annotated[
     list[str] | None,
     typer.Argument(
         metavar="ID|latest",
-        help="Checkpoint ids, their unique starts (8 characters or more), or 'latest'.",
+        help="Checkpoint ids, their unique starts (8 characters or more), 'latest' (the "
+        "newest checkpoint that loads and verifies, as load_latest finds it) or 'newest' "
+        "(the newest committed, whether it loads or not).",
         show_default=False,
     ),
 ]
@@ -104,9 +108,9 @@ SkipNewerOption = Annotated[
     bool,
     typer.Option(
         "--skip-newer-format",
-        help="With 'latest': pass over checkpoints a newer cairn wrote (format features "
-        "this cairn does not know) and take the newest this cairn reads, instead of "
-        "failing (exit 5).",
+        help="With 'latest' or 'newest': pass over checkpoints a newer cairn wrote "
+        "(format features this cairn does not know) and take the newest this cairn "
+        "reads, instead of failing (exit 5).",
     ),
 ]
 LimitOption = Annotated[int | None, at_least("--limit", 1, "Only the N newest (after --since).")]

@@ -15,7 +15,7 @@ import typer
 
 from cairn import ObjectStoreCheckpointer
 from cairn.cli import views
-from cairn.cli.catalog import latest_mark, parse_ref, read_manifests
+from cairn.cli.catalog import Latest, latest_mark, parse_ref, read_manifests
 from cairn.cli.costs import cost_summary, cost_table, row_costs
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.history import Point, history_chart, history_doc
@@ -57,7 +57,7 @@ async def _list(session: Session, limit: int | None, since: str | None) -> None:
     every = await ckpt.list_checkpoints()
     ids = window(every, limit, since_ms)
     if every and not ids:
-        session.output.json(views.list_doc(session.doc(), [], None, []))
+        session.output.json(views.list_doc(session.doc(), [], Latest(None, None), []))
         session.output.line(
             f"no checkpoints since {since} under prefix {session.prefix!r} of {session.url} "
             f"({len(every)} older)"
@@ -65,16 +65,22 @@ async def _list(session: Session, limit: int | None, since: str | None) -> None:
         return
     if not ids:
         others = await _none_under_prefix(session, ckpt)
-        session.output.json(views.list_doc(session.doc(), [], None, others))
+        session.output.json(views.list_doc(session.doc(), [], Latest(None, None), others))
         return
     listed = await read_manifests(ckpt, ids)
-    latest = await latest_mark(ckpt)
-    session.output.json(views.list_doc(session.doc(), listed, latest, []))
+    mark = await latest_mark(ckpt)
+    session.output.json(views.list_doc(session.doc(), listed, mark, []))
     out = session.output
-    out.show(views.list_table(listed, latest, full_ids=out.full_ids, wide=out.wide))
+    out.show(views.list_table(listed, mark, full_ids=out.full_ids, wide=out.wide))
     for item in listed:
         if item.error is not None:
             session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
+    if mark.newest_fails:
+        latest = "no checkpoint loads" if mark.latest is None else f"the latest is {mark.latest}"
+        session.output.warning(
+            f"the newest checkpoint, {mark.newest}, does not load: {latest} "
+            f"(cairn verify newest names the damage)"
+        )
 
 
 def history_command(
@@ -196,13 +202,13 @@ async def _show(session: Session, ref: str, partitions: bool) -> None:
     signature = await signature_of(ckpt, cid)
     state = signature_state(ckpt, signature, verified=True)
     key_id = signature.key_id if signature is not None else None
-    latest = cid == await latest_mark(ckpt)
+    mark = await latest_mark(ckpt)
     listed = views.show_lists_entries(manifest, partitions)
-    doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
+    doc = views.show_doc(manifest, mark, listed, signature=state, key_id=key_id)
     out = session.output
     table = views.show_table(
         manifest,
-        latest,
+        mark,
         listed,
         signature=state,
         key_id=key_id,
