@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cairn import CheckpointPaths, SyncCheckpointer
+from cairn import CheckpointPaths, MissingExtraError, SyncCheckpointer
 
 if TYPE_CHECKING:
     import torch
@@ -270,7 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--help`` and bad options exit here, before any store is made."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Outside torchrun the script starts torchrun with two ranks itself.",
+        epilog="Needs the torch extra (torch, numpy, zstandard): pip install '.[torch]' in "
+        "cairn's directory. Outside torchrun the script starts torchrun with two ranks "
+        "itself.",
     )
     parser.add_argument(
         "--store", help="where checkpoints go: a directory (made if missing) or a URL"
@@ -304,15 +306,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """A rank under torchrun; otherwise the launcher of the ranks, or the demo."""
-    args = parse_args()
-    if args.demo:
-        return demo()
+    args = parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # set by torchrun
         train(args)
         return 0
-    return launch(args, sys.argv[1:])
+    try:  # before torchrun: a missing package fails here once, not in every rank
+        import cairn.torch  # noqa: F401
+    except MissingExtraError as exc:
+        sys.exit(f"torch_train.py: {exc}")
+    if args.demo:
+        return demo()
+    return launch(args, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,8 @@ def test_install_hints_name_the_distribution() -> None:
     ]
     found = {(path.name, m.group(1)) for path in files for m in hint.finditer(path.read_text())}
     assert found, "no install hint found"
-    assert {name for _, name in found} == {DIST}, sorted(found)
+    # '.': installing from cairn's own directory (a clone), which needs no published name.
+    assert {name for _, name in found} - {"."} == {DIST}, sorted(found)
 
 
 def python_blocks(path: Path) -> list[str]:

@@ -40,11 +40,8 @@ def torch_module() -> ModuleType:
     """:mod:`cairn.torch`, or a usage error (exit 2) when torch is not installed."""
     try:
         return importlib.import_module("cairn.torch")
-    except ImportError as exc:
-        raise CliError(
-            f"this command needs PyTorch: pip install 'cairn-checkpoint[torch]' ({exc})",
-            ExitCode.USAGE,
-        ) from None
+    except ImportError as exc:  # a MissingExtraError says what to install
+        raise CliError(f"this command needs the torch extra: {exc}", ExitCode.USAGE) from None
 
 
 def _name(name: str | None) -> str:
