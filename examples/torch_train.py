@@ -94,7 +94,12 @@ def train(args: argparse.Namespace) -> None:
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = torch.full((args.steps,), float("nan"))
     if rank == 0:
-        print(f"store {args.store}, prefix {args.prefix!r}; {inspect_command(args)}", flush=True)
+        if args.temporary:  # the demo deletes it: no command to look at it later
+            print(f"store {args.store} (temporary, deleted when the demo ends)", flush=True)
+        else:
+            print(
+                f"store {args.store}, prefix {args.prefix!r}; {inspect_command(args)}", flush=True
+            )
         if args.kill_at is not None:
             print(
                 f"rank 1 will be SIGKILLed after step {args.kill_at} (--kill-at): "
@@ -231,7 +236,7 @@ def demo() -> int:
     """An uninterrupted run, a run killed at step 25 and its resumption; same curves?"""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        common = ["--steps", "40", "--every", "10"]
+        common = ["--steps", "40", "--every", "10", "--temporary"]
         whole = torchrun(
             ["--store", str(root / "whole"), *common, "--losses", str(root / "whole.json")],
             capture_stdout=True,
@@ -263,6 +268,11 @@ def demo() -> int:
             return 1
         same = (root / "whole.json").read_text() == (root / "resumed.json").read_text()
         print("loss curves identical:", same)
+        print(
+            "the demo's stores are deleted; to keep checkpoints for `cairn list`, run "
+            "python examples/torch_train.py --store ./dcp-run --kill-at 25, then again "
+            "without --kill-at"
+        )
         return 0 if same else 1
 
 
@@ -299,6 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run, crash and resume in a temporary directory; compare the loss curves",
     )
     parser.add_argument("--kill-note", help=argparse.SUPPRESS)  # see launch()
+    parser.add_argument("--temporary", action="store_true", help=argparse.SUPPRESS)  # demo()
     args = parser.parse_args(argv)
     if not args.demo and not args.store:
         parser.error("--store is required (or --demo)")

@@ -252,13 +252,13 @@ def test_bad_inputs_on_a_local_store(local: Filled, tmp_path: Path) -> None:
             ["list", "--store", "ftp://example.com/x"],
             ["list", "--store", "s3://"],
             ["list", "--store", "file://host/abs"],
-            ["list", "--store", str(tmp_path / "missing")],
+            ["show", "latest", "--store", str(tmp_path / "missing")],
             ["restore", "latest", "--to", str(a_file), *store],
             ["restore", "latest", "--to", str(a_file / "sub"), *store],
             ["delete", unknown, *store],
             ["delete", str(local.base), *store],
             ["verify", *store],
-            ["list"],  # the default store, ./checkpoints, does not exist in the cwd
+            ["verify", "latest"],  # the default store, ./checkpoints, does not exist in the cwd
             ["show", "not-an-id", *store, "--debug"],
         ],
         cwd=tmp_path,

@@ -102,7 +102,12 @@ WideOption = Annotated[
     typer.Option("--wide", "-w", help="Every column and whole ids, however wide the terminal."),
 ]
 IdsOption = Annotated[
-    bool, typer.Option("--ids", help="Whole checkpoint ids instead of their short form.")
+    bool,
+    typer.Option(
+        "--ids",
+        help="Whole checkpoint ids instead of their short form; with list, the ids alone, "
+        "one per line.",
+    ),
 ]
 SkipNewerOption = Annotated[
     bool,

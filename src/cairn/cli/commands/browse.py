@@ -44,18 +44,26 @@ def list_command(
 
     Ids are shown short: the fewest characters (8 or more) that tell them apart, which
     every command takes. The table fits the terminal, dropping its least useful columns
-    when narrow; --wide shows every column and whole ids, --ids whole ids. When there
-    are none under the prefix, names the prefixes of the store that hold some.
-    --since and --limit list only the newest (by the time an id carries).
+    when narrow; --wide shows every column and whole ids. --ids prints the whole ids
+    alone, one per line, oldest first, for scripts. When there are none under the
+    prefix, names the prefixes of the store that hold some. --since and --limit list
+    only the newest (by the time an id carries).
     """
     launch(ctx, lambda session: _list(session, limit, since))
 
 
 async def _list(session: Session, limit: int | None, since: str | None) -> None:
     since_ms = _since(since)
-    ckpt = await session.open()
+    ckpt = await session.open(missing_is_empty=True)
     every = await ckpt.list_checkpoints()
     ids = window(every, limit, since_ms)
+    out = session.output
+    if out.full_ids and not out.wide and not out.json_mode:
+        for cid in ids:  # for scripts: the ids alone, and nothing else on stdout
+            out.line(str(cid))
+        if not ids:
+            out.note(_nothing_there(session))
+        return
     if every and not ids:
         session.output.json(views.list_doc(session.doc(), [], Latest(None, None), []))
         session.output.line(
@@ -70,7 +78,6 @@ async def _list(session: Session, limit: int | None, since: str | None) -> None:
     listed = await read_manifests(ckpt, ids)
     mark = await latest_mark(ckpt)
     session.output.json(views.list_doc(session.doc(), listed, mark, []))
-    out = session.output
     out.show(views.list_table(listed, mark, full_ids=out.full_ids, wide=out.wide))
     for item in listed:
         if item.error is not None:
@@ -106,7 +113,7 @@ async def _history(
 ) -> None:
     since_ms = _since(since)
     table = _prices(session.parse(), price) if cost else None
-    ckpt = await session.open()
+    ckpt = await session.open(missing_is_empty=True)
     committed = set(await ckpt.list_checkpoints())
     dirs = await ckpt.list_checkpoint_dirs()
     if not dirs:
@@ -166,11 +173,18 @@ async def _none_under_prefix(session: Session, ckpt: ObjectStoreCheckpointer) ->
     """Say there are no checkpoints under the prefix, naming the prefixes of the store
     that hold some; returns those."""
     others = await checkpoint_prefixes(ckpt.store, session.prefix)
-    session.output.line(
-        f"no checkpoints under prefix {session.prefix!r} of {session.url}"
-        + other_prefixes_hint(others)
-    )
+    session.output.line(_nothing_there(session) + other_prefixes_hint(others))
     return others
+
+
+def _nothing_there(session: Session) -> str:
+    """The line that says the store holds no checkpoints under the prefix."""
+    if session.missing_dir is not None:
+        store = " (the default store: pass --store URL or set CAIRN_STORE)"
+        return f"no checkpoints yet: the local directory {session.missing_dir} does not exist" + (
+            store if session.default_store else ""
+        )
+    return f"no checkpoints under prefix {session.prefix!r} of {session.url}"
 
 
 def show_command(

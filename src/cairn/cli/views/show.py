@@ -19,7 +19,7 @@ from rich.text import Text
 
 from cairn import CheckpointId, CheckpointManifest
 from cairn.cli.catalog import Latest
-from cairn.cli.output import Col, human_age, human_size, make_table, time_text
+from cairn.cli.output import Col, human_age, human_size, make_table, plural, time_text
 from cairn.cli.views.summary import artifacts_text, id_texts, manifest_doc, plain, requests_text
 
 __all__ = [
@@ -179,7 +179,8 @@ def show_table(
         ("parent", manifest.parent_id or "—"),
         (
             "size",
-            f"{human_size(doc['size_bytes'])} in {artifacts_text(manifest)} artifacts "
+            f"{human_size(doc['size_bytes'])} in {artifacts_text(manifest)} "
+            f"artifact{'' if doc['artifacts'] == 1 else 's'} "
             f"({human_size(doc['uploaded_bytes'])} uploaded by this checkpoint)",
         ),
         (
@@ -228,7 +229,7 @@ def show_table(
         return Group(*parts)
     summaries = operator_summaries(manifest)
     table = make_table(
-        f"{doc['artifacts']} artifacts in {len(summaries)} operators",
+        f"{plural(doc['artifacts'], 'artifact')} in {plural(len(summaries), 'operator')}",
         "Operator",
         ">Partitions",
         Col(">Snapshots", 2),
@@ -248,7 +249,7 @@ def show_table(
         )
     parts.append(table)
     hidden = len(summaries) - SHOW_ROWS_LIMIT
-    more = f"{hidden} more operators not shown; " if hidden > 0 else ""
+    more = f"{plural(hidden, 'more operator')} not shown; " if hidden > 0 else ""
     parts.append(Text(f"{more}--partitions lists every artifact"))
     return Group(*parts)
 
