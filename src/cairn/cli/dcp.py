@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from cairn import MissingExtraError
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.output import heading, human_size, make_table, plural
 
@@ -40,8 +41,15 @@ def torch_module() -> ModuleType:
     """:mod:`cairn.torch`, or a usage error (exit 2) when torch is not installed."""
     try:
         return importlib.import_module("cairn.torch")
-    except ImportError as exc:  # a MissingExtraError says what to install
+    except MissingExtraError as exc:  # it says what is missing and what to install
         raise CliError(f"this command needs the torch extra: {exc}", ExitCode.USAGE) from None
+    except ImportError as exc:
+        raise CliError(
+            "this command needs the torch extra: install cairn with its 'torch' extra (pip "
+            "install '.[torch]' in cairn's directory, or 'cairn-checkpoint[torch]' from a "
+            f"package index) ({exc})",
+            ExitCode.USAGE,
+        ) from None
 
 
 def _name(name: str | None) -> str:
