@@ -143,9 +143,10 @@ class CheckpointReads(abc.ABC):
         """What "latest" means: the checkpoint :meth:`load_latest` returns.
 
         The newest committed checkpoint that loads and verifies, found as
-        :meth:`load_latest` finds it, so it costs what that costs: every artifact of the
+        :meth:`load_latest` finds it, with the same reads: every artifact of the
         checkpoint is read and checked against its SHA-256 (and those of each newer one
-        passed over as damaged), then dropped. :meth:`newest_id` names the newest
+        passed over as damaged), each dropped once checked, so memory holds the reads in
+        flight, not the checkpoint. :meth:`newest_id` names the newest
         committed checkpoint from the manifests alone; the two differ only when that
         one is damaged.
 
@@ -161,13 +162,13 @@ class CheckpointReads(abc.ABC):
                 loads, as in :meth:`load_latest`.
         """
         context, seen = await self._context_seeing_latest()
-        loaded = await _catalog.first_that_loads(
+        verified = await _catalog.first_that_loads(
             context,
-            lambda cid: _download.load(context, cid, True),
+            lambda cid: _download.verify(context, cid),
             skip_newer_format=skip_newer_format,
             seen=seen,
         )
-        return loaded.checkpoint_id if loaded is not None else None
+        return verified.checkpoint_id if verified is not None else None
 
     async def newest_id(self, *, skip_newer_format: bool = False) -> CheckpointId | None:
         """The newest committed checkpoint, whether its artifacts verify or not.
