@@ -116,10 +116,10 @@ async def resolve(
     Raises :class:`CliError` (exit 2) for a malformed id, an empty store, or an id that
     is not committed there, and :class:`cairn.AmbiguousCheckpointIdError` (exit 2) for a
     short id that several checkpoints start with. ``latest`` is a :class:`CliError`
-    (exit 1) when checkpoints are committed and none of them loads. ``latest`` and
-    ``newest`` raise :class:`cairn.NewerFormatError` (exit 5) when they reach a
-    checkpoint that needs a newer cairn, unless ``skip_newer_format`` (see
-    :meth:`ObjectStoreCheckpointer.load_latest`).
+    (exit 1) when committed checkpoints have readable manifests and none of them
+    loads. ``latest`` and ``newest`` raise :class:`cairn.NewerFormatError` (exit 5)
+    when they reach a checkpoint that needs a newer cairn, unless ``skip_newer_format``
+    (see :meth:`ObjectStoreCheckpointer.load_latest`).
     """
     word = ref.lower()
     if word in REF_WORDS:
@@ -130,8 +130,9 @@ async def resolve(
         if found is not None:
             return found
         signed = " signed by a key of CAIRN_SIGNING_KEY" if ckpt.signing_keys else ""
-        committed = len(await ckpt.list_checkpoints())
-        if word == LATEST and committed:
+        # Checkpoints whose manifests read, none of which loads: damage, not an empty store.
+        if word == LATEST and await ckpt.newest_id(skip_newer_format=skip_newer_format):
+            committed = len(await ckpt.list_checkpoints())
             raise CliError(
                 f"no checkpoint{signed} in {where} loads: all {committed} committed "
                 "checkpoint(s) are damaged (cairn verify --all names the damage)",

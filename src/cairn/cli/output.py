@@ -180,7 +180,7 @@ def heading(text: str) -> Heading:
 
 def plural(count: int, noun: str) -> str:
     """``1 file``, ``2 files``, ``0 files``: ``count`` and ``noun``, plural unless one."""
-    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def human_duration(ms: float) -> str:
