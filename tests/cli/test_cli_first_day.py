@@ -11,7 +11,7 @@ from rich.console import Console
 from support.cli import PREFIX, Filled, cairn, cairn_many
 from test_cli_history import id_at
 
-from cairn import CheckpointId
+from cairn import CheckpointData, CheckpointId, CheckpointPaths, SyncCheckpointer
 from cairn.cli.history import Point, history_chart
 from cairn.cli.output import human_duration, plural
 
@@ -144,3 +144,28 @@ def test_durations_and_counts_read_as_people_say_them() -> None:
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "gap: 358 ms without a checkpoint" in text, text
     assert isinstance(points[0].checkpoint_id, CheckpointId) and PREFIX == ""
+
+
+def test_restore_as_partition_files_writes_a_directory_partition_as_its_files(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "db"
+    (src / "sub").mkdir(parents=True)
+    (src / "CURRENT").write_bytes(b"MANIFEST-000001\n")
+    (src / "sub" / "000001.sst").write_bytes(b"sst" * 1000)
+    store = tmp_path / "store"
+    ckpt = SyncCheckpointer(store.as_uri(), CheckpointPaths(PREFIX))
+    saved = ckpt.save(
+        CheckpointData(epoch=1, directories={("db", 0): src}, snapshots={("op", 0): b"s"})
+    )
+    ckpt.close()
+    target = tmp_path / "state"
+    run = cairn(
+        "restore", str(saved.checkpoint_id), "--to", str(target), "--layout", "partitions",
+        "--store", store.as_uri(),
+    )  # fmt: skip
+    assert run.code == 0, run.explain()
+    assert (target / "db" / "partition-0" / "CURRENT").read_bytes() == b"MANIFEST-000001\n"
+    assert (target / "db" / "partition-0" / "sub" / "000001.sst").read_bytes() == b"sst" * 1000
+    assert (target / "op" / "partition-0.snapshot").read_bytes() == b"s"
+    assert "3 files" in run.stdout, run.explain()
