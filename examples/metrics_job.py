@@ -21,7 +21,7 @@ import shlex
 import sys
 import time
 
-from cairn import CheckpointData, CheckpointPaths, SyncCheckpointer
+from cairn import CheckpointData, CheckpointPaths, MissingExtraError, SyncCheckpointer
 
 DEFAULT_STORE = "./checkpoints"
 """The store ``cairn`` reads when given no ``--store``."""
@@ -41,7 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--help`` and bad options exit here, before any store is made."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Needs the metrics extra: pip install 'cairn-checkpoint[metrics]'.",
+        epilog="Needs the metrics extra (prometheus_client, opentelemetry-api): "
+        "pip install '.[metrics]' in cairn's directory.",
     )
     parser.add_argument(
         "store",
@@ -78,12 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     """Serve /metrics, checkpoint a few rounds, then keep serving."""
     args = parse_args(argv)
     try:
-        import prometheus_client
-
         from cairn.observe.metrics import PrometheusMetrics
-    except ImportError as exc:
-        hint = "install the extra: pip install 'cairn-checkpoint[metrics]'"
-        sys.exit(f"metrics_job.py: {exc}; {hint}")
+    except MissingExtraError as exc:  # one line naming the extra to install
+        sys.exit(f"metrics_job.py: {exc}")
+    import prometheus_client
+
     paths = CheckpointPaths(args.prefix)
     registry = prometheus_client.CollectorRegistry()
     server, _ = prometheus_client.start_http_server(args.port, addr="127.0.0.1", registry=registry)

@@ -101,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--help`` and bad options exit here, before any store is made."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="The last damaged checkpoint stays damaged: `cairn verify --all` reports it.",
+        epilog="Needs cairn alone, no extra. The last damaged checkpoint stays damaged: "
+        "`cairn verify --all` reports it.",
     )
     parser.add_argument(
         "dir",

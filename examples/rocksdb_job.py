@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--help`` and bad options exit here, before anything is made."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Needs rocksdict: pip install rocksdict.",
+        epilog="Needs rocksdict (no extra of cairn): pip install rocksdict.",
     )
     parser.add_argument(
         "--store",

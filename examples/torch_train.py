@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cairn import CheckpointPaths, SyncCheckpointer
+from cairn import CheckpointPaths, MissingExtraError, SyncCheckpointer
 
 if TYPE_CHECKING:
     import torch
@@ -94,7 +94,12 @@ def train(args: argparse.Namespace) -> None:
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = torch.full((args.steps,), float("nan"))
     if rank == 0:
-        print(f"store {args.store}, prefix {args.prefix!r}; {inspect_command(args)}", flush=True)
+        if args.temporary:  # the demo deletes it: no command to look at it later
+            print(f"store {args.store} (temporary, deleted when the demo ends)", flush=True)
+        else:
+            print(
+                f"store {args.store}, prefix {args.prefix!r}; {inspect_command(args)}", flush=True
+            )
         if args.kill_at is not None:
             print(
                 f"rank 1 will be SIGKILLed after step {args.kill_at} (--kill-at): "
@@ -202,10 +207,10 @@ def outcome(
     said = f"rank 1 was killed on purpose after step {step} (--kill-at {step})"
     ckpt = SyncCheckpointer(store, CheckpointPaths(prefix))
     try:
-        latest = ckpt.latest_id()
-        if latest is None:
+        newest = ckpt.newest_id()  # the newest committed, loaded here to prove it intact
+        if newest is None:
             return True, f"{said}, before its first checkpoint; run again without --kill-at"
-        epoch = ckpt.load(latest).epoch
+        epoch = ckpt.load(newest).epoch
     finally:
         ckpt.close()
     return True, (
@@ -231,7 +236,7 @@ def demo() -> int:
     """An uninterrupted run, a run killed at step 25 and its resumption; same curves?"""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        common = ["--steps", "40", "--every", "10"]
+        common = ["--steps", "40", "--every", "10", "--temporary"]
         whole = torchrun(
             ["--store", str(root / "whole"), *common, "--losses", str(root / "whole.json")],
             capture_stdout=True,
@@ -263,6 +268,11 @@ def demo() -> int:
             return 1
         same = (root / "whole.json").read_text() == (root / "resumed.json").read_text()
         print("loss curves identical:", same)
+        print(
+            "the demo's stores are deleted; to keep checkpoints for `cairn list`, run "
+            "python examples/torch_train.py --store ./dcp-run --kill-at 25, then again "
+            "without --kill-at"
+        )
         return 0 if same else 1
 
 
@@ -270,7 +280,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--help`` and bad options exit here, before any store is made."""
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Outside torchrun the script starts torchrun with two ranks itself.",
+        epilog="Needs the torch extra (torch, numpy, zstandard): pip install '.[torch]' in "
+        "cairn's directory. Outside torchrun the script starts torchrun with two ranks "
+        "itself.",
     )
     parser.add_argument(
         "--store", help="where checkpoints go: a directory (made if missing) or a URL"
@@ -297,6 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run, crash and resume in a temporary directory; compare the loss curves",
     )
     parser.add_argument("--kill-note", help=argparse.SUPPRESS)  # see launch()
+    parser.add_argument("--temporary", action="store_true", help=argparse.SUPPRESS)  # demo()
     args = parser.parse_args(argv)
     if not args.demo and not args.store:
         parser.error("--store is required (or --demo)")
@@ -304,15 +317,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """A rank under torchrun; otherwise the launcher of the ranks, or the demo."""
-    args = parse_args()
-    if args.demo:
-        return demo()
+    args = parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # set by torchrun
         train(args)
         return 0
-    return launch(args, sys.argv[1:])
+    try:  # before torchrun: a missing package fails here once, not in every rank
+        import cairn.torch  # noqa: F401
+    except MissingExtraError as exc:
+        sys.exit(f"torch_train.py: {exc}")
+    if args.demo:
+        return demo()
+    return launch(args, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

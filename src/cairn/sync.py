@@ -276,6 +276,11 @@ class SyncCheckpointer:
         """See :meth:`ObjectStoreCheckpointer.latest_id`."""
         return run_blocking(self.async_checkpointer.latest_id(*args, **kwargs))
 
+    @_twin_of(ObjectStoreCheckpointer.newest_id)
+    def newest_id(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`ObjectStoreCheckpointer.newest_id`."""
+        return run_blocking(self.async_checkpointer.newest_id(*args, **kwargs))
+
     @_twin_of(ObjectStoreCheckpointer.list_checkpoints)
     def list_checkpoints(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`ObjectStoreCheckpointer.list_checkpoints`."""

@@ -252,13 +252,13 @@ def test_bad_inputs_on_a_local_store(local: Filled, tmp_path: Path) -> None:
             ["list", "--store", "ftp://example.com/x"],
             ["list", "--store", "s3://"],
             ["list", "--store", "file://host/abs"],
-            ["list", "--store", str(tmp_path / "missing")],
+            ["show", "latest", "--store", str(tmp_path / "missing")],
             ["restore", "latest", "--to", str(a_file), *store],
             ["restore", "latest", "--to", str(a_file / "sub"), *store],
             ["delete", unknown, *store],
             ["delete", str(local.base), *store],
             ["verify", *store],
-            ["list"],  # the default store, ./checkpoints, does not exist in the cwd
+            ["verify", "latest"],  # the default store, ./checkpoints, does not exist in the cwd
             ["show", "not-an-id", *store, "--debug"],
         ],
         cwd=tmp_path,
@@ -297,7 +297,7 @@ def test_verify_finds_corruption_and_restore_refuses_it(local: Filled, tmp_path:
     every, newest, restore, listed = cairn_many(
         [
             ["verify", "--all", *store, "--json"],
-            ["verify", "latest", *store],
+            ["verify", "newest", *store],
             ["restore", str(local.delta), "--to", str(target), *store],
             ["list", *store, "--json"],
         ]
@@ -313,8 +313,9 @@ def test_verify_finds_corruption_and_restore_refuses_it(local: Filled, tmp_path:
     line = every.error_line()
     assert "3 of 3 checkpoint(s) failed verification" in line and damaged in line
 
-    # 'latest' is the newest checkpoint whose manifest reads (the library's notion): the
-    # delta, whose chain holds the damaged snapshot; the unreadable newest is warned about.
+    # 'newest' is the newest checkpoint whose manifest reads (none loads, so there is no
+    # 'latest'): the delta, whose chain holds the damaged snapshot; the unreadable newest
+    # is warned about.
     assert newest.code == 1, newest.explain()
     warning, error = [line for line in newest.stderr.splitlines() if line.strip()]
     assert warning.startswith(f"warning: checkpoint {local.newest} has no readable manifest")

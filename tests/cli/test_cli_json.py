@@ -102,7 +102,7 @@ def test_every_failure_prints_one_json_object(local: Filled, tmp_path: Path) -> 
     cases: list[tuple[str, list[str], int, str, str]] = [
         ("list", ["list", "--store", "s3:/x"], 2, "InvalidStoreUrlError", "malformed URL"),
         ("list", ["list", "--bogus"], 2, "UsageError", "No such option: --bogus"),
-        ("list", ["list"], 3, "StoreError", "does not exist (the default store"),
+        ("show", ["show", "latest"], 3, "StoreError", "does not exist (the default store"),
         ("show", ["show", "not-an-id"], 2, "UsageError", "not a checkpoint id"),
         ("show", ["show", unknown, *store], 2, "UsageError", f"no checkpoint {unknown}"),
         ("verify", ["verify", *store], 2, "UsageError", "name a checkpoint"),

@@ -17,7 +17,7 @@ from support.cli import PREFIX, Filled, cairn_many, document, flip_byte, store_r
 
 from cairn import CheckpointId, CheckpointPaths, ObjectStoreCheckpointer
 from cairn.cli import views
-from cairn.cli.catalog import read_manifests
+from cairn.cli.catalog import latest_mark, read_manifests
 from cairn.cli.errors import ExitCode
 from cairn.cli.history import Point, history_chart
 from cairn.cli.output import Col, FitTable
@@ -54,14 +54,14 @@ def test_list_verify_and_history_fit_every_width(local: Filled, width: int) -> N
         ckpt = _checkpointer(local)
         ids = await ckpt.list_checkpoints()
         listed = await read_manifests(ckpt, ids)
-        latest = await ckpt.latest_id()
+        mark = await latest_mark(ckpt)
         results = [await verify_one(ckpt, cid) for cid in ids]
         points = [Point(item.checkpoint_id, "committed", item.manifest) for item in listed]
         return [
-            (views.list_table(listed, latest), True),
+            (views.list_table(listed, mark), True),
             (views.verify_table(results), True),
             (history_chart(points), True),
-            (views.show_table(listed[1].manifest, False), False),  # type: ignore[arg-type]
+            (views.show_table(listed[1].manifest, mark), False),  # type: ignore[arg-type]
         ]
 
     for renderable, has_every_id in asyncio.run(tables()):

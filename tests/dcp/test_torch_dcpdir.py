@@ -503,9 +503,17 @@ def test_without_torch_the_commands_say_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "cairn.torch", None)
-    with pytest.raises(CliError, match=r"pip install 'cairn-checkpoint\[torch\]'") as info:
+    with pytest.raises(CliError, match=r"pip install '\.\[torch\]'") as info:
         cli_dcp.torch_module()
     assert info.value.code == 2
+    assert "'cairn-checkpoint[torch]' from a package index" in info.value.message
+    monkeypatch.delitem(sys.modules, "cairn.torch")
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(CliError) as missing:
+        cli_dcp.torch_module()
+    assert missing.value.message.startswith(
+        "this command needs the torch extra: cairn.torch needs torch, which is not installed"
+    )
     # and the command line itself does not import torch to start
     probe = "import sys, cairn.cli.app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

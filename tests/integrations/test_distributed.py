@@ -197,3 +197,24 @@ async def test_reports_round_trip_and_bad_sets_are_refused(tmp_path: Any) -> Non
     assert await ckpt.list_checkpoints() == []
     manifest = await commit_distributed(ckpt, cid, 1, keys, [second, first])
     assert (await ckpt.load(cid)).manifest == manifest
+
+
+async def test_a_distributed_save_records_how_long_it_took(tmp_path: Any) -> None:
+    """From the time its id carries to the commit point; the workers' requests are not
+    reported, so the statistics leave them unknown rather than undercount them."""
+    ckpt = ObjectStoreCheckpointer(LocalStore(tmp_path))
+    cid = CheckpointId.now()
+    keys = [("op", p) for p in range(2)]
+    report = await upload_partitions(ckpt, cid, [("op", p, False, b"x" * 10) for p in range(2)])
+    await asyncio.sleep(0.05)  # the uploads and the wait for the reports take time
+    manifest = await commit_distributed(ckpt, cid, 1, keys, [report])
+    stats = manifest.stats
+    assert stats is not None
+    assert stats.duration_ms >= 50 and stats.upload_ms >= 50
+    assert stats.duration_ms == stats.upload_ms + stats.commit_ms or (
+        abs(stats.duration_ms - stats.upload_ms - stats.commit_ms) <= 1
+    )
+    assert (stats.uploaded_artifacts, stats.uploaded_bytes) == (2, 20)
+    assert stats.requests is msgspec.UNSET
+    assert stats.stored_bytes is not msgspec.UNSET and stats.stored_bytes > 20
+    assert (await ckpt.load_manifest(cid)).stats == stats

@@ -45,6 +45,7 @@ EXPECTED = {
     "KeySpaceMismatchError",
     "KeyedSnapshot",
     "MissingArtifactError",
+    "MissingExtraError",
     "NewerFormatError",
     "NotDurableError",
     "ObjectNotFoundError",
@@ -187,6 +188,7 @@ ERROR_SAMPLES: list[Exception] = [
     errors.KeyGroupError("key group", 300, "0..255"),
     errors.KeySpaceMismatchError("counts", "partitions 0 and 1 both hold key group 7"),
     errors.MissingArtifactError("id/a", "operator 'op', partition 0"),
+    errors.MissingExtraError("cairn.torch", "torch", ("numpy",)),
     errors.NewerFormatError("id/manifest.json", None, ("x", "y"), None),
     errors.NotDurableError("put", "id/a", "fsync failed: EIO"),
     errors.ObjectExistsError("put", "id/manifest.json", "already exists"),
@@ -301,6 +303,14 @@ ERROR_MESSAGES = {
             "which this cairn does not know; it was written by a cairn that did not say"
         ),
         ("checkpoint_id", "features", "path", "written_by"),
+    ),
+    "MissingExtraError": (
+        (
+            "cairn.torch needs numpy, which is not installed: install cairn with its 'torch' "
+            "extra (pip install '.[torch]' in cairn's directory, or 'cairn-checkpoint[torch]' "
+            "from a package index), or pip install numpy"
+        ),
+        ("extra", "feature", "missing"),
     ),
     "NotDurableError": (
         "store put failed for 'id/a': fsync failed: EIO",

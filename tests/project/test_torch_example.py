@@ -41,5 +41,11 @@ def test_a_killed_training_run_resumes_with_the_same_loss_curve() -> None:
     assert f"(exit code 1)\n{summary}" in proc.stdout, explain
     assert "Traceback" not in explain, "the expected kill is summarised, not dumped"
     assert "at step 20" in proc.stdout, "resumed from the checkpoint of step 20"
-    assert proc.stdout.rstrip().endswith("loss curves identical: True"), explain
+    *_, verdict, hint = proc.stdout.rstrip().splitlines()
+    assert verdict == "loss curves identical: True", explain
+    # The demo's stores are temporary: it names no command to look at them afterwards.
+    assert "cairn list --store ./dcp-run" not in proc.stdout.replace(hint, "")
+    assert "cairn list --store" not in proc.stdout.replace(hint, ""), explain
+    assert "(temporary, deleted when the demo ends)" in proc.stdout, explain
+    assert hint.startswith("the demo's stores are deleted; to keep checkpoints for `cairn")
     assert proc.stdout.count("step  39  loss") == 2, "both runs trained to the end"

@@ -45,6 +45,7 @@ from cairn import (
     SourceOffsetEntry,
 )
 from cairn.cli import views
+from cairn.cli.catalog import Latest, Listed
 from cairn.format import manifest as manifest_module
 from cairn.format.layout import MAX_NAME_BYTES, MAX_SOURCE_NAME_BYTES
 from cairn.format.manifest import (
@@ -549,10 +550,9 @@ def test_views_never_crash_on_a_time_with_no_date() -> None:
     doc = views.manifest_doc(manifest)
     assert doc["created"] is None and doc["timestamp_ms"] == far
     console = Console(file=io.StringIO(), width=200)
-    console.print(views.show_table(manifest, latest=True))
-    from cairn.cli.catalog import Listed
-
-    console.print(views.list_table([Listed(manifest.checkpoint_id, manifest)], None))
+    mark = Latest(manifest.checkpoint_id, manifest.checkpoint_id)
+    console.print(views.show_table(manifest, mark))
+    console.print(views.list_table([Listed(manifest.checkpoint_id, manifest)], mark))
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert f"{far} ms after 1970 (not a date)" in text and "in the future" in text
 
@@ -658,10 +658,10 @@ async def test_show_summarises_a_checkpoint_of_20000_partitions(tmp_path: Path) 
         await ckpt.store.put(paths.resolve(manifest.checkpoint_id, relative), body)
     await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), stored.root)
     started = time.monotonic()
-    human = cairn_cli("show", "latest", "--store", root.as_uri())
+    human = cairn_cli("show", "newest", "--store", root.as_uri())
     elapsed = time.monotonic() - started
-    summary = cairn_cli("show", "latest", "--store", root.as_uri(), "--json")
-    full = cairn_cli("show", "latest", "--partitions", "--store", root.as_uri(), "--json")
+    summary = cairn_cli("show", "newest", "--store", root.as_uri(), "--json")
+    full = cairn_cli("show", "newest", "--partitions", "--store", root.as_uri(), "--json")
     for run in (human, summary, full):
         assert run.returncode == 0, run.stdout + run.stderr
     assert elapsed < 20, f"cairn show took {elapsed:.1f} s"
@@ -698,7 +698,7 @@ def test_a_summary_caps_each_table_and_partitions_lists_everything() -> None:
 
     def render(listed: bool) -> str:
         console = Console(file=io.StringIO(), width=200)
-        console.print(views.show_table(manifest, latest=False, listed=listed))
+        console.print(views.show_table(manifest, Latest(None, None), listed=listed))
         return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
 
     summary = render(False)
@@ -708,5 +708,5 @@ def test_a_summary_caps_each_table_and_partitions_lists_everything() -> None:
     assert summary.count("\n") < 2 * views.SHOW_ROWS_LIMIT + 30
     full = render(True)
     assert "source-9 " in full and full.count("operator-59") == 5 and "not shown" not in full
-    doc = views.show_doc(manifest, latest=False, listed=False)
+    doc = views.show_doc(manifest, Latest(None, None), listed=False)
     assert len(doc["operators"]) == 60 and len(doc["source_offsets"]) == 60

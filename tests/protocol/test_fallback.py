@@ -101,6 +101,8 @@ def test_the_fallback_chooses_what_reading_everything_chooses(
         expected = await brute_force(ckpt)
         loaded = await ckpt.load_latest()
         assert (loaded.manifest.checkpoint_id if loaded else None) == expected
+        # "latest" has one meaning: latest_id names what load_latest loads, damage or not.
+        assert await ckpt.latest_id() == expected
 
     asyncio.run(check())
 

@@ -198,6 +198,117 @@ async def test_a_non_routable_metadata_server_fails_fast(
     assert "192.0.2.1:80" in str(info.value)
 
 
+@pytest.fixture
+def off_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """No AWS credentials anywhere, and an instance metadata service (which object_store
+    asks when none are configured) that refuses at once, on loopback: the default one,
+    169.254.169.254, is never asked."""
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws
+    dead = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://{dead}")
+    return dead
+
+
+@pytest.mark.timeout(60)
+async def test_missing_s3_credentials_say_what_to_set_on_save_and_load(
+    off_aws: str, s3_server: S3Server, s3_bucket: str
+) -> None:
+    store = S3Store(
+        s3_bucket,
+        endpoint=s3_server.endpoint,
+        region="us-east-1",
+        metadata_endpoint=f"http://{off_aws}",
+        retry_config=NO_RETRY,
+        client_options=QUICK,
+    )
+    ckpt = ObjectStoreCheckpointer(store, retry=FAST)
+    for operation in (ckpt.save(DATA), ckpt.load_latest()):
+        with pytest.raises(StoreCredentialsError) as info:
+            await operation
+        error = info.value
+        assert isinstance(error, StoreError) and not isinstance(error, TransientStoreError)
+        assert error.store == "S3" and "AWS_ACCESS_KEY_ID" in error.remedy
+        text = str(error)
+        assert text.startswith(
+            f"no S3 credentials are configured, and the EC2 instance metadata service "
+            f"({off_aws}, only on AWS) gave no token: no answer (connect failed) to "
+        ), text
+        assert text.endswith(
+            "; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+            "access_key_id= and secret_access_key= to open_store"
+        ), text
+        assert "169.254.169.254" not in text and "Error performing" not in text
+        assert str(pickle.loads(pickle.dumps(error))) == text
+
+
+def test_s3_refused_by_the_metadata_service_says_what_to_set() -> None:
+    """The failure users meet on a machine off AWS whose network answers for
+    169.254.169.254: IMDSv2's token request refused with 403 (the Debug form as seen)."""
+    debug = (
+        "Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/token in "
+        "1.2ms, after 0 retries - Server returned non-2xx status code: 403 Forbidden\n\n"
+        'Debug source:\nGeneric {\n    store: "S3",\n    source: RetryError(\n'
+        "        RetryErrorImpl {\n            method: PUT,\n            uri: Some(\n"
+        "                http://169.254.169.254/latest/api/token,\n            ),\n"
+        "            inner: Status {\n                status: 403,\n"
+        "                body: None,\n"
+    )
+    error = translate_error("put", "ckpt/x", GenericError(debug))
+    assert type(error) is StoreCredentialsError and error.store == "S3"
+    assert error.status == 403
+    assert str(error).startswith(
+        "no S3 credentials are configured, and the EC2 instance metadata service "
+        "(169.254.169.254, only on AWS) gave no token: HTTP 403 to put 'ckpt/x'; set "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    )
+    # A request of the store itself that fails is not about credentials.
+    other = debug.replace("http://169.254.169.254/latest/api/token", "http://h/bucket/ckpt/x")
+    assert type(translate_error("put", "ckpt/x", GenericError(other))) is StoreError
+
+
+@pytest.mark.timeout(60)
+async def test_missing_azure_credentials_say_what_to_set_on_save_and_load(
+    monkeypatch: pytest.MonkeyPatch, azurite_server: AzuriteServer, azure_container: str
+) -> None:
+    """An account but no key: object_store asks the instance metadata service for a
+    managed identity's token, here on a loopback port nobody listens on."""
+    for name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY", "AZURE_CLIENT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    dead = f"127.0.0.1:{free_port()}"
+    options = azure_store_options(azurite_server)
+    store = AzureStore(
+        azure_container,
+        endpoint=options["endpoint"],
+        account_name=options["account_name"],
+        msi_endpoint=f"http://{dead}/metadata/identity/oauth2/token",
+        retry_config=NO_RETRY,
+        client_options=QUICK,
+    )
+    ckpt = ObjectStoreCheckpointer(store, retry=FAST)
+    for operation in (ckpt.save(DATA), ckpt.load_latest()):
+        with pytest.raises(StoreCredentialsError) as info:
+            await operation
+        error = info.value
+        assert error.store == "Azure" and "AZURE_STORAGE_ACCOUNT_KEY" in error.remedy
+        text = str(error)
+        assert text.startswith(
+            f"no Azure credentials are configured, and the Azure instance metadata service "
+            f"({dead}, only on Azure) gave no token: no answer (connect failed) to "
+        ), text
+        assert "Error performing" not in text
+
+
 def test_azure_without_credentials_names_the_metadata_service_and_what_to_set() -> None:
     """An account but no key: object_store asks Azure's instance metadata service for a
     managed identity's token, which answers only on Azure (the Debug form as seen)."""

@@ -140,12 +140,43 @@ class CheckpointReads(abc.ABC):
         return await _catalog.load_manifest(await self._context(), await self._id(checkpoint_id))
 
     async def latest_id(self, *, skip_newer_format: bool = False) -> CheckpointId | None:
-        """What "latest" means: the checkpoint :meth:`load_latest` tries first, by manifest.
+        """What "latest" means: the checkpoint :meth:`load_latest` returns.
 
-        The same order as :meth:`load_latest`, skipping checkpoints whose manifest does
-        not read, without reading artifacts: a checkpoint whose artifacts are damaged is
-        still the latest here (so ``cairn verify latest`` reports it), while
-        :meth:`load_latest` moves on to an older one.
+        The newest committed checkpoint that loads and verifies, found as
+        :meth:`load_latest` finds it, with the same reads: every artifact of the
+        checkpoint is read and checked against its SHA-256 (and those of each newer one
+        passed over as damaged), each dropped once checked, so memory holds the reads in
+        flight, not the checkpoint. :meth:`newest_id` names the newest
+        committed checkpoint from the manifests alone; the two differ only when that
+        one is damaged.
+
+        Args:
+            skip_newer_format: Pass over a checkpoint a newer cairn wrote instead of
+                raising.
+
+        Returns:
+            Its id; None when no committed checkpoint loads.
+
+        Raises:
+            NewerFormatError: A newer cairn wrote a checkpoint reached before one that
+                loads, as in :meth:`load_latest`.
+        """
+        context, seen = await self._context_seeing_latest()
+        verified = await _catalog.first_that_loads(
+            context,
+            lambda cid: _download.verify(context, cid),
+            skip_newer_format=skip_newer_format,
+            seen=seen,
+        )
+        return verified.checkpoint_id if verified is not None else None
+
+    async def newest_id(self, *, skip_newer_format: bool = False) -> CheckpointId | None:
+        """The newest committed checkpoint, whether its artifacts verify or not.
+
+        The first checkpoint in the order :meth:`load_latest` tries them whose manifest
+        reads; no artifact is read. When it is damaged, :meth:`latest_id` and
+        :meth:`load_latest` pass over it to an older one; ``cairn verify newest``
+        checks it.
 
         Args:
             skip_newer_format: Pass over a checkpoint a newer cairn wrote instead of
@@ -158,7 +189,7 @@ class CheckpointReads(abc.ABC):
             NewerFormatError: A newer cairn wrote it, as in :meth:`load_latest`.
         """
         context, seen = await self._context_seeing_latest()
-        return await _catalog.latest_id(context, skip_newer_format=skip_newer_format, seen=seen)
+        return await _catalog.newest_id(context, skip_newer_format=skip_newer_format, seen=seen)
 
     async def load(
         self,

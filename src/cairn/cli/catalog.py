@@ -5,10 +5,17 @@ characters, as the tables print them): the library resolves both
 (:func:`cairn.protocol.discover.resolve_checkpoint_id`), so the command line takes what the
 library takes.
 
-``latest`` means what it means in the library (:meth:`ObjectStoreCheckpointer.latest_id`):
-the checkpoint ``load_latest`` tries first. That is the one the ``_latest`` pointer names,
+``latest`` and ``newest`` mean what they mean in the library:
+
+* ``latest`` (:meth:`ObjectStoreCheckpointer.latest_id`) is the checkpoint
+  ``load_latest`` returns: the newest committed one that loads and verifies, found by
+  reading and verifying its artifacts (passing over newer ones that are damaged);
+* ``newest`` (:meth:`ObjectStoreCheckpointer.newest_id`) is the newest committed one
+  whose manifest reads, its artifacts unread: the one ``cairn verify newest`` checks.
+
+Both rank checkpoints as ``load_latest`` does: the one the ``_latest`` pointer names,
 unless a checkpoint committed after it outranks it (its writer died between its commit
-and its pointer swap); a fenced writer's late commit never is.
+and its pointer swap); a fenced writer's late commit never counts.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from cairn.protocol.discover import MIN_SHORT_ID, is_short_id, resolve_checkpoin
 
 __all__ = [
     "LATEST",
+    "NEWEST",
+    "REF_WORDS",
+    "Latest",
     "Listed",
     "check_refs",
     "latest_mark",
@@ -38,6 +48,8 @@ __all__ = [
 ]
 
 LATEST = "latest"
+NEWEST = "newest"
+REF_WORDS = (LATEST, NEWEST)
 
 
 @dataclass(frozen=True)
@@ -63,23 +75,23 @@ def parse_id(text: str) -> CheckpointId:
     """The checkpoint id ``text`` names; a usage error (exit 2) if it is not one."""
     if not CheckpointId.is_valid(text):
         raise CliError(
-            f"not a checkpoint id: {text!r} (expected a 36-character UUIDv7, or 'latest')",
+            f"not a checkpoint id: {text!r} (expected a 36-character UUIDv7, 'latest' or 'newest')",
             ExitCode.USAGE,
         )
     return CheckpointId.parse(text)
 
 
 def parse_ref(text: str) -> str:
-    """``text`` if it is a checkpoint id, a short one, or ``latest``; a usage error
-    (exit 2) otherwise.
+    """``text`` if it is a checkpoint id, a short one, ``latest`` or ``newest``; a usage
+    error (exit 2) otherwise.
 
     No I/O: commands call it before they open the store.
     """
-    if text.lower() == LATEST or is_short_id(text) or CheckpointId.is_valid(text):
+    if text.lower() in REF_WORDS or is_short_id(text) or CheckpointId.is_valid(text):
         return text
     raise CliError(
         f"not a checkpoint id: {text!r} (expected a checkpoint id, at least its first "
-        f"{MIN_SHORT_ID} characters, or 'latest')",
+        f"{MIN_SHORT_ID} characters, 'latest' or 'newest')",
         ExitCode.USAGE,
     )
 
@@ -89,27 +101,44 @@ def check_refs(refs: list[str], every: bool) -> list[str]:
     if every and refs:
         raise CliError("give checkpoint ids or --all, not both", ExitCode.USAGE)
     if not every and not refs:
-        raise CliError("name a checkpoint (an id, or 'latest'), or pass --all", ExitCode.USAGE)
+        raise CliError(
+            "name a checkpoint (an id, 'latest' or 'newest'), or pass --all", ExitCode.USAGE
+        )
     return [parse_ref(ref) for ref in refs]
 
 
 async def resolve(
     ckpt: ObjectStoreCheckpointer, ref: str, where: str, *, skip_newer_format: bool = False
 ) -> CheckpointId:
-    """The committed checkpoint ``ref`` (an id or ``latest``) names in ``ckpt``'s store.
+    """The committed checkpoint ``ref`` (an id, ``latest`` or ``newest``) names in
+    ``ckpt``'s store.
 
     Raises :class:`CliError` (exit 2) for a malformed id, an empty store, or an id that
     is not committed there, and :class:`cairn.AmbiguousCheckpointIdError` (exit 2) for a
-    short id that several checkpoints start with. ``latest`` raises
-    :class:`cairn.NewerFormatError` (exit 5) when the latest checkpoint needs a newer
-    cairn, unless ``skip_newer_format`` (see :meth:`ObjectStoreCheckpointer.load_latest`).
+    short id that several checkpoints start with. ``latest`` is a :class:`CliError`
+    (exit 1) when committed checkpoints have readable manifests and none of them
+    loads. ``latest`` and ``newest`` raise :class:`cairn.NewerFormatError` (exit 5)
+    when they reach a checkpoint that needs a newer cairn, unless ``skip_newer_format``
+    (see :meth:`ObjectStoreCheckpointer.load_latest`).
     """
-    if ref.lower() == LATEST:
-        latest = await ckpt.latest_id(skip_newer_format=skip_newer_format)
-        if latest is None:
-            signed = " signed by a key of CAIRN_SIGNING_KEY" if ckpt.signing_keys else ""
-            raise CliError(f"no checkpoints{signed} in {where}", ExitCode.USAGE)
-        return latest
+    word = ref.lower()
+    if word in REF_WORDS:
+        if word == NEWEST:
+            found = await ckpt.newest_id(skip_newer_format=skip_newer_format)
+        else:
+            found = await ckpt.latest_id(skip_newer_format=skip_newer_format)
+        if found is not None:
+            return found
+        signed = " signed by a key of CAIRN_SIGNING_KEY" if ckpt.signing_keys else ""
+        # Checkpoints whose manifests read, none of which loads: damage, not an empty store.
+        if word == LATEST and await ckpt.newest_id(skip_newer_format=skip_newer_format):
+            committed = len(await ckpt.list_checkpoints())
+            raise CliError(
+                f"no checkpoint{signed} in {where} loads: all {committed} committed "
+                "checkpoint(s) are damaged (cairn verify --all names the damage)",
+                ExitCode.INTEGRITY,
+            )
+        raise CliError(f"no checkpoints{signed} in {where}", ExitCode.USAGE)
     parse_ref(ref)
     try:
         cid = await resolve_checkpoint_id(ref, ckpt.list_checkpoint_dirs, ckpt.exists)
@@ -129,7 +158,9 @@ async def resolve_many(
     if every:
         return await ckpt.list_checkpoints()
     if not refs:
-        raise CliError("name a checkpoint (an id, or 'latest'), or pass --all", ExitCode.USAGE)
+        raise CliError(
+            "name a checkpoint (an id, 'latest' or 'newest'), or pass --all", ExitCode.USAGE
+        )
     found: list[CheckpointId] = []
     for ref in refs:
         cid = await resolve(ckpt, ref, where)
@@ -154,12 +185,37 @@ def _listed(cid: CheckpointId, got: CheckpointManifest | Exception) -> Listed:
     return Listed(cid, got)
 
 
-async def latest_mark(ckpt: ObjectStoreCheckpointer) -> CheckpointId | None:
-    """The checkpoint a listing marks as the latest: the one ``load_latest`` tries first,
-    also when it needs a newer cairn (it is the latest; this cairn cannot load it)."""
+@dataclass(frozen=True)
+class Latest:
+    """What a listing marks: ``latest``, the checkpoint ``load_latest`` returns, and
+    ``newest``, the newest committed checkpoint, which differs from it only when it
+    does not load (damaged artifacts); either is None when there is none. A checkpoint
+    that needs a newer cairn is both (this cairn cannot load it, and it is not damage)."""
+
+    latest: CheckpointId | None
+    newest: CheckpointId | None
+
+    @property
+    def newest_fails(self) -> bool:
+        """True when the newest checkpoint is not the latest: it does not load."""
+        return self.newest is not None and self.newest != self.latest
+
+
+async def latest_mark(ckpt: ObjectStoreCheckpointer) -> Latest:
+    """The latest and the newest checkpoint, as a listing marks them."""
     try:
-        return await ckpt.latest_id()
+        newest = await ckpt.newest_id()
     except NewerFormatError as exc:
-        if exc.checkpoint_id is None:
-            return None
-        return CheckpointId.parse(exc.checkpoint_id)
+        found = _newer_id(exc)
+        return Latest(found, found)
+    if newest is None:
+        return Latest(None, None)
+    try:
+        return Latest(await ckpt.latest_id(), newest)
+    except NewerFormatError as exc:
+        return Latest(_newer_id(exc), newest)
+
+
+def _newer_id(exc: NewerFormatError) -> CheckpointId | None:
+    """The checkpoint a newer cairn wrote that ``exc`` names, if it names one."""
+    return None if exc.checkpoint_id is None else CheckpointId.parse(exc.checkpoint_id)

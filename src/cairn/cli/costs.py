@@ -22,7 +22,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from cairn.cli.history import Point
-from cairn.cli.output import Col, human_size, iso_time
+from cairn.cli.output import Col, human_duration, human_size, iso_time
 from cairn.cli.pricing import (
     DAY_MS,
     PriceTable,
@@ -178,7 +178,7 @@ def summary_lines(summary: dict[str, Any], table: PriceTable | None) -> list[str
         lines.append("interval: unknown (needs two committed checkpoints at different times)")
         return lines
     lines.append(
-        f"interval: {_duration(interval)}, the median of {gaps} gap(s) between the commit "
+        f"interval: {human_duration(interval)}, the median of {gaps} gap(s) between the commit "
         "times of consecutive checkpoints"
     )
     if table is None:
@@ -206,15 +206,3 @@ _PRICE_HINT = (
     " put=…,get=…,head=…,list=…,delete=…[,gb_month=…] (USD per 1,000 requests; "
     "gb_month: USD per GiB-month)"
 )
-
-
-def _duration(ms: float) -> str:
-    """``90 s``, ``12.5 min``, ``3.0 h``, ``2.0 d``: a duration for people."""
-    seconds = ms / 1000
-    if seconds < 120:
-        return f"{seconds:,.3g} s"
-    if seconds < 7200:
-        return f"{seconds / 60:,.1f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:,.1f} h"
-    return f"{seconds / 86400:,.1f} d"

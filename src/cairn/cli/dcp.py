@@ -24,8 +24,9 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from cairn import MissingExtraError
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.output import human_size, make_table
+from cairn.cli.output import heading, human_size, make_table, plural
 
 __all__ = [
     "export_doc",
@@ -40,9 +41,13 @@ def torch_module() -> ModuleType:
     """:mod:`cairn.torch`, or a usage error (exit 2) when torch is not installed."""
     try:
         return importlib.import_module("cairn.torch")
+    except MissingExtraError as exc:  # it says what is missing and what to install
+        raise CliError(f"this command needs the torch extra: {exc}", ExitCode.USAGE) from None
     except ImportError as exc:
         raise CliError(
-            f"this command needs PyTorch: pip install 'cairn-checkpoint[torch]' ({exc})",
+            "this command needs the torch extra: install cairn with its 'torch' extra (pip "
+            "install '.[torch]' in cairn's directory, or 'cairn-checkpoint[torch]' from a "
+            f"package index) ({exc})",
             ExitCode.USAGE,
         ) from None
 
@@ -70,15 +75,16 @@ def export_doc(where: dict[str, str], exported: Any) -> dict[str, Any]:
 
 def export_table(exported: Any) -> RenderableType:
     """``cairn export-dcp``: the files written, then a one-line summary."""
-    table = make_table(f"DCP directory {exported.target}", "File", ">Size")
+    table = make_table("", "File", ">Size")
     for path, size in exported.files:
         table.add_row(Text(path), Text(human_size(size)))
     summary = Text(
         f"exported checkpoint {exported.checkpoint_id}{_name(exported.name)} (epoch "
-        f"{exported.epoch}): {exported.items} items in {len(exported.files)} files, "
+        f"{exported.epoch}): {plural(exported.items, 'item')} in "
+        f"{plural(len(exported.files), 'file')}, "
         f"{human_size(exported.size_bytes)}, every item verified as written"
     )
-    return Group(table, summary)
+    return Group(heading(f"DCP directory {exported.target}"), table, summary)
 
 
 def import_doc(where: dict[str, str], imported: Any) -> dict[str, Any]:
@@ -97,14 +103,15 @@ def import_doc(where: dict[str, str], imported: Any) -> dict[str, Any]:
 
 def import_text(imported: Any) -> RenderableType:
     """``cairn import-dcp``: what was committed, and what was checked on the way in."""
+    checked = imported.tensor_items + imported.byte_items - imported.unchecked_items
     return Text(
         f"imported {imported.source} as checkpoint {imported.checkpoint_id}"
-        f"{_name(imported.name)} (epoch {imported.epoch}): {imported.files} files, "
+        f"{_name(imported.name)} (epoch {imported.epoch}): {plural(imported.files, 'file')}, "
         f"{human_size(imported.size_bytes)} read, {human_size(imported.uploaded_bytes)} "
-        f"stored; {imported.tensor_items + imported.byte_items - imported.unchecked_items} "
-        "items checked against the CRC-32s torch.save recorded"
+        f"stored; {plural(checked, 'item')} "
+        "checked against the CRC-32s torch.save recorded"
         + (
-            f", {imported.unchecked_items} byte items stored raw checked for size only "
+            f", {plural(imported.unchecked_items, 'byte item')} stored raw checked for size only "
             "(they carry no checksum)"
             if imported.unchecked_items
             else ""

@@ -22,7 +22,7 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.text import Text
 
 from cairn import CheckpointId, CheckpointManifest
-from cairn.cli.output import human_size, iso_time
+from cairn.cli.output import human_duration, human_size, iso_time
 from cairn.cli.views.summary import id_texts, kind, manifest_doc
 
 __all__ = ["Point", "history_chart", "history_doc"]
@@ -162,12 +162,12 @@ class _Chart:
         lines: list[Text] = []
         for index, point in enumerate(self.points):
             if index in gaps:
-                pause = (
+                pause = human_duration(
                     point.checkpoint_id.timestamp_ms
                     - self.points[index - 1].checkpoint_id.timestamp_ms
-                ) / 1000
+                )
                 lines.append(
-                    Text(f"{'':>{id_width}} ┆ gap: {pause:,.0f} s without a checkpoint", "yellow")
+                    Text(f"{'':>{id_width}} ┆ gap: {pause} without a checkpoint", "yellow")
                 )
             line = Text(f"{self.names[point.checkpoint_id]:<{id_width}} ")
             if "when" in shown:

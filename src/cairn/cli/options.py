@@ -82,14 +82,18 @@ RefArgument = Annotated[
     str,
     typer.Argument(
         metavar="ID|latest",
-        help="A checkpoint id, its unique start (8 characters or more), or 'latest'.",
+        help="A checkpoint id, its unique start (8 characters or more), 'latest' (the "
+        "newest checkpoint that loads and verifies, as load_latest finds it) or 'newest' "
+        "(the newest committed, whether it loads or not).",
     ),
 ]
 RefsArgument = Annotated[
     list[str] | None,
     typer.Argument(
         metavar="ID|latest",
-        help="Checkpoint ids, their unique starts (8 characters or more), or 'latest'.",
+        help="Checkpoint ids, their unique starts (8 characters or more), 'latest' (the "
+        "newest checkpoint that loads and verifies, as load_latest finds it) or 'newest' "
+        "(the newest committed, whether it loads or not).",
         show_default=False,
     ),
 ]
@@ -98,15 +102,20 @@ WideOption = Annotated[
     typer.Option("--wide", "-w", help="Every column and whole ids, however wide the terminal."),
 ]
 IdsOption = Annotated[
-    bool, typer.Option("--ids", help="Whole checkpoint ids instead of their short form.")
+    bool,
+    typer.Option(
+        "--ids",
+        help="Whole checkpoint ids instead of their short form; with list, the ids alone, "
+        "one per line.",
+    ),
 ]
 SkipNewerOption = Annotated[
     bool,
     typer.Option(
         "--skip-newer-format",
-        help="With 'latest': pass over checkpoints a newer cairn wrote (format features "
-        "this cairn does not know) and take the newest this cairn reads, instead of "
-        "failing (exit 5).",
+        help="With 'latest' or 'newest': pass over checkpoints a newer cairn wrote "
+        "(format features this cairn does not know) and take the newest this cairn "
+        "reads, instead of failing (exit 5).",
     ),
 ]
 LimitOption = Annotated[int | None, at_least("--limit", 1, "Only the N newest (after --since).")]

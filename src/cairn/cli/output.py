@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich import box
-from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -32,12 +32,16 @@ from cairn.cli.errors import SCHEMA_VERSION, error_doc
 __all__ = [
     "Col",
     "FitTable",
+    "Heading",
     "Output",
+    "heading",
     "human_age",
+    "human_duration",
     "human_size",
     "iso_time",
     "make_table",
     "no_color",
+    "plural",
     "time_text",
 ]
 
@@ -81,9 +85,28 @@ class Output:
     failure: dict[str, Any] | None = None
 
     def show(self, *renderables: RenderableType) -> None:
-        """Print human output (ignored in ``--json`` mode, which prints one document)."""
-        if not self.json_mode:
-            self.out.print(*renderables)
+        """Print human output (ignored in ``--json`` mode, which prints one document).
+
+        Not to a terminal, each line ends at its last character: rich pads table lines
+        to the table's width, which a pipe or a file would keep as trailing spaces."""
+        if self.json_mode:
+            return
+        parts = [
+            part
+            for renderable in renderables
+            for part in (renderable.renderables if isinstance(renderable, Group) else [renderable])
+        ]
+        if self.out.is_terminal:
+            self._print(parts)
+            return
+        with self.out.capture() as captured:
+            self._print(parts)
+        self.out.file.write("".join(f"{line.rstrip()}\n" for line in captured.get().splitlines()))
+        self.out.file.flush()
+
+    def _print(self, parts: list[RenderableType]) -> None:
+        for part in parts:
+            self.out.print(part, soft_wrap=isinstance(part, Heading))
 
     def line(self, text: str) -> None:
         """Print one line of human output as is: no markup, not wrapped (ignored in JSON)."""
@@ -142,6 +165,37 @@ def human_size(size: int) -> str:
             return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+class Heading(Text):
+    """A line above a table that names a path (:func:`heading`)."""
+
+
+def heading(text: str) -> Heading:
+    """A line above a table that names a path: :meth:`Output.show` prints it unwrapped,
+    so a path longer than the terminal is not broken inside a name (the terminal folds
+    it, and it copies whole)."""
+    return Heading(text)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 file``, ``2 files``, ``0 files``: ``count`` and ``noun``, plural unless one."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def human_duration(ms: float) -> str:
+    """``358 ms``, ``1.5 s``, ``90 s``, ``12.5 min``, ``3.0 h``, ``2.0 d``: a duration for
+    people (``ms`` in milliseconds)."""
+    seconds = ms / 1000
+    if seconds < 1:
+        return f"{ms:,.0f} ms"
+    if seconds < 120:
+        return f"{seconds:,.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:,.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 86400:,.1f} d"
 
 
 def human_age(timestamp_ms: int, now_ms: int | None = None) -> str:

@@ -1,7 +1,15 @@
 """``cairn restore``: write one checkpoint's verified artifacts and manifest as local files.
 
-The directory written mirrors the store's layout with an empty base prefix, so it is
-itself a checkpoint store holding that one checkpoint::
+Two layouts. ``partitions`` writes the state itself, as a job reads it back: each
+partition's restore chain, decoded, one file per link, and its source offsets::
+
+    DIR/{operator}/partition-{p}.snapshot               the partition's base snapshot
+    DIR/{operator}/partition-{p}.delta-{k}              then its deltas, k = 1, 2, ...
+    DIR/{operator}/partition-{p}/{relative path}        a directory partition's files
+    DIR/offsets/{source}.json                           source offsets (from the manifest)
+
+``store`` (the default) mirrors the store's layout with an empty base prefix, so the
+directory is itself a checkpoint store holding that one checkpoint::
 
     DIR/{id}/manifest.json                              the manifest, byte for byte
     DIR/{id}/offsets/{source}.json                      source offsets (from the manifest)
@@ -21,9 +29,11 @@ file per partition: the manifest is restored byte for byte, and it names the ran
 Nothing under a restored name is touched until the whole checkpoint is on disk and
 verified: every artifact is verified when it is read from the store; every file is
 written into a fresh staging directory inside ``DIR`` (``.cairn-restore-*``, each file
-fsynced); the staging directory is loaded with cairn (``file://``, prefix ``""``) and
-every digest checked again; only then is each file renamed to its final name (one
-atomic rename each, the manifest last) and the staging directory removed. A failure
+fsynced); the staging directory is checked again (``store``: loaded with cairn,
+``file://``, prefix ``""``, and every digest checked; ``partitions``: every file read
+back and its SHA-256 compared with the verified bytes it was written from); only then
+is each file renamed to its final name (one atomic rename each, the manifest last) and
+the staging directory removed. A failure
 before the renames (a damaged artifact, a full disk, a refused link) leaves ``DIR`` as
 it was; only a machine stopping during the renames themselves could leave some names
 renamed and others not.
@@ -45,6 +55,7 @@ appears meanwhile is refused too. Remove the link, or restore into another direc
 from __future__ import annotations
 
 import asyncio
+import enum
 import secrets
 import shutil
 from collections.abc import Callable
@@ -66,10 +77,18 @@ from cairn.cli.files import (
 )
 from cairn.cli.progress import Transfer, chain_bytes
 from cairn.cli.session import open_checkpointer
+from cairn.format.integrity import sha256_hex
 
-__all__ = ["STAGING_PREFIX", "Restored", "plan_files", "restore"]
+__all__ = ["STAGING_PREFIX", "Layout", "Restored", "plan_files", "plan_partition_files", "restore"]
 
 STAGING_PREFIX = ".cairn-restore-"
+
+
+class Layout(enum.StrEnum):
+    """The layouts ``cairn restore --layout`` writes (see the module docstring)."""
+
+    STORE = "store"
+    PARTITIONS = "partitions"
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,42 @@ async def plan_files(
     return loaded.epoch, list(files.items())
 
 
+async def plan_partition_files(
+    ckpt: ObjectStoreCheckpointer,
+    cid: CheckpointId,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[int, list[tuple[str, bytes | memoryview]]]:
+    """The epoch of ``cid`` and the files of its ``partitions`` layout (see the module
+    docstring), relative paths with their bytes: every link decoded and verified."""
+    loaded = await ckpt.load(cid, verify=True, progress=progress)
+    files: dict[str, bytes | memoryview] = {}
+    for (operator, partition), links in sorted(loaded.chains.items()):
+        deltas = 0
+        for link in links:
+            if link.entry.is_delta:
+                deltas += 1
+                name = f"{operator}/partition-{partition}.delta-{deltas}"
+            else:
+                name = f"{operator}/partition-{partition}.snapshot"
+            files[name] = memoryview(link.data)
+    for (operator, partition), entries in sorted(loaded.directories.items()):
+        for file in entries:
+            path = ckpt.paths.resolve(file.owner or cid, file.path)
+            data = await ckpt.load_artifact(path, expected_sha256=file.sha256)
+            files[f"{operator}/partition-{partition}/{file.relative_path}"] = memoryview(data)
+    for source, entry in sorted(loaded.source_offsets.items()):
+        files[f"offsets/{source}.json"] = msgspec.json.format(msgspec.json.encode(entry), indent=2)
+    return loaded.epoch, list(files.items())
+
+
+def _same_on_disk(staging: Path, files: list[tuple[str, bytes | memoryview]]) -> str | None:
+    """The first file of ``files`` whose staged copy does not hash as its bytes do."""
+    for relative, data in files:
+        if sha256_hex((staging / relative).read_bytes()) != sha256_hex(data):
+            return relative
+    return None
+
+
 def _classify(target: Path, files: list[tuple[str, bytes | memoryview]]) -> dict[str, str]:
     return {relative: existing_kind(target / relative, data) for relative, data in files}
 
@@ -158,8 +213,10 @@ async def restore(
     progress: Transfer,
     *,
     overwrite: bool = False,
+    layout: Layout = Layout.STORE,
 ) -> Restored:
-    """Restore ``cid`` into directory ``target`` (absolute; created if missing), verified.
+    """Restore ``cid`` into directory ``target`` (absolute; created if missing), verified,
+    in ``layout``.
 
     Raises :class:`CliError` with exit 2 when ``target`` is a file, a symbolic link
     stands where a file is to be written, or a file there holds other bytes and not
@@ -168,7 +225,8 @@ async def restore(
     """
     await asyncio.to_thread(check_target_dir, target)
     progress.restart(f"reading {cid}", chain_bytes([await ckpt.load_manifest(cid)]))
-    epoch, files = await plan_files(ckpt, cid, progress.advance)
+    plan = plan_partition_files if layout is Layout.PARTITIONS else plan_files
+    epoch, files = await plan(ckpt, cid, progress.advance)
     link = await asyncio.to_thread(find_link, target, [relative for relative, _ in files])
     if link is not None:
         raise refuse_link(link)
@@ -179,14 +237,23 @@ async def restore(
     try:
         await asyncio.to_thread(_stage, staging, files, progress)
         progress.describe(f"re-verifying {cid} on disk")
-        staged = open_checkpointer(staging.as_uri(), "", create=False)
-        try:
-            await directory_bytes(staged, await staged.load(cid, verify=True))
-        except IntegrityError as exc:
-            raise CliError(
-                f"the files restored into {target} do not verify: {describe(exc)}",
-                ExitCode.INTEGRITY,
-            ) from None
+        if layout is Layout.PARTITIONS:
+            differs = await asyncio.to_thread(_same_on_disk, staging, files)
+            if differs is not None:
+                raise CliError(
+                    f"the files restored into {target} do not verify: {differs} differs "
+                    "from the verified bytes written to it",
+                    ExitCode.INTEGRITY,
+                )
+        else:
+            staged = open_checkpointer(staging.as_uri(), "", create=False)
+            try:
+                await directory_bytes(staged, await staged.load(cid, verify=True))
+            except IntegrityError as exc:
+                raise CliError(
+                    f"the files restored into {target} do not verify: {describe(exc)}",
+                    ExitCode.INTEGRITY,
+                ) from None
         to_move = [relative for relative, _ in files if kinds[relative] != "same"]
         await asyncio.to_thread(_move_all, staging, target, to_move)
     finally:

@@ -162,6 +162,8 @@ class Session:
     prefix: str = ""
     other_store: bool = False  # a second store is in play (copy): store errors name neither
     signing_key: list[bytes] | None = None
+    missing_dir: Path | None = None
+    """The local directory of the store, when it does not exist (see :meth:`open`)."""
 
     @classmethod
     def create(
@@ -199,15 +201,25 @@ class Session:
         CheckpointPaths(self.prefix)  # a malformed prefix is bad input, found before any I/O
         return self.url
 
-    async def open(self, *, create: bool = False) -> ObjectStoreCheckpointer:
+    async def open(
+        self, *, create: bool = False, missing_is_empty: bool = False
+    ) -> ObjectStoreCheckpointer:
         """The checkpointer over the session's store, with the prefix settled.
 
         Unless ``create``, a local directory that does not exist is reported as an
-        unreachable store instead of being created empty.
+        unreachable store instead of being created empty; with ``missing_is_empty`` (the
+        commands that list what a store holds) it is an empty store instead, left
+        uncreated, and :attr:`missing_dir` names it.
         """
         self.parse()
         self.signing_key = signing_key_from_env()
         hint = " (the default store: pass --store URL or set CAIRN_STORE)"
+        directory = local_dir(self.url)
+        if missing_is_empty and directory is not None and not directory.exists():
+            self.missing_dir = directory
+            self.prefix = CheckpointPaths(self.prefix_option or "").base_prefix
+            # Nothing to read, and nothing to create: an empty store in its place.
+            return ObjectStoreCheckpointer(open_store("memory://"), CheckpointPaths(self.prefix))
         ckpt = open_checkpointer(
             self.url,
             self.prefix_option,

@@ -32,6 +32,8 @@ CheckpointerError
 │       │                          without parent, negative epoch, ...)
 │       └── SpecialFileError       a directory to save holds a link or special file
 ├── CodecError                     an artifact needs a codec this reader lacks
+├── MissingExtraError              (also ImportError) a module of cairn needs packages of
+│                                  an optional extra that are not installed
 ├── NewerFormatError               a manifest needs format features this cairn does not
 │                                  know: a newer cairn wrote it (not damage)
 ├── SyncInAsyncContextError        (also RuntimeError) a blocking call inside an event loop
@@ -74,6 +76,7 @@ from cairn.errors._checkpoints import (
     CheckpointAbortedError,
     CodecError,
     NewerFormatError,
+    MissingExtraError,
 )
 from cairn.errors._integrity import (
     IntegrityError,
@@ -135,6 +138,7 @@ __all__ = [
     "KeyGroupError",
     "KeySpaceMismatchError",
     "MissingArtifactError",
+    "MissingExtraError",
     "NewerFormatError",
     "NotDurableError",
     "ObjectExistsError",

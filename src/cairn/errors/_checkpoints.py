@@ -7,6 +7,9 @@ is about; none is an ``IntegrityError``: none says that stored bytes are damaged
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 from cairn.errors._root import CheckpointerError
 
 __all__ = [
@@ -17,6 +20,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CodecError",
     "FencedError",
+    "MissingExtraError",
     "NewerFormatError",
 ]
 
@@ -200,3 +204,62 @@ class NewerFormatError(CheckpointerError):
             f"{which} needs a newer cairn: {path!r} uses format feature(s) {names}, which "
             f"this cairn does not know; it was written by {writer}"
         )
+
+
+class MissingExtraError(CheckpointerError, ImportError):
+    """A part of cairn needs packages of an optional extra that are not installed.
+
+    Raised when the module is imported (``import cairn.torch`` without numpy), in one
+    line that names the missing packages and the extra that brings them. Also an
+    :class:`ImportError`, so ``except ImportError`` and ``pytest.importorskip`` still
+    catch it.
+
+    Args:
+        feature: What needs them (``"cairn.torch"``).
+        extra: The extra of cairn that installs them (``"torch"``).
+        missing: The packages that do not import, by their import names.
+
+    Attributes:
+        feature: What needs them.
+        extra: The extra that installs them.
+        missing: The packages that do not import.
+    """
+
+    def __init__(self, feature: str, extra: str, missing: tuple[str, ...]) -> None:
+        self.feature, self.extra, self.missing = feature, extra, missing
+        names = " and ".join(missing)
+        verb = "is" if len(missing) == 1 else "are"
+        super().__init__(
+            f"{feature} needs {names}, which {verb} not installed: install cairn with its "
+            f"{extra!r} extra (pip install '.[{extra}]' in cairn's directory, or "
+            f"'cairn-checkpoint[{extra}]' from a package index), or "
+            f"pip install {' '.join(missing)}"
+        )
+        self.name = missing[0]  # ImportError's: the module that failed to import
+
+    @classmethod
+    def require(cls, feature: str, extra: str, modules: tuple[str, ...]) -> None:
+        """Raise, naming every one of ``modules`` that is not installed.
+
+        Nothing is imported: a package that is there may warn when a package it uses is
+        missing (torch without numpy does), and the one line this raises says it all.
+
+        Args:
+            feature: What needs them (``"cairn.torch"``).
+            extra: The extra of cairn that installs them.
+            modules: Their top-level import names.
+
+        Raises:
+            MissingExtraError: One or more of them is not installed.
+        """
+        missing = tuple(module for module in modules if not _installed(module))
+        if missing:
+            raise cls(feature, extra, missing)
+
+
+def _installed(module: str) -> bool:
+    """Whether the top-level module ``module`` can be found (``sys.modules`` holding None
+    for it, as for a module known not to import, counts as not installed)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None

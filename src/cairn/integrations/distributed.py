@@ -19,6 +19,11 @@ once, as :meth:`ObjectStoreCheckpointer.save` does. Invariants:
   ``index_size_bytes``) is read, with one ranged GET, and hashed;
 * a failed commit writes nothing: no manifest, no pointer. A worker that dies mid-upload
   leaves objects in an uncommitted directory, which GC's orphan sweep removes;
+* the manifest records the save's statistics: its duration runs from the time its id
+  carries (:meth:`CheckpointId.now` where the save began, by that process's clock) to
+  the commit point, the uploads up to the start of :func:`commit_distributed`; the
+  workers' store requests are not reported to the coordinator, so ``requests`` is left
+  unknown;
 * the save's lease and preconditions are the commit protocol's (:mod:`cairn.protocol._commit`):
   each worker holds the lease while it uploads (and it lapses a lease after), and the
   coordinator, from the start of :func:`commit_distributed`, checks that it is not
@@ -28,6 +33,7 @@ once, as :meth:`ObjectStoreCheckpointer.save` does. Invariants:
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
@@ -54,7 +60,14 @@ from cairn.format.manifest import (
     dec_hook,
     enc_hook,
 )
-from cairn.integrations._interface import Buffer, assemble_manifest, begin, bounded_gather, is_int
+from cairn.integrations._interface import (
+    Buffer,
+    SaveMeter,
+    assemble_manifest,
+    begin,
+    bounded_gather,
+    is_int,
+)
 
 __all__ = ["DIGEST_METADATA_KEY", "WorkerReport", "commit_distributed", "upload_partitions"]
 
@@ -228,11 +241,13 @@ async def commit_distributed(
         raise InvalidInputError("a distributed checkpoint holds full snapshots only")
     for source in source_offsets or {}:
         validate_name("source", source)
+    meter = _meter_since(checkpoint_id)
     async with await begin(ckpt, checkpoint_id) as save:
-        await bounded_gather(
-            ckpt.max_concurrent_downloads,
-            [_check_against_store(ckpt, checkpoint_id, op, entry) for op, entry in entries],
-        )
+        with meter.counting():
+            await bounded_gather(
+                ckpt.max_concurrent_downloads,
+                [_check_against_store(ckpt, checkpoint_id, op, entry) for op, entry in entries],
+            )
         manifest = assemble_manifest(
             checkpoint_id,
             epoch,
@@ -241,7 +256,15 @@ async def commit_distributed(
             watermark=watermark,
             writer_generation=ckpt.writer_generation,
         )
-        return await save.commit(manifest)
+        return await save.commit(manifest, meter)
+
+
+def _meter_since(checkpoint_id: CheckpointId) -> SaveMeter:
+    """The meter of a distributed save of ``checkpoint_id``, begun when its id was made
+    (by the local clock: a time in the future counts as now) and uploaded by now."""
+    now = time.perf_counter()
+    age = max(0.0, time.time() - checkpoint_id.timestamp_ms / 1000)
+    return SaveMeter(began=now - age, uploading=now - age, uploaded=now, counts_every_request=False)
 
 
 def _check_against_store(

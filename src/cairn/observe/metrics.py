@@ -24,18 +24,17 @@ Names follow Flink's checkpoint metrics where Flink has one; labels are few and 
 =================================================  ================================================
 """
 
+# ruff: noqa: E402 (the imports after the check of the extra need it)
 from __future__ import annotations
 
 from typing import Any
 
+from cairn.errors import MissingExtraError
 from cairn.observe import Observer, Operation, StoreCall
 
-try:
-    import prometheus_client
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "cairn.observe.metrics needs prometheus_client: pip install 'cairn-checkpoint[metrics]'"
-    ) from exc
+MissingExtraError.require("cairn.observe.metrics", "metrics", ("prometheus_client",))
+
+import prometheus_client
 
 __all__ = ["PrometheusMetrics"]
 

@@ -11,19 +11,18 @@ fallbacks are events on the operation's span, at most :data:`MAX_EVENTS` per spa
 rest are counted in ``cairn.store.events_dropped``).
 """
 
+# ruff: noqa: E402 (the imports after the check of the extra need it)
 from __future__ import annotations
 
 from typing import Any
 
+from cairn.errors import MissingExtraError
 from cairn.observe import Observer, Operation, StoreCall
 
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "cairn.observe.tracing needs opentelemetry-api: pip install 'cairn-checkpoint[metrics]'"
-    ) from exc
+MissingExtraError.require("cairn.observe.tracing", "metrics", ("opentelemetry",))
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 __all__ = ["MAX_EVENTS", "OpenTelemetryTracer"]
 

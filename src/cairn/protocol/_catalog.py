@@ -4,12 +4,17 @@ Invariants:
 
 * a checkpoint is committed exactly when its ``manifest.json`` exists and is not a
   tombstone (an empty manifest: GC's claim, see :mod:`cairn.protocol._lease`);
-* "latest" has one meaning, used by ``load_latest``, ``latest_id`` and the command line:
-  the order of :func:`latest_candidates`. First what ``_latest`` names, unless a
-  checkpoint committed after it outranks it (its writer stopped between its commit and
-  its pointer swap); then every committed checkpoint the writer record admits (a fenced
-  writer's late commit never counts, see :mod:`cairn.protocol._pointer`), ranked by writer
-  generation, epoch and id;
+* the order of :func:`latest_candidates` ranks committed checkpoints: first what
+  ``_latest`` names, unless a checkpoint committed after it outranks it (its writer
+  stopped between its commit and its pointer swap); then every committed checkpoint the
+  writer record admits (a fenced writer's late commit never counts, see
+  :mod:`cairn.protocol._pointer`), ranked by writer generation, epoch and id;
+* two words name checkpoints in that order, with one meaning each in the library and on
+  the command line: the *newest* is the first whose manifest reads
+  (:func:`newest_id`, ``newest_id``, ``cairn ... newest``); the *latest* is the first
+  that loads and verifies, every artifact read (:func:`first_that_loads`:
+  ``load_latest``, ``latest_id``, ``cairn ... latest``). They differ only when the
+  newest is damaged;
 * a *name* (a label some writers record, see :class:`~cairn.CheckpointManifest`) means
   the newest checkpoint that carries it: :func:`named_candidates` tries the admitted
   committed checkpoints with that name newest first, by writer generation, then id (the
@@ -67,12 +72,12 @@ __all__ = [
     "committed",
     "first_that_loads",
     "latest_candidates",
-    "latest_id",
     "list_checkpoints",
     "listed_ids",
     "load_manifest",
     "load_partition_manifest",
     "named_candidates",
+    "newest_id",
     "passed_over_newer",
     "read_latest",
 ]
@@ -322,11 +327,11 @@ async def latest_candidates(
         yield header.checkpoint_id
 
 
-async def latest_id(
+async def newest_id(
     ctx: Context, *, skip_newer_format: bool = False, seen: FirstLook | None = None
 ) -> CheckpointId | None:
-    """The latest checkpoint by manifest: the first of :func:`latest_candidates` whose
-    manifest loads (artifacts unread); None when nothing is committed.
+    """The newest checkpoint: the first of :func:`latest_candidates` whose manifest
+    loads (artifacts unread); None when nothing is committed.
 
     One a newer cairn wrote raises :class:`NewerFormatError`, unless
     ``skip_newer_format`` (see :func:`passed_over_newer`).

@@ -54,7 +54,7 @@ from cairn.format.codecs import Codec, get_codec
 from cairn.format.ids import CheckpointId
 from cairn.format.integrity import StreamHasher, off_loop_if_large
 from cairn.format.layout import validate_name, validate_partition
-from cairn.format.manifest import PartitionSnapshotEntry
+from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.format.ranges import group_spans
 from cairn.protocol import _catalog, _chains, _read
 from cairn.protocol._concurrency import bounded_gather
@@ -67,6 +67,7 @@ __all__ = [
     "load_artifact_to",
     "load_chain",
     "stream_into",
+    "verify",
     "write_atomically",
 ]
 
@@ -146,6 +147,17 @@ async def load(
     )
 
 
+async def verify(ctx: Context, checkpoint_id: CheckpointId) -> CheckpointManifest:
+    """What :func:`load` reads and checks of ``checkpoint_id``, the same reads and the
+    same errors, with each artifact's bytes dropped once verified: memory holds the
+    reads in flight, not the checkpoint. Returns its manifest."""
+    manifest = await _catalog.load_manifest(ctx, checkpoint_id)
+    resolved = await _chains.resolve_chains(ctx, manifest)
+    links = [(key, owner, entry) for key, chain in resolved.items() for owner, entry in chain]
+    await _fetch_links(ctx, links, True, None, keep=False)
+    return manifest
+
+
 async def load_chain(
     ctx: Context, checkpoint_id: CheckpointId, operator: str, partition: int
 ) -> list[ChainLink]:
@@ -176,10 +188,13 @@ async def _fetch_links(
     links: list[_Link],
     verify: bool,
     progress: Callable[[int], None] | None,
+    *,
+    keep: bool = True,
 ) -> list[Buffer]:
     """Every link's bytes, verified, in order: the ranges of one pack read in spans
     (:func:`cairn.format.ranges.group_spans`), every other link with a request of its own; all
-    of them at most ``max_concurrent_downloads`` at a time.
+    of them at most ``max_concurrent_downloads`` at a time. Unless ``keep``, each read's
+    bytes are dropped once verified (and empty bytes returned in their place).
 
     A link whose bytes are damaged or gone does not stop the others: once all are read,
     the first damaged one's :class:`IntegrityError` (naming its partition) is raised,
@@ -198,6 +213,8 @@ async def _fetch_links(
     for path, members in packed.items():
         spans = group_spans(members, _extent, SPAN_BYTES, SPAN_GAP_BYTES)
         jobs += [_fetch_span(ctx, path, span, verify, progress, damage) for span in spans]
+    if not keep:
+        jobs = [_dropping(job) for job in jobs]
     found: list[Buffer] = [b""] * len(links)
     for results in await bounded_gather(ctx.max_concurrent_downloads, jobs):
         for index, data in results:
@@ -208,6 +225,17 @@ async def _fetch_links(
         first.others = tuple(error for _, error in damage[1:])
         raise first
     return found
+
+
+def _dropping(
+    job: Callable[[], Awaitable[list[tuple[int, Buffer]]]],
+) -> Callable[[], Awaitable[list[tuple[int, Buffer]]]]:
+    """``job``, its bytes dropped as soon as it ends (its damage is recorded as before)."""
+
+    async def run() -> list[tuple[int, Buffer]]:
+        return [(index, b"") for index, _ in await job()]
+
+    return run
 
 
 def _alone(

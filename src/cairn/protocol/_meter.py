@@ -42,7 +42,10 @@ class SaveMeter:
     the check before its commit). ``requests`` and ``retries`` count the store requests
     and retries made in its :meth:`counting` blocks (and the tasks started there, a
     lease's renewals), and those :meth:`add` counts for another process (a worker of
-    the save). One meter may count in many blocks.
+    the save). One meter may count in many blocks. ``counts_every_request`` is False
+    when some of the save's requests were made where nobody counted them (the workers of
+    a distributed save, whose reports carry no counts): its statistics then leave
+    ``requests`` unset (unknown), never a count that falls short.
     """
 
     began: float = dataclasses.field(default_factory=time.perf_counter)
@@ -50,6 +53,7 @@ class SaveMeter:
     uploaded: float | None = None
     requests: _dispatch.RequestCounter = dataclasses.field(default_factory=_dispatch.RequestCounter)
     retries: _dispatch.RetryCounter = dataclasses.field(default_factory=_dispatch.RetryCounter)
+    counts_every_request: bool = True
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
@@ -116,7 +120,7 @@ def _save_stats(
         carried_artifacts=len(carried),
         retries=retries,
         stored_bytes=objects,
-        requests=counted,
+        requests=counted if meter.counts_every_request else msgspec.UNSET,
     )
     for _ in range(5):  # the sizes only grow, by a digit at a time: a few rounds settle
         encoded = encode_stored(msgspec.structs.replace(manifest, stats=stats), ctx.keys)
@@ -124,7 +128,9 @@ def _save_stats(
         settled = msgspec.structs.replace(
             stats,
             stored_bytes=objects + sum(map(len, parts)) + len(encoded.root),
-            requests=msgspec.structs.replace(counted, put=counted.put + len(parts) + 1),
+            requests=msgspec.structs.replace(counted, put=counted.put + len(parts) + 1)
+            if meter.counts_every_request
+            else msgspec.UNSET,
         )
         if settled == stats:
             break

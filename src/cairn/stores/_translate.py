@@ -109,6 +109,16 @@ _TOKEN_REQUEST = re.compile(r'\bstore: "(\w+)",\n[ \t]*source: TokenRequest \{\n
 credentials are missing or refused. Its HTTP request was already retried by obstore,
 and what fails is the configuration, so it is never transient. Group 1: the store."""
 
+_GENERIC_REQUEST = re.compile(r'\bGeneric \{\n[ \t]*store: "(\w+)",\n[ \t]*source: RetryError\(')
+"""object_store's error for a request that failed on its own, not wrapped in a token
+request: an S3 store reports its requests to the instance metadata service for
+credentials this way. Group 1: the store."""
+
+_S3_METADATA_PATHS = ("/latest/api/token", "/latest/meta-data/iam/security-credentials")
+"""The paths object_store asks the EC2 instance metadata service for when an S3 store
+has no credentials configured: a session token (IMDSv2), then the role's credentials.
+The service answers only on AWS's own machines."""
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -246,6 +256,7 @@ are configured: it answers only on that cloud's own machines."""
 _METADATA_SERVERS = {
     "GCS": "the GCE metadata server",
     "Azure": "the Azure instance metadata service",
+    "S3": "the EC2 instance metadata service",
 }
 
 _CLOUDS = {"GCS": "Google Cloud", "Azure": "Azure", "S3": "AWS"}
@@ -334,7 +345,7 @@ def credentials_error(
             "set AZURE_STORAGE_ACCOUNT_NAME (and a credential such as "
             "AZURE_STORAGE_ACCOUNT_KEY), or pass account_name= to open_store",
         )
-    token = token_request_store(debug)
+    token = token_request_store(debug) or _s3_metadata_request(debug)
     if token is None:
         return None
     store = _STORE_NAMES.get(token[0], token[0])
@@ -346,8 +357,7 @@ def credentials_error(
         answer = f"no answer ({failure.kind.lower()} failed)"
     uri = _URI.search(debug, token[1])
     where = urlsplit(uri.group(1)).netloc if uri else "the token service"
-    metadata = _METADATA_TOKEN_PATHS.get(store)
-    if uri is not None and metadata is not None and metadata in uri.group(1):
+    if uri is not None and _asks_metadata_server(store, uri.group(1)):
         server = _METADATA_SERVERS[store]
         problem = (
             f"no {store} credentials are configured, and {server} ({where}, only on "
@@ -361,6 +371,27 @@ def credentials_error(
         )
         remedy = _CREDENTIALS_TO_CHECK.get(store, "check the store's credentials")
     return StoreCredentialsError(operation, path, store, problem, remedy, status=failure.status)
+
+
+def _s3_metadata_request(debug: str) -> tuple[str, int] | None:
+    """``("S3", where its source begins)`` when the Debug form records a failed request
+    of an S3 store to the instance metadata service for credentials; None otherwise."""
+    request = _GENERIC_REQUEST.search(debug)
+    if request is None or request.group(1) != "S3":
+        return None
+    uri = _URI.search(debug, request.end())
+    if uri is None or not _asks_metadata_server("S3", uri.group(1)):
+        return None
+    return "S3", request.end()
+
+
+def _asks_metadata_server(store: str, uri: str) -> bool:
+    """Whether ``uri`` is a request of ``store`` to its cloud's metadata server for
+    credentials (made only when none are configured)."""
+    if store == "S3":
+        return urlsplit(uri).path.startswith(_S3_METADATA_PATHS)
+    metadata = _METADATA_TOKEN_PATHS.get(store)
+    return metadata is not None and metadata in uri
 
 
 async def call(operation: str, path: str, awaitable: Awaitable[T]) -> T:

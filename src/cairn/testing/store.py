@@ -33,6 +33,7 @@ prefix; and, for a store on a local directory (``local_path``), its objects are 
 files there and symbolic links are never followed.
 """
 
+# ruff: noqa: E402 (the imports after the check of the extra need it)
 from __future__ import annotations
 
 import asyncio
@@ -43,14 +44,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-try:
-    import pytest
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "cairn.testing needs pytest and pytest-asyncio: pip install 'cairn-checkpoint[test]'"
-    ) from exc
+from cairn.errors import MissingExtraError
+
+MissingExtraError.require("cairn.testing", "test", ("pytest", "pytest_asyncio"))
 
 import obstore
+import pytest
 from obstore.store import ObjectStore
 
 from cairn.errors import (

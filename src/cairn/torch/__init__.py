@@ -95,15 +95,14 @@ Not supported, and refused with :class:`~cairn.InvalidInputError`: ``dcp.save`` 
 plans across saves (each save needs its own checkpoint id in the plan).
 """
 
+# ruff: noqa: E402 (the imports after the check of the extra need it)
 from __future__ import annotations
 
-try:
-    import torch as _torch  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "cairn.torch needs PyTorch and numpy: pip install 'cairn-checkpoint[torch]' "
-        "(or pip install 'torch>=2.9,<2.16' numpy)"
-    ) from exc
+from cairn.errors import MissingExtraError
+
+# DCP needs numpy for its object gathers, and the item tables are zstd-compressed: without
+# them a save fails deep inside every rank, so say it once, here.
+MissingExtraError.require("cairn.torch", "torch", ("torch", "numpy", "zstandard"))
 
 from cairn.torch._dcpdir import (
     ExportedDcp,

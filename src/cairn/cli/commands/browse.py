@@ -15,7 +15,7 @@ import typer
 
 from cairn import ObjectStoreCheckpointer
 from cairn.cli import views
-from cairn.cli.catalog import latest_mark, parse_ref, read_manifests
+from cairn.cli.catalog import Latest, latest_mark, parse_ref, read_manifests
 from cairn.cli.costs import cost_summary, cost_table, row_costs
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.history import Point, history_chart, history_doc
@@ -44,20 +44,30 @@ def list_command(
 
     Ids are shown short: the fewest characters (8 or more) that tell them apart, which
     every command takes. The table fits the terminal, dropping its least useful columns
-    when narrow; --wide shows every column and whole ids, --ids whole ids. When there
-    are none under the prefix, names the prefixes of the store that hold some.
-    --since and --limit list only the newest (by the time an id carries).
+    when narrow; --wide shows every column and whole ids. The latest (what load_latest
+    and every command's 'latest' take) is marked: finding it reads and verifies the
+    newest checkpoint's artifacts; a newest that does not load is marked too. --ids
+    prints the whole ids alone, one per line, oldest first, for scripts. When there are
+    none under the prefix, names the prefixes of the store that hold some. --since and
+    --limit list only the newest (by the time an id carries).
     """
     launch(ctx, lambda session: _list(session, limit, since))
 
 
 async def _list(session: Session, limit: int | None, since: str | None) -> None:
     since_ms = _since(since)
-    ckpt = await session.open()
+    ckpt = await session.open(missing_is_empty=True)
     every = await ckpt.list_checkpoints()
     ids = window(every, limit, since_ms)
+    out = session.output
+    if out.full_ids and not out.wide and not out.json_mode:
+        for cid in ids:  # for scripts: the ids alone, and nothing else on stdout
+            out.line(str(cid))
+        if not ids:
+            out.note(_nothing_there(session))
+        return
     if every and not ids:
-        session.output.json(views.list_doc(session.doc(), [], None, []))
+        session.output.json(views.list_doc(session.doc(), [], Latest(None, None), []))
         session.output.line(
             f"no checkpoints since {since} under prefix {session.prefix!r} of {session.url} "
             f"({len(every)} older)"
@@ -65,16 +75,21 @@ async def _list(session: Session, limit: int | None, since: str | None) -> None:
         return
     if not ids:
         others = await _none_under_prefix(session, ckpt)
-        session.output.json(views.list_doc(session.doc(), [], None, others))
+        session.output.json(views.list_doc(session.doc(), [], Latest(None, None), others))
         return
     listed = await read_manifests(ckpt, ids)
-    latest = await latest_mark(ckpt)
-    session.output.json(views.list_doc(session.doc(), listed, latest, []))
-    out = session.output
-    out.show(views.list_table(listed, latest, full_ids=out.full_ids, wide=out.wide))
+    mark = await latest_mark(ckpt)
+    session.output.json(views.list_doc(session.doc(), listed, mark, []))
+    out.show(views.list_table(listed, mark, full_ids=out.full_ids, wide=out.wide))
     for item in listed:
         if item.error is not None:
             session.output.warning(f"checkpoint {item.checkpoint_id}: {item.error}")
+    if mark.newest_fails:
+        latest = "no checkpoint loads" if mark.latest is None else f"the latest is {mark.latest}"
+        session.output.warning(
+            f"the newest checkpoint, {mark.newest}, does not load: {latest} "
+            f"(cairn verify newest names the damage)"
+        )
 
 
 def history_command(
@@ -100,7 +115,7 @@ async def _history(
 ) -> None:
     since_ms = _since(since)
     table = _prices(session.parse(), price) if cost else None
-    ckpt = await session.open()
+    ckpt = await session.open(missing_is_empty=True)
     committed = set(await ckpt.list_checkpoints())
     dirs = await ckpt.list_checkpoint_dirs()
     if not dirs:
@@ -160,11 +175,18 @@ async def _none_under_prefix(session: Session, ckpt: ObjectStoreCheckpointer) ->
     """Say there are no checkpoints under the prefix, naming the prefixes of the store
     that hold some; returns those."""
     others = await checkpoint_prefixes(ckpt.store, session.prefix)
-    session.output.line(
-        f"no checkpoints under prefix {session.prefix!r} of {session.url}"
-        + other_prefixes_hint(others)
-    )
+    session.output.line(_nothing_there(session) + other_prefixes_hint(others))
     return others
+
+
+def _nothing_there(session: Session) -> str:
+    """The line that says the store holds no checkpoints under the prefix."""
+    if session.missing_dir is not None:
+        store = " (the default store: pass --store URL or set CAIRN_STORE)"
+        return f"no checkpoints yet: the local directory {session.missing_dir} does not exist" + (
+            store if session.default_store else ""
+        )
+    return f"no checkpoints under prefix {session.prefix!r} of {session.url}"
 
 
 def show_command(
@@ -196,13 +218,13 @@ async def _show(session: Session, ref: str, partitions: bool) -> None:
     signature = await signature_of(ckpt, cid)
     state = signature_state(ckpt, signature, verified=True)
     key_id = signature.key_id if signature is not None else None
-    latest = cid == await latest_mark(ckpt)
+    mark = await latest_mark(ckpt)
     listed = views.show_lists_entries(manifest, partitions)
-    doc = views.show_doc(manifest, latest, listed, signature=state, key_id=key_id)
+    doc = views.show_doc(manifest, mark, listed, signature=state, key_id=key_id)
     out = session.output
     table = views.show_table(
         manifest,
-        latest,
+        mark,
         listed,
         signature=state,
         key_id=key_id,

@@ -27,7 +27,7 @@ from cairn.cli.options import (
     SkipNewerOption,
     launch,
 )
-from cairn.cli.restore import restore
+from cairn.cli.restore import Layout, restore
 from cairn.cli.session import Session, cli_store_url, open_checkpointer
 from cairn.cli.verify import Verified, verify
 
@@ -100,31 +100,50 @@ def restore_command(
         ),
     ] = False,
     skip_newer_format: SkipNewerOption = False,
+    layout: Annotated[
+        Layout,
+        typer.Option(
+            "--layout",
+            metavar="LAYOUT",
+            case_sensitive=False,
+            help="store: a copy of the store's objects; partitions: the state, a file per "
+            "partition.",
+        ),
+    ] = Layout.STORE,
 ) -> None:
-    """Write a checkpoint's verified artifacts and manifest as files under DIR.
+    """Write a checkpoint's verified files under DIR, as a store or as partition files.
 
-    DIR mirrors the store layout ({id}/manifest.json, {owner}/operators/..., {id}/offsets/
-    ...), so it is itself a store: `cairn verify ID --store DIR --prefix ""`. The files are
-    written into a staging directory in DIR and verified there; only then are they renamed
-    to their names, the manifest last. A file that already holds other bytes is refused
-    (exit 2) unless --overwrite; one that holds the same bytes is left alone. A symbolic
-    link inside DIR where a file or folder is to be written is refused (exit 2), never
-    followed or replaced. When the latest checkpoint needs a newer cairn (format features
-    this cairn does not know), 'latest' fails with exit 5 rather than restore older
-    state; --skip-newer-format restores the newest this cairn reads.
+    --layout store (the default) writes the store's own objects: packs, the manifest,
+    {id}/offsets/..., so DIR is itself a store (`cairn verify ID --store DIR --prefix
+    ""`), to copy or inspect. --layout partitions writes the state a job restores from:
+    DIR/OPERATOR/partition-P.snapshot, then .delta-1, .delta-2, ... to apply in order
+    (decoded), a directory partition's files under DIR/OPERATOR/partition-P/, and
+    DIR/offsets/SOURCE.json. Either way the files are written into a staging directory in
+    DIR and verified there; only then are they renamed to their names, the manifest
+    last. A file that already holds other bytes is refused (exit 2) unless --overwrite;
+    one that holds the same bytes is left alone. A symbolic link inside DIR where a file
+    or folder is to be written is refused (exit 2), never followed or replaced. When the
+    latest checkpoint needs a newer cairn (format features this cairn does not know),
+    'latest' fails with exit 5 rather than restore older state; --skip-newer-format
+    restores the newest this cairn reads.
     """
-    launch(ctx, lambda session: _restore(session, ref, to, overwrite, skip_newer_format))
+    launch(ctx, lambda session: _restore(session, ref, to, overwrite, skip_newer_format, layout))
 
 
 async def _restore(
-    session: Session, ref: str, to: Path, overwrite: bool, skip_newer_format: bool
+    session: Session,
+    ref: str,
+    to: Path,
+    overwrite: bool,
+    skip_newer_format: bool,
+    layout: Layout,
 ) -> None:
     parse_ref(ref)
     target = _target_dir(to)
     ckpt = await session.open()
     cid = await session.resolve(ckpt, ref, skip_newer_format=skip_newer_format)
     async with session.transfer("restoring", None) as bar:
-        restored = await restore(ckpt, cid, target, bar, overwrite=overwrite)
+        restored = await restore(ckpt, cid, target, bar, overwrite=overwrite, layout=layout)
     session.output.report(views.restore_doc(session.doc(), restored), views.restore_table(restored))
 
 

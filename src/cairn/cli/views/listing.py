@@ -7,8 +7,7 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from cairn import CheckpointId
-from cairn.cli.catalog import Listed
+from cairn.cli.catalog import Latest, Listed
 from cairn.cli.output import Col, human_age, human_size
 from cairn.cli.views.summary import artifacts_text, id_table, id_text, manifest_doc, plain
 
@@ -18,22 +17,25 @@ __all__ = ["list_doc", "list_table"]
 def list_doc(
     where: dict[str, str],
     listed: list[Listed],
-    latest: CheckpointId | None,
+    mark: Latest,
     other_prefixes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """``cairn list --json``: ``other_prefixes`` names where else checkpoints are, when
-    there are none under the prefix."""
+    """``cairn list --json``: ``mark`` says which checkpoint is the latest and which the
+    newest; ``other_prefixes`` names where else checkpoints are, when there are none
+    under the prefix."""
     rows: list[dict[str, Any]] = []
     for item in listed:
         if item.manifest is not None:
             row = manifest_doc(item.manifest)
         else:
             row = {"id": str(item.checkpoint_id), "error": item.error, "status": item.status}
-        row["latest"] = item.checkpoint_id == latest
+        row["latest"] = item.checkpoint_id == mark.latest
+        row["newest"] = item.checkpoint_id == mark.newest
         rows.append(row)
     return {
         **where,
-        "latest": id_text(latest),
+        "latest": id_text(mark.latest),
+        "newest": id_text(mark.newest),
         "count": len(rows),
         "checkpoints": rows,
         "other_prefixes": list(other_prefixes or []),
@@ -41,11 +43,12 @@ def list_doc(
 
 
 def list_table(
-    listed: list[Listed], latest: CheckpointId | None, *, full_ids: bool = False, wide: bool = False
+    listed: list[Listed], mark: Latest, *, full_ids: bool = False, wide: bool = False
 ) -> RenderableType:
     """``cairn list``: one row per committed checkpoint, oldest first (with a Name column
-    when any of them has a name). Ids are short unless ``full_ids``; columns give way
-    to the width, the least useful first, unless ``wide``."""
+    when any of them has a name), the latest marked, and the newest too when it does
+    not load. Ids are short unless ``full_ids``; columns give way to the width, the
+    least useful first, unless ``wide``."""
     if not listed:
         return Text("no checkpoints")
     names, table = id_table(
@@ -65,8 +68,10 @@ def list_table(
     )
     for item in listed:
         marks = []
-        if item.checkpoint_id == latest:
+        if item.checkpoint_id == mark.latest:
             marks.append(Text("◀ latest", style="bold"))
+        elif item.checkpoint_id == mark.newest and item.manifest is not None:
+            marks.append(Text("newest, does not load", style="red"))
         manifest = item.manifest
         if manifest is None:
             if item.newer:

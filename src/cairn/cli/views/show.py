@@ -17,8 +17,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from cairn import CheckpointManifest
-from cairn.cli.output import Col, human_age, human_size, make_table, time_text
+from cairn import CheckpointId, CheckpointManifest
+from cairn.cli.catalog import Latest
+from cairn.cli.output import Col, human_age, human_size, make_table, plural, time_text
 from cairn.cli.views.summary import artifacts_text, id_texts, manifest_doc, plain, requests_text
 
 __all__ = [
@@ -83,7 +84,7 @@ def directory_summaries(manifest: CheckpointManifest) -> list[dict[str, Any]]:
 
 def show_doc(
     manifest: CheckpointManifest,
-    latest: bool,
+    mark: Latest,
     listed: bool = True,
     *,
     signature: str = "unsigned",
@@ -93,7 +94,8 @@ def show_doc(
     ``listed``) every artifact. ``signature`` is one of
     :data:`cairn.cli.verify.SIGNATURE_STATES` and ``key_id`` the key it names."""
     doc = manifest_doc(manifest)
-    doc["latest"] = latest
+    doc["latest"] = manifest.checkpoint_id == mark.latest
+    doc["newest"] = manifest.checkpoint_id == mark.newest
     doc["signature"] = signature
     doc["key_id"] = key_id
     doc["source_offsets"] = {
@@ -122,6 +124,15 @@ def show_doc(
     return doc
 
 
+def _mark_text(cid: CheckpointId, mark: Latest) -> str:
+    """What ``cairn show`` says beside the id of the latest, or of a newest that fails."""
+    if cid == mark.latest:
+        return "  ◀ latest"
+    if cid == mark.newest:
+        return "  ◀ newest, does not load (the latest is older)"
+    return ""
+
+
 def _more(shown: int, total: int, what: str) -> RenderableType | None:
     if shown >= total:
         return None
@@ -141,7 +152,7 @@ def signature_text(signature: str | None, key_id: str | None) -> str:
 
 def show_table(
     manifest: CheckpointManifest,
-    latest: bool,
+    mark: Latest,
     listed: bool = True,
     *,
     signature: str = "unsigned",
@@ -160,7 +171,7 @@ def show_table(
     facts.add_column(overflow="fold")
     created = f"{time_text(manifest.timestamp_ms)} ({human_age(manifest.timestamp_ms)})"
     for name, value in (
-        ("checkpoint", f"{manifest.checkpoint_id}" + ("  ◀ latest" if latest else "")),
+        ("checkpoint", f"{manifest.checkpoint_id}{_mark_text(manifest.checkpoint_id, mark)}"),
         ("name", manifest.name or "—"),
         ("epoch", manifest.epoch),
         ("created", created),
@@ -168,7 +179,8 @@ def show_table(
         ("parent", manifest.parent_id or "—"),
         (
             "size",
-            f"{human_size(doc['size_bytes'])} in {artifacts_text(manifest)} artifacts "
+            f"{human_size(doc['size_bytes'])} in {artifacts_text(manifest)} "
+            f"artifact{'' if doc['artifacts'] == 1 else 's'} "
             f"({human_size(doc['uploaded_bytes'])} uploaded by this checkpoint)",
         ),
         (
@@ -217,7 +229,7 @@ def show_table(
         return Group(*parts)
     summaries = operator_summaries(manifest)
     table = make_table(
-        f"{doc['artifacts']} artifacts in {len(summaries)} operators",
+        f"{plural(doc['artifacts'], 'artifact')} in {plural(len(summaries), 'operator')}",
         "Operator",
         ">Partitions",
         Col(">Snapshots", 2),
@@ -237,7 +249,7 @@ def show_table(
         )
     parts.append(table)
     hidden = len(summaries) - SHOW_ROWS_LIMIT
-    more = f"{hidden} more operators not shown; " if hidden > 0 else ""
+    more = f"{plural(hidden, 'more operator')} not shown; " if hidden > 0 else ""
     parts.append(Text(f"{more}--partitions lists every artifact"))
     return Group(*parts)
 

@@ -3,13 +3,15 @@ checkpoint it read, and whether all of it verified."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from cairn import CheckpointId
 from cairn.cli.copy import Copied
-from cairn.cli.output import Col, human_size, make_table
+from cairn.cli.output import Col, heading, human_size, make_table, plural
 from cairn.cli.restore import Restored
 from cairn.cli.verify import Verified
 from cairn.cli.views.summary import id_table, plain
@@ -106,7 +108,7 @@ def restore_doc(where: dict[str, str], restored: Restored) -> dict[str, Any]:
 
 def restore_table(restored: Restored) -> RenderableType:
     """``cairn restore``: the files written, then a one-line summary."""
-    table = make_table(f"files restored under {restored.target}", "File", ">Size", "")
+    table = make_table("", "File", ">Size", "")
     for path, size in restored.files:
         action = restored.actions.get(path, "created")
         table.add_row(plain(path), plain(human_size(size)), plain(action))
@@ -114,10 +116,10 @@ def restore_table(restored: Restored) -> RenderableType:
     kept = f" ({unchanged} already there)" if unchanged else ""
     summary = Text(
         f"restored checkpoint {restored.checkpoint_id} (epoch {restored.epoch}): "
-        f"{len(restored.files)} files{kept}, {human_size(restored.size_bytes)}, "
+        f"{plural(len(restored.files), 'file')}{kept}, {human_size(restored.size_bytes)}, "
         "every digest verified on disk"
     )
-    return Group(table, summary)
+    return Group(heading(f"files restored under {restored.target}"), table, summary)
 
 
 def copy_doc(where: dict[str, str], to: dict[str, str], results: list[Copied]) -> dict[str, Any]:
@@ -141,15 +143,20 @@ def copy_doc(where: dict[str, str], to: dict[str, str], results: list[Copied]) -
     }
 
 
+_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+
+
 def copy_table(
     results: list[Copied], to: str, *, full_ids: bool = False, wide: bool = False
 ) -> RenderableType:
     """``cairn copy``: one row per checkpoint handled, in copy order (oldest first)."""
     if not results:
         return Text("nothing to copy")
+    # Ids are as short as they are unique among the rows and the ids their notes name.
+    noted = {CheckpointId.parse(m) for r in results for m in _UUID.findall(r.note or "")}
     names, table = id_table(
-        f"copy to {to} (oldest first, each verified in the target)",
-        [r.checkpoint_id for r in results],
+        "",
+        sorted({r.checkpoint_id for r in results} | noted),
         Col(">Epoch", 1),
         "Result",
         Col(">Uploaded", 2),
@@ -165,9 +172,11 @@ def copy_table(
         "failed": "FAILED",
     }
     styles = {"failed": "red", "skipped": "yellow", "newer": "yellow"}
+    short = {str(cid): name for cid, name in names.items()}  # a note's ids as the table's
     for r in results:
         style = styles.get(r.status, "green")
         note = r.error or r.note or ("" if r.requested else "its child's manifest needs it")
+        note = _UUID.sub(lambda m: short.get(m.group(0), m.group(0)), note)
         table.add_row(
             plain(names[r.checkpoint_id]),
             plain("?" if r.epoch is None else r.epoch),
@@ -175,4 +184,4 @@ def copy_table(
             plain(human_size(r.size_bytes) if r.status == "copied" else ""),
             plain(note),
         )
-    return table
+    return Group(heading(f"copy to {to} (oldest first, each verified in the target)"), table)
