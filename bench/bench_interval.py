@@ -1,7 +1,7 @@
 """One checkpoint a second, sustained: a stream job's incremental checkpoints on a slow store.
 
     python bench/bench_interval.py [--seconds 60] [--interval 1] [--delay 0.05]
-                                   [--stores memory,moto] [--json out.json]
+                                   [--stores memory,moto] [--keep-last 10] [--json out.json]
 
 A job of 8 operators x 32 partitions (256), each holding 1-16 KiB of state, and a
 source of 32 partitions whose offsets every checkpoint records. Every interval 10 % of
@@ -10,7 +10,8 @@ one before as its parent, so the other 90 % are carried by reference (an increme
 checkpoint, as RocksDB's changed files are). The job hands each checkpoint to
 ``save_async`` (``max_saves_in_flight=2``) on the tick and goes on; retention keeps the
 last 10 (``RetentionPolicy(keep_last=10)``, its GC in the background after each commit,
-as a job running for days needs). Every store call waits ``--delay`` seconds before it
+as a job running for days needs; ``--keep-last 0``: no retention, the save's own
+cost). Every store call waits ``--delay`` seconds before it
 goes to the store: on the memory store, and on moto's S3 server on loopback (started
 here, ``tests/support/servers.py``). The first checkpoint, a full one, is taken before
 the clock starts.
@@ -239,10 +240,13 @@ def per_checkpoint(counts: Counter[str], checkpoints: int) -> dict[str, float]:
     return {kind: round(n / checkpoints, 2) for kind, n in sorted(counts.items())}
 
 
-async def run_job(store: Store, name: str, seconds: float, interval: float, seed: int) -> Result:
-    """The job on ``store`` for ``seconds``, a checkpoint every ``interval``."""
+async def run_job(
+    store: Store, name: str, seconds: float, interval: float, seed: int, keep_last: int
+) -> Result:
+    """The job on ``store`` for ``seconds``, a checkpoint every ``interval``; retention
+    keeps the last ``keep_last`` (0: no retention, no GC)."""
     tally = RequestTally()
-    retention = RetentionPolicy(keep_last=KEEP_LAST)
+    retention = RetentionPolicy(keep_last=keep_last) if keep_last else None
     ckpt = ObjectStoreCheckpointer(
         store, max_saves_in_flight=IN_FLIGHT, retention=retention, observers=[tally]
     )
@@ -250,7 +254,8 @@ async def run_job(store: Store, name: str, seconds: float, interval: float, seed
     first = CheckpointData(epoch=0, snapshots=dict(job.state), source_offsets=job.source_offsets(0))
     parent: CheckpointId = (await ckpt.save(first)).checkpoint_id
     await ckpt.wait_for_saves()
-    await ckpt.background_gc.wait()
+    if retention is not None:
+        await ckpt.background_gc.wait()
     tally.reset()
     loop = asyncio.get_running_loop()
     ticks: list[Tick] = []
@@ -382,6 +387,9 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.05, help="seconds per store call")
     parser.add_argument("--stores", default="memory,moto")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--keep-last", type=int, default=KEEP_LAST, help="retention after each commit (0: none)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     uptime = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
@@ -390,7 +398,9 @@ def main() -> None:
         with opened(name) as raw:
             store = DelayedStore(raw, args.delay)
             print(f"running {name} for {args.seconds:g} s ...", file=sys.stderr, flush=True)
-            result = asyncio.run(run_job(store, name, args.seconds, args.interval, args.seed))
+            result = asyncio.run(
+                run_job(store, name, args.seconds, args.interval, args.seed, args.keep_last)
+            )
         rows.append(result.summary())
     print(f"load average before the run: {' '.join(uptime)}; {os.cpu_count()} cores")
     print_table(rows, args.delay, args.interval)

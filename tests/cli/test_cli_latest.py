@@ -14,7 +14,8 @@ from pathlib import Path
 from support.artifacts import artifact_path
 from support.cli import PREFIX, Filled, cairn_many, document, flip_byte, store_root
 
-from cairn import CheckpointPaths, ObjectStoreCheckpointer, SyncCheckpointer
+from cairn import CheckpointData, CheckpointPaths, ObjectStoreCheckpointer, SyncCheckpointer
+from cairn.cli.catalog import MARK_VERIFIES_UP_TO
 
 
 def _damage_newest(local: Filled) -> Path:
@@ -100,3 +101,26 @@ def test_latest_when_no_checkpoint_loads_is_an_integrity_failure(
     assert line.startswith("error: no checkpoint in ")
     assert "loads: all 3 committed checkpoint(s) are damaged" in line
     assert not (tmp_path / "r").exists()
+
+
+def test_list_leaves_a_newest_too_large_to_read_unverified(tmp_path: Path) -> None:
+    # `list` is meant to be quick: over MARK_VERIFIES_UP_TO bytes of artifacts, the
+    # newest is marked newest, unverified, and none of it is read. Its damage (a flipped
+    # byte) therefore goes unnoticed here, where reading it would have found it.
+    root = tmp_path / "store"
+    ckpt = SyncCheckpointer(str(root))
+    small = ckpt.save(CheckpointData(epoch=1, snapshots={("agg", 0): b"small"}))
+    big = ckpt.save(CheckpointData(epoch=2, snapshots={("agg", 0): bytes(MARK_VERIFIES_UP_TO + 1)}))
+    manifest = asyncio.run(ObjectStoreCheckpointer(str(root)).load_manifest(big.checkpoint_id))
+    flip_byte(root / artifact_path(ckpt.paths, manifest, "agg", 0))
+    listed, table = cairn_many(
+        [["list", "--store", str(root), "--json"], ["list", "--store", str(root)]]
+    )
+    assert listed.code == 0, listed.explain()
+    doc = document("list", listed)
+    assert doc["latest"] is None and doc["latest_verified"] is False
+    assert doc["newest"] == str(big.checkpoint_id)
+    assert [c["latest"] for c in doc["checkpoints"]] == [False, False]
+    assert "does not load" not in table.stderr + table.stdout, table.explain()
+    assert "too large to verify here" in table.stdout, table.explain()
+    assert ckpt.latest_id() == small.checkpoint_id  # reading it all finds the damage

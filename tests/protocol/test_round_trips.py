@@ -135,3 +135,30 @@ def test_pipelined_incremental_saves_wait_only_for_their_parent() -> None:
         assert chained.round_trips == 4 + 3 * 3, chained.trace()
 
     simulate(store, scenario)
+
+
+def test_a_save_lists_its_own_directory_and_its_parents_not_every_owner() -> None:
+    """A save whose chains reach back to many checkpoints (each changed a partition)
+    lists, around its create, its own directory and its parent's: one listing each,
+    however far back they reach (what it carries stands while its parent does)."""
+    store = RoundTripStore(as_store("memory://"))
+
+    async def scenario() -> None:
+        ckpt = ObjectStoreCheckpointer(store)
+        base = small(1)
+        parent = (await ckpt.save(base)).checkpoint_id
+        for epoch in range(2, 10):  # each its own owner of one partition
+            data = CheckpointData(
+                epoch=epoch, snapshots={("op0", epoch % 8): b"new" * epoch}, parent_id=parent
+            )
+            parent = (await ckpt.save(data)).checkpoint_id
+        with store.measure() as counted:
+            last = CheckpointData(epoch=10, snapshots={("op1", 0): b"last"}, parent_id=parent)
+            manifest = await ckpt.save(last)
+        owners = {entry.owner for _, entry in manifest.partition_entries() if entry.owner}
+        assert len(owners) >= 8
+        # Before the create: its own directory and its parent's; after it: its own.
+        assert counted.requests()["list"] == 3, counted.trace()
+        assert counted.round_trips == 4, counted.trace()
+
+    simulate(store, scenario)

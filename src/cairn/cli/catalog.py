@@ -34,6 +34,7 @@ from cairn.protocol.discover import MIN_SHORT_ID, is_short_id, resolve_checkpoin
 
 __all__ = [
     "LATEST",
+    "MARK_VERIFIES_UP_TO",
     "NEWEST",
     "REF_WORDS",
     "Latest",
@@ -185,24 +186,34 @@ def _listed(cid: CheckpointId, got: CheckpointManifest | Exception) -> Listed:
     return Listed(cid, got)
 
 
+MARK_VERIFIES_UP_TO = 64 * 1024 * 1024
+"""The most bytes of artifacts ``list`` and ``show`` read to find the latest checkpoint:
+a newest checkpoint larger than this is marked newest, unverified, rather than read
+whole by a command meant to be quick (``cairn verify latest`` finds it, reading all)."""
+
+
 @dataclass(frozen=True)
 class Latest:
     """What a listing marks: ``latest``, the checkpoint ``load_latest`` returns, and
     ``newest``, the newest committed checkpoint, which differs from it only when it
     does not load (damaged artifacts); either is None when there is none. A checkpoint
-    that needs a newer cairn is both (this cairn cannot load it, and it is not damage)."""
+    that needs a newer cairn is both (this cairn cannot load it, and it is not damage).
+    ``verified`` is False when the newest was too large to read here
+    (:data:`MARK_VERIFIES_UP_TO`): ``latest`` is then None, unknown, not absent."""
 
     latest: CheckpointId | None
     newest: CheckpointId | None
+    verified: bool = True
 
     @property
     def newest_fails(self) -> bool:
         """True when the newest checkpoint is not the latest: it does not load."""
-        return self.newest is not None and self.newest != self.latest
+        return self.verified and self.newest is not None and self.newest != self.latest
 
 
 async def latest_mark(ckpt: ObjectStoreCheckpointer) -> Latest:
-    """The latest and the newest checkpoint, as a listing marks them."""
+    """The latest and the newest checkpoint, as a listing marks them: the latest only
+    when the newest's artifacts are at most :data:`MARK_VERIFIES_UP_TO` bytes."""
     try:
         newest = await ckpt.newest_id()
     except NewerFormatError as exc:
@@ -210,6 +221,8 @@ async def latest_mark(ckpt: ObjectStoreCheckpointer) -> Latest:
         return Latest(found, found)
     if newest is None:
         return Latest(None, None)
+    if (await ckpt.load_manifest(newest)).total_size_bytes > MARK_VERIFIES_UP_TO:
+        return Latest(None, newest, verified=False)
     try:
         return Latest(await ckpt.latest_id(), newest)
     except NewerFormatError as exc:

@@ -86,7 +86,13 @@ each other; what does is still ordered:
   create lists the parent's manifest after the intent is written: if it is still
   there, a deletion of the parent comes later, and its second look
   (:func:`cairn.protocol.retention.look_again`) finds the intent and spares what the
-  save builds on; if it is gone, the save fails before its create. A GC claims the id
+  save builds on; if it is gone, the save fails before its create. What the save
+  carries from checkpoints older than its parent is the parent's chain: GC and
+  ``delete_checkpoint`` keep every object a standing checkpoint names, so while the
+  parent stands, so does all of it, and the checks around the create list only the
+  save's own directory and its parent's (one listing each, however many checkpoints
+  the chains reach back to). A save in two phases, which reads no parent beside its
+  intent, lists every directory it carries from. A GC claims the id
   of a save whose lease lapsed before it sweeps anything it uploaded, so the create
   fails rather than commit over swept objects.
 * *The check after the create* runs beside the swap of ``_latest``. It finds something
@@ -252,7 +258,11 @@ async def commit_and_publish(
             if lease is not None:
                 await lease.stop()  # before its intent goes: a renewal would write it again
             op.manifest = await _publish(
-                ctx, manifest, lease.path if lease is not None else None, discard
+                ctx,
+                manifest,
+                lease.path if lease is not None else None,
+                discard,
+                own_only=parent is not None,
             )
         except BrokenChainError as exc:
             if discard is not None and _own_upload(ctx, manifest, exc.link):
@@ -425,6 +435,7 @@ async def _publish(
     manifest: CheckpointManifest,
     intent: str | None,
     discard: Discard | None = None,
+    own_only: bool = False,
 ) -> CheckpointManifest:
     """After the create, at once: check the artifacts again, swap ``_latest`` (or roll
     back a fenced commit), and remove the intents.
@@ -442,7 +453,7 @@ async def _publish(
     # has returned, so no retry of it can follow, and nothing needs them any more.
     ended = [ctx.paths.intent(cid), *([intent] if intent is not None else [])]
     checked, advanced, _ = await asyncio.gather(
-        _check_after_create(ctx, manifest, _discarding(ctx, manifest, discard)),
+        _check_after_create(ctx, manifest, _discarding(ctx, manifest, discard), own_only),
         _advance_or_roll_back(ctx, manifest),
         _remove_intents(ctx, cid, ended),
         return_exceptions=True,
@@ -550,8 +561,12 @@ async def _check_before_create(
     checkpoint's own uploads, else :class:`BrokenChainError` naming the first missing one.
     """
     cid = manifest.checkpoint_id
+    # With its parent listed after its intent, a save checks what it uploaded and what
+    # its parent owns; what it carries from older checkpoints is the parent's chain,
+    # which stands while the parent does (see "What a save builds on").
+    owners = frozenset({cid, parent}) if parent is not None else None
     try:
-        await _check_artifacts_present(ctx, manifest, parent=parent)
+        await _check_artifacts_present(ctx, manifest, parent=parent, owners=owners)
     except BrokenChainError as exc:
         path = ctx.paths.manifest(cid)
         try:
@@ -571,6 +586,7 @@ async def _check_after_create(
     ctx: Context,
     manifest: CheckpointManifest,
     discard: Callable[[], Awaitable[None]] | None = None,
+    own_only: bool = False,
 ) -> None:
     """The check after the create (see the module docstring): roll back if one is gone,
     or if the check itself fails (a :class:`StoreError`: the commit is not confirmed).
@@ -579,7 +595,8 @@ async def _check_after_create(
     cid = manifest.checkpoint_id
     path = ctx.paths.manifest(cid)
     try:
-        await _check_artifacts_present(ctx, manifest, written=True)
+        owners = frozenset({cid}) if own_only else None
+        await _check_artifacts_present(ctx, manifest, written=True, owners=owners)
     except BrokenChainError as exc:
         log.warning("checkpoint %s lost %s around its commit: rolling it back", cid, exc.link)
         await ctx.store.delete([path])
@@ -609,19 +626,23 @@ async def _check_artifacts_present(
     manifest: CheckpointManifest,
     written: bool = False,
     parent: CheckpointId | None = None,
+    owners: frozenset[CheckpointId] | None = None,
 ) -> None:
     """Raise :class:`BrokenChainError` unless every entry's object (and, once the
     manifest is ``written``, every part of it; and ``parent``'s manifest, when given)
     is in the store.
 
     One listing per directory that holds entries (this checkpoint's, and those of the
-    checkpoints it carries entries from), sizes checked: a whole object's exactly, a
-    pack's at least to the end of the furthest range the manifest names in it.
+    checkpoints it carries entries from; with ``owners``, only the entries those own),
+    sizes checked: a whole object's exactly, a pack's at least to the end of the
+    furthest range the manifest names in it.
     """
     cid = manifest.checkpoint_id
     wanted: dict[str, dict[str, tuple[int, bool]]] = {}
     for entry_owner, relative, size in manifest.stored_objects():
         owner = entry_owner or cid
+        if owners is not None and owner not in owners:
+            continue
         wanted.setdefault(ctx.paths.checkpoint_dir(owner), {})[
             ctx.paths.resolve(owner, relative)
         ] = (size, ctx.paths.is_pack(relative))

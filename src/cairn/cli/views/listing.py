@@ -36,6 +36,7 @@ def list_doc(
         **where,
         "latest": id_text(mark.latest),
         "newest": id_text(mark.newest),
+        "latest_verified": mark.verified,
         "count": len(rows),
         "checkpoints": rows,
         "other_prefixes": list(other_prefixes or []),
@@ -70,6 +71,8 @@ def list_table(
         marks = []
         if item.checkpoint_id == mark.latest:
             marks.append(Text("◀ latest", style="bold"))
+        elif item.checkpoint_id == mark.newest and not mark.verified:
+            marks.append(Text("◀ newest (too large to verify here)", style="yellow"))
         elif item.checkpoint_id == mark.newest and item.manifest is not None:
             marks.append(Text("newest, does not load", style="red"))
         manifest = item.manifest

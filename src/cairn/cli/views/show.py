@@ -128,6 +128,8 @@ def _mark_text(cid: CheckpointId, mark: Latest) -> str:
     """What ``cairn show`` says beside the id of the latest, or of a newest that fails."""
     if cid == mark.latest:
         return "  ◀ latest"
+    if cid == mark.newest and not mark.verified:
+        return "  ◀ newest (too large to verify here: cairn verify latest)"
     if cid == mark.newest:
         return "  ◀ newest, does not load (the latest is older)"
     return ""
