@@ -586,5 +586,12 @@ class ObjectStoreCheckpointer(CheckpointReads, Checkpointer):
         """
         async with self.observed("gc") as op:
             paths = await self.resolve_paths()
-            op.gc = await run_gc(self.store, paths, policy, dry_run=dry_run, min_age=min_age)
+            op.gc = await run_gc(
+                self.store,
+                paths,
+                policy,
+                dry_run=dry_run,
+                min_age=min_age,
+                cache=self._hints.manifests,
+            )
             return op.gc

@@ -22,6 +22,7 @@ from cairn.format.codecs import Codec
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKeys
+from cairn.protocol._manifestcache import ManifestCache
 from cairn.protocol._pointer import PointerHint
 from cairn.stores import Store
 
@@ -39,6 +40,8 @@ class Hints:
 
     latest: PointerHint = field(default_factory=PointerHint)
     """``_latest`` as this checkpointer last read or wrote it."""
+    manifests: ManifestCache = field(default_factory=ManifestCache)
+    """Committed manifests its GC read, by the listed object (used only while unchanged)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from cairn.protocol._gcstate import read_state, store_now
 from cairn.protocol._lease import (
     claim,
 )
+from cairn.protocol._manifestcache import ManifestCache
 from cairn.protocol._parts import read_whole
 from cairn.stores import Store
 
@@ -53,6 +54,7 @@ async def look_again(
     *,
     min_age: dt.timedelta,
     claim_live: bool = False,
+    cache: ManifestCache | None = None,
 ) -> tuple[set[CheckpointId], set[str]]:
     """The second phase of every deletion (GC's, or one checkpoint's): what to spare.
 
@@ -79,6 +81,7 @@ async def look_again(
         doomed: The checkpoints being deleted.
         min_age: An uncommitted directory with an object younger than this is busy.
         claim_live: Claim saves building on what goes even while their lease is live.
+        cache: Manifests read before, used while the listing shows them unchanged.
 
     Returns:
         The checkpoints to keep whole, and the object paths they reference.
@@ -87,7 +90,7 @@ async def look_again(
         NewerFormatError: A manifest a newer cairn wrote was met: nothing may then be
             deleted.
     """
-    state = await read_state(store, paths)
+    state = await read_state(store, paths, cache)
     if state.newer:
         raise next(iter(state.newer.values()))
     now = await store_now(store, paths)

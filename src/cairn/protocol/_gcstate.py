@@ -32,6 +32,7 @@ from cairn.protocol._lease import (
     decode_intent,
     is_tombstone,
 )
+from cairn.protocol._manifestcache import ManifestCache
 from cairn.protocol._parts import read_whole
 from cairn.protocol._pointer import read_pointer, read_writer
 from cairn.stores import ObjectInfo, Store
@@ -98,7 +99,9 @@ def _refused(exc: StoreError) -> bool:
     return not isinstance(cause, OSError) or cause.errno in _REFUSED_ERRNOS
 
 
-async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
+async def read_state(
+    store: Store, paths: CheckpointPaths, cache: ManifestCache | None = None
+) -> StoreState:
     """Read what :func:`plan_gc` needs: one listing, the manifests, the intents, the pointer.
 
     The pointer is read before the listing; :func:`plan_gc`'s rule for it holds whatever
@@ -107,16 +110,18 @@ async def read_state(store: Store, paths: CheckpointPaths) -> StoreState:
     Args:
         store: The store.
         paths: The checkpoint layout.
+        cache: Manifests read before, taken instead of reading them again while the
+            listing shows them unchanged (see :mod:`cairn.protocol._manifestcache`).
 
     Returns:
         What GC read.
     """
-    state, _ = await read_state_and_owners(store, paths)
+    state, _ = await read_state_and_owners(store, paths, cache)
     return state
 
 
 async def read_state_and_owners(
-    store: Store, paths: CheckpointPaths
+    store: Store, paths: CheckpointPaths, cache: ManifestCache | None = None
 ) -> tuple[StoreState, list[CheckpointId | None]]:
     """:func:`read_state`, and :func:`owners_of` of its objects, computed on the way."""
     latest, _, _ = await read_pointer(store, paths.latest_pointer())
@@ -150,9 +155,15 @@ async def read_state_and_owners(
     def read_manifest(cid: CheckpointId, info: ObjectInfo) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
             path = info.path
+            known = cache.get(info) if cache is not None else None
+            if known is not None:
+                manifests[cid] = known
+                return
             try:
                 root = decode_root(path, await _read_listed(store, info))
                 manifests[cid] = await read_whole(store, paths, path, root)
+                if cache is not None:
+                    cache.put(info, manifests[cid])
             except CheckpointNotFoundError:
                 return  # deleted since the listing
             except IntegrityError as exc:

@@ -83,6 +83,7 @@ from cairn.protocol._gcplan import (
 from cairn.protocol._gcpolicy import KEPT_REASONS, GcPlan, GcResult, RetentionPolicy, span_text
 from cairn.protocol._gcstate import read_state, read_state_and_owners, store_now
 from cairn.protocol._lease import retire
+from cairn.protocol._manifestcache import ManifestCache
 from cairn.stores import ObjectInfo, Store
 
 __all__ = [
@@ -112,6 +113,7 @@ async def run_gc(
     *,
     dry_run: bool,
     min_age: dt.timedelta,
+    cache: ManifestCache | None = None,
 ) -> GcResult:
     """Plan and (unless a dry run) execute a GC over a store; see the module docstring.
 
@@ -126,6 +128,8 @@ async def run_gc(
         dry_run: Report what a run would do, and write nothing.
         min_age: An uncommitted directory with an object younger than this is left
             alone (a save in progress), >= 0.
+        cache: Manifests an earlier run read, used while the listing shows them
+            unchanged (a checkpointer keeps one: see :mod:`cairn.protocol._manifestcache`).
 
     Returns:
         What the run did (or would do).
@@ -140,7 +144,7 @@ async def run_gc(
         raise InvalidInputError(f"min_age must be a timedelta >= 0, got {min_age!r}")
     if not isinstance(policy, RetentionPolicy):
         raise InvalidInputError(f"gc takes a RetentionPolicy, got {policy!r}")
-    state, owners = await read_state_and_owners(store, paths)
+    state, owners = await read_state_and_owners(store, paths, cache)
     if state.newer:
         return _untouched(state, dry_run=dry_run)
     unknown_pins = [cid for cid in policy.pinned if cid not in state.manifests]
@@ -175,7 +179,7 @@ async def run_gc(
     # Phase 2: look again for saves that started or committed since the plan.
     try:
         spared_whole, spared = await look_again(
-            store, paths, state.manifests, set(result.deleted), min_age=min_age
+            store, paths, state.manifests, set(result.deleted), min_age=min_age, cache=cache
         )
     except NewerFormatError as exc:
         # Committed since the reading: it may name anything, so no artifact goes.
