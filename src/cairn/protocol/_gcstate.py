@@ -111,7 +111,7 @@ async def read_state(
         store: The store.
         paths: The checkpoint layout.
         cache: Manifests read before, taken instead of reading them again while the
-            listing shows them unchanged (see :mod:`cairn.protocol._manifestcache`).
+            listing shows them unchanged, by path, size and e-tag.
 
     Returns:
         What GC read.

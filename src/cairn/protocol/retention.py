@@ -129,7 +129,7 @@ async def run_gc(
         min_age: An uncommitted directory with an object younger than this is left
             alone (a save in progress), >= 0.
         cache: Manifests an earlier run read, used while the listing shows them
-            unchanged (a checkpointer keeps one: see :mod:`cairn.protocol._manifestcache`).
+            unchanged, by path, size and e-tag (a checkpointer keeps one).
 
     Returns:
         What the run did (or would do).
