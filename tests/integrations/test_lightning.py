@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import subprocess
-import sys
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -285,20 +283,3 @@ def test_a_gpu_run_saves_and_resumes_through_cairn(tmp_path: Path) -> None:
     on_gpu(3, [checkpointing(dirpath), start]).fit(resumed, loader(), ckpt_path="last")
     assert start.step == 2 * STEPS_PER_EPOCH
     assert next(resumed.parameters()).is_cuda
-
-
-def test_without_lightning_the_import_names_the_extra(tmp_path: Path) -> None:
-    blocked = "import sys; sys.modules['lightning'] = sys.modules['lightning_fabric'] = None"
-    proc = subprocess.run(
-        [sys.executable, "-c", f"{blocked}; import cairn.lightning"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 1
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last == (
-        "ImportError: cairn.lightning needs Lightning 2.x (lightning or pytorch_lightning): "
-        "pip install 'cairn-checkpoint[lightning]'"
-    ), proc.stderr

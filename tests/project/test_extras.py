@@ -20,13 +20,19 @@ from cairn import CheckpointerError, MissingExtraError
 pytestmark = pytest.mark.subprocess
 
 CASES = [
-    ("cairn.torch", "torch", ["numpy"]),
-    ("cairn.torch", "torch", ["zstandard"]),
-    ("cairn.torch", "torch", ["numpy", "zstandard"]),
-    ("cairn.observe.metrics", "metrics", ["prometheus_client"]),
-    ("cairn.observe.tracing", "metrics", ["opentelemetry"]),
-    ("cairn.testing", "test", ["pytest_asyncio"]),
+    ("cairn.torch", "torch", ["numpy"], None),
+    ("cairn.torch", "torch", ["zstandard"], None),
+    ("cairn.torch", "torch", ["numpy", "zstandard"], None),
+    ("cairn.observe.metrics", "metrics", ["prometheus_client"], None),
+    ("cairn.observe.tracing", "metrics", ["opentelemetry"], None),
+    ("cairn.testing", "test", ["pytest_asyncio"], None),
+    ("cairn.hf", "hf", ["transformers"], None),
+    ("cairn.hf", "hf", ["accelerate"], None),
+    # Lightning's CheckpointIO comes from lightning, or pytorch_lightning's lightning_fabric
+    ("cairn.lightning", "lightning", ["lightning", "lightning_fabric"], ["lightning"]),
 ]
+"""Module, its extra, the packages hidden, and the ones the error names (None: those)."""
+NEEDS_TORCH = ("cairn.torch", "cairn.hf", "cairn.lightning")
 
 
 def hiding(packages: list[str], code: str) -> subprocess.CompletedProcess[str]:
@@ -42,11 +48,11 @@ def hiding(packages: list[str], code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize(("module", "extra", "hidden"), CASES)
+@pytest.mark.parametrize(("module", "extra", "hidden", "named"), CASES)
 def test_an_incomplete_extra_is_one_line_naming_it(
-    module: str, extra: str, hidden: list[str]
+    module: str, extra: str, hidden: list[str], named: list[str] | None
 ) -> None:
-    if module == "cairn.torch":
+    if module in NEEDS_TORCH:
         pytest.importorskip("torch", reason="the torch extra is not installed here")
     proc = hiding(
         hidden,
@@ -56,13 +62,14 @@ def test_an_incomplete_extra_is_one_line_naming_it(
         f"    print(type(exc).__name__, isinstance(exc, ImportError), exc.extra, exc.missing)\n"
         f"    print(exc)\n",
     )
+    missing = hidden if named is None else named
     assert proc.returncode == 0, proc.stderr
     kind, message = proc.stdout.splitlines()
-    assert kind == f"MissingExtraError True {extra} {tuple(hidden)!r}"
-    names = " and ".join(hidden)
+    assert kind == f"MissingExtraError True {extra} {tuple(missing)!r}"
+    names = " and ".join(missing)
     assert message.startswith(f"{module} needs {names}, which ")
     assert f"install cairn with its {extra!r} extra (pip install '.[{extra}]'" in message
-    assert message.endswith(f"or pip install {' '.join(hidden)}")
+    assert message.endswith(f"or pip install {' '.join(missing)}")
 
 
 def test_uncaught_it_is_a_short_traceback_ending_in_that_line() -> None:

@@ -1,6 +1,6 @@
 """Hugging Face ``transformers.Trainer`` on cairn: every ``checkpoint-N`` a verified checkpoint.
 
-Install with ``pip install 'cairn-checkpoint[hf]'`` (transformers and accelerate). Then::
+Install with ``pip install '.[hf]'`` from a clone (transformers and accelerate). Then::
 
     from transformers import Trainer, TrainingArguments
     from cairn.hf import CairnCallback, restore_checkpoint
@@ -22,12 +22,10 @@ one, with ``load_best_model_at_end``). See :class:`CairnCallback`.
 
 from __future__ import annotations
 
-try:
-    import transformers as _transformers  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "cairn.hf needs transformers and accelerate: pip install 'cairn-checkpoint[hf]'"
-    ) from exc
+# ruff: noqa: E402 (the imports after the check of the extra need it)
+from cairn.errors import MissingExtraError
+
+MissingExtraError.require("cairn.hf", "hf", ("torch", "transformers", "accelerate"))
 
 from cairn.hf._callback import OPERATOR, CairnCallback, restore_checkpoint
 

@@ -1,6 +1,6 @@
 """Lightning on cairn: a ``CheckpointIO`` plugin whose checkpoints are verified cairn checkpoints.
 
-Install with ``pip install 'cairn-checkpoint[lightning]'`` (Lightning 2.x: the
+Install with ``pip install '.[lightning]'`` from a clone (Lightning 2.x: the
 ``lightning`` package, or ``pytorch_lightning`` where only that is installed). Then::
 
     from lightning.pytorch import Trainer
@@ -23,12 +23,10 @@ in the background, the step waiting only for the copy of the tensors to host mem
 
 from __future__ import annotations
 
-try:
-    import torch as _torch  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "cairn.lightning needs Lightning 2.x and PyTorch: pip install 'cairn-checkpoint[lightning]'"
-    ) from exc
+# ruff: noqa: E402 (the imports after the check of the extra need it)
+from cairn.errors import MissingExtraError
+
+MissingExtraError.require("cairn.lightning", "lightning", ("torch",))
 
 from cairn.lightning._io import POINTER_KIND, AsyncCairnCheckpointIO, CairnCheckpointIO
 

@@ -43,7 +43,7 @@ from urllib.parse import unquote, urlsplit
 import torch
 
 from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.errors import CheckpointNotFoundError, InvalidInputError
+from cairn.errors import CheckpointNotFoundError, InvalidInputError, MissingExtraError
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths, validate_checkpoint_name
 from cairn.format.signing import SigningKey
@@ -63,11 +63,8 @@ else:
         except ImportError:
             try:
                 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
-            except ImportError:
-                raise ImportError(
-                    "cairn.lightning needs Lightning 2.x (lightning or pytorch_lightning): "
-                    "pip install 'cairn-checkpoint[lightning]'"
-                ) from None
+            except ImportError:  # neither lightning nor pytorch_lightning's fabric
+                raise MissingExtraError("cairn.lightning", "lightning", ("lightning",)) from None
         return CheckpointIO
 
     CheckpointIO = _checkpoint_io_base()
