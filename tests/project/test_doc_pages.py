@@ -101,16 +101,7 @@ BLOCKS = [
 def test_every_python_block_runs_as_written(block: str, tmp_path: Path) -> None:
     if needs_missing_torch(block):
         pytest.skip("needs the torch extra")
-    proc = subprocess.run(
-        [sys.executable, "-c", block],
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, f"{block}\n{proc.stdout}\n{proc.stderr}"
+    run_python(block, tmp_path)
     listed = cairn("list", "--json", cwd=tmp_path)
     assert listed.code == 0 and listed.json()["count"] >= 1, listed.explain()
 
@@ -165,7 +156,7 @@ def test_every_guide_works_from_start_to_end(guide: str, tmp_path: Path) -> None
         if language == "python" and name is not None:
             (tmp_path / name).write_text(body, encoding="utf-8")
         elif language == "python":
-            printed = run_line_of_python(body, tmp_path)
+            printed = run_python(body, tmp_path)
         elif language == "bash":
             lines = [line for line in body.splitlines() if shlex.split(line, comments=True)]
             printed = "".join(run_line(line, tmp_path) for line in lines)
@@ -176,7 +167,8 @@ def test_every_guide_works_from_start_to_end(guide: str, tmp_path: Path) -> None
                 assert re.search(pattern, printed), f"{expected!r} not in\n{printed}"
 
 
-def run_line_of_python(block: str, cwd: Path) -> str:
+def run_python(block: str, cwd: Path) -> str:
+    """Run ``block`` in a fresh interpreter in ``cwd``; what it printed (it must succeed)."""
     proc = subprocess.run(
         [sys.executable, "-c", block],
         cwd=cwd,
