@@ -30,6 +30,7 @@ __all__ = [
     "AllOption",
     "Body",
     "CostOption",
+    "DcpRefArgument",
     "DebugOption",
     "Given",
     "IdsOption",
@@ -85,6 +86,13 @@ RefArgument = Annotated[
         help="A checkpoint id, its unique start (8 characters or more), 'latest' (the "
         "newest checkpoint that loads and verifies, as load_latest finds it) or 'newest' "
         "(the newest committed, whether it loads or not).",
+    ),
+]
+DcpRefArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="ID|latest|NAME",
+        help="A checkpoint id, 'latest' (the latest DCP save), or a checkpoint name.",
     ),
 ]
 RefsArgument = Annotated[

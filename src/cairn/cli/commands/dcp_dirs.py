@@ -14,7 +14,7 @@ import typer
 from cairn import CheckpointNotFoundError
 from cairn.cli import dcp
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.options import launch
+from cairn.cli.options import DcpRefArgument, launch
 from cairn.cli.session import Session
 
 __all__ = ["export_dcp_command", "import_dcp_command"]
@@ -22,13 +22,7 @@ __all__ = ["export_dcp_command", "import_dcp_command"]
 
 def export_dcp_command(
     ctx: typer.Context,
-    ref: Annotated[
-        str,
-        typer.Argument(
-            metavar="ID|latest|NAME",
-            help="A checkpoint id, 'latest' (the latest DCP save), or a checkpoint name.",
-        ),
-    ],
+    ref: DcpRefArgument,
     to: Annotated[
         Path,
         typer.Option("--to", metavar="DIR", help="Directory to write (missing, or empty)."),

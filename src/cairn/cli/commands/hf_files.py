@@ -14,7 +14,7 @@ import typer
 from cairn import CheckpointNotFoundError, ObjectExistsError
 from cairn.cli import dcp, hf
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.options import launch
+from cairn.cli.options import DcpRefArgument, launch
 from cairn.cli.session import Session, cli_store_url
 from cairn.stores import as_store
 
@@ -23,13 +23,7 @@ __all__ = ["export_hf_command", "import_hf_command"]
 
 def export_hf_command(
     ctx: typer.Context,
-    ref: Annotated[
-        str,
-        typer.Argument(
-            metavar="ID|latest|NAME",
-            help="A checkpoint id, 'latest' (the latest DCP save), or a checkpoint name.",
-        ),
-    ],
+    ref: DcpRefArgument,
     to: Annotated[
         str,
         typer.Option("--to", metavar="URL", help="Store URL or directory to write into."),
