@@ -410,11 +410,9 @@ async def _upload_beside_intent(
             else _nothing()
         )
         uploads = upload_all(ctx, data, None, plan, attempt, chains=False)
-    jobs: list[Awaitable[object]] = [pending.written(), uploads, chains]
+    jobs: list[Awaitable[object]] = [pending.written(), uploads, chains, pending.read_latest()]
     if not data.generated_id:
         jobs.append(_refuse_committed(ctx, data.id))
-    if not ctx.hints.latest.known:
-        jobs.append(_pointer.read_latest(ctx.store, ctx.paths.latest_pointer(), ctx.hints.latest))
     outcomes = await asyncio.gather(*jobs, return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
