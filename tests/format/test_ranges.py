@@ -33,6 +33,7 @@ from cairn.format.ranges import (
     is_index_size,
     verify_ranges,
 )
+from cairn.protocol import _upload
 from cairn.stores import ForwardingStore, ObstoreStore, Store
 
 
@@ -179,7 +180,10 @@ class _FailsOnceMidStream(ForwardingStore):
         await super().put_stream(path, open_chunks, metadata=metadata)
 
 
-async def test_a_retried_upload_opens_the_ranges_again_and_indexes_the_last_pass() -> None:
+async def test_a_retried_upload_opens_the_ranges_again_and_indexes_the_last_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 0)  # streamed, however small
     store = _FailsOnceMidStream(ObstoreStore(MemoryStore()))
     ckpt = make_checkpointer(store)
     source = Pieces(*PIECES)
@@ -215,7 +219,10 @@ class _ChunkCounter(ForwardingStore):
         await super().put_stream(path, counting, metadata=metadata)
 
 
-async def test_small_ranges_are_coalesced_and_large_ones_sent_as_they_are() -> None:
+async def test_small_ranges_are_coalesced_and_large_ones_sent_as_they_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 0)  # streamed, however small
     store = _ChunkCounter(ObstoreStore(MemoryStore()))
     ckpt = make_checkpointer(store)
     small = [bytes([n]) * 1000 for n in range(100)]
@@ -224,6 +231,59 @@ async def test_small_ranges_are_coalesced_and_large_ones_sent_as_they_are() -> N
     await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): source}))
     # 50 small ranges in one chunk, the large one alone, the other 50 with the index.
     assert store.sizes == [50_000, 2 << 20, 50_000 + index_size(101)]
+
+
+class _Writes(ForwardingStore):
+    """Records every write: ``("put", path)`` or ``("put_stream", path)``."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.writes: list[tuple[str, str]] = []
+
+    async def put(self, path: str, data: Any, **kwargs: Any) -> Any:
+        self.writes.append(("put", path))
+        return await super().put(path, data, **kwargs)
+
+    async def put_stream(self, path: str, open_chunks: Any, *, metadata: Any = None) -> None:
+        self.writes.append(("put_stream", path))
+        await super().put_stream(path, open_chunks, metadata=metadata)
+
+
+def _ranges_writes(store: _Writes) -> list[str]:
+    return [kind for kind, path in store.writes if "/operators/op/" in path]
+
+
+async def test_an_object_of_ranges_up_to_the_single_put_size_is_one_put(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    size = sum(map(len, PIECES)) + index_size(len(PIECES))
+    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", size)
+    store = _Writes(ObstoreStore(MemoryStore()))
+    ckpt = make_checkpointer(store)
+    source = Pieces(*PIECES)
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): source}))
+    assert _ranges_writes(store) == ["put"] and source.opened == 1
+    [(_, entry)] = manifest.partition_entries()
+    assert entry.size_bytes == size
+    await ckpt.load(manifest.checkpoint_id)  # verified range by range
+
+
+async def test_a_larger_object_of_ranges_streams_on_from_what_was_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the size: a streamed upload, fed first the chunks already read (the source
+    is not opened again), each chunk as a fresh pass would give it."""
+    pieces = (b"first range", b"L" * 200_000, b"last")
+    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 12)  # over it with the second chunk
+    store = _Writes(ObstoreStore(MemoryStore()))
+    counter = _ChunkCounter(store)
+    ckpt = make_checkpointer(counter)
+    source = Pieces(*pieces)
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): source}))
+    assert _ranges_writes(store) == ["put_stream"] and source.opened == 1
+    assert counter.sizes == [11, 200_000, 4 + index_size(len(pieces))]
+    loaded = await ckpt.load(manifest.checkpoint_id)
+    assert bytes(loaded.artifacts[("op", 0)]).startswith(b"".join(pieces))
 
 
 def test_group_spans_cuts_by_size_and_gap_in_offset_order() -> None:

@@ -61,6 +61,7 @@ from cairn.format.manifest import PartitionSnapshotEntry
 from cairn.format.ranges import RangeSource, encode_compressed_index, encode_index
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context
+from cairn.stores import OpenChunks
 
 __all__ = [
     "PACK_BYTES",
@@ -364,7 +365,7 @@ def _ranges_job(
     metadata_key: str | None,
 ) -> Callable[[], Awaitable[Entry]]:
     """The upload of an object of ranges (:mod:`cairn.format.ranges`): its ranges, then their
-    index, in one streamed (multipart) write; stored as the source gives them (each
+    index, in one write (see :func:`_put_ranges`); stored as the source gives them (each
     range a frame of the source's codec, if it has one), whatever the checkpointer's."""
     # ``metadata_key`` is not used: an object of ranges carries no digest of its whole
     # bytes; its entry's digest is its index's, and a two-phase commit checks the index
@@ -410,7 +411,7 @@ def _ranges_job(
         yield small + index()
 
     async def job() -> Entry:
-        await ctx.store.put_stream(path, chunks)
+        await _put_ranges(ctx, path, chunks)
         encoded = index()
         entry = PartitionSnapshotEntry(
             partition_id=partition,
@@ -424,6 +425,60 @@ def _ranges_job(
         return operator, entry
 
     return job
+
+
+SINGLE_PUT_BYTES = 24 << 20
+"""An object of ranges of at most this many bytes is sent as one PUT, its chunks joined
+in memory first; a larger one streams as a multipart upload. Such objects go several at
+once (``max_concurrent_uploads``), which keeps as many connections busy as a lone
+object's parts would; one PUT spares the two requests, and the two round trips one
+after the other, that begin and complete a multipart upload, and sends a third as many
+requests as 8 MiB parts (``bench/bench_link.py``)."""
+
+
+async def _put_ranges(ctx: Context, path: str, open_chunks: OpenChunks) -> None:
+    """Store the chunks ``open_chunks`` gives at ``path``: one PUT when they add up to at
+    most :data:`SINGLE_PUT_BYTES`, else a streamed upload that goes on from the chunks
+    read so far (a retry of it opens a fresh pass)."""
+    stream = open_chunks()
+    held: list[Buffer] = []
+    size = 0
+    async for chunk in stream:
+        held.append(chunk)
+        size += memoryview(chunk).nbytes
+        if size > SINGLE_PUT_BYTES:
+            break
+    else:
+        body = held[0] if len(held) == 1 else b"".join(held)
+        del held
+        await ctx.store.put(path, body)
+        return
+    first_pass: list[AsyncIterator[Buffer]] = [_resumed(held, stream)]
+    del held
+
+    def chunks_of_attempt() -> AsyncIterator[Buffer]:
+        return first_pass.pop() if first_pass else open_chunks()
+
+    try:
+        await ctx.store.put_stream(path, chunks_of_attempt)
+    finally:
+        for unused in first_pass:  # no attempt started: let the source end its pass
+            close = getattr(unused, "aclose", None)
+            if close is not None:
+                await close()
+
+
+async def _resumed(held: list[Buffer], rest: AsyncIterator[Buffer]) -> AsyncIterator[Buffer]:
+    """The chunks ``held``, then those ``rest`` still gives (closed when this ends)."""
+    try:
+        while held:
+            yield held.pop(0)
+        async for chunk in rest:
+            yield chunk
+    finally:
+        close = getattr(rest, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def _upload_compressed(

@@ -84,6 +84,7 @@ __all__ = [
     "ListDirResult",
     "ObjectInfo",
     "ObstoreStore",
+    "OpenChunks",
     "PartsInFlight",
     "PutMode",
     "Store",
