@@ -56,9 +56,9 @@ What is real, what is shrunk:
   (DCP's ``find_state_dict_object`` wants a ``torch.Tensor``), and the load planner's
   set-up in skipping ``_init_state_dict`` (for meta tensors; it would drop stand-ins).
 
-Where size decides the layout: the writer puts a rank's items into one object of
-ranges, one more per 16 GiB (``RANK_OBJECT_BYTES``), judged by the items' chunk
-metadata, which is real here, so the object count is a real save's. The earlier
+Where size decides the layout: the writer cuts a rank's items into objects of ranges
+(``split_into_objects``: at these sizes one per rank, one more per 16 GiB), judged by
+the items' chunk metadata, which is real here, so the object count is a real save's. The earlier
 layout (``--layouts per-tensor``, ``bench/per_tensor.py``) made a
 tensor of >= 1 MiB an object of its own and packed smaller ones into 8 MiB bundles,
 judged by the resolved bytes: for it the script divides the writer's size thresholds

@@ -226,8 +226,8 @@ def flip_a_byte(store: Store, path: str, at: int) -> None:
 def rank_object(ckpt: SyncCheckpointer) -> str:
     [cid] = ckpt.list_checkpoints()
     manifest = ckpt.load_manifest(cid)
-    [entry] = manifest.operators["rank-0"].partitions
-    return ckpt.paths.resolve(cid, entry.path)
+    first = manifest.operators["rank-0"].partitions[0]  # the rank's first items
+    return ckpt.paths.resolve(cid, first.path)
 
 
 def test_a_flipped_byte_is_refused_and_no_export_is_left(tmp_path: Path) -> None:
@@ -311,8 +311,7 @@ def test_on_s3_an_export_streams_shards_and_a_damaged_one_leaves_nothing(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
     gen = torch.Generator().manual_seed(1)
-    # 20 MiB in one tensor: a multipart upload of several parts, put together from
-    # pieces of its 2-D chunks.
+    # 20 MiB in one tensor, saved as four 2-D chunks, which the export puts together.
     state = {"big": torch.randn(2560, 2048, generator=gen), "bias": torch.randn(2048)}
     source = s3(s3_server, s3_bucket, "ckpts")
     dcp_save(

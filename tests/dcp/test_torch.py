@@ -57,6 +57,7 @@ from cairn import (
 from cairn.format.integrity import sha256_hex
 from cairn.format.manifest import encode_manifest
 from cairn.format.ranges import decode_index, encode_index, index_size
+from cairn.protocol import _upload
 from cairn.stores import ForwardingStore, ObstoreStore, Store
 from cairn.torch import (
     METADATA_OPERATOR,
@@ -155,7 +156,9 @@ def test_every_kind_of_tensor_and_value_round_trips_bit_exactly(
     assert all((r.stored_length is not None) == (compression is not None) for r in items.values())
 
 
-def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
+def test_contiguous_tensors_are_sent_from_their_own_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     tensor = torch.arange(1 << 20, dtype=torch.float32)
     view, owner, copied = tensor_bytes(tensor, "t")
     assert not copied and owner.data_ptr() == tensor.data_ptr()
@@ -175,7 +178,10 @@ def test_contiguous_tensors_are_sent_from_their_own_memory() -> None:
     f8 = torch.randn(16).to(torch.float8_e4m3fn)  # no numpy dtype: reinterpreted by torch
     view, owner, copied = tensor_bytes(f8, "t")
     assert not copied and bytes(view) == f8.view(torch.uint8).numpy().tobytes()
-    # End to end: the rank object's chunks are views of the tensor's own memory.
+    # End to end: a streamed rank object's chunks are views of the tensor's own memory
+    # ("big", 1 MiB, made a large item, in an object too large for one PUT).
+    monkeypatch.setattr(_writer, "OBJECT_BYTES", 512 << 10)
+    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 512 << 10)
     store = _ChunkStore(ObstoreStore(MemoryStore()))
     big = torch.randn(256, 1024)
     save(store, {"big": big, "small": torch.ones(3)})
@@ -238,7 +244,10 @@ def test_items_are_resolved_a_bounded_distance_ahead_of_the_upload(
 ) -> None:
     """A rank's copies are not all held at once: item k is resolved only once the items
     of the runs more than the bound ahead of it (AHEAD_RUNS runs, AHEAD_BYTES bytes)
-    have gone to the store."""
+    have gone to the store. (The items are made large ones, which one streamed object
+    holds: a small items' object holds at most OBJECT_BYTES, resolved or not.)"""
+    monkeypatch.setattr(_writer, "OBJECT_BYTES", 1 << 20)
+    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 0)
     monkeypatch.setattr(_rankobject, "AHEAD_RUNS", ahead_runs)
     monkeypatch.setattr(_rankobject, "AHEAD_BYTES", ahead_bytes)
     monkeypatch.setattr(_rankobject, "RUN_ITEMS", run_items)
@@ -284,9 +293,13 @@ def test_small_items_are_handed_to_worker_threads_in_runs(
     assert_same(blank, state)
 
 
+@pytest.mark.parametrize("large", [False, True])
 def test_a_rank_holding_more_than_the_object_size_gets_one_object_per_that_size(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool
 ) -> None:
+    # Items of at most OBJECT_BYTES share objects of that size; larger ones share
+    # objects of RANK_OBJECT_BYTES.
+    monkeypatch.setattr(_writer, "OBJECT_BYTES", 100 << 10 if large else 3 << 20)
     monkeypatch.setattr(_writer, "RANK_OBJECT_BYTES", 3 << 20)
     state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(8)}  # 1000 KiB each
     cid = save(str(tmp_path), state)
@@ -294,6 +307,51 @@ def test_a_rank_holding_more_than_the_object_size_gets_one_object_per_that_size(
     sizes = [p.size_bytes - (p.index_size_bytes or 0) for p in parts]
     assert sizes == [3 * 1000 * 1024, 3 * 1000 * 1024, 2 * 1000 * 1024]
     blank = {k: torch.zeros(1000, 256) for k in state}
+    load(str(tmp_path), blank)
+    assert_same(blank, state)
+
+
+def test_small_items_share_objects_of_their_own_beside_one_object_of_the_large_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_writer, "OBJECT_BYTES", 2 << 20)
+    big = {f"big{i}": torch.full((768, 1024), float(i)) for i in range(3)}  # 3 MiB each
+    small = {f"small{i}": torch.full((256, 1024), -float(i)) for i in range(5)}  # 1 MiB
+    order = ["small0", "big0", "small1", "big1", "small2", "big2", "small3", "small4"]
+    state = {name: (small | big)[name] for name in order}
+    cid = save(str(tmp_path), state)
+    reader = load(str(tmp_path), {k: torch.zeros_like(v) for k, v in state.items()})
+    parts = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    sizes = [p.size_bytes - (p.index_size_bytes or 0) for p in parts]
+    assert sizes == [2 << 20, 2 << 20, 1 << 20, 9 << 20]
+    holders: dict[str, set[str]] = {}
+    for index, record in item_records(reader).items():
+        holders.setdefault(record.artifact, set()).add(index.fqn)
+    assert {frozenset(held) for held in holders.values()} == {
+        frozenset({"small0", "small1"}),
+        frozenset({"small2", "small3"}),
+        frozenset({"small4"}),
+        frozenset(big),
+    }
+    blank = {k: torch.zeros_like(v) for k, v in state.items()}
+    load(str(tmp_path), blank)
+    assert_same(blank, state)
+
+
+@pytest.mark.parametrize("save_objects", [1, 4])
+def test_a_rank_past_its_share_of_small_objects_keeps_one_streamed_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, save_objects: int
+) -> None:
+    """5 MiB of small items fill more than 2 objects of 2 MiB: with a share of 4 they are
+    cut, with a share of 1 (or 2, too few) the rank is one object, as a large one is."""
+    monkeypatch.setattr(_writer, "OBJECT_BYTES", 2 << 20)
+    monkeypatch.setattr(_rankobject, "SAVE_OBJECTS", save_objects)
+    state = {f"t{i}": torch.full((256, 1024), float(i)) for i in range(5)}  # 1 MiB each
+    cid = save(str(tmp_path), state)
+    parts = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    sizes = [p.size_bytes - (p.index_size_bytes or 0) for p in parts]
+    assert sizes == ([2 << 20, 2 << 20, 1 << 20] if save_objects == 4 else [5 << 20])
+    blank = {k: torch.zeros_like(v) for k, v in state.items()}
     load(str(tmp_path), blank)
     assert_same(blank, state)
 

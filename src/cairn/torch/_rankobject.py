@@ -1,12 +1,19 @@
 """A DCP rank's items as one object of ranges (:mod:`cairn.format.ranges`). Uploads, no commit.
 
-``CairnWriter`` stores a rank's uploaded items as one object, ``partition-{n}`` of
-operator ``rank-{r}``: the items' bytes end to end, in plan order, then their index.
-A rank whose items add up to more than :data:`RANK_OBJECT_BYTES` gets one object per
-that many bytes (split between items, never inside one). The object is one streamed,
-multipart upload; each item's record (:class:`~cairn.torch._format.ItemRecord`) places
-it in the object and carries its own SHA-256, so a read of one item is one ranged GET
-checked against that digest, and the index lets cairn verify the object without DCP.
+``CairnWriter`` stores a rank's uploaded items as objects of ranges, ``partition-{n}``
+of operator ``rank-{r}``: each object holds some items' bytes end to end, in plan
+order, then their index. A save spreads its ranks' items over a few objects each, so
+that a rank keeps several requests in flight: when a rank's items of at most
+:data:`OBJECT_BYTES` add up to no more than its share of :data:`SAVE_OBJECTS` objects of
+that size, they go into objects of at most that many bytes (split between items, never
+inside one), which the rank uploads several at once, each one PUT
+(:data:`cairn.protocol._upload.SINGLE_PUT_BYTES`), and its larger items into one more
+object, a streamed multipart upload whose parts travel at once. Otherwise (a large rank,
+or a save of many ranks, which keep requests in flight together) all its items go into
+one streamed object, one more per :data:`RANK_OBJECT_BYTES`. Each item's record
+(:class:`~cairn.torch._format.ItemRecord`) places it in its object and carries its own
+SHA-256, so a read of one item is one ranged GET checked against that digest, and the
+index lets cairn verify an object without DCP.
 
 Invariants:
 
@@ -55,9 +62,11 @@ from cairn.torch._format import ItemRecord, StoredRecord, dtype_name, tensor_byt
 __all__ = [
     "AHEAD_BYTES",
     "AHEAD_RUNS",
+    "OBJECT_BYTES",
     "RANK_OBJECT_BYTES",
     "RUN_BYTES",
     "RUN_ITEMS",
+    "SAVE_OBJECTS",
     "ItemRanges",
     "Resolved",
     "Written",
@@ -81,9 +90,23 @@ RUN_BYTES = AHEAD_BYTES // AHEAD_RUNS
 """... and at most this many bytes of them (an item larger than this is a run of its
 own), so that several runs in flight still hash in parallel."""
 
+OBJECT_BYTES = 16 << 20
+"""Items of at most this many bytes may share objects of at most this many bytes
+(16 MiB), each sent as one PUT, several at once: a rank keeps as many connections busy
+as the parts of one object would, with a third of the requests of 8 MiB parts and no
+multipart upload to begin and complete."""
+
+SAVE_OBJECTS = 64
+"""Objects of :data:`OBJECT_BYTES` a save writes at most, shared among its ranks
+(``SAVE_OBJECTS // ranks`` each): a rank whose small items fill more, or a save of
+:data:`SAVE_OBJECTS` ranks or more, stores a rank in one streamed object, so that a
+save's objects and manifest entries stay about one per rank however many ranks save."""
+
 RANK_OBJECT_BYTES = 16 << 30
-"""A rank's items go into one object up to this many bytes (16 GiB), into one more per
-that many bytes beyond: few objects, each a multipart upload a store handles well."""
+"""A rank's items that do not share objects of :data:`OBJECT_BYTES` go into one object
+up to this many bytes (16 GiB), into one more per that many bytes beyond: few objects,
+each a multipart upload whose parts travel at once, its memory bounded by the parts in
+flight."""
 
 
 def estimated_size(item: WriteItem) -> int:
@@ -95,7 +118,27 @@ def estimated_size(item: WriteItem) -> int:
     return math.prod(int(n) for n in data.chunk.sizes) * data.properties.dtype.itemsize
 
 
-def split_into_objects(items: Sequence[WriteItem], limit: int) -> list[list[WriteItem]]:
+def split_into_objects(
+    items: Sequence[WriteItem], ranks: int, small: int, limit: int
+) -> list[list[WriteItem]]:
+    """A rank's ``items`` (one of ``ranks`` saving) as objects.
+
+    When the items of at most ``small`` estimated bytes add up to no more than the
+    rank's share of :data:`SAVE_OBJECTS` objects of ``small`` bytes (and that share is
+    more than one): those, in order, in objects of at most ``small`` bytes, then the
+    larger ones, in order, in objects of at most ``limit`` bytes. Otherwise every item,
+    in order, in objects of at most ``limit`` bytes. An object holds at least one item,
+    however large.
+    """
+    share = SAVE_OBJECTS // max(1, ranks)
+    little = [item for item in items if estimated_size(item) <= small]
+    if share <= 1 or sum(map(estimated_size, little)) > share * small:
+        return _cut(items, limit)
+    large = [item for item in items if estimated_size(item) > small]
+    return _cut(little, small) + _cut(large, limit)
+
+
+def _cut(items: Sequence[WriteItem], limit: int) -> list[list[WriteItem]]:
     """``items``, in order, cut into runs of at most ``limit`` estimated bytes (a run
     holds at least one item, however large)."""
     runs: list[list[WriteItem]] = []
@@ -334,14 +377,16 @@ def rank_uploads(
     items: Sequence[WriteItem],
     planner: SavePlanner,
     first_partition: int,
-    limit: int,
+    ranks: int = 1,
+    sizes: tuple[int, int] = (OBJECT_BYTES, RANK_OBJECT_BYTES),
     codec: Codec | None = None,
 ) -> list[tuple[PartitionUpload, ItemRanges]]:
-    """The uploads of a rank's ``items``: one object of ranges per run of ``limit``
-    bytes, numbered from ``first_partition``, each with its :class:`ItemRanges` (its
-    items compressed with ``codec``, if given)."""
+    """The uploads of a rank's ``items`` (one of ``ranks`` saving): objects of ranges as
+    :func:`split_into_objects` cuts them (``sizes``: its ``small`` and ``limit``),
+    numbered from ``first_partition``, each with its :class:`ItemRanges` (its items
+    compressed with ``codec``, if given)."""
     uploads: list[tuple[PartitionUpload, ItemRanges]] = []
-    for number, run in enumerate(split_into_objects(items, limit)):
+    for number, run in enumerate(split_into_objects(items, ranks, *sizes)):
         source = ItemRanges(run, planner.resolve_data, codec=codec)
         uploads.append(((operator, first_partition + number, False, source), source))
     return uploads

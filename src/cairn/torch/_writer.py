@@ -34,7 +34,13 @@ from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_p
 from cairn.torch._finish import commit_dcp
 from cairn.torch._format import rank_operator
 from cairn.torch._itemtable import rank_items
-from cairn.torch._rankobject import RANK_OBJECT_BYTES, Resolved, Written, rank_uploads
+from cairn.torch._rankobject import (
+    OBJECT_BYTES,
+    RANK_OBJECT_BYTES,
+    Resolved,
+    Written,
+    rank_uploads,
+)
 from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run, travels
 from cairn.torch._target import Target, interpret, well_formed
 
@@ -51,14 +57,15 @@ rank holds at once: past it, what is resolved so far is uploaded before resolvin
 @dataclasses.dataclass(frozen=True)
 class _PlanData:
     """What the coordinator tells every rank in the global plan: the checkpoint (its id
-    and name), the rank, and for an incremental save the parent's id and the first
-    partition number the checkpoint's own artifacts take."""
+    and name), the rank, for an incremental save the parent's id and the first
+    partition number the checkpoint's own artifacts take, and how many ranks save."""
 
     checkpoint_id: str
     rank: int
     name: str | None = None
     parent: str | None = None
     first_partition: int = 0
+    ranks: int = 1
 
 
 class CairnWriter(StorageWriter):
@@ -289,7 +296,7 @@ class CairnWriter(StorageWriter):
         self._built_on = parent_id
         self._name = requested if isinstance(requested, str) else None
         return [
-            dataclasses.replace(plan, storage_data=self._plan_data(cid, rank, parent))
+            dataclasses.replace(plan, storage_data=self._plan_data(cid, rank, len(plans), parent))
             for rank, plan in enumerate(plans)
         ]
 
@@ -302,24 +309,28 @@ class CairnWriter(StorageWriter):
             log.info("incremental save with no DCP checkpoint to build on: a full save")
         return parent
 
-    def _plan_data(self, cid: CheckpointId, rank: int, parent: Parent | None) -> _PlanData:
+    def _plan_data(
+        self, cid: CheckpointId, rank: int, ranks: int, parent: Parent | None
+    ) -> _PlanData:
         if parent is None:
-            return _PlanData(str(cid), rank, self._name)
+            return _PlanData(str(cid), rank, self._name, ranks=ranks)
         parent_id = str(parent.checkpoint_id)
-        return _PlanData(str(cid), rank, self._name, parent_id, parent.first_partition)
+        return _PlanData(str(cid), rank, self._name, parent_id, parent.first_partition, ranks)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Upload this rank's items into the checkpoint; their records.
 
-        The items go into one object of ranges (:mod:`cairn.format.ranges`; one per
-        :data:`RANK_OBJECT_BYTES`), each item resolved as the upload reaches it and
-        hashed once. In an incremental save, the rank reads the parent's records of its
-        items; the items the parent holds are first hashed (in parallel, at most
-        :data:`COPY_BUDGET` bytes of copies at a time) and those equal to the parent's
-        carried. With compression, each item is one frame of
-        the checkpointer's codec in that object. The rank's store requests and retries
-        travel to the coordinator in its results, for the save's statistics (a rank
-        whose plan holds no item makes none).
+        The items go into objects of ranges (:mod:`cairn.format.ranges`), as
+        :func:`~cairn.torch._rankobject.split_into_objects` cuts them: a few objects of
+        :data:`OBJECT_BYTES`, uploaded at once, one PUT each, when the rank's share of
+        the save allows; else one streamed object (one per :data:`RANK_OBJECT_BYTES`).
+        Each item is resolved as the upload reaches it and hashed once. In an
+        incremental save, the rank reads the parent's records of its items; the items
+        the parent holds are first hashed (in parallel, at most :data:`COPY_BUDGET`
+        bytes of copies at a time) and those equal to the parent's carried. With
+        compression, each item is one frame of the checkpointer's codec in its object.
+        The rank's store requests and retries travel to the coordinator in its
+        results, for the save's statistics (a rank whose plan holds no item makes none).
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
@@ -361,7 +372,8 @@ class CairnWriter(StorageWriter):
             items = self._carry_equal(carry, items, planner, results)
         codec = self.checkpointer.codec
         first = data.first_partition
-        uploads = rank_uploads(operator, items, planner, first, RANK_OBJECT_BYTES, codec)
+        sizes = (OBJECT_BYTES, RANK_OBJECT_BYTES)
+        uploads = rank_uploads(operator, items, planner, first, data.ranks, sizes, codec)
         if uploads:
             upload = functools.partial(
                 self.checkpointer.save_partitions_concurrent, cid, [u for u, _ in uploads]
