@@ -115,17 +115,24 @@ class TwoPhaseSave:
         )
 
     async def upload(
-        self, uploads: Sequence[PartitionUpload], *, last: bool = False
+        self,
+        uploads: Sequence[PartitionUpload],
+        *,
+        last: bool = False,
+        ahead: CheckpointManifest | None = None,
     ) -> list[Entry]:
         """Upload partitions of the checkpoint (checked as ``save_partitions_concurrent``
         checks them); their entries. A failure ends the save. ``last``: the commit comes
         next, so ``_latest`` is read beside these uploads (when not known already), and
-        the swap after the commit needs no read of its own."""
+        the swap after the commit needs no read of its own. ``ahead`` (with ``last``): a
+        manifest of this checkpoint naming what was uploaded before; the commit's check
+        of those artifacts and its fence read run beside these uploads, and a commit
+        naming no more than those and these creates its manifest at once."""
         checked = _upload.check_uploads(uploads)
         if not last:
             return await self._pending.upload(checked)
         entries, _ = await asyncio.gather(
-            self._pending.upload(checked), self._pending.read_latest()
+            self._pending.upload(checked, ahead=ahead), self._pending.read_latest()
         )
         return entries
 

@@ -58,7 +58,10 @@ round trips one after another: 1 and 3 at once; 2; 4's create; 5):
    digests, which the manifest then records with their sizes and digests (see
    :mod:`cairn.format.manifest`): still one write commits. GC claims an uncommitted id with a
    tombstone, a create-only write on that very path, so a commit and a claim race for
-   one object and the store lets exactly one win.
+   one object and the store lets exactly one win. A save in two phases may make this
+   check, and the fence read, ahead, beside its last upload (:func:`check_ahead`; a DCP
+   save's metadata): it covers what was uploaded before, the create follows at once,
+   and the check after the create covers the last upload with everything else.
 5. **Publish**, at once: stop renewing the lease, then advance ``_latest`` by
    compare-and-swap, only forwards, and only if not fenced (fenced there, the commit is
    rolled back: its manifest becomes a tombstone, so its id can never commit again),
@@ -118,7 +121,8 @@ Invariants:
   writer of the same id may have committed there;
 * no manifest reported as committed names an artifact that is gone, whatever the clocks
   say and however long the save paused. Every way to commit checks the artifacts before
-  the create and again after it. The check before makes the usual failure invisible.
+  the create (but those of a last upload the check ran beside) and again after it. The
+  check before makes the usual failure invisible.
   The check after closes the window between the two: GC sweeps an uncommitted directory
   only after claiming its id with a tombstone, so while the tombstone stands the create
   fails (:class:`CheckpointAbortedError`). GC removes a tombstone only once its
@@ -179,6 +183,7 @@ from cairn.stores import Store
 
 __all__ = [
     "Discard",
+    "check_ahead",
     "commit",
     "commit_and_publish",
     "preconditions",
@@ -239,6 +244,7 @@ async def commit_and_publish(
     discard: Discard | None = None,
     parent: CheckpointManifest | None = None,
     before_create: Callable[[], Awaitable[None]] | None = None,
+    checked: _pointer.WriterRecord | None = None,
 ) -> CheckpointManifest:
     """Steps 4 and 5, as one observed ``commit``; ``lease`` (if any) stops once the
     manifest is written.
@@ -250,11 +256,16 @@ async def commit_and_publish(
     record the commit reads (:func:`cairn.protocol._chains.check_admitted`).
     ``before_create`` is awaited once the checks before the create passed (a pipelined
     save waits there for the one before it); what it raises ends the save, uncommitted.
+    ``checked``: the writer record :func:`check_ahead` read, when it checked every
+    artifact of ``manifest`` but those uploaded beside it (a save without ``parent``):
+    the create then comes at once.
     """
     cid = manifest.checkpoint_id
     async with _dispatch.observed(None, "commit", checkpoint_id=cid) as op:
         try:
-            manifest = await _write_manifest(ctx, manifest, finish, discard, parent, before_create)
+            manifest = await _write_manifest(
+                ctx, manifest, finish, discard, parent, before_create, checked
+            )
             if lease is not None:
                 await lease.stop()  # before its intent goes: a renewal would write it again
             op.manifest = await _publish(
@@ -356,9 +367,10 @@ async def _write_manifest(
     discard: Discard | None = None,
     parent: CheckpointManifest | None = None,
     before_create: Callable[[], Awaitable[None]] | None = None,
+    checked: _pointer.WriterRecord | None = None,
 ) -> CheckpointManifest:
-    """The commit point: read the fence and check every artifact is there (at once),
-    then create the manifest.
+    """The commit point: read the fence and check every artifact is there (at once;
+    unless ``checked``, see :func:`commit_and_publish`), then create the manifest.
 
     ``finish`` completes the manifest once the checks passed (a save adds its stats);
     returns the manifest written. ``discard`` runs whenever the commit surely did not
@@ -374,9 +386,12 @@ async def _write_manifest(
         await (discard(written) if discard is not None else _discard_uncommitted(ctx, written))
 
     try:
-        record = await _check_before_commit(
-            ctx, manifest, parent.checkpoint_id if parent is not None else None
-        )
+        if checked is not None and parent is None:
+            record = checked
+        else:
+            record = await _check_before_commit(
+                ctx, manifest, parent.checkpoint_id if parent is not None else None
+            )
         if parent is not None:
             _chains.check_admitted(parent, record)
         if before_create is not None:
@@ -408,6 +423,17 @@ async def _write_manifest(
             await discard_all(manifest)
         raise
     return manifest
+
+
+async def check_ahead(ctx: Context, uploaded: CheckpointManifest) -> _pointer.WriterRecord | None:
+    """Step 4's check before the create, run ahead of the commit: read the fence and
+    check that every artifact ``uploaded`` names is in the store, at once; the writer
+    record read, or None when either failed (the commit then makes its own check, which
+    says why). A save in two phases runs it beside its last upload (see step 4)."""
+    try:
+        return await _check_before_commit(ctx, uploaded)
+    except CheckpointerError:
+        return None
 
 
 async def _check_before_commit(

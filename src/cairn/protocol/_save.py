@@ -79,6 +79,9 @@ class PendingSave:
         self.record = record
         self.parent_id = parent_id
         self._lease = lease
+        # What a check ahead of the commit found: the writer record it read, and the
+        # artifacts it covers, with those uploaded beside it (see upload's ``ahead``).
+        self._checked: tuple[_pointer.WriterRecord, frozenset[tuple[str, str]]] | None = None
 
     @property
     def intent(self) -> str:
@@ -101,17 +104,32 @@ class PendingSave:
         uploads: Sequence[_upload.PartitionUpload],
         metadata_key: str | None = None,
         attempt: str | None = None,
+        ahead: CheckpointManifest | None = None,
     ) -> list[_upload.Entry]:
         """Step 3 for checked ``uploads``, as ``attempt`` (by default a new one); their
-        entries. A failure ends the save: its objects and its intent are removed."""
+        entries. A failure ends the save: its objects and its intent are removed.
+
+        ``ahead``: a manifest of this checkpoint naming what was uploaded before (by
+        this process or others). Step 4's check before the create runs for it beside
+        these uploads (:func:`cairn.protocol._commit.check_ahead`), so that a commit of
+        a manifest naming no more than those and these creates at once; the check after
+        the create covers these uploads too."""
         attempt = attempt if attempt is not None else new_attempt()
         try:
-            return await _upload.upload_partitions(
-                self.ctx, self.checkpoint_id, uploads, attempt, metadata_key
+            entries, record = await asyncio.gather(
+                _upload.upload_partitions(
+                    self.ctx, self.checkpoint_id, uploads, attempt, metadata_key
+                ),
+                _nothing() if ahead is None else _commit.check_ahead(self.ctx, ahead),
             )
         except BaseException:
             await self.abandon(uploads, attempt)
             raise
+        if ahead is not None and record is not None:
+            covered = {_stored(owner, relative) for owner, relative, _ in ahead.stored_objects()}
+            covered |= {_stored(None, entry.path) for _, entry in entries}
+            self._checked = (record, frozenset(covered))
+        return entries
 
     async def upload_directories(
         self, directories: Mapping[ArtifactKey, Path], check: DirectoryCheck = "mtime"
@@ -164,9 +182,15 @@ class PendingSave:
             raise InvalidInputError(
                 f"manifest of {manifest.checkpoint_id} given to the save of {self.checkpoint_id}"
             )
+        checked = None
+        if self._checked is not None:
+            record, covered = self._checked
+            stored = (_stored(owner, relative) for owner, relative, _ in manifest.stored_objects())
+            if all(key in covered for key in stored):
+                checked = record
         try:
             return await _commit.commit_and_publish(
-                self.ctx, manifest, self._lease, finish, discard, parent, before_create
+                self.ctx, manifest, self._lease, finish, discard, parent, before_create, checked
             )
         finally:
             await self._lease.stop()
@@ -423,6 +447,12 @@ async def _upload_beside_intent(
         return entries, None
     parent, inherited = found
     return [link for links in inherited.values() for link in links] + entries, parent
+
+
+def _stored(owner: CheckpointId | None, relative: str) -> tuple[str, str]:
+    """An artifact a manifest names, as a key: its owner (``""``: the checkpoint's own)
+    and its path."""
+    return (str(owner) if owner is not None else "", relative)
 
 
 async def _nothing() -> None:

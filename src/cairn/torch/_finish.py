@@ -84,17 +84,26 @@ async def commit_dcp(
         records, entries = _collect(results)
         metadata.storage_data = records
         body = dump_metadata(metadata)
-    uploaded = await save.upload([(METADATA_OPERATOR, 0, False, body)], last=True)
+
+    def manifest_of(named: Sequence[tuple[str, PartitionSnapshotEntry]]) -> CheckpointManifest:
+        return assemble_manifest(
+            cid,
+            epoch,
+            named,
+            writer_generation=ckpt.writer_generation,
+            name=name,
+            parent_id=parent_id,
+        )
+
+    # The ranks' artifacts are checked, and the fence read, beside the metadata's upload.
+    uploaded = await save.upload(
+        [(METADATA_OPERATOR, 0, False, body)],
+        last=True,
+        ahead=manifest_of(entries) if entries else None,
+    )
     if meter is not None:
         meter.uploaded = time.perf_counter()
-    manifest = assemble_manifest(
-        cid,
-        epoch,
-        [*entries, *uploaded],
-        writer_generation=ckpt.writer_generation,
-        name=name,
-        parent_id=parent_id,
-    )
+    manifest = manifest_of([*entries, *uploaded])
     committed = await save.commit(manifest, meter)
     named = f" named {name!r}" if name is not None else ""
     log.info("DCP checkpoint %s%s committed (epoch %d)", cid, named, epoch)
