@@ -3,14 +3,15 @@
     python bench/bench_link.py [--sizes 64,256] [--reps 3] [--rate 25] [--latency 20]
                                [--json out.json] [--quick]
 
-S3 carries about 50-100 MB/s per connection, so an object moves as fast as the parts of it
-in flight at once. This models that on loopback: moto's S3 server behind the tests'
-``FaultProxy`` (``tests/support/proxy.py``) with ``shape()``: each direction of each
-connection paced to ``--rate`` MiB/s, and ``--latency`` ms added to each new connection and
-to each request (moto closes every connection after one response, so every request pays
-both). One process plays one rank: ``dcp.save`` of a state of 16 MiB float32 tensors adding
-up to each ``--sizes`` MiB, then ``dcp.load`` of it into preallocated tensors (checked
-equal once per variant), each timed on its own. Variants:
+S3 carries about 50-100 MB/s per connection, so a rank moves as fast as the requests it
+has in flight at once. This models that on loopback: moto's S3 server behind the tests'
+``FaultProxy`` (``tests/support/proxy.py``) with ``shape()``, in a process of its own (as
+a network would be, it does not share the client's interpreter lock): each direction of
+each connection paced to ``--rate`` MiB/s, and ``--latency`` ms added to each new
+connection and to each request (moto closes every connection after one response, so
+every request pays both). One process plays one rank: ``dcp.save`` of a state of 16 MiB
+float32 tensors adding up to each ``--sizes`` MiB, then ``dcp.load`` of it into
+preallocated tensors (checked equal once per variant), each timed on its own. Variants:
 
 * ``cairn``: ``CairnWriter``/``CairnReader`` over one ``ObstoreStore`` with the default
   ``parts_in_flight`` (adaptive, from 8 within 2..16), reused across rounds as a training
@@ -37,6 +38,7 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -61,7 +63,6 @@ from cairn.torch import CairnReader, CairnWriter  # noqa: E402
 
 # Imported by name at run time (tests/ is not a package; see bench_s3.py).
 servers: Any = importlib.import_module("support.servers")
-proxy_module: Any = importlib.import_module("support.proxy")
 
 TENSOR_BYTES = 16 * MiB
 BUCKET = "link"
@@ -157,13 +158,48 @@ def empty_bucket(direct: S3Store) -> None:
         obstore.delete(direct, paths)
 
 
+PROXY_PROCESS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from support.proxy import FaultProxy
+proxy = FaultProxy.for_endpoint(sys.argv[2]).start()
+proxy.shape(bytes_per_second=float(sys.argv[3]), latency=float(sys.argv[4]))
+print(proxy.endpoint, flush=True)
+sys.stdin.read()  # until the benchmark closes it
+proxy.stop()
+"""
+
+
+@contextmanager
+def proxy_process(target: str, rate_mib: float, latency_ms: float) -> Iterator[str]:
+    """A shaping ``FaultProxy`` in front of ``target``, in a process of its own, as a
+    network would be: it does not share the interpreter lock of the client it paces.
+    Its endpoint; it ends when this does."""
+    args = [str(REPO / "tests"), target, str(rate_mib * MiB), str(latency_ms / 1000)]
+    with subprocess.Popen(
+        [sys.executable, "-c", PROXY_PROCESS, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        try:
+            endpoint = proc.stdout.readline().strip()
+            if not endpoint.startswith("http://"):
+                raise RuntimeError(f"the proxy did not start (exit code {proc.wait()})")
+            yield endpoint
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+
+
 @contextmanager
 def shaped_link(rate_mib: float, latency_ms: float) -> Iterator[tuple[str, S3Store]]:
     with servers.S3Server() as server:
         server.create_bucket(BUCKET)
-        with proxy_module.FaultProxy.for_endpoint(server.endpoint) as proxy:
-            proxy.shape(bytes_per_second=rate_mib * MiB, latency=latency_ms / 1000)
-            yield proxy.endpoint, S3Store(BUCKET, **s3_options(server.endpoint))
+        with proxy_process(server.endpoint, rate_mib, latency_ms) as endpoint:
+            yield endpoint, S3Store(BUCKET, **s3_options(server.endpoint))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
