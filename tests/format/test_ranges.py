@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +35,7 @@ from cairn.format.ranges import (
     verify_ranges,
 )
 from cairn.protocol import _upload
-from cairn.stores import ForwardingStore, ObstoreStore, Store
+from cairn.stores import ForwardingStore, ObstoreStore, Store, as_store
 
 
 class Pieces(RangeSource):
@@ -266,6 +267,14 @@ async def test_an_object_of_ranges_up_to_the_single_put_size_is_one_put(
     [(_, entry)] = manifest.partition_entries()
     assert entry.size_bytes == size
     await ckpt.load(manifest.checkpoint_id)  # verified range by range
+
+
+async def test_a_local_directory_takes_an_object_of_ranges_as_a_stream(tmp_path: Path) -> None:
+    store = _Writes(as_store(str(tmp_path)))
+    ckpt = make_checkpointer(store)
+    manifest = await ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): Pieces(*PIECES)}))
+    assert _ranges_writes(store) == ["put_stream"]
+    await ckpt.load(manifest.checkpoint_id)
 
 
 async def test_a_larger_object_of_ranges_streams_on_from_what_was_read(

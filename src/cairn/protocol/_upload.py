@@ -61,7 +61,7 @@ from cairn.format.manifest import PartitionSnapshotEntry
 from cairn.format.ranges import RangeSource, encode_compressed_index, encode_index
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context
-from cairn.stores import OpenChunks
+from cairn.stores import OpenChunks, capabilities_of
 
 __all__ = [
     "PACK_BYTES",
@@ -439,7 +439,11 @@ requests as 8 MiB parts (``bench/bench_link.py``)."""
 async def _put_ranges(ctx: Context, path: str, open_chunks: OpenChunks) -> None:
     """Store the chunks ``open_chunks`` gives at ``path``: one PUT when they add up to at
     most :data:`SINGLE_PUT_BYTES`, else a streamed upload that goes on from the chunks
-    read so far (a retry of it opens a fresh pass)."""
+    read so far (a retry of it opens a fresh pass). A local directory takes the stream
+    as it comes: a file has no parts to save, and the chunks need no joining."""
+    if capabilities_of(ctx.store).local_path is not None:
+        await ctx.store.put_stream(path, open_chunks)
+        return
     stream = open_chunks()
     held: list[Buffer] = []
     size = 0
