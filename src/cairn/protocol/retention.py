@@ -55,7 +55,7 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
 * reachability is by object path, packs included: a pack (many small artifacts of one
   save, each a byte range of it) is kept whole while any kept checkpoint names a range
   in it, even when the checkpoint that wrote it is deleted and the others no longer
-  need most of it. So is a DCP rank object (one object of ranges, a tensor each) that a
+  need most of it. So is a DCP rank object (an object of ranges, a tensor each) that a
   later incremental save carries some tensors of. The plan reports what that costs:
   the bytes of the packs and carried objects kept for kept checkpoints against the
   bytes of them those still use (:attr:`GcPlan.pack_bytes`,

@@ -1,8 +1,8 @@
 """How DCP items are laid out in cairn artifacts, and read back. No I/O.
 
-A rank's items become artifacts of operator ``rank-{r}``: one object of ranges per
-rank (:mod:`cairn.torch._rankobject`; with compression, each item a frame of its own in
-it). Each item is described by an :class:`ItemRecord` (where its bytes are, their
+A rank's items become artifacts of operator ``rank-{r}``: objects of ranges
+(:mod:`cairn.torch._rankobject`; with compression, each item a frame of its own in
+one). Each item is described by an :class:`ItemRecord` (where its bytes are, their
 SHA-256, and for a tensor its dtype and shape), in a block of its rank's records
 (:mod:`cairn.torch._itemtable`). A stored checkpoint may instead keep its records as
 plain tuples in DCP's ``Metadata.storage_data``, and place items in artifacts of one
