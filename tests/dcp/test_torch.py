@@ -181,7 +181,7 @@ def test_contiguous_tensors_are_sent_from_their_own_memory(
     # End to end: a streamed rank object's chunks are views of the tensor's own memory
     # ("big", 1 MiB, made a large item, in an object too large for one PUT).
     monkeypatch.setattr(_writer, "OBJECT_BYTES", 512 << 10)
-    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 512 << 10)
+    monkeypatch.setattr(_upload, "JOINED_OBJECT_BYTES", 512 << 10)
     store = _ChunkStore(ObstoreStore(MemoryStore()))
     big = torch.randn(256, 1024)
     save(store, {"big": big, "small": torch.ones(3)})
@@ -247,7 +247,7 @@ def test_items_are_resolved_a_bounded_distance_ahead_of_the_upload(
     have gone to the store. (The items are made large ones, which one streamed object
     holds: a small items' object holds at most OBJECT_BYTES, resolved or not.)"""
     monkeypatch.setattr(_writer, "OBJECT_BYTES", 1 << 20)
-    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 0)
+    monkeypatch.setattr(_upload, "JOINED_OBJECT_BYTES", 0)
     monkeypatch.setattr(_rankobject, "AHEAD_RUNS", ahead_runs)
     monkeypatch.setattr(_rankobject, "AHEAD_BYTES", ahead_bytes)
     monkeypatch.setattr(_rankobject, "RUN_ITEMS", run_items)

@@ -184,7 +184,7 @@ class _FailsOnceMidStream(ForwardingStore):
 async def test_a_retried_upload_opens_the_ranges_again_and_indexes_the_last_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 0)  # streamed, however small
+    monkeypatch.setattr(_upload, "JOINED_OBJECT_BYTES", 0)  # streamed, however small
     store = _FailsOnceMidStream(ObstoreStore(MemoryStore()))
     ckpt = make_checkpointer(store)
     source = Pieces(*PIECES)
@@ -223,7 +223,7 @@ class _ChunkCounter(ForwardingStore):
 async def test_small_ranges_are_coalesced_and_large_ones_sent_as_they_are(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 0)  # streamed, however small
+    monkeypatch.setattr(_upload, "JOINED_OBJECT_BYTES", 0)  # streamed, however small
     store = _ChunkCounter(ObstoreStore(MemoryStore()))
     ckpt = make_checkpointer(store)
     small = [bytes([n]) * 1000 for n in range(100)]
@@ -258,7 +258,7 @@ async def test_an_object_of_ranges_up_to_the_single_put_size_is_one_put(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     size = sum(map(len, PIECES)) + index_size(len(PIECES))
-    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", size)
+    monkeypatch.setattr(_upload, "JOINED_OBJECT_BYTES", size)
     store = _Writes(ObstoreStore(MemoryStore()))
     ckpt = make_checkpointer(store)
     source = Pieces(*PIECES)
@@ -283,7 +283,7 @@ async def test_a_larger_object_of_ranges_streams_on_from_what_was_read(
     """Past the size: a streamed upload, fed first the chunks already read (the source
     is not opened again), each chunk as a fresh pass would give it."""
     pieces = (b"first range", b"L" * 200_000, b"last")
-    monkeypatch.setattr(_upload, "SINGLE_PUT_BYTES", 12)  # over it with the second chunk
+    monkeypatch.setattr(_upload, "JOINED_OBJECT_BYTES", 12)  # over it with the second chunk
     store = _Writes(ObstoreStore(MemoryStore()))
     counter = _ChunkCounter(store)
     ckpt = make_checkpointer(counter)

@@ -427,20 +427,22 @@ def _ranges_job(
     return job
 
 
-SINGLE_PUT_BYTES = 24 << 20
-"""An object of ranges of at most this many bytes is sent as one PUT, its chunks joined
-in memory first; a larger one streams as a multipart upload. Such objects go several at
-once (``max_concurrent_uploads``), which keeps as many connections busy as a lone
-object's parts would; one PUT spares the two requests, and the two round trips one
-after the other, that begin and complete a multipart upload, and sends a third as many
-requests as 8 MiB parts (``bench/bench_link.py``)."""
+JOINED_OBJECT_BYTES = 24 << 20
+"""An object of ranges of at most this many bytes is joined in memory and written with
+the store's ``put``; a larger one streams (``put_stream``: a multipart upload of 8 MiB
+parts, as many in flight as the adapter's controller allows). A small object is then
+one request, where a stream begins and completes a multipart upload around its one part
+(two more requests, and two more round trips one after another); obstore sends a
+``put`` of more than 5 MiB as a multipart upload of 5 MiB parts, all in flight at once.
+With a save's objects going several at once (``max_concurrent_uploads``), that keeps
+more connections busy than one object's parts would (``bench/bench_link.py``)."""
 
 
 async def _put_ranges(ctx: Context, path: str, open_chunks: OpenChunks) -> None:
-    """Store the chunks ``open_chunks`` gives at ``path``: one PUT when they add up to at
-    most :data:`SINGLE_PUT_BYTES`, else a streamed upload that goes on from the chunks
-    read so far (a retry of it opens a fresh pass). A local directory takes the stream
-    as it comes: a file has no parts to save, and the chunks need no joining."""
+    """Store the chunks ``open_chunks`` gives at ``path``: joined, with one ``put``, when
+    they add up to at most :data:`JOINED_OBJECT_BYTES`, else a streamed upload that goes
+    on from the chunks read so far (a retry of it opens a fresh pass). A local directory
+    takes the stream as it comes: a file has no parts, and the chunks need no joining."""
     if capabilities_of(ctx.store).local_path is not None:
         await ctx.store.put_stream(path, open_chunks)
         return
@@ -450,7 +452,7 @@ async def _put_ranges(ctx: Context, path: str, open_chunks: OpenChunks) -> None:
     async for chunk in stream:
         held.append(chunk)
         size += memoryview(chunk).nbytes
-        if size > SINGLE_PUT_BYTES:
+        if size > JOINED_OBJECT_BYTES:
             break
     else:
         body = held[0] if len(held) == 1 else b"".join(held)

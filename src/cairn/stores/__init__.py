@@ -360,8 +360,10 @@ class ObstoreStore:
 
     One object moves as several parts at once: a streamed upload is a multipart upload of
     :data:`PART_SIZE` parts, and a ranged read of more than two :data:`READ_PIECE` pieces is
-    read as pieces, each its own request, into one buffer. How many parts of one object are
-    in flight at once is ``parts_in_flight``: by default it starts at 8 and adapts between
+    read as pieces, each its own request, into one buffer. A ``put`` of a buffer of more
+    than 5 MiB is obstore's own multipart upload, of 5 MiB parts, up to 12 at once. How
+    many parts of one object are in flight at once is ``parts_in_flight`` (for a streamed
+    upload and a ranged read): by default it starts at 8 and adapts between
     2 and 16 (see :class:`PartsInFlight`), growing while each part keeps its rate and
     halving when the store throttles or fails a transfer; uploads and reads adapt apart,
     and what they learn lasts as long as this adapter (reuse one across saves to keep it).

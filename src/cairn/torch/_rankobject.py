@@ -6,8 +6,8 @@ order, then their index. A save spreads its ranks' items over a few objects each
 that a rank keeps several requests in flight: when a rank's items of at most
 :data:`OBJECT_BYTES` add up to no more than its share of :data:`SAVE_OBJECTS` objects of
 that size, they go into objects of at most that many bytes (split between items, never
-inside one), which the rank uploads several at once, each one PUT
-(:data:`cairn.protocol._upload.SINGLE_PUT_BYTES`), and its larger items into one more
+inside one), which the rank uploads several at once, each written from one buffer
+(:data:`cairn.protocol._upload.JOINED_OBJECT_BYTES`), and its larger items into one more
 object, a streamed multipart upload whose parts travel at once. Otherwise (a large rank,
 or a save of many ranks, which keep requests in flight together) all its items go into
 one streamed object, one more per :data:`RANK_OBJECT_BYTES`. Each item's record
@@ -92,9 +92,9 @@ own), so that several runs in flight still hash in parallel."""
 
 OBJECT_BYTES = 16 << 20
 """Items of at most this many bytes may share objects of at most this many bytes
-(16 MiB), each sent as one PUT, several at once: a rank keeps as many connections busy
-as the parts of one object would, with a third of the requests of 8 MiB parts and no
-multipart upload to begin and complete."""
+(16 MiB), each written from one buffer, several at once: a rank keeps more connections
+busy than the parts of one streamed object, and a load's ranged GETs read from objects
+of 16 MiB."""
 
 SAVE_OBJECTS = 64
 """Objects of :data:`OBJECT_BYTES` a save writes at most, shared among its ranks

@@ -322,7 +322,7 @@ class CairnWriter(StorageWriter):
 
         The items go into objects of ranges (:mod:`cairn.format.ranges`), as
         :func:`~cairn.torch._rankobject.split_into_objects` cuts them: a few objects of
-        :data:`OBJECT_BYTES`, uploaded at once, one PUT each, when the rank's share of
+        :data:`OBJECT_BYTES`, uploaded at once, each from one buffer, when the rank's share of
         the save allows; else one streamed object (one per :data:`RANK_OBJECT_BYTES`).
         Each item is resolved as the upload reaches it and hashed once. In an
         incremental save, the rank reads the parent's records of its items; the items
