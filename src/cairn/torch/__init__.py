@@ -53,8 +53,8 @@ save can wait on each other forever.
 One ``dcp.save`` is one cairn checkpoint (one id, one manifest), so ``cairn
 list/show/verify/restore/copy/gc``, retention, fencing and ``load_latest`` work on it
 unchanged. Every rank uploads its items as objects of ranges
-(:mod:`cairn.format.ranges`: a few of 16 MiB for a rank of small tensors, else one,
-see :mod:`cairn.torch._rankobject`) while holding the checkpoint's lease; DCP's coordinator
+(:mod:`cairn.format.ranges`: a few of 16 MiB for a rank of small tensors, else one per
+rank) while holding the checkpoint's lease; DCP's coordinator
 stores DCP's metadata with every item's record and commits the manifest
 (:class:`CairnWriter`); a load reads the metadata, verified, then only the records and
 the byte ranges of the items a rank needs (:class:`CairnReader`). The layout is
