@@ -295,33 +295,35 @@ def test_small_items_are_handed_to_worker_threads_in_runs(
 
 @pytest.mark.parametrize("large", [False, True])
 def test_a_rank_holding_more_than_the_object_size_gets_one_object_per_that_size(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool
+    monkeypatch: pytest.MonkeyPatch, large: bool
 ) -> None:
+    store = MemoryStore()
     # Items of at most OBJECT_BYTES share objects of that size; larger ones share
     # objects of RANK_OBJECT_BYTES.
     monkeypatch.setattr(_writer, "OBJECT_BYTES", 100 << 10 if large else 3 << 20)
     monkeypatch.setattr(_writer, "RANK_OBJECT_BYTES", 3 << 20)
     state = {f"t{i}": torch.full((1000, 256), float(i)) for i in range(8)}  # 1000 KiB each
-    cid = save(str(tmp_path), state)
-    parts = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    cid = save(store, state)
+    parts = sync(store).load_manifest(cid).operators["rank-0"].partitions
     sizes = [p.size_bytes - (p.index_size_bytes or 0) for p in parts]
     assert sizes == [3 * 1000 * 1024, 3 * 1000 * 1024, 2 * 1000 * 1024]
     blank = {k: torch.zeros(1000, 256) for k in state}
-    load(str(tmp_path), blank)
+    load(store, blank)
     assert_same(blank, state)
 
 
 def test_small_items_share_objects_of_their_own_beside_one_object_of_the_large_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = MemoryStore()
     monkeypatch.setattr(_writer, "OBJECT_BYTES", 2 << 20)
     big = {f"big{i}": torch.full((768, 1024), float(i)) for i in range(3)}  # 3 MiB each
     small = {f"small{i}": torch.full((256, 1024), -float(i)) for i in range(5)}  # 1 MiB
     order = ["small0", "big0", "small1", "big1", "small2", "big2", "small3", "small4"]
     state = {name: (small | big)[name] for name in order}
-    cid = save(str(tmp_path), state)
-    reader = load(str(tmp_path), {k: torch.zeros_like(v) for k, v in state.items()})
-    parts = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    cid = save(store, state)
+    reader = load(store, {k: torch.zeros_like(v) for k, v in state.items()})
+    parts = sync(store).load_manifest(cid).operators["rank-0"].partitions
     sizes = [p.size_bytes - (p.index_size_bytes or 0) for p in parts]
     assert sizes == [2 << 20, 2 << 20, 1 << 20, 9 << 20]
     holders: dict[str, set[str]] = {}
@@ -334,29 +336,43 @@ def test_small_items_share_objects_of_their_own_beside_one_object_of_the_large_o
         frozenset(big),
     }
     blank = {k: torch.zeros_like(v) for k, v in state.items()}
-    load(str(tmp_path), blank)
+    load(store, blank)
     assert_same(blank, state)
 
 
 @pytest.mark.parametrize("save_objects", [1, 4])
 def test_a_rank_past_its_share_of_small_objects_keeps_one_streamed_object(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, save_objects: int
+    monkeypatch: pytest.MonkeyPatch, save_objects: int
 ) -> None:
+    store = MemoryStore()
     """5 MiB of small items fill more than 2 objects of 2 MiB: with a share of 4 they are
     cut, with a share of 1 (or 2, too few) the rank is one object, as a large one is."""
     monkeypatch.setattr(_writer, "OBJECT_BYTES", 2 << 20)
     monkeypatch.setattr(_rankobject, "SAVE_OBJECTS", save_objects)
     state = {f"t{i}": torch.full((256, 1024), float(i)) for i in range(5)}  # 1 MiB each
-    cid = save(str(tmp_path), state)
-    parts = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    cid = save(store, state)
+    parts = sync(store).load_manifest(cid).operators["rank-0"].partitions
     sizes = [p.size_bytes - (p.index_size_bytes or 0) for p in parts]
     assert sizes == ([2 << 20, 2 << 20, 1 << 20] if save_objects == 4 else [5 << 20])
     blank = {k: torch.zeros_like(v) for k, v in state.items()}
-    load(str(tmp_path), blank)
+    load(store, blank)
     assert_same(blank, state)
 
 
 # -- verification ---------------------------------------------------------------------
+
+
+def test_a_local_directory_keeps_one_object_per_rank(tmp_path: Path) -> None:
+    """Its files gain nothing from more objects: small tensors within the share, which an
+    object store gets in objects of 16 MiB, go into one object here."""
+    state = {f"t{i}": torch.full((1024, 1024), float(i)) for i in range(6)}  # 4 MiB each
+    cid = save(str(tmp_path), state)
+    [part] = sync(str(tmp_path)).load_manifest(cid).operators["rank-0"].partitions
+    assert part.size_bytes - (part.index_size_bytes or 0) == 24 << 20
+    memory = MemoryStore()
+    cid = save(memory, state)
+    parts = sync(memory).load_manifest(cid).operators["rank-0"].partitions
+    assert [p.size_bytes - (p.index_size_bytes or 0) for p in parts] == [16 << 20, 8 << 20]
 
 
 def test_a_flipped_byte_in_a_bundled_item_fails_that_item_only(tmp_path: Path) -> None:

@@ -1,19 +1,20 @@
-"""A DCP rank's items as one object of ranges (:mod:`cairn.format.ranges`). Uploads, no commit.
+"""A DCP rank's items as objects of ranges (:mod:`cairn.format.ranges`). Uploads, no commit.
 
 ``CairnWriter`` stores a rank's uploaded items as objects of ranges, ``partition-{n}``
 of operator ``rank-{r}``: each object holds some items' bytes end to end, in plan
-order, then their index. A save spreads its ranks' items over a few objects each, so
-that a rank keeps several requests in flight: when a rank's items of at most
-:data:`OBJECT_BYTES` add up to no more than its share of :data:`SAVE_OBJECTS` objects of
-that size, they go into objects of at most that many bytes (split between items, never
-inside one), which the rank uploads several at once, each written from one buffer
-(:data:`cairn.protocol._upload.JOINED_OBJECT_BYTES`), and its larger items into one more
-object, a streamed multipart upload whose parts travel at once. Otherwise (a large rank,
-or a save of many ranks, which keep requests in flight together) all its items go into
-one streamed object, one more per :data:`RANK_OBJECT_BYTES`. Each item's record
-(:class:`~cairn.torch._format.ItemRecord`) places it in its object and carries its own
-SHA-256, so a read of one item is one ranged GET checked against that digest, and the
-index lets cairn verify an object without DCP.
+order, then their index. On an object store, a save spreads its ranks' items over a few
+objects each, so that a rank keeps several requests in flight: when a rank's items of
+at most :data:`OBJECT_BYTES` add up to no more than its share of :data:`SAVE_OBJECTS`
+objects of that size, they go into objects of at most that many bytes (split between
+items, never inside one), which the rank uploads several at once, each written from one
+buffer (:data:`cairn.protocol._upload.JOINED_OBJECT_BYTES`), and its larger items into
+one more object, a streamed multipart upload whose parts travel at once. Otherwise (a
+large rank, or a save of many ranks, which keep requests in flight together) all its
+items go into one streamed object, one more per :data:`RANK_OBJECT_BYTES`; so do a local
+directory's ranks (its files gain nothing from more objects, and each costs a file and
+an fsync). Each item's record (:class:`~cairn.torch._format.ItemRecord`) places it in
+its object and carries its own SHA-256, so a read of one item is one ranged GET checked
+against that digest, and the index lets cairn verify an object without DCP.
 
 Invariants:
 
@@ -119,18 +120,19 @@ def estimated_size(item: WriteItem) -> int:
 
 
 def split_into_objects(
-    items: Sequence[WriteItem], ranks: int, small: int, limit: int
+    items: Sequence[WriteItem], ranks: int, small: int, limit: int, spread: bool = True
 ) -> list[list[WriteItem]]:
     """A rank's ``items`` (one of ``ranks`` saving) as objects.
 
-    When the items of at most ``small`` estimated bytes add up to no more than the
+    With ``spread`` (an object store, where objects at once are connections at once),
+    when the items of at most ``small`` estimated bytes add up to no more than the
     rank's share of :data:`SAVE_OBJECTS` objects of ``small`` bytes (and that share is
     more than one): those, in order, in objects of at most ``small`` bytes, then the
     larger ones, in order, in objects of at most ``limit`` bytes. Otherwise every item,
     in order, in objects of at most ``limit`` bytes. An object holds at least one item,
     however large.
     """
-    share = SAVE_OBJECTS // max(1, ranks)
+    share = SAVE_OBJECTS // max(1, ranks) if spread else 0
     little = [item for item in items if estimated_size(item) <= small]
     if share <= 1 or sum(map(estimated_size, little)) > share * small:
         return _cut(items, limit)
@@ -380,13 +382,14 @@ def rank_uploads(
     ranks: int = 1,
     sizes: tuple[int, int] = (OBJECT_BYTES, RANK_OBJECT_BYTES),
     codec: Codec | None = None,
+    spread: bool = True,
 ) -> list[tuple[PartitionUpload, ItemRanges]]:
     """The uploads of a rank's ``items`` (one of ``ranks`` saving): objects of ranges as
-    :func:`split_into_objects` cuts them (``sizes``: its ``small`` and ``limit``),
-    numbered from ``first_partition``, each with its :class:`ItemRanges` (its items
-    compressed with ``codec``, if given)."""
+    :func:`split_into_objects` cuts them (``sizes``: its ``small`` and ``limit``; and
+    ``spread``), numbered from ``first_partition``, each with its :class:`ItemRanges`
+    (its items compressed with ``codec``, if given)."""
     uploads: list[tuple[PartitionUpload, ItemRanges]] = []
-    for number, run in enumerate(split_into_objects(items, ranks, *sizes)):
+    for number, run in enumerate(split_into_objects(items, ranks, *sizes, spread)):
         source = ItemRanges(run, planner.resolve_data, codec=codec)
         uploads.append(((operator, first_partition + number, False, source), source))
     return uploads

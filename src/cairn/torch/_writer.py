@@ -29,7 +29,7 @@ from cairn.integrations._interface import (
     begin,
     is_int,
 )
-from cairn.stores import PartsInFlight
+from cairn.stores import PartsInFlight, capabilities_of
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
 from cairn.torch._finish import commit_dcp
 from cairn.torch._format import rank_operator
@@ -322,8 +322,9 @@ class CairnWriter(StorageWriter):
 
         The items go into objects of ranges (:mod:`cairn.format.ranges`), as
         :func:`~cairn.torch._rankobject.split_into_objects` cuts them: a few objects of
-        :data:`OBJECT_BYTES`, uploaded at once, each from one buffer, when the rank's share of
-        the save allows; else one streamed object (one per :data:`RANK_OBJECT_BYTES`).
+        :data:`OBJECT_BYTES`, uploaded at once, each from one buffer, on an object store
+        when the rank's share of the save allows; else one streamed object (one per
+        :data:`RANK_OBJECT_BYTES`).
         Each item is resolved as the upload reaches it and hashed once. In an
         incremental save, the rank reads the parent's records of its items; the items
         the parent holds are first hashed (in parallel, at most :data:`COPY_BUDGET`
@@ -373,7 +374,8 @@ class CairnWriter(StorageWriter):
         codec = self.checkpointer.codec
         first = data.first_partition
         sizes = (OBJECT_BYTES, RANK_OBJECT_BYTES)
-        uploads = rank_uploads(operator, items, planner, first, data.ranks, sizes, codec)
+        spread = capabilities_of(self.checkpointer.store).local_path is None
+        uploads = rank_uploads(operator, items, planner, first, data.ranks, sizes, codec, spread)
         if uploads:
             upload = functools.partial(
                 self.checkpointer.save_partitions_concurrent, cid, [u for u, _ in uploads]
