@@ -1,14 +1,14 @@
-"""One process's DCP save and load on the local disk: cairn's objects of ranges against
-the per-tensor layout, in the same run.
+"""One process's DCP save and load on the local disk: cairn's one object per rank (what it
+writes to a local directory) against the per-tensor layout, in the same run.
 
     python bench/bench_dcp_one_rank.py [--mib 256] [--reps 5] [--compression zstd]
 
 256 MiB of float32 in 16 tensors, saved with ``dcp.save(no_dist=True)`` through
-``CairnWriter`` (its objects of ranges: here 16 of 16 MiB) and through the per-tensor
-layout (an object per tensor of 1 MiB or more: ``bench.per_tensor.PerTensorWriter``),
-then loaded back with
-``CairnReader``, alternating which layout goes first, ``harness.settle`` before each;
-round 0 is a discarded warm-up. With ``--compression zstd`` both compress: each item a
+``CairnWriter`` (one object of ranges: a local directory keeps one per rank) and through
+the per-tensor layout (an object per tensor of 1 MiB or more:
+``bench.per_tensor.PerTensorWriter``), then loaded back with ``CairnReader``,
+alternating which layout goes first, ``harness.settle`` before each; round 0 is a
+discarded warm-up. With ``--compression zstd`` both compress: each item a
 frame of its rank's object, against each per-tensor object compressed whole. Reports
 the median save and load seconds of each, the bytes stored, and the ratios.
 """
@@ -52,7 +52,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", "torch.distributed is disabled")
     rows = args.mib * 1024 * 1024 // 4 // 16 // 1024
     state = {f"t{i}": torch.randn(rows, 1024) for i in range(16)}
-    writers = {"cairn (objects of ranges)": CairnWriter, "per tensor": PerTensorWriter}
+    writers = {"cairn (one object per rank)": CairnWriter, "per tensor": PerTensorWriter}
     saves: dict[str, list[float]] = {name: [] for name in writers}
     loads: dict[str, list[float]] = {name: [] for name in writers}
     sizes: dict[str, int] = {}
@@ -88,7 +88,7 @@ def main() -> None:
     ]
     print(f"compression: {args.compression or 'none'}")
     print(table(["layout", "median save s", "median load s", "stored MiB"], body))
-    new, old = "cairn (objects of ranges)", "per tensor"
+    new, old = "cairn (one object per rank)", "per tensor"
     print(f"\n{new} / {old}, save time: {save_s[new] / save_s[old]:.3f}")
     print(f"{new} / {old}, load time: {load_s[new] / load_s[old]:.3f}")
 
