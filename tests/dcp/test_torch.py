@@ -313,7 +313,7 @@ def test_a_rank_holding_more_than_the_object_size_gets_one_object_per_that_size(
 
 
 def test_small_items_share_objects_of_their_own_beside_one_object_of_the_large_ones(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = MemoryStore()
     monkeypatch.setattr(_writer, "OBJECT_BYTES", 2 << 20)
@@ -360,6 +360,45 @@ def test_a_rank_past_its_share_of_small_objects_keeps_one_streamed_object(
 
 
 # -- verification ---------------------------------------------------------------------
+
+
+def _write_items(mib: list[int]) -> list[Any]:
+    """Tensor write items of float32 tensors of these many MiB each."""
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorProperties,
+    )
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+    items = []
+    for n, size in enumerate(mib):
+        shape = torch.Size([size, 256 * 1024])  # 1 MiB of float32 a row
+        chunk = ChunkStorageMetadata(torch.Size([0, 0]), shape)
+        data = TensorWriteData(chunk, TensorProperties(dtype=torch.float32), shape)
+        index = MetadataIndex(f"t{n}", torch.Size([0, 0]))
+        items.append(WriteItem(index, WriteItemType.SHARD, tensor_data=data))
+    return items
+
+
+@pytest.mark.parametrize(
+    ("ranks", "spread", "objects"),
+    [
+        (1, True, [[0, 1], [2], [3, 5], [4]]),  # small ones by 16 MiB, then the large one
+        (16, True, [[0, 1], [2], [3, 5], [4]]),  # a share of 4 holds 48 MiB of small ones
+        (32, True, [[0, 1, 2, 3, 4, 5]]),  # a share of 2 does not: one object
+        (64, True, [[0, 1, 2, 3, 4, 5]]),  # 64 ranks or more: one object per rank
+        (1, False, [[0, 1, 2, 3, 4, 5]]),  # a local directory: one object per rank
+    ],
+)
+def test_a_rank_is_cut_into_objects_by_its_share_of_the_save(
+    ranks: int, spread: bool, objects: list[list[int]]
+) -> None:
+    items = _write_items([8, 8, 16, 12, 20, 4])  # MiB; 20 is larger than OBJECT_BYTES
+    cut = _rankobject.split_into_objects(
+        items, ranks, _rankobject.OBJECT_BYTES, _rankobject.RANK_OBJECT_BYTES, spread
+    )
+    assert [[items.index(item) for item in run] for run in cut] == objects
 
 
 def test_a_local_directory_keeps_one_object_per_rank(tmp_path: Path) -> None:
