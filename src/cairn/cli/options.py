@@ -32,6 +32,7 @@ __all__ = [
     "CostOption",
     "DcpRefArgument",
     "DebugOption",
+    "EpochOption",
     "Given",
     "IdsOption",
     "JsonOption",
@@ -94,6 +95,9 @@ DcpRefArgument = Annotated[
         metavar="ID|latest|NAME",
         help="A checkpoint id, 'latest' (the latest DCP save), or a checkpoint name.",
     ),
+]
+EpochOption = Annotated[
+    int, typer.Option("--epoch", metavar="N", min=0, help="The epoch to record.")
 ]
 RefsArgument = Annotated[
     list[str] | None,

@@ -14,7 +14,7 @@ import typer
 from cairn import CheckpointNotFoundError
 from cairn.cli import dcp
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.options import DcpRefArgument, launch
+from cairn.cli.options import DcpRefArgument, EpochOption, launch
 from cairn.cli.session import Session
 
 __all__ = ["export_dcp_command", "import_dcp_command"]
@@ -74,9 +74,7 @@ def import_dcp_command(
     source: Annotated[
         Path, typer.Argument(metavar="DIR", help="A DCP directory (.metadata, *.distcp).")
     ],
-    epoch: Annotated[
-        int, typer.Option("--epoch", metavar="N", min=0, help="The epoch to record.")
-    ] = 0,
+    epoch: EpochOption = 0,
     name: Annotated[
         str | None,
         typer.Option(

@@ -14,7 +14,7 @@ import typer
 from cairn import CheckpointNotFoundError, ObjectExistsError
 from cairn.cli import dcp, hf
 from cairn.cli.errors import CliError, ExitCode
-from cairn.cli.options import DcpRefArgument, launch
+from cairn.cli.options import DcpRefArgument, EpochOption, launch
 from cairn.cli.session import Session, cli_store_url
 from cairn.stores import as_store
 
@@ -124,9 +124,7 @@ def import_hf_command(
             metavar="DIR_OR_URL", help="A safetensors directory: a local path or a store URL."
         ),
     ],
-    epoch: Annotated[
-        int, typer.Option("--epoch", metavar="N", min=0, help="The epoch to record.")
-    ] = 0,
+    epoch: EpochOption = 0,
     name: Annotated[
         str | None,
         typer.Option(
