@@ -20,7 +20,7 @@ from cairn import (
     FencedError,
     ObjectStoreCheckpointer,
 )
-from cairn.integrations._interface import assemble_manifest, begin
+from cairn.integrations._interface import Entry, TwoPhaseSave, assemble_manifest, begin
 from cairn.stores import ForwardingStore, ObstoreStore, Store, StoreMethod
 
 
@@ -43,8 +43,19 @@ def setup() -> tuple[Calls, ObjectStoreCheckpointer]:
     return store, make_checkpointer(store)
 
 
-def committed(ckpt: ObjectStoreCheckpointer) -> Any:
-    return ckpt.list_checkpoints()
+async def upload_last(
+    save: TwoPhaseSave, cid: CheckpointId, earlier: list[Entry], ahead: bool = True
+) -> list[Entry]:
+    """The last upload of ``save`` (its metadata), with the check of ``earlier`` ahead of
+    the commit, beside it, or (not ``ahead``) without."""
+    checked = assemble_manifest(cid, 1, earlier) if ahead else None
+    return await save.upload([("meta", 0, False, b"metadata")], last=True, ahead=checked)
+
+
+def before_create(store: Calls, ckpt: ObjectStoreCheckpointer, cid: CheckpointId) -> list[str]:
+    """The operations ``store`` saw before the create of ``cid``'s manifest."""
+    create = store.calls.index(("put", ckpt.paths.manifest(cid)))
+    return [operation for operation, _ in store.calls[:create]]
 
 
 @pytest.mark.parametrize("ahead", [False, True])
@@ -53,12 +64,10 @@ async def test_the_commit_after_a_check_ahead_creates_at_once(ahead: bool) -> No
     cid = CheckpointId.now()
     async with await begin(ckpt, cid) as save:
         earlier = await save.upload([("op", 0, False, b"rank zero"), ("op", 1, False, b"one")])
-        checked = assemble_manifest(cid, 1, earlier) if ahead else None
-        last = await save.upload([("meta", 0, False, b"metadata")], last=True, ahead=checked)
+        last = await upload_last(save, cid, earlier, ahead)
         store.calls.clear()
         await save.commit(assemble_manifest(cid, 1, [*earlier, *last]))
-    before_create = store.calls[: store.calls.index(("put", ckpt.paths.manifest(cid)))]
-    assert [op for op, _ in before_create] == ([] if ahead else ["get", "list"])
+    assert before_create(store, ckpt, cid) == ([] if ahead else ["get", "list"])
     loaded = await make_checkpointer(store).load(cid)
     assert bytes(loaded.artifacts[("meta", 0)]) == b"metadata"
 
@@ -68,14 +77,11 @@ async def test_an_artifact_the_check_ahead_did_not_cover_is_checked_before_the_c
     cid = CheckpointId.now()
     async with await begin(ckpt, cid) as save:
         first = await save.upload([("op", 0, False, b"checked ahead")])
-        last = await save.upload(
-            [("meta", 0, False, b"m")], last=True, ahead=assemble_manifest(cid, 1, first)
-        )
+        last = await upload_last(save, cid, first)
         later = await save.upload([("op", 1, False, b"uploaded after the check")])
         store.calls.clear()
         await save.commit(assemble_manifest(cid, 1, [*first, *last, *later]))
-    before_create = store.calls[: store.calls.index(("put", ckpt.paths.manifest(cid)))]
-    assert sorted(op for op, _ in before_create) == ["get", "list"]
+    assert sorted(before_create(store, ckpt, cid)) == ["get", "list"]
 
 
 @pytest.mark.parametrize("ahead", [False, True])
@@ -87,11 +93,10 @@ async def test_an_artifact_gone_before_the_check_ahead_fails_the_commit_as_witho
     async with await begin(ckpt, cid) as save:
         earlier = await save.upload([("op", 0, False, b"swept")])
         await ckpt.store.delete([ckpt.paths.resolve(cid, earlier[0][1].path)])
-        checked = assemble_manifest(cid, 1, earlier) if ahead else None
-        last = await save.upload([("meta", 0, False, b"m")], last=True, ahead=checked)
+        last = await upload_last(save, cid, earlier, ahead)
         with pytest.raises(BrokenChainError, match="missing at commit time"):
             await save.commit(assemble_manifest(cid, 1, [*earlier, *last]))
-    assert await committed(ckpt) == []
+    assert await ckpt.list_checkpoints() == []
 
 
 async def test_an_artifact_gone_after_the_check_ahead_is_caught_after_the_create() -> None:
@@ -99,13 +104,11 @@ async def test_an_artifact_gone_after_the_check_ahead_is_caught_after_the_create
     cid = CheckpointId.now()
     async with await begin(ckpt, cid) as save:
         earlier = await save.upload([("op", 0, False, b"swept later")])
-        last = await save.upload(
-            [("meta", 0, False, b"m")], last=True, ahead=assemble_manifest(cid, 1, earlier)
-        )
+        last = await upload_last(save, cid, earlier)
         await ckpt.store.delete([ckpt.paths.resolve(cid, earlier[0][1].path)])
         with pytest.raises(BrokenChainError):
             await save.commit(assemble_manifest(cid, 1, [*earlier, *last]))
-    assert await committed(ckpt) == [], "rolled back: no manifest names what is gone"
+    assert await ckpt.list_checkpoints() == [], "rolled back: no manifest names what is gone"
     assert await ckpt.read_latest() is None
 
 
@@ -114,10 +117,8 @@ async def test_a_takeover_after_the_check_ahead_still_wins() -> None:
     cid = CheckpointId.now()
     async with await begin(ckpt, cid) as save:
         earlier = await save.upload([("op", 0, False, b"fenced")])
-        last = await save.upload(
-            [("meta", 0, False, b"m")], last=True, ahead=assemble_manifest(cid, 1, earlier)
-        )
+        last = await upload_last(save, cid, earlier)
         await make_checkpointer(store).take_over()  # between the fence read and the create
         with pytest.raises((CheckpointAbortedError, FencedError)):
             await save.commit(assemble_manifest(cid, 1, [*earlier, *last]))
-    assert await committed(ckpt) == []
+    assert await ckpt.list_checkpoints() == []

@@ -469,9 +469,7 @@ async def _put_ranges(ctx: Context, path: str, open_chunks: OpenChunks) -> None:
         await ctx.store.put_stream(path, chunks_of_attempt)
     finally:
         for unused in first_pass:  # no attempt started: let the source end its pass
-            close = getattr(unused, "aclose", None)
-            if close is not None:
-                await close()
+            await _close(unused)
 
 
 async def _resumed(held: list[Buffer], rest: AsyncIterator[Buffer]) -> AsyncIterator[Buffer]:
@@ -482,9 +480,14 @@ async def _resumed(held: list[Buffer], rest: AsyncIterator[Buffer]) -> AsyncIter
         async for chunk in rest:
             yield chunk
     finally:
-        close = getattr(rest, "aclose", None)
-        if close is not None:
-            await close()
+        await _close(rest)
+
+
+async def _close(chunks: AsyncIterator[Buffer]) -> None:
+    """End ``chunks``' pass, if it is a generator that can be closed."""
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        await close()
 
 
 async def _upload_compressed(
