@@ -8,11 +8,8 @@ either of the last two prints has the uninterrupted run's loss, bit for bit.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from support.paths import REPO
+from support.paths import REPO, run_demo
 
 pytest.importorskip("torch", reason="the torch extra is not installed")
 pytest.importorskip("lightning", reason="the lightning extra is not installed")
@@ -23,20 +20,13 @@ EXAMPLE = REPO / "examples" / "lightning_train.py"
 
 
 def test_a_killed_lightning_run_resumes_with_the_same_loss_curve() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--demo"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    explain = f"{proc.stdout}\n{proc.stderr}"
-    assert proc.returncode == 0, explain
-    assert "... killed at step 20 (signal 9); the store holds:" in proc.stdout, explain
+    returncode, stdout, explain = run_demo(EXAMPLE)
+    assert returncode == 0, explain
+    assert "... killed at step 20 (signal 9); the store holds:" in stdout, explain
     for name in ("epoch=0-step=8.ckpt", "epoch=1-step=16.ckpt", "last.ckpt"):
-        assert name in proc.stdout, explain
-    assert "resuming from last.ckpt (checkpoint " in proc.stdout, explain
-    resumed = proc.stdout.split("no pointer files left) ==\n", 1)[1]
+        assert name in stdout, explain
+    assert "resuming from last.ckpt (checkpoint " in stdout, explain
+    resumed = stdout.split("no pointer files left) ==\n", 1)[1]
     assert resumed.splitlines()[1].startswith("step  17  loss "), "resumed after step 16"
-    assert proc.stdout.count("step  32  loss") == 2, "both runs trained to the end"
-    assert proc.stdout.rstrip().endswith("loss curves identical: True"), explain
+    assert stdout.count("step  32  loss") == 2, "both runs trained to the end"
+    assert stdout.rstrip().endswith("loss curves identical: True"), explain

@@ -9,11 +9,8 @@ injected one and the checkpoint of step 20 is intact, not in tracebacks.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from support.paths import REPO
+from support.paths import REPO, run_demo
 
 pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
 
@@ -23,29 +20,22 @@ EXAMPLE = REPO / "examples" / "torch_train.py"
 
 
 def test_a_killed_training_run_resumes_with_the_same_loss_curve() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--demo"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    explain = f"{proc.stdout}\n{proc.stderr}"
-    assert proc.returncode == 0, explain
-    assert "killed at step 25 (exit code 1)" in proc.stdout, explain
+    returncode, stdout, explain = run_demo(EXAMPLE)
+    assert returncode == 0, explain
+    assert "killed at step 25 (exit code 1)" in stdout, explain
     summary = (
         "rank 1 was killed on purpose after step 25 (--kill-at 25); the newest checkpoint, "
         "step 20, is intact (every digest verified); run again without --kill-at to resume "
         "from it\n"
     )
-    assert f"(exit code 1)\n{summary}" in proc.stdout, explain
+    assert f"(exit code 1)\n{summary}" in stdout, explain
     assert "Traceback" not in explain, "the expected kill is summarised, not dumped"
-    assert "at step 20" in proc.stdout, "resumed from the checkpoint of step 20"
-    *_, verdict, hint = proc.stdout.rstrip().splitlines()
+    assert "at step 20" in stdout, "resumed from the checkpoint of step 20"
+    *_, verdict, hint = stdout.rstrip().splitlines()
     assert verdict == "loss curves identical: True", explain
     # The demo's stores are temporary: it names no command to look at them afterwards.
-    assert "cairn list --store ./dcp-run" not in proc.stdout.replace(hint, "")
-    assert "cairn list --store" not in proc.stdout.replace(hint, ""), explain
-    assert "(temporary, deleted when the demo ends)" in proc.stdout, explain
+    assert "cairn list --store ./dcp-run" not in stdout.replace(hint, "")
+    assert "cairn list --store" not in stdout.replace(hint, ""), explain
+    assert "(temporary, deleted when the demo ends)" in stdout, explain
     assert hint.startswith("the demo's stores are deleted; to keep checkpoints for `cairn")
-    assert proc.stdout.count("step  39  loss") == 2, "both runs trained to the end"
+    assert stdout.count("step  39  loss") == 2, "both runs trained to the end"
