@@ -175,7 +175,11 @@ def test_a_transfer_of_many_parts_counts_each_part_at_its_share_of_the_time() ->
 
 
 class CountingPieces:
-    """Serves pieces of ``data``, counting the bytes asked for and not yet returned."""
+    """Serves pieces of ``data``, counting the bytes asked for and not yet returned.
+
+    With ``fail_at``, the piece starting there fails and every other piece waits until
+    it is cancelled, so no piece completes around the failure.
+    """
 
     def __init__(self, data: bytes, fail_at: int | None = None) -> None:
         self.data = data
@@ -189,9 +193,11 @@ class CountingPieces:
         self.in_flight += end - start
         self.peak = max(self.peak, self.in_flight)
         try:
-            await asyncio.sleep(0.001 * (start % 3))  # out of order
             if start == self.fail_at:
                 raise TransientStoreError("get_range", "obj", "503 Slow Down")
+            if self.fail_at is not None:
+                await asyncio.Event().wait()
+            await asyncio.sleep(0.001 * (start % 3))  # out of order
             return self.data[start:end]
         finally:
             self.in_flight -= end - start
@@ -219,11 +225,12 @@ async def test_a_read_past_the_end_of_the_object_ends_where_it_ends() -> None:
 
 async def test_a_failed_piece_fails_the_read_stops_the_rest_and_shrinks_the_limit() -> None:
     data = os.urandom(400_000)
-    pieces = CountingPieces(data, fail_at=100_000)
+    pieces = CountingPieces(data, fail_at=60_000)  # the 4th of the first 4 pieces
     controller = PartsController(PartsInFlight(initial=4, minimum=1, maximum=8))
     with pytest.raises(TransientStoreError, match="Slow Down"):
         await read_in_pieces(pieces, 0, len(data), controller, piece=20_000)
-    assert pieces.in_flight == 0  # nothing left running
+    assert pieces.calls == 4  # no piece started after the failure
+    assert pieces.in_flight == 0  # the 3 still waiting were cancelled
     assert controller.limit == 2
 
 
