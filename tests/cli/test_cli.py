@@ -35,9 +35,10 @@ from support.cli import (
     s3_store,
     store_root,
 )
+from support.killed import killed_save, staging_files
 from support.servers import S3Server
 
-from cairn import CheckpointId
+from cairn import CheckpointData, CheckpointId, CheckpointPaths, ObjectStoreCheckpointer
 from cairn.cli.maintain import parse_duration
 from cairn.cli.output import human_age, human_size
 from cairn.cli.progress import Transfer
@@ -357,6 +358,27 @@ def test_delete_and_gc_on_a_local_store(local: Filled) -> None:
     remaining, gone = cairn_many([["list", *store, "--json"], ["show", str(local.base), *store]])
     assert [c["id"] for c in remaining.json()["checkpoints"]] == [str(local.newest)]
     assert gone.code == 2 and f"no checkpoint {local.base}" in gone.error_line()
+
+
+def test_gc_reports_the_cut_writes_it_removed_on_a_local_store(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    ckpt = ObjectStoreCheckpointer(str(root), CheckpointPaths(PREFIX))
+    asyncio.run(ckpt.save(CheckpointData(epoch=1, snapshots={("op", 0): b"kept"})))
+    _, cut = asyncio.run(killed_save(ckpt, root))
+    store = ["--store", root.as_uri(), "--keep-last", "1", "--min-age", "0s"]
+
+    dry = cairn("gc", *store, "--dry-run", "--json")
+    assert dry.code == 0 and dry.json()["staging_files_deleted"] == [], dry.explain()
+    assert staging_files(root) == cut, "a dry run removes nothing"
+    swept = cairn("gc", *store, "--json")
+    assert swept.code == 0, swept.explain()
+    assert sorted(swept.json()["staging_files_deleted"]) == [str(p.relative_to(root)) for p in cut]
+    assert staging_files(root) == []
+
+    _, cut = asyncio.run(killed_save(ckpt, root))
+    shown = cairn("gc", *store)
+    assert shown.code == 0, shown.explain()
+    assert "removed 2 file(s) of writes cut mid-way" in shown.stdout
 
 
 def test_delete_latest_dry_run_and_the_pointer_on_a_local_store(local: Filled) -> None:

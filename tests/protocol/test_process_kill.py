@@ -25,7 +25,6 @@ import asyncio
 import collections
 import os
 import random
-import re
 import signal
 import subprocess
 import time
@@ -44,6 +43,7 @@ from support.crash_child import (
     expected_offsets,
     parse_lines,
 )
+from support.killed import staging_files
 
 from cairn import CheckpointId, CheckpointManifest, ObjectStoreCheckpointer
 
@@ -110,14 +110,6 @@ def classify_kill(
     if landed == 0:
         return f"save: before any object landed{cut}"
     return f"save: uploading, {landed}/{OBJECTS_PER_CHECKPOINT} objects landed{cut}"
-
-
-def staging_files(root: Path) -> list[Path]:
-    """obstore's local staging files (``name#N``) under ``root``: writes cut by a kill.
-
-    The store's listings never show them, so nothing in cairn can see or delete them.
-    """
-    return [p for p in root.rglob("*#*") if re.search(r"#\d+$", p.name)]
 
 
 def in_flight_save(lines: list[Line]) -> CheckpointId | None:

@@ -24,6 +24,7 @@ from obstore.store import LocalStore, MemoryStore, ObjectStore
 from support.backends import make_checkpointer
 from support.faults import FaultPlan, FaultyStore, InjectedCrash
 from support.intents import intents_of, is_intent_path
+from support.killed import age_files, killed_save, staging_files
 
 from cairn import (
     CheckpointData,
@@ -34,6 +35,7 @@ from cairn import (
     RetentionPolicy,
     StoreError,
 )
+from cairn.protocol._lease import TOMBSTONE_RETENTION
 from cairn.stores import ObstoreStore
 
 NOW = dt.timedelta(0)
@@ -219,6 +221,53 @@ async def test_deleting_a_local_checkpoint_leaves_no_empty_folder(tmp_path: Path
     assert empty_directories(root) == []
     base = await ckpt.store.list_dir(ckpt.paths.base_prefix)
     assert base.prefixes == [ckpt.paths.checkpoint_dir(second)]
+
+
+async def test_gc_removes_what_killed_writes_left_in_a_directory_it_claims(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    ckpt = ObjectStoreCheckpointer(LocalStore(root))
+    [kept] = await save_series(ckpt, 1)
+    orphan, cut = await killed_save(ckpt, root)
+    in_kept = root / ckpt.paths.checkpoint_dir(kept) / "intent.json#7"
+    in_kept.write_bytes(b"a write in a committed directory")
+
+    swept = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=dt.timedelta(hours=1))
+
+    assert swept.orphans_deleted and swept.failures == []
+    assert sorted(swept.staging_files_deleted) == [str(p.relative_to(root)) for p in cut]
+    assert staging_files(root) == [in_kept], "a committed directory is left alone"
+    directory = root / ckpt.paths.checkpoint_dir(orphan)
+    assert [p.relative_to(directory) for p in directory.rglob("*")] == [Path("manifest.json")], (
+        "only the tombstone is left, and no emptied folder"
+    )
+    assert not await ckpt.exists(orphan)
+    await ckpt.load(kept)
+
+
+async def test_gc_removes_a_late_staging_file_with_the_expired_tombstone(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    ckpt = ObjectStoreCheckpointer(LocalStore(root))
+    await save_series(ckpt, 1)
+    orphan, _ = await killed_save(ckpt, root)
+    first = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+    assert first.orphans_deleted and len(first.staging_files_deleted) == 2
+    # A write of the dead save that was cut after GC claimed the directory.
+    directory = root / ckpt.paths.checkpoint_dir(orphan)
+    late = directory / "operators/op/partition-0.late.snap#5"
+    late.parent.mkdir(parents=True, exist_ok=True)
+    late.write_bytes(b"cut after the claim")
+    age_files(directory, TOMBSTONE_RETENTION + dt.timedelta(hours=1))  # the tombstone expired
+
+    second = await ckpt.gc(RetentionPolicy(keep_last=1), min_age=NOW)
+
+    assert second.orphans_deleted == [ckpt.paths.manifest(orphan)]
+    assert second.staging_files_deleted == [str(late.relative_to(root))]
+    assert not directory.exists(), "the directory went with the last of its files"
+    assert empty_directories(root) == []
 
 
 async def test_gc_is_resumable_after_a_crash(raw_store: ObjectStore) -> None:

@@ -233,6 +233,10 @@ class GcResult:
         dry_run: Whether this was a dry run (nothing deleted).
         orphans_deleted: The store paths of the orphans deleted (on a dry run, that
             would be).
+        staging_files_deleted: On a local directory, the staging files (``{name}#{n}``)
+            of writes killed mid-way that were removed from the uncommitted directories
+            GC has claimed: no listing shows them, so they are neither objects nor
+            orphans (:func:`cairn.stores.remove_staging_files`). Empty on a dry run.
         objects_deleted: Objects deleted (manifests, artifacts, intents, orphans); 0 on
             a dry run.
         reasons: Why each of ``retained`` is kept (:attr:`GcPlan.reasons`).
@@ -260,6 +264,7 @@ class GcResult:
     failures: list[tuple[str, str]] = field(default_factory=list)
     dry_run: bool = False
     orphans_deleted: list[str] = field(default_factory=list)
+    staging_files_deleted: list[str] = field(default_factory=list)
     objects_deleted: int = 0
     reasons: dict[CheckpointId, list[str]] = field(default_factory=dict, compare=False)
     pack_bytes: int = 0

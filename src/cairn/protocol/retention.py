@@ -25,6 +25,11 @@ progress, the ``_latest`` pointer); :func:`plan_gc` is pure and decides what goe
   Any other uncommitted directory is swept only after GC has claimed its id with a
   tombstone, which the save's own commit races for: one of the two wins, never both
   (docs/format.md, "Tombstones");
+* on a local directory, what a write killed mid-way left in a directory GC has claimed
+  (a staging file, which no listing shows) is removed after the orphans
+  (:attr:`GcResult.staging_files_deleted`): the tombstone there means no write in it can
+  still commit. Staging files anywhere else are left alone: they may be a save's writes
+  in progress;
 * deletion goes in two phases: every manifest to delete first, then the artifacts, so a
   crash mid-GC never leaves a listed checkpoint with missing artifacts — only orphans,
   which the next run sweeps (GC is idempotent and resumable); a checkpoint whose manifest
@@ -84,7 +89,7 @@ from cairn.protocol._gcpolicy import KEPT_REASONS, GcPlan, GcResult, RetentionPo
 from cairn.protocol._gcstate import read_state, read_state_and_owners, store_now
 from cairn.protocol._lease import retire
 from cairn.protocol._manifestcache import ManifestCache
-from cairn.stores import ObjectInfo, Store
+from cairn.stores import ObjectInfo, Store, remove_staging_files
 
 __all__ = [
     "KEPT_REASONS",
@@ -200,6 +205,8 @@ async def run_gc(
             result.bytes_reclaimed += info.size
             if info.path in orphan_paths:
                 result.orphans_deleted.append(info.path)
+    for cid in sorted(claimed | state.tombstones.keys()):
+        await _remove_staging(store, paths.checkpoint_dir(cid), result)
     return result
 
 
@@ -302,6 +309,17 @@ async def _retire(store: Store, listed: ObjectInfo, result: GcResult) -> bool:
         return False
     result.objects_deleted += 1
     return True
+
+
+async def _remove_staging(store: Store, directory: str, result: GcResult) -> None:
+    """Remove the staging files that writes killed mid-way left in ``directory``, claimed
+    (a tombstone stands there, so no write in it can still commit); recorded in
+    ``result``, or as a failure."""
+    try:
+        result.staging_files_deleted += await remove_staging_files(store, directory)
+    except CheckpointerError as exc:
+        log.warning("gc could not remove the staging files in %s: %s", directory, exc)
+        result.failures.append((directory, str(exc)))
 
 
 async def _delete(store: Store, path: str, result: GcResult) -> bool:

@@ -34,6 +34,7 @@ Invariants kept at this boundary (the local store's own are in its module):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import time
@@ -46,6 +47,7 @@ from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, ObjectS
 from cairn.errors import CheckpointNotFoundError, InvalidInputError, StoreError, TransientStoreError
 from cairn.format._buffer import Buffer
 from cairn.stores._local import LocalStore as LocalDirectoryStore
+from cairn.stores._localtree import remove_staging
 from cairn.stores._parts import PartsController, PartsInFlight, parts_setting
 from cairn.stores._pieces import READ_PIECE, read_in_pieces
 from cairn.stores._translate import call as _call
@@ -94,6 +96,7 @@ __all__ = [
     "capabilities_of",
     "explain_store_error",
     "open_store",
+    "remove_staging_files",
     "store_url",
     "translate_error",
 ]
@@ -255,6 +258,37 @@ class Store(Protocol):
         Args:
             prefix: The prefix to empty, ending in ``/``.
         """
+
+
+async def remove_staging_files(store: Store, prefix: str) -> list[str]:
+    """Remove what writes killed mid-way left below directory ``prefix`` of a local store.
+
+    A write to a local directory stages its bytes in ``{name}#{n}`` beside its object and
+    renames the file onto the name when complete; a process killed meanwhile leaves the
+    staging file, which no listing shows, so nothing that works from listings reclaims
+    it. This removes them (and the directories that this empties). A write still in
+    progress there loses its staging file and fails: call it only where no write can
+    still matter. Garbage collection does, in the directories it has claimed.
+
+    On any other store it does nothing. An object store keeps the parts of an unfinished
+    multipart upload out of sight in the same way; its own lifecycle rule reclaims them
+    (docs/clouds.md, "Unfinished uploads").
+
+    Args:
+        store: The store.
+        prefix: A directory, ending in ``/``.
+
+    Returns:
+        The path of each staging file removed; none on a store that is not a local
+        directory.
+
+    Raises:
+        StoreError: The file system refused a removal.
+    """
+    root = capabilities_of(store).local_path
+    if root is None:
+        return []
+    return await asyncio.to_thread(remove_staging, root, prefix)
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ Invariants:
   descending; every walk is :func:`cairn.stores._localfs.open_dirs`'s, relative to
   directory descriptors, so nothing outside the root is touched;
 * the directories a delete empties are removed too, up to (never including) the root,
-  as an object store keeps no empty folders.
+  as an object store keeps no empty folders;
+* :func:`remove_staging` removes the staging files below a prefix (what a write killed
+  mid-way leaves, which no listing shows) and nothing else, never through a link.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from cairn.stores._localnames import is_staging, is_utf8, object_info, object_pa
 from cairn.stores._translate import translate_error
 from cairn.stores._types import ListDirResult, ObjectInfo
 
-__all__ = ["delete_objects", "list_level", "list_tree", "remove_tree"]
+__all__ = ["delete_objects", "list_level", "list_tree", "remove_staging", "remove_tree"]
 
 # -- listings --------------------------------------------------------------------------------
 
@@ -167,3 +169,74 @@ def remove_tree(root: Path, prefix: str) -> None:
         except OSError as exc:
             raise translate_error("delete", prefix, exc) from exc
         _remove_emptied_dirs(parts[:-1], dirs.fds)
+
+
+def _remove_staging_below(dir_fd: int, key: str, removed: list[str]) -> bool:
+    """Unlink the staging files in ``dir_fd`` and below (whose object path is ``key``),
+    appending each one's path to ``removed``, and remove the subdirectories that this
+    empties; whether ``dir_fd`` itself is empty now."""
+    with os.scandir(dir_fd) as scanned:
+        entries = list(scanned)
+    left = len(entries)
+    for entry in entries:
+        name = entry.name
+        child = f"{key}/{name}" if key else name
+        if entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            fd = open_dir(dir_fd, name)
+            if fd is None:
+                continue  # gone, or replaced by a link, since the scan
+            try:
+                emptied = _remove_staging_below(fd, child, removed)
+            finally:
+                os.close(fd)
+            if emptied and _rmdir(name, dir_fd):
+                left -= 1
+        elif is_staging(name) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass  # renamed onto its object, or removed by another sweep, meanwhile
+            else:
+                removed.append(child)
+            left -= 1
+    return left == 0
+
+
+def _rmdir(name: str, dir_fd: int) -> bool:
+    """Remove empty directory ``name``; False if it is not empty (a put made something
+    there meanwhile) or not ours to remove."""
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def remove_staging(root: Path, prefix: str) -> list[str]:
+    """Remove every staging file (``{name}#{n}``) below directory ``prefix``, and the
+    directories that this empties, up to (never including) the root.
+
+    A staging file is what a write killed mid-way leaves; it is also the file of a write
+    in progress, which then fails: the caller removes them only where no write can still
+    matter (a directory garbage collection has claimed). Links are neither followed nor
+    removed.
+
+    Returns:
+        The path of each staging file removed, as an object path would name it.
+    """
+    parts = path_parts("delete", prefix)
+    removed: list[str] = []
+    with open_dirs(root, parts) as dirs:
+        if not dirs.complete or not parts:
+            return removed  # missing, or a link: nothing of ours below it
+        try:
+            emptied = _remove_staging_below(dirs.fds[-1], "/".join(parts), removed)
+        except OSError as exc:
+            raise translate_error("delete", prefix, exc) from exc
+        if emptied:
+            _remove_emptied_dirs(parts, dirs.fds[:-1])
+    return removed

@@ -52,6 +52,7 @@ def gc_doc(where: dict[str, str], result: GcResult) -> dict[str, Any]:
         "reasons": {str(c): list(result.reasons.get(c, [])) for c in result.retained},
         "bytes_reclaimed": result.bytes_reclaimed,
         "orphans_deleted": list(result.orphans_deleted),
+        "staging_files_deleted": list(result.staging_files_deleted),
         "failures": [{"path": path, "reason": reason} for path, reason in result.failures],
         "damaged": [
             {"checkpoint_id": str(cid), "reason": reason} for cid, reason in result.damaged.items()
@@ -100,6 +101,10 @@ def gc_table(result: GcResult, *, full_ids: bool = False, wide: bool = False) ->
         f"{'would reclaim' if result.dry_run else 'reclaimed'} "
         f"{human_size(result.bytes_reclaimed)}"
     )
+    if result.staging_files_deleted:
+        summary.append(
+            f"; removed {len(result.staging_files_deleted)} file(s) of writes cut mid-way"
+        )
     if result.pack_bytes > result.pack_range_bytes:
         summary.append(
             f"; shared objects kept: {human_size(result.pack_bytes)} for "
