@@ -175,9 +175,9 @@ class KillAt:
         return kill_and_wait(event.actors[self.worker])
 
 
-class SelfKillingStore(ForwardingStore):
-    """SIGKILLs its own process at the upload of ``worker``'s partition, once ``armed``
-    exists (the file is taken first, so it fires once)."""
+class ArmedStore(ForwardingStore):
+    """Acts (:meth:`act`) at the upload of ``worker``'s partition, once ``armed`` exists
+    (the file is taken first, so it acts once)."""
 
     def __init__(self, inner: Store, armed: Path, worker: int) -> None:
         super().__init__(inner)
@@ -188,8 +188,11 @@ class SelfKillingStore(ForwardingStore):
     ) -> Any:
         uploading = operation in ("put", "put_stream") and f"/partition-{self.worker}." in path
         if uploading and self._take():
-            os.kill(os.getpid(), signal.SIGKILL)
+            await self.act()
         return await call()
+
+    async def act(self) -> None:
+        raise NotImplementedError
 
     def _take(self) -> bool:
         try:
@@ -199,14 +202,28 @@ class SelfKillingStore(ForwardingStore):
         return True
 
 
-class OpenSelfKilling:
-    """Opens the job's store in each actor, wrapped in :class:`SelfKillingStore`."""
+class SelfKillingStore(ArmedStore):
+    """SIGKILLs its own process at the armed upload."""
 
-    def __init__(self, root: Path, armed: Path, worker: int) -> None:
-        self.root, self.armed, self.worker = root, armed, worker
+    async def act(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class HangingStore(ArmedStore):
+    """Never returns from the armed upload: the actor hangs, alive."""
+
+    async def act(self) -> None:
+        await asyncio.Event().wait()
+
+
+class OpenArmed:
+    """Opens the job's store in each actor, wrapped in ``kind`` (an :class:`ArmedStore`)."""
+
+    def __init__(self, kind: type[ArmedStore], root: Path, armed: Path, worker: int) -> None:
+        self.kind, self.root, self.armed, self.worker = kind, root, armed, worker
 
     def __call__(self) -> Store:
-        return SelfKillingStore(as_store(open_store(str(self.root))), self.armed, self.worker)
+        return self.kind(as_store(open_store(str(self.root))), self.armed, self.worker)
 
 
 class CoordinatorSuicide:
@@ -288,7 +305,7 @@ def test_an_actor_killed_in_any_phase_of_an_epoch_fails_that_epoch_only(
     armed = tmp_path / "armed"
     hook = PHASES[phase]
     job = make_job(
-        OpenSelfKilling(root, armed, worker=1) if hook is None else store,
+        OpenArmed(SelfKillingStore, root, armed, worker=1) if hook is None else store,
         3,
         on_event=None if hook is None else KillAt(hook[0], hook[1], worker=1),
         lease=LEASE,
@@ -319,6 +336,46 @@ def test_an_actor_killed_in_any_phase_of_an_epoch_fails_that_epoch_only(
     left = sorted(str(p.relative_to(root / failed)) for p in (root / failed).rglob("*"))
     assert len(committed) == 2 and left == ["manifest.json"], "only GC's tombstone is left"
     assert_exactly_once(store)
+
+
+def test_an_actor_hung_in_its_upload_is_replaced_after_the_actor_timeout(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = str(root)
+    armed = tmp_path / "armed"
+    opened = OpenArmed(HangingStore, root, armed, worker=1)
+    job = make_job(opened, 3, lease=LEASE, actor_timeout=dt.timedelta(seconds=3))
+    try:
+        job.start()
+        before = job.run(until=60)
+        assert before.committed == (1,) and before.failures == ()
+        hung = job.actors()[1]
+        armed.touch()  # partition 1's next upload never returns
+        began = time.monotonic()
+        after = job.checkpoint()
+        waited = time.monotonic() - began
+        assert (tmp_path / "armed.fired").exists(), "the upload hung"
+        assert 3 <= waited < 60, f"the epoch ended after {waited:.1f} s"
+        assert after.latest == before.latest == latest_id(store), "epoch 2 committed nothing"
+        assert after.committed == (1,) and after.restarts == 1
+        assert after.failures == (
+            "ActorTimeoutError: partition 1 did not answer its barrier within 3 s "
+            "(actor_timeout): its actor was replaced",
+        )
+        assert all(r["checkpoint"] == before.latest for r in after.restored)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(hung.ping.remote(), timeout=30)  # killed, not restarted
+        final = job.run()
+        assert final.committed == (1, 2) and final.restarts == 1
+    finally:
+        job.stop()
+    assert_exactly_once(store)
+
+
+@pytest.mark.parametrize("value", [dt.timedelta(0), dt.timedelta(seconds=-1), 5])
+def test_an_actor_timeout_that_is_not_a_positive_timedelta_is_refused(value: object) -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        make_job("unused", 1, actor_timeout=value)
+    assert str(refused.value) == f"actor_timeout must be a positive timedelta, got {value!r}"
 
 
 def test_a_coordinator_killed_mid_commit_is_restarted_and_fences_its_predecessor(

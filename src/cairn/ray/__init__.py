@@ -17,11 +17,12 @@ needs Ray Train) checkpoint a Ray Train run through cairn.
 
 from typing import Any
 
-from cairn.ray._spec import JobEvent, JobFailedError, JobStatus
+from cairn.ray._spec import ActorTimeoutError, JobEvent, JobFailedError, JobStatus
 from cairn.ray.actor import PartitionActor, Source
 from cairn.ray.job import StreamJob
 
 __all__ = [
+    "ActorTimeoutError",
     "JobEvent",
     "JobFailedError",
     "JobStatus",

@@ -22,6 +22,10 @@ Invariants:
   restored from it (a global restart, as Flink does by default): state and offsets from
   one checkpoint, so the source replays exactly what was lost. The failed epoch's
   uploads are left in an uncommitted directory, which GC's orphan sweep removes;
+* a partition actor that does not answer a call within the job's ``actor_timeout`` is
+  killed and replaced, and its round or epoch fails as above
+  (:class:`~cairn.ray.ActorTimeoutError`): a hung actor stalls the job for at most that
+  long, never for good;
 * a coordinator fenced by a newer one (:class:`~cairn.FencedError`) stops: it neither
   commits nor restores;
 * after ``max_failures`` failures in all the job gives up (:class:`JobFailedError`).
@@ -32,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import ray
@@ -43,20 +47,27 @@ from cairn.format.ids import CheckpointId
 from cairn.format.manifest import SourceOffsetEntry
 from cairn.integrations.distributed import WorkerReport, commit_distributed
 from cairn.ray._runner import PartitionRunner
-from cairn.ray._spec import JobEvent, JobFailedError, JobSpec, JobStatus, open_checkpointer
+from cairn.ray._spec import (
+    ActorTimeoutError,
+    JobEvent,
+    JobFailedError,
+    JobSpec,
+    JobStatus,
+    open_checkpointer,
+)
 
 __all__ = ["Coordinator"]
 
 _RemoteRunner = ray.remote(PartitionRunner)
 
 
-async def _settle(refs: Iterable[Any]) -> list[Any]:
-    """Every ref's value once all have ended, or the first error (after all ended)."""
-    results = await asyncio.gather(*(_value(ref) for ref in refs), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+def _values(answers: Iterable[Any]) -> list[Any]:
+    """The answers, or the first of them that is an error, raised."""
+    values = list(answers)
+    for value in values:
+        if isinstance(value, BaseException):
+            raise value
+    return values
 
 
 async def _value(ref: Any) -> Any:
@@ -186,6 +197,32 @@ class Coordinator:
         options.update(self.spec.actor_options)
         return _RemoteRunner.options(**options).remote(self.spec, worker, self.workers)
 
+    def _replace(self, worker: int) -> None:
+        """Kill partition ``worker``'s actor for good and start another in its place."""
+        ray.kill(self.actors[worker], no_restart=True)
+        self.actors[worker] = self._new_actor(worker)
+
+    async def _answers(self, call: str, refs: Sequence[Any]) -> list[Any]:
+        """What each partition actor answered ``call`` (``refs[w]`` is partition ``w``'s
+        call): its value or its error, once all have answered. One that has not
+        answered within the spec's ``actor_timeout`` is an :class:`ActorTimeoutError`,
+        and its actor is replaced."""
+        waits = [asyncio.ensure_future(_value(ref)) for ref in refs]
+        limit = self.spec.actor_timeout
+        if waits:
+            await asyncio.wait(waits, timeout=None if limit is None else limit.total_seconds())
+        answers: list[Any] = []
+        for worker, wait in enumerate(waits):
+            if wait.done():
+                error = wait.exception()
+                answers.append(error if error is not None else wait.result())
+                continue
+            assert limit is not None  # without a limit, every wait is done
+            wait.cancel()
+            self._replace(worker)
+            answers.append(ActorTimeoutError(worker, call, limit.total_seconds()))
+        return answers
+
     def _stop_actors(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
@@ -193,16 +230,11 @@ class Coordinator:
 
     async def _restore_all(self) -> None:
         refs = [a.restore.remote(self.generation, self.epoch, self.latest) for a in self.actors]
-        results = await asyncio.gather(*(_value(ref) for ref in refs), return_exceptions=True)
+        results = await self._answers("restore", refs)
         for worker, result in enumerate(results):
             if isinstance(result, ActorDiedError):  # Ray will not restart it: start another
                 self.actors[worker] = self._new_actor(worker)
-        restored: list[dict[str, Any]] = []
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-            restored.append(result)
-        self.restored = restored
+        self.restored = _values(results)
         self.dirty, self.rounds_since, self.last_commit = False, 0, time.monotonic()
         await self._tell(JobEvent("restored", self.epoch, checkpoint=self.latest))
 
@@ -237,7 +269,10 @@ class Coordinator:
             actor.apply.remote(*[polls[s][d] for s in range(n)])
             for d, actor in enumerate(self.actors)
         ]
-        counts = await _settle([p[n] for p in polls] + applies)
+        # The polls first, so that an apply waiting for a hung actor's poll is not taken
+        # for hung itself.
+        polled = await self._answers("poll", [p[n] for p in polls])
+        counts = _values(polled + await self._answers("apply", applies))
         read = sum(counts[:n])
         self.records += read
         if read:
@@ -256,17 +291,13 @@ class Coordinator:
         spec, epoch, cid = self.spec, self.epoch + 1, CheckpointId.now()
         await self._tell(JobEvent("barrier", epoch))
         refs = [a.barrier.remote(self.generation, epoch, str(cid)) for a in self.actors]
-        results = await asyncio.gather(*(_value(ref) for ref in refs), return_exceptions=True)
+        results = await self._answers("barrier", refs)
         for worker, result in enumerate(results):
             if not isinstance(result, BaseException):
                 await self._tell(JobEvent("reported", epoch, worker=worker))
-        answers: list[dict[str, Any]] = []
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-            answers.append(result)
+        answers: list[dict[str, Any]] = _values(results)
         await self._tell(JobEvent("committing", epoch))
-        tokens = await _settle([a.confirm.remote() for a in self.actors])
+        tokens = _values(await self._answers("confirm", [a.confirm.remote() for a in self.actors]))
         for worker, (answer, token) in enumerate(zip(answers, tokens, strict=True)):
             if answer["incarnation"] != token:
                 raise IncompleteCheckpointError(

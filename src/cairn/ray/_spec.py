@@ -21,6 +21,7 @@ from cairn.ray.actor import PartitionActor, Source
 from cairn.stores import ForwardingStore, Store, StoreMethod, as_store, open_store
 
 __all__ = [
+    "ActorTimeoutError",
     "CountingStore",
     "JobEvent",
     "JobFailedError",
@@ -102,6 +103,31 @@ class JobFailedError(CheckpointerError):
         return (type(self), (self.failures,))
 
 
+class ActorTimeoutError(CheckpointerError):
+    """A partition actor did not answer a call within the job's ``actor_timeout``.
+
+    The coordinator kills that actor and starts another in its place; the round or epoch
+    fails as if the actor had died (an epoch commits nothing), and every partition actor
+    is restored from the latest checkpoint.
+
+    Attributes:
+        worker: The partition the actor holds.
+        call: What it was asked (``"poll"``, ``"apply"``, ``"barrier"``, ``"confirm"``,
+            ``"restore"``).
+        seconds: How long the coordinator waited.
+    """
+
+    def __init__(self, worker: int, call: str, seconds: float) -> None:
+        self.worker, self.call, self.seconds = worker, call, seconds
+        super().__init__(
+            f"partition {worker} did not answer its {call} within {seconds:g} s "
+            "(actor_timeout): its actor was replaced"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.worker, self.call, self.seconds))
+
+
 EventHook = Callable[[JobEvent], Awaitable[None] | None]
 
 
@@ -126,6 +152,7 @@ class JobSpec:
     actor_options: Mapping[str, Any] = field(default_factory=dict)
     on_event: EventHook | None = None
     lease: dt.timedelta | None = None
+    actor_timeout: dt.timedelta | None = None
 
 
 class CountingStore(ForwardingStore):

@@ -78,6 +78,13 @@ class StreamJob:
             epoch (it may be a coroutine function; the epoch waits for it).
         lease: How long an epoch's uploads hold their directory against GC after they
             end unless committed (the checkpointers' ``lease``); None: cairn's default.
+        actor_timeout: How long the coordinator waits for a partition actor to answer
+            one call: a round's poll or apply, an epoch's barrier (its upload and
+            report) or confirm, a restore. An actor that does not answer in time is
+            killed and replaced, and the round or epoch fails as if it had died
+            (:class:`~cairn.ray.ActorTimeoutError`; an epoch commits nothing). None (the
+            default): wait as long as it takes. Set it above the longest upload or
+            restore the job's state needs.
 
     Raises:
         InvalidInputError: An argument is out of range or of the wrong type.
@@ -103,6 +110,7 @@ class StreamJob:
         actor_options: Mapping[str, Any] | None = None,
         on_event: EventHook | None = None,
         lease: dt.timedelta | None = None,
+        actor_timeout: dt.timedelta | None = None,
     ) -> None:
         if not isinstance(store, str) and not callable(store):
             raise InvalidInputError(f"store must be a URL or a function, got {store!r}")
@@ -124,8 +132,11 @@ class StreamJob:
             not isinstance(interval, dt.timedelta) or interval <= dt.timedelta(0)
         ):
             raise InvalidInputError(f"interval must be a positive timedelta, got {interval!r}")
-        if lease is not None and (not isinstance(lease, dt.timedelta) or lease <= dt.timedelta(0)):
-            raise InvalidInputError(f"lease must be a positive timedelta, got {lease!r}")
+        for name, value in (("lease", lease), ("actor_timeout", actor_timeout)):
+            if value is not None and (
+                not isinstance(value, dt.timedelta) or value <= dt.timedelta(0)
+            ):
+                raise InvalidInputError(f"{name} must be a positive timedelta, got {value!r}")
         self.spec = JobSpec(
             store=store,
             actor=actor,
@@ -143,6 +154,7 @@ class StreamJob:
             actor_options=dict(actor_options or {}),
             on_event=on_event,
             lease=lease,
+            actor_timeout=actor_timeout,
         )
         self.coordinator_restarts = _at_least("coordinator_restarts", coordinator_restarts, 0)
         self._coordinator: Any = None
