@@ -244,6 +244,29 @@ def test_a_flipped_byte_is_refused_and_no_export_is_left(tmp_path: Path) -> None
     assert sorted(p.name for p in out.iterdir()) == []  # the first shard deleted, no index
 
 
+def test_the_latest_passes_over_a_checkpoint_whose_items_are_damaged(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    older = {"first": torch.randn(3000), "second": torch.randn(3000)}
+    save(store, older)
+    save(store, {k: v + 1 for k, v in older.items()})
+    ckpt = SyncCheckpointer(store)
+    old_id, new_id = ckpt.list_checkpoints()
+    first = ckpt.load_manifest(new_id).operators["rank-0"].partitions[0]
+    flip_a_byte(ckpt.async_checkpointer.store, ckpt.paths.resolve(new_id, first.path), 100)
+
+    exported = export_hf(store, None, tmp_path / "out", max_shard_bytes=12_000)
+
+    assert exported.checkpoint_id == old_id
+    [(passed, reason)] = exported.passed_over
+    assert passed == new_id and "item 'first'" in reason
+    loaded, index = read_export(tmp_path / "out")
+    assert index["metadata"]["cairn_checkpoint_id"] == str(old_id)
+    assert all(same(loaded[k], older[k]) for k in older)
+    with pytest.raises(IntegrityMismatchError, match=r"item 'first'"):
+        export_hf(store, new_id, tmp_path / "by-id")
+    assert sorted(p.name for p in (tmp_path / "by-id").iterdir()) == []
+
+
 def test_an_existing_export_is_refused(tmp_path: Path) -> None:
     save(str(tmp_path / "store"), {"w": torch.ones(4)})
     export_hf(str(tmp_path / "store"), None, tmp_path / "out")

@@ -170,9 +170,7 @@ def test_an_export_verifies_every_byte_and_writes_all_or_nothing(tmp_path: Path)
     assert (tmp_path / "linked").is_symlink() and not (tmp_path / "missing").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    manifest = SyncCheckpointer(store, CheckpointPaths(PREFIX)).load_manifest(writer.checkpoint_id)
-    big = max(manifest.operators["rank-0"].partitions, key=lambda p: p.size_bytes)
-    flip(tmp_path / "store" / PREFIX / str(writer.checkpoint_id) / big.path, 1000)
+    flip_largest_artifact(tmp_path / "store", writer)
     with pytest.raises(IntegrityMismatchError, match="sha256"):
         export_dcp(store, writer.checkpoint_id, empty, prefix=PREFIX)
     assert list(empty.iterdir()) == [] and not (tmp_path / "missing").exists()
@@ -180,6 +178,43 @@ def test_an_export_verifies_every_byte_and_writes_all_or_nothing(tmp_path: Path)
     with pytest.raises(CheckpointNotFoundError, match="named 'nope'"):
         export_dcp(store, "nope", tmp_path / "missing", prefix=PREFIX)
     assert not (tmp_path / "missing").exists()
+
+
+def flip_largest_artifact(store: Path, writer: CairnWriter) -> None:
+    """Flip a byte inside the largest artifact ``writer``'s save stored."""
+    assert writer.checkpoint_id is not None
+    manifest = SyncCheckpointer(str(store), CheckpointPaths(PREFIX)).load_manifest(
+        writer.checkpoint_id
+    )
+    big = max(manifest.operators["rank-0"].partitions, key=lambda p: p.size_bytes)
+    flip(store / PREFIX / str(writer.checkpoint_id) / big.path, 1000)
+
+
+def test_the_latest_and_a_name_pass_over_a_checkpoint_whose_items_are_damaged(
+    tmp_path: Path,
+) -> None:
+    store, state = tmp_path / "store", odd_state()
+    older = save(str(store), state, "run", epoch=1)
+    newer = save(str(store), blank_like(state), "run", epoch=2)
+    flip_largest_artifact(store, newer)
+    for target, out in ((None, "latest"), ("run", "named")):
+        exported = export_dcp(str(store), target, tmp_path / out, prefix=PREFIX)
+        assert (exported.checkpoint_id, exported.epoch) == (older.checkpoint_id, 1)
+        [(passed, reason)] = exported.passed_over
+        assert passed == newer.checkpoint_id and "sha256" in reason
+        loaded = blank_like(state)
+        dcp_load(loaded, storage_reader=FileSystemReader(str(tmp_path / out)), no_dist=True)
+        assert raw(loaded) == raw(state)
+    # Asked for by id, the damaged checkpoint fails, and nothing is written.
+    with pytest.raises(IntegrityMismatchError, match="sha256"):
+        export_dcp(str(store), newer.checkpoint_id, tmp_path / "by-id", prefix=PREFIX)
+    assert not (tmp_path / "by-id").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # With every candidate damaged, nothing is exported: the newest's damage is raised.
+    flip_largest_artifact(store, older)
+    with pytest.raises(IntegrityMismatchError, match=str(newer.checkpoint_id)):
+        export_dcp(str(store), None, tmp_path / "none", prefix=PREFIX)
+    assert not (tmp_path / "none").exists()
 
 
 def test_an_export_never_writes_through_its_staging_directory_swapped_for_a_link(
@@ -444,6 +479,7 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
     )
     doc = document("export-dcp", exported)
     assert doc["name"] == "runs/step-4" and doc["epoch"] == 4 and doc["verified"] is True
+    assert doc["passed_over"] == []
     assert doc["to"] == str(tmp_path / "step-4")
     loaded = make_state(BLANK_SEED)
     dcp_load(loaded, storage_reader=FileSystemReader(str(tmp_path / "step-4")), no_dist=True)
@@ -467,6 +503,13 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
     text = cairn("import-dcp", str(tmp_path / "text"), "--name", "again", "--store", str(other))
     assert text.code == 0, text.explain()
     assert "items checked against the CRC-32s torch.save recorded" in text.stdout
+
+    damaged = save(str(store), make_state(5), "runs/step-5", epoch=5)
+    flip_largest_artifact(store, damaged)
+    text = cairn("export-dcp", "latest", "--to", str(tmp_path / "past"), *common)
+    assert text.code == 0, text.explain()
+    assert "(epoch 4)" in text.stdout
+    assert f"passed over newer checkpoint {damaged.checkpoint_id}: " in text.stdout
 
 
 def test_the_commands_fail_with_their_exit_codes(tmp_path: Path) -> None:

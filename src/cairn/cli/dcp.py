@@ -9,7 +9,8 @@ works without it.
 ``export-dcp ID|latest|NAME --to DIR``: ``latest`` is the latest checkpoint that DCP
 saved (as :class:`~cairn.torch.CairnReader` without a ``checkpoint_id`` chooses it, so
 a newer checkpoint of another kind is passed over); a name is read as ``dcp.load`` reads
-a ``checkpoint_id`` (the newest committed checkpoint with that name). ``import-dcp DIR``
+a ``checkpoint_id`` (the newest committed checkpoint with that name). Either passes over
+a checkpoint whose items do not read back verified, and says so. ``import-dcp DIR``
 commits the directory as a new checkpoint named, unless ``--name``, after the
 directory (``step-100``).
 """
@@ -33,6 +34,8 @@ __all__ = [
     "export_table",
     "import_doc",
     "import_text",
+    "passed_over_doc",
+    "passed_over_lines",
     "torch_module",
 ]
 
@@ -70,7 +73,21 @@ def export_doc(where: dict[str, str], exported: Any) -> dict[str, Any]:
         "items": exported.items,
         "size_bytes": exported.size_bytes,
         "files": [{"path": path, "size_bytes": size} for path, size in exported.files],
+        "passed_over": passed_over_doc(exported),
     }
+
+
+def passed_over_doc(exported: Any) -> list[dict[str, str]]:
+    """The newer checkpoints an export of the latest or a name passed over (``--json``)."""
+    return [{"checkpoint_id": str(cid), "reason": reason} for cid, reason in exported.passed_over]
+
+
+def passed_over_lines(exported: Any) -> list[Text]:
+    """The newer checkpoints an export of the latest or a name passed over, one line each."""
+    return [
+        Text(f"passed over newer checkpoint {cid}: {reason}", style="yellow")
+        for cid, reason in exported.passed_over
+    ]
 
 
 def export_table(exported: Any) -> RenderableType:
@@ -84,7 +101,8 @@ def export_table(exported: Any) -> RenderableType:
         f"{plural(len(exported.files), 'file')}, "
         f"{human_size(exported.size_bytes)}, every item verified as written"
     )
-    return Group(heading(f"DCP directory {exported.target}"), table, summary)
+    title = heading(f"DCP directory {exported.target}")
+    return Group(title, table, summary, *passed_over_lines(exported))
 
 
 def import_doc(where: dict[str, str], imported: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from cairn.cli.dcp import passed_over_doc, passed_over_lines
 from cairn.cli.errors import CliError, ExitCode
 from cairn.cli.output import human_size, make_table
 
@@ -70,6 +71,7 @@ def export_doc(where: dict[str, str], exported: Any) -> dict[str, Any]:
         "total_size": exported.total_size,
         "size_bytes": exported.size_bytes,
         "files": [{"path": path, "size_bytes": size} for path, size in exported.files],
+        "passed_over": passed_over_doc(exported),
     }
 
 
@@ -85,7 +87,7 @@ def export_table(exported: Any) -> RenderableType:
         f"shard(s), {human_size(exported.total_size)}, every item verified against its "
         f"SHA-256{left}"
     )
-    return Group(table, summary)
+    return Group(table, summary, *passed_over_lines(exported))
 
 
 def import_doc(where: dict[str, str], imported: Any) -> dict[str, Any]:

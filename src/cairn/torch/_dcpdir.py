@@ -90,7 +90,10 @@ def export_dcp(
             checkpointer over one.
         checkpoint_id: Read as ``dcp.load`` reads it through a
             :class:`~cairn.torch.CairnReader`: an id, or a name (the newest committed
-            checkpoint with it); None exports the latest DCP checkpoint.
+            checkpoint with it); None exports the latest DCP checkpoint. The latest, and
+            the newest of a name, is the newest that exports whole: one whose items do
+            not read back verified is passed over, and named in
+            :attr:`ExportedDcp.passed_over`.
         dest: The directory to write, missing or empty.
         prefix: With a store: the checkpoints' prefix; None (the default) is the
             store's root, or ``checkpoints/`` where only that holds checkpoints.
@@ -103,7 +106,8 @@ def export_dcp(
 
     Raises:
         CheckpointNotFoundError: No such checkpoint, or no DCP checkpoint at all.
-        IntegrityError: An item is damaged; nothing is written.
+        IntegrityError: An item of the checkpoint asked for by id is damaged; nothing
+            is written.
         InvalidInputError: ``dest`` is unusable, or ``prefix`` or ``signing_key`` was
             given with a checkpointer.
     """

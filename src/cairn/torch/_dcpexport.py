@@ -11,6 +11,11 @@ Invariants:
   :class:`~cairn.torch.CairnReader` does), and again once written: the staged directory
   is read back as an import reads it (its structure and sizes, each tensor's CRC-32s)
   and each item's bytes checked against cairn's record;
+* the latest (or the newest of a name) is the newest DCP checkpoint that exports
+  whole: one whose items do not read back verified from the store (damage, an artifact
+  gone) is passed over for the next older one, as
+  :func:`~cairn.torch.load_latest` passes over it, and the result names it
+  (:attr:`ExportedDcp.passed_over`). A checkpoint asked for by id is exported or fails;
 * the directory appears whole and verified, or not at all: it is written into a
   :class:`~cairn.stores.localfiles.StagedTree` beside the destination (every file made
   relative to its descriptor, fsynced) and renamed onto the destination, which must be
@@ -37,7 +42,7 @@ from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import CorruptManifestError, IntegrityMismatchError
 from cairn.format.ids import CheckpointId
 from cairn.format.integrity import sha256_hex
-from cairn.integrations._interface import bounded_gather
+from cairn.integrations._interface import DAMAGE, bounded_gather
 from cairn.stores.localfiles import StagedTree
 from cairn.torch._dcpfiles import (
     METADATA_FILE,
@@ -50,7 +55,7 @@ from cairn.torch._dcpfiles import (
 )
 from cairn.torch._format import ItemRecord, tensor_bytes, tensor_from_bytes
 from cairn.torch._itemtable import with_plain_chunks
-from cairn.torch._opendcp import Opened, load_records, open_dcp
+from cairn.torch._opendcp import ExportChoice, Opened, load_records
 from cairn.torch._reader import verified_pieces
 from cairn.torch._target import Target
 
@@ -70,6 +75,9 @@ class ExportedDcp:
         target: The directory written.
         items: The number of DCP items written.
         files: Each file written with its size in bytes (``.metadata`` last).
+        passed_over: The newer checkpoints chosen first and passed over because their
+            items did not read back verified from the store, newest first, each with
+            why. Only an export of the latest or of a name passes over one.
     """
 
     checkpoint_id: CheckpointId
@@ -78,6 +86,7 @@ class ExportedDcp:
     target: Path
     items: int
     files: tuple[tuple[str, int], ...]
+    passed_over: tuple[tuple[CheckpointId, str], ...] = ()
 
     @property
     def size_bytes(self) -> int:
@@ -180,27 +189,45 @@ async def export_dcp_async(
 
     Raises:
         CheckpointNotFoundError: No such checkpoint, or no DCP checkpoint at all.
-        IntegrityError: An item is damaged; nothing is written.
+        IntegrityError: An item is damaged: of the checkpoint asked for by id, or of
+            every candidate for the latest or a name (the newest's damage); nothing is
+            written.
         InvalidInputError: ``dest`` is relative or unusable.
     """
     final = absolute(dest)
-    tree = await asyncio.to_thread(StagedTree, final, "export a DCP checkpoint")
-    try:
-        opened = await open_dcp(ckpt, target, skip, store)
-        await load_records(ckpt, opened, None)
-        count, sizes = await _write_tree(ckpt, opened, tree, final, progress)
-        await asyncio.to_thread(tree.publish)
-    finally:
-        await asyncio.to_thread(tree.close)
-    manifest = opened.manifest
-    return ExportedDcp(opened.checkpoint_id, manifest.name, manifest.epoch, final, count, sizes)
+    choice = ExportChoice(ckpt, target, skip, store)
+    while True:
+        tree = await asyncio.to_thread(StagedTree, final, "export a DCP checkpoint")
+        try:
+            opened = await choice.open()
+            try:
+                await load_records(ckpt, opened, None)
+                storage = await _write_items(ckpt, opened, tree, progress)
+            except DAMAGE as exc:  # read from the store: the local writes raise OSError
+                if choice.passes_over(opened, exc):
+                    continue
+                raise
+            count, sizes = await _finish_tree(opened, tree, final, storage)
+            await asyncio.to_thread(tree.publish)
+        finally:
+            await asyncio.to_thread(tree.close)
+        manifest = opened.manifest
+        return ExportedDcp(
+            opened.checkpoint_id,
+            manifest.name,
+            manifest.epoch,
+            final,
+            count,
+            sizes,
+            choice.passed_over,
+        )
 
 
-async def _write_tree(
-    ckpt: ObjectStoreCheckpointer, opened: Opened, tree: StagedTree, final: Path, progress: Progress
-) -> tuple[int, tuple[tuple[str, int], ...]]:
-    """Write every item of ``opened`` and the metadata into ``tree``, then check them;
-    the number of items, and each file with its size (``.metadata`` last)."""
+async def _write_items(
+    ckpt: ObjectStoreCheckpointer, opened: Opened, tree: StagedTree, progress: Progress
+) -> dict[MetadataIndex, _StorageInfo]:
+    """Write every item of ``opened`` into its file of ``tree``, each verified as read
+    from the store; where each item was written."""
     operators = {entry.path: op for op, entry in opened.manifest.partition_entries()}
     per_artifact: dict[str, list[tuple[MetadataIndex, ItemRecord]]] = {}
     for index, record in opened.records.items():
@@ -219,6 +246,15 @@ async def _write_tree(
         return write_one
 
     await bounded_gather(ckpt.max_concurrent_downloads, [job(a) for a in per_artifact])
+    return storage
+
+
+async def _finish_tree(
+    opened: Opened, tree: StagedTree, final: Path, storage: dict[MetadataIndex, _StorageInfo]
+) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """Write the metadata into ``tree`` beside the items (where ``storage`` says they
+    are), then read it all back and check it; the number of items, and each file with
+    its size (``.metadata`` last)."""
     metadata = with_plain_chunks(opened.metadata)
     metadata.storage_data = storage
     metadata.version = CURRENT_DCP_VERSION

@@ -75,7 +75,9 @@ def export_hf(
         source: A store (as :class:`~cairn.torch.CairnReader` takes it) or a
             checkpointer over one.
         checkpoint_id: An id, or a name (the newest committed checkpoint with it); None
-            exports the latest DCP checkpoint.
+            exports the latest DCP checkpoint. The latest, and the newest of a name, is
+            the newest that exports whole: one whose items do not read back verified is
+            passed over, and named in :attr:`ExportedHf.passed_over`.
         to: Where to write: a store URL (``s3://bucket/models/run-1``), a local path,
             or a store.
         max_shard_bytes: The tensor bytes of one shard at most (a larger tensor is a
@@ -96,8 +98,9 @@ def export_hf(
 
     Raises:
         CheckpointNotFoundError: No such checkpoint, or no DCP checkpoint at all.
-        IntegrityError: An item is damaged; no index is written and the shards this
-            export completed are deleted.
+        IntegrityError: An item is damaged: of the checkpoint asked for by id, or of
+            every candidate for the latest or a name (the newest's damage). No index is
+            written and the shards this export completed are deleted.
         InvalidInputError: An unusable argument or FQN map result, or a dtype
             safetensors lacks.
         ObjectExistsError: ``to`` already holds ``model.safetensors.index.json``.

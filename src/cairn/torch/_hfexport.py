@@ -31,6 +31,11 @@ Invariants:
   never appears. Two exports into one destination at once are not kept apart (the
   layout has fixed names): the first to write its index wins, the other fails and
   deletes nothing;
+* the latest (or the newest of a name) is the newest DCP checkpoint that exports whole:
+  one whose items do not read back verified (an :class:`~cairn.IntegrityError`) is
+  passed over, its shards deleted, for the next older one, as
+  :func:`~cairn.torch.load_latest` passes over it; the result names it
+  (:attr:`ExportedHf.passed_over`). A checkpoint asked for by id is exported or fails;
 * the bytes written are the saved tensors' bytes (little-endian, C order), except with
   ``dtype``, which casts floating-point tensors (and only those) to it as they are
   written: the digests cover the saved bytes, which are hashed before the cast.
@@ -71,7 +76,7 @@ from cairn.torch._hfplan import (
     plan_steps,
     tensors_to_write,
 )
-from cairn.torch._opendcp import load_records, open_dcp
+from cairn.torch._opendcp import ExportChoice, Opened, load_records
 from cairn.torch._safetensors import (
     INDEX_FILE,
     encode_header,
@@ -131,6 +136,9 @@ class ExportedHf:
             FQN map left out), in the checkpoint's order.
         total_size: The tensor bytes written (the index's ``total_size``).
         files: Each file written with its size in bytes (the index last).
+        passed_over: The newer checkpoints chosen first and passed over because their
+            items did not read back verified from the store, newest first, each with
+            why. Only an export of the latest or of a name passes over one.
     """
 
     checkpoint_id: CheckpointId
@@ -141,6 +149,7 @@ class ExportedHf:
     left_out: tuple[str, ...]
     total_size: int
     files: tuple[tuple[str, int], ...]
+    passed_over: tuple[tuple[CheckpointId, str], ...] = ()
 
     @property
     def size_bytes(self) -> int:
@@ -313,8 +322,9 @@ async def export_hf_async(
 
     Raises:
         CheckpointNotFoundError: No such checkpoint, or no DCP checkpoint at all.
-        IntegrityError: An item is damaged; no index is written, and the shards this
-            export completed are deleted.
+        IntegrityError: An item is damaged: of the checkpoint asked for by id, or of
+            every candidate for the latest or a name (the newest's damage). No index is
+            written, and the shards this export completed are deleted.
         InvalidInputError: An unusable argument or FQN map result, a dtype safetensors
             lacks, or nothing to export.
         ObjectExistsError: ``dest`` already holds ``model.safetensors.index.json``.
@@ -326,8 +336,33 @@ async def export_hf_async(
     if sys.byteorder != "little":
         raise InvalidInputError("safetensors files are little-endian: export on such a machine")
     await _refuse_existing(dest)
-    opened = await open_dcp(ckpt, target, skip, store)
-    await load_records(ckpt, opened, None)
+    choice = ExportChoice(ckpt, target, skip, store)
+    while True:
+        opened = await choice.open()
+        try:
+            await load_records(ckpt, opened, None)
+            exported = await _export_opened(
+                ckpt, opened, dest, shown, max_shard_bytes, dtype, fqn_map, progress
+            )
+        except IntegrityError as exc:  # what was read does not verify: it is no store error
+            if choice.passes_over(opened, exc):
+                continue
+            raise
+        return dataclasses.replace(exported, passed_over=choice.passed_over)
+
+
+async def _export_opened(
+    ckpt: ObjectStoreCheckpointer,
+    opened: Opened,
+    dest: Store,
+    shown: str,
+    max_shard_bytes: int,
+    dtype: torch.dtype | None,
+    fqn_map: FqnMap | None,
+    progress: Callable[[int], None],
+) -> ExportedHf:
+    """Write the tensors of ``opened`` (its records loaded) into ``dest``: the shards,
+    then the index; on any failure, the shards written are deleted."""
     tensors, left_out = tensors_to_write(ckpt, opened, fqn_map or (lambda fqn: fqn), dtype)
     if not tensors:
         raise InvalidInputError(

@@ -59,6 +59,7 @@ from cairn.torch._target import Target, store_location
 __all__ = [
     "WHOLE_METADATA_BYTES",
     "Blocks",
+    "ExportChoice",
     "Opened",
     "fetch_whole",
     "load_records",
@@ -152,6 +153,51 @@ async def open_dcp(
             )
             search.damaged.append((cid, str(exc)))
     raise await search.not_found(ckpt, store)
+
+
+class ExportChoice:
+    """The checkpoint an export writes: ``target`` (as :func:`open_dcp` takes it), and,
+    for the latest or a name, the next older one each time the one opened turns out
+    damaged while its items are read (as :func:`~cairn.torch.load_latest` falls back).
+
+    When none is left after passing over a damaged one, :meth:`open` raises that
+    damage (the newest's): it says more than that no checkpoint is left.
+    """
+
+    def __init__(
+        self,
+        ckpt: ObjectStoreCheckpointer,
+        target: Target | None,
+        skip: frozenset[CheckpointId],
+        store: object,
+    ) -> None:
+        self._ckpt, self._target, self._skip, self._store = ckpt, target, skip, store
+        self._damage: list[tuple[CheckpointId, Exception]] = []
+
+    async def open(self) -> Opened:
+        """The next checkpoint to export, opened."""
+        passed = self._skip | {cid for cid, _ in self._damage}
+        try:
+            return await open_dcp(self._ckpt, self._target, passed, self._store)
+        except CheckpointNotFoundError:
+            if self._damage:
+                raise self._damage[0][1] from None
+            raise
+
+    def passes_over(self, opened: Opened, damage: Exception) -> bool:
+        """Whether to try the next older checkpoint, ``opened`` having failed with
+        ``damage`` while its items were read: never for a checkpoint asked for by id."""
+        if isinstance(self._target, CheckpointId):
+            return False
+        cid = opened.checkpoint_id
+        log.warning("checkpoint %s does not export (%s): trying the next one", cid, damage)
+        self._damage.append((cid, damage))
+        return True
+
+    @property
+    def passed_over(self) -> tuple[tuple[CheckpointId, str], ...]:
+        """The checkpoints passed over so far, newest first, each with why."""
+        return tuple((cid, str(damage)) for cid, damage in self._damage)
 
 
 @dataclasses.dataclass
