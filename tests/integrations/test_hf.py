@@ -10,10 +10,11 @@ next losses are the uninterrupted run's, to the last bit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,14 @@ pytest.importorskip("accelerate", reason="the hf extra is not installed")
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from cairn import CheckpointNotFoundError, IntegrityMismatchError, ObjectStoreCheckpointer
+from cairn import (
+    CheckpointNotFoundError,
+    IntegrityMismatchError,
+    ObjectStoreCheckpointer,
+    StoreError,
+)
 from cairn.hf import CairnCallback, restore_checkpoint
+from cairn.stores import ForwardingStore, Store, StoreMethod, as_store
 from cairn.sync import SyncCheckpointer
 
 pytestmark = [pytest.mark.torch, pytest.mark.frameworks, pytest.mark.slow]
@@ -171,3 +178,76 @@ def test_two_saves_gc_to_the_limit_and_a_restored_checkpoint_resumes_exactly(
     assert not (tmp_path / "damaged").exists() or not any((tmp_path / "damaged").iterdir())
     with pytest.raises(CheckpointNotFoundError, match="checkpoint-2"):
         restore_checkpoint(store, "checkpoint-2", tmp_path / "gone")
+
+
+class SlowStore(ForwardingStore):
+    """Each upload waits ``delay`` seconds first, and fails once ``failing`` is set."""
+
+    def __init__(self, inner: Store, delay: float) -> None:
+        super().__init__(inner)
+        self.delay, self.failing = delay, False
+
+    async def _around(
+        self, operation: StoreMethod, path: str, call: Callable[[], Awaitable[Any]], **_: object
+    ) -> Any:
+        if operation in ("put", "put_stream"):
+            await asyncio.sleep(self.delay)
+            if self.failing:
+                raise StoreError(operation, path, "refused on purpose")
+        return await call()
+
+
+class StepsWhileCommitting(TrainerCallback):
+    """The steps that began while ``callback`` committed a checkpoint in the background."""
+
+    def __init__(self, callback: CairnCallback) -> None:
+        self.callback, self.steps = callback, list[int]()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.callback.committing:
+            self.steps.append(state.global_step + 1)
+
+
+def test_background_commits_run_beside_the_steps_and_finish_before_the_next_save(
+    tmp_path: Path,
+) -> None:
+    uninterrupted = train(tmp_path / "whole", 6, [])
+    root = tmp_path / "store"
+    # Each upload is slow, so that without the wait before each save the Trainer's
+    # rotation (save_total_limit=1) would delete a folder while it is uploaded.
+    callback = CairnCallback(SlowStore(as_store(str(root)), delay=0.3), background=True)
+    probe = StepsWhileCommitting(callback)
+
+    losses = train(tmp_path / "out", 6, [callback, probe])
+
+    assert losses == uninterrupted
+    assert probe.steps and set(probe.steps) <= {3, 4, 5, 6}, probe.steps
+    assert len(callback.saved) == 3 and not callback.committing
+    with SyncCheckpointer(str(root)) as ckpt:
+        assert [ckpt.load_manifest(c).name for c in ckpt.list_checkpoints()] == ["checkpoint-6"]
+    restored = restore_checkpoint(str(root), "latest", tmp_path / "restored")
+    written = tmp_path / "out" / "checkpoint-6"
+    assert {p.name: p.read_bytes() for p in restored.iterdir()} == {
+        p.name: p.read_bytes() for p in written.iterdir()
+    }
+
+
+class FailUploadsAfter(TrainerCallback):
+    """Makes ``store`` refuse every upload from the end of step ``step`` on."""
+
+    def __init__(self, store: SlowStore, step: int) -> None:
+        self.store, self.step = store, step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == self.step:
+            self.store.failing = True
+
+
+def test_a_failed_background_commit_stops_training_at_the_next_save(tmp_path: Path) -> None:
+    store = SlowStore(as_store(str(tmp_path / "store")), delay=0.0)
+    callback = CairnCallback(store, background=True)
+    reached = Losses()
+    with pytest.raises(StoreError, match="refused on purpose"):
+        train(tmp_path / "out", 6, [callback, FailUploadsAfter(store, 4), reached])
+    assert len(callback.saved) == 1  # checkpoint-2; checkpoint-4's commit failed
+    assert max(reached.by_step) == 5  # raised before the Trainer wrote checkpoint-6

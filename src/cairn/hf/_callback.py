@@ -10,6 +10,13 @@ one of the same kind): a file whose SHA-256 equals the file of the same relative
 there is carried by reference instead of uploaded, so files that do not change from one
 save to the next (a frozen model's weights, the tokenizer, the config) are uploaded once.
 
+With ``background=True`` the commit (and its GC) runs on a thread of its own while
+training goes on; at most one is in flight. The callback waits for it before the Trainer
+writes its next ``checkpoint-N`` (in ``on_step_end`` and ``on_epoch_end`` when the
+Trainer is about to save: its rotation may delete the folder being uploaded), in the
+next ``on_save``, and at the end of training; the error of a failed commit is raised
+there.
+
 With ``save_total_limit``, a GC run (:meth:`~cairn.ObjectStoreCheckpointer.gc`) follows
 each commit, keeping that many newest checkpoints (by step) and the best one the Trainer
 names (``load_best_model_at_end``); GC keeps every object a kept checkpoint carries,
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,8 +83,8 @@ class CairnCallback(TrainerCallback):
     Pass it in ``Trainer(callbacks=[...])``. Give each run a store (or prefix) of its
     own: with ``save_total_limit``, GC keeps that many checkpoints of the whole prefix.
     ``on_save`` returns once the checkpoint is committed (the files that changed are
-    uploaded meanwhile). With several processes, the main one commits the directory
-    (shared by all of them, as the Trainer writes it).
+    uploaded meanwhile), or with ``background``, at once. With several processes, the
+    main one commits the directory (shared by all of them, as the Trainer writes it).
 
     Args:
         store: Anything :class:`~cairn.ObjectStoreCheckpointer` accepts (a URL, a plain
@@ -90,6 +98,9 @@ class CairnCallback(TrainerCallback):
         retention: Follow each commit with a GC run that honours ``save_total_limit``;
             False keeps every checkpoint (GC as you choose, e.g. ``cairn gc``).
         max_concurrent_uploads: Files uploaded at once at most.
+        background: Commit each checkpoint on a thread of its own while training goes
+            on (see the module docstring for when it is waited for); False (the
+            default) commits it in ``on_save``.
 
     Raises:
         InvalidInputError: An argument is out of range.
@@ -104,6 +115,7 @@ class CairnCallback(TrainerCallback):
         incremental: bool = True,
         retention: bool = True,
         max_concurrent_uploads: int = 8,
+        background: bool = False,
     ) -> None:
         self.checkpointer = _checkpointer(
             store,
@@ -116,6 +128,44 @@ class CairnCallback(TrainerCallback):
         self.retention = bool(retention)
         self.saved: list[CheckpointId] = []
         """The checkpoints this callback committed, oldest first."""
+        self.background = bool(background)
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+
+    @property
+    def committing(self) -> bool:
+        """Whether a checkpoint is being committed in the background now."""
+        return self._pending is not None and not self._pending.done()
+
+    def wait(self) -> None:
+        """Wait for the checkpoint being committed in the background, if any.
+
+        Raises:
+            CheckpointerError: What its commit (or the GC after it) raised.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        """Before the Trainer writes a checkpoint, wait for the one in the background."""
+        if control.should_save:
+            self.wait()
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        """Before the Trainer writes a checkpoint, wait for the one in the background."""
+        if control.should_save:
+            self.wait()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        """At the end of training, wait for the checkpoint in the background."""
+        self.wait()
 
     def on_save(
         self,
@@ -136,28 +186,43 @@ class CairnCallback(TrainerCallback):
         Raises:
             InvalidInputError: The directory the Trainer wrote is not there.
             FencedError: A newer writer generation took over the store.
+            CheckpointerError: With ``background``, what the previous commit raised.
         """
         if not state.is_world_process_zero:
             return
+        self.wait()
         name = f"checkpoint-{state.global_step}"
         folder = Path(args.output_dir or ".") / name
         if not folder.is_dir():
             raise InvalidInputError(f"the Trainer wrote no checkpoint directory at {folder}")
+        limit = args.save_total_limit
+        keep = limit if self.retention and limit is not None and limit > 0 else None
+        step, best = state.global_step, state.best_model_checkpoint
+        if not self.background:
+            self._commit(name, folder, step, keep, best)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="cairn-hf")
+        self._pending = self._executor.submit(self._commit, name, folder, step, keep, best)
+
+    def _commit(
+        self, name: str, folder: Path, step: int, keep: int | None, best: str | None
+    ) -> None:
+        """Commit ``folder`` as checkpoint ``name``; then, with ``keep``, GC to it."""
         manifest = run_blocking(
             save_named(
                 self.checkpointer,
                 name,
-                epoch=state.global_step,
+                epoch=step,
                 directories={(OPERATOR, 0): folder},
                 parent_id=self._parent(),
             )
         )
         self.saved.append(manifest.checkpoint_id)
-        limit = args.save_total_limit
-        if self.retention and limit is not None and limit > 0:
-            pinned = self._best(state.best_model_checkpoint)
+        if keep is not None:
+            pinned = self._best(best)
             run_blocking(
-                self.checkpointer.gc(RetentionPolicy(keep_last=limit, pinned=tuple(pinned)))
+                self.checkpointer.gc(RetentionPolicy(keep_last=keep, pinned=tuple(pinned)))
             )
 
     def _parent(self) -> CheckpointId | None:
