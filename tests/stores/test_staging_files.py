@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from obstore.store import MemoryStore
 
+from cairn import InvalidInputError
 from cairn.stores import as_store, remove_staging_files
 
 
@@ -81,3 +83,14 @@ async def test_a_missing_prefix_and_a_store_not_on_disk_remove_nothing(tmp_path:
     await memory.put("ck/a.snap#1", b"an object of that name")
     assert await remove_staging_files(memory, "ck/") == []
     assert bytes((await memory.get("ck/a.snap#1")).data) == b"an object of that name"
+
+
+async def test_the_root_is_refused_and_nothing_is_removed(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = as_store(str(root))
+    (root / "ck").mkdir(parents=True)
+    (root / "ck/intent.json#1").write_bytes(b"a write in progress")
+    for prefix in ("", "/"):
+        with pytest.raises(InvalidInputError, match=f"below the root, got {prefix!r}"):
+            await remove_staging_files(store, prefix)
+    assert files_below(root) == ["ck/intent.json#1"]

@@ -276,15 +276,21 @@ async def remove_staging_files(store: Store, prefix: str) -> list[str]:
 
     Args:
         store: The store.
-        prefix: A directory, ending in ``/``.
+        prefix: A directory below the root, ending in ``/``.
 
     Returns:
         The path of each staging file removed; none on a store that is not a local
         directory.
 
     Raises:
+        InvalidInputError: ``prefix`` is the root: the writes of the whole store may be
+            in progress.
         StoreError: The file system refused a removal.
     """
+    if not prefix.strip("/"):
+        raise InvalidInputError(
+            f"remove_staging_files takes a directory below the root, got {prefix!r}"
+        )
     root = capabilities_of(store).local_path
     if root is None:
         return []
