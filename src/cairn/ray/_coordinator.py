@@ -22,10 +22,10 @@ Invariants:
   restored from it (a global restart, as Flink does by default): state and offsets from
   one checkpoint, so the source replays exactly what was lost. The failed epoch's
   uploads are left in an uncommitted directory, which GC's orphan sweep removes;
-* a partition actor that does not answer a call within the job's ``actor_timeout`` is
-  killed and replaced, and its round or epoch fails as above
-  (:class:`~cairn.ray.ActorTimeoutError`): a hung actor stalls the job for at most that
-  long, never for good;
+* a partition actor that does not answer a call of a round or an epoch within the job's
+  ``actor_timeout`` is killed and replaced, and its round or epoch fails as above
+  (:class:`~cairn.ray.ActorTimeoutError`): a hung actor stalls the stream for at most
+  that long, never for good. A restore is not bounded: it includes starting the actor;
 * a coordinator fenced by a newer one (:class:`~cairn.FencedError`) stops: it neither
   commits nor restores;
 * after ``max_failures`` failures in all the job gives up (:class:`JobFailedError`).
@@ -202,13 +202,13 @@ class Coordinator:
         ray.kill(self.actors[worker], no_restart=True)
         self.actors[worker] = self._new_actor(worker)
 
-    async def _answers(self, call: str, refs: Sequence[Any]) -> list[Any]:
+    async def _answers(self, call: str, refs: Sequence[Any], *, bounded: bool = True) -> list[Any]:
         """What each partition actor answered ``call`` (``refs[w]`` is partition ``w``'s
-        call): its value or its error, once all have answered. One that has not
-        answered within the spec's ``actor_timeout`` is an :class:`ActorTimeoutError`,
-        and its actor is replaced."""
+        call): its value or its error, once all have answered. With ``bounded``, one
+        that has not answered within the spec's ``actor_timeout`` is an
+        :class:`ActorTimeoutError`, and its actor is replaced."""
         waits = [asyncio.ensure_future(_value(ref)) for ref in refs]
-        limit = self.spec.actor_timeout
+        limit = self.spec.actor_timeout if bounded else None
         if waits:
             await asyncio.wait(waits, timeout=None if limit is None else limit.total_seconds())
         answers: list[Any] = []
@@ -230,7 +230,9 @@ class Coordinator:
 
     async def _restore_all(self) -> None:
         refs = [a.restore.remote(self.generation, self.epoch, self.latest) for a in self.actors]
-        results = await self._answers("restore", refs)
+        # Not bounded by actor_timeout: a restore includes starting the actor (which may
+        # wait for the cluster's resources) and reads its whole state.
+        results = await self._answers("restore", refs, bounded=False)
         for worker, result in enumerate(results):
             if isinstance(result, ActorDiedError):  # Ray will not restart it: start another
                 self.actors[worker] = self._new_actor(worker)

@@ -112,8 +112,7 @@ class ActorTimeoutError(CheckpointerError):
 
     Attributes:
         worker: The partition the actor holds.
-        call: What it was asked (``"poll"``, ``"apply"``, ``"barrier"``, ``"confirm"``,
-            ``"restore"``).
+        call: What it was asked (``"poll"``, ``"apply"``, ``"barrier"``, ``"confirm"``).
         seconds: How long the coordinator waited.
     """
 

@@ -79,12 +79,13 @@ class StreamJob:
         lease: How long an epoch's uploads hold their directory against GC after they
             end unless committed (the checkpointers' ``lease``); None: cairn's default.
         actor_timeout: How long the coordinator waits for a partition actor to answer
-            one call: a round's poll or apply, an epoch's barrier (its upload and
-            report) or confirm, a restore. An actor that does not answer in time is
-            killed and replaced, and the round or epoch fails as if it had died
-            (:class:`~cairn.ray.ActorTimeoutError`; an epoch commits nothing). None (the
-            default): wait as long as it takes. Set it above the longest upload or
-            restore the job's state needs.
+            one call of a round (poll, apply) or an epoch (barrier, which includes its
+            upload, and confirm). An actor that does not answer in time is killed and
+            replaced, and the round or epoch fails as if it had died
+            (:class:`~cairn.ray.ActorTimeoutError`; an epoch commits nothing). A
+            restore is not bounded: it includes starting the actor. None (the default):
+            wait as long as it takes. Set it above the longest upload the job's state
+            needs.
 
     Raises:
         InvalidInputError: An argument is out of range or of the wrong type.
