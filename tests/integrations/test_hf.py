@@ -198,14 +198,18 @@ class SlowStore(ForwardingStore):
 
 
 class StepsWhileCommitting(TrainerCallback):
-    """The steps that began while ``callback`` committed a checkpoint in the background."""
+    """The steps that began while ``callback`` committed a checkpoint in the background,
+    and how many checkpoints it had committed when each save's ``on_save`` returned."""
 
     def __init__(self, callback: CairnCallback) -> None:
-        self.callback, self.steps = callback, list[int]()
+        self.callback, self.steps, self.saved_by = callback, list[int](), dict[int, int]()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.callback.committing:
             self.steps.append(state.global_step + 1)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.saved_by[state.global_step] = len(self.callback.saved)
 
 
 def test_background_commits_run_beside_the_steps_and_finish_before_the_next_save(
@@ -222,6 +226,8 @@ def test_background_commits_run_beside_the_steps_and_finish_before_the_next_save
 
     assert losses == uninterrupted
     assert probe.steps and set(probe.steps) <= {3, 4, 5, 6}, probe.steps
+    # checkpoint-2 and -4 were committed in the background; the run's last one in on_save.
+    assert probe.saved_by == {2: 0, 4: 1, 6: 3}
     assert len(callback.saved) == 3 and not callback.committing
     with SyncCheckpointer(str(root)) as ckpt:
         assert [ckpt.load_manifest(c).name for c in ckpt.list_checkpoints()] == ["checkpoint-6"]

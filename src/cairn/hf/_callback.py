@@ -15,7 +15,8 @@ training goes on; at most one is in flight. The callback waits for it before the
 writes its next ``checkpoint-N`` (in ``on_step_end`` and ``on_epoch_end`` when the
 Trainer is about to save: its rotation may delete the folder being uploaded), in the
 next ``on_save``, and at the end of training; the error of a failed commit is raised
-there.
+there. The save at the run's last step is committed in ``on_save`` itself: after the
+last step the Trainer may delete that folder before any callback runs again.
 
 With ``save_total_limit``, a GC run (:meth:`~cairn.ObjectStoreCheckpointer.gc`) follows
 each commit, keeping that many newest checkpoints (by step) and the best one the Trainer
@@ -198,7 +199,11 @@ class CairnCallback(TrainerCallback):
         limit = args.save_total_limit
         keep = limit if self.retention and limit is not None and limit > 0 else None
         step, best = state.global_step, state.best_model_checkpoint
-        if not self.background:
+        # The last save of a run is committed here: once training ends, the Trainer may
+        # delete its folder (save_total_limit=1 with load_best_model_at_end) before any
+        # callback runs again.
+        last = 0 < state.max_steps <= step
+        if not self.background or last:
             self._commit(name, folder, step, keep, best)
             return
         if self._executor is None:
