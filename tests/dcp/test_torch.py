@@ -587,27 +587,47 @@ def test_ranks_that_opened_different_checkpoints_are_refused(tmp_path: Path) -> 
 # -- commits, fencing, refusals ---------------------------------------------------------
 
 
-def test_a_fenced_writer_uploads_nothing_and_commits_nothing(tmp_path: Path) -> None:
+def test_a_fenced_writer_commits_nothing_and_leaves_the_store_as_it_was(tmp_path: Path) -> None:
     store = RecordingStore(ObstoreStore(LocalStore(tmp_path)), keep_puts=True)
     before = save(store, {"x": torch.ones(3), "y": torch.zeros(2)})
     generation = sync(store).take_over()
+    listed = sorted(info.path for info in asyncio.run(store.list("")))
     store.puts.clear()
     store.stream_puts.clear()
     with pytest.raises(CheckpointException) as info:
         save(store, {"x": torch.zeros(3), "y": torch.ones(2)}, epoch=2)
     assert isinstance(failure_of(info), FencedError)
-    # The save's intent comes first (a takeover must be able to find it), then the fence
-    # refuses it: no artifact is uploaded, and the intent is removed.
-    uploads = [path for path in store.puts if not is_intent_path(path)]
-    assert (uploads, store.stream_puts) == ([], []), "refused before any upload"
-    left = asyncio.run(store.list(""))
-    assert not [info.path for info in left if is_intent_path(info.path)]
+    # The id is generated, so the fence is read beside the rank's upload: the rank did
+    # upload, and the refusal removed its object and every intent.
+    assert [p for p in store.puts if not is_intent_path(p)] + store.stream_puts, "it uploaded"
+    assert sorted(info.path for info in asyncio.run(store.list(""))) == listed
     assert sync(store).list_checkpoints() == [before] and sync(store).read_latest() == before
     after = save(
         store, {"x": torch.zeros(3), "y": torch.ones(2)}, epoch=2, writer_generation=generation
     )
     assert sync(store).list_checkpoints() == [before, after]
     assert sync(store).load_manifest(after).writer_generation == generation
+
+
+def test_a_fenced_writer_given_an_id_uploads_nothing(tmp_path: Path) -> None:
+    store = RecordingStore(ObstoreStore(LocalStore(tmp_path)), keep_puts=True)
+    before = save(store, {"x": torch.ones(3)})
+    sync(store).take_over()
+    store.puts.clear()
+    store.stream_puts.clear()
+    writer = CairnWriter(store, epoch=2, prefix=PREFIX)
+    with pytest.raises(CheckpointException) as info:
+        state = {"x": torch.zeros(3)}
+        dcp_save(state, storage_writer=writer, checkpoint_id=str(CheckpointId.now()), no_dist=True)
+    assert isinstance(failure_of(info), FencedError)
+    # An id given may be committed, so the save waits for its preconditions: its intent
+    # comes first (a takeover must be able to find it), then the fence refuses it before
+    # any upload, and the intent is removed.
+    uploads = [path for path in store.puts if not is_intent_path(path)]
+    assert (uploads, store.stream_puts) == ([], []), "refused before any upload"
+    left = asyncio.run(store.list(""))
+    assert not [info.path for info in left if is_intent_path(info.path)]
+    assert sync(store).list_checkpoints() == [before]
 
 
 class _TakeOverDuringUpload(CairnWriter):

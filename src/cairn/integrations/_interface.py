@@ -25,7 +25,9 @@ so this list is the whole of their coupling to cairn's internals:
   :func:`read_entry` (an artifact's bytes, verified) and :func:`read_sized` (the bytes
   from an offset to the end of an object of known size);
 * :func:`run_blocking`, which runs a coroutine on the event-loop thread the blocking
-  API (:mod:`cairn.sync`) runs on (:mod:`cairn.protocol._blocking`);
+  API (:mod:`cairn.sync`) runs on (:mod:`cairn.protocol._blocking`), and
+  :func:`start_blocking`, which starts one there without waiting;
+* :func:`discard_refused`, what a save refused before its commit leaves, removed;
 * settings and checks: :data:`DEFAULT_LEASE`, :func:`is_int`, :func:`positive_int`,
   :data:`REMOTE_SCHEMES`; and helpers: :data:`Buffer`, :func:`bounded_gather`.
 
@@ -38,19 +40,21 @@ Nothing here reaches into a private name of a public module.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 
 from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.data import ArtifactKey, DirectoryCheck
+from cairn.errors import CheckpointerError
 from cairn.format._buffer import Buffer
 from cairn.format._validate import is_int, positive_int
 from cairn.format.ids import CheckpointId
 from cairn.format.manifest import CheckpointManifest, DirectoryEntry, PartitionSnapshotEntry
 from cairn.observe import _dispatch
-from cairn.protocol import _catalog, _directories, _read, _save, _upload
-from cairn.protocol._blocking import run_blocking
+from cairn.protocol import _catalog, _commit, _directories, _read, _save, _upload
+from cairn.protocol._blocking import run_blocking, start_blocking
 from cairn.protocol._catalog import DAMAGE
 from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context, context_of
@@ -72,6 +76,7 @@ __all__ = [
     "begin",
     "bounded_gather",
     "checkpoint_names",
+    "discard_refused",
     "is_int",
     "latest_candidates",
     "load_manifest",
@@ -80,7 +85,10 @@ __all__ = [
     "read_entry",
     "read_sized",
     "run_blocking",
+    "start_blocking",
 ]
+
+log = logging.getLogger("cairn")
 
 
 async def _context(ckpt: ObjectStoreCheckpointer) -> Context:
@@ -200,6 +208,19 @@ async def begin(
     """
     pending = await _save.start(await _context(ckpt), checkpoint_id, parent_id, generated=generated)
     return TwoPhaseSave(ckpt, pending)
+
+
+async def discard_refused(ckpt: ObjectStoreCheckpointer, uploaded: CheckpointManifest) -> None:
+    """Best effort: remove what the processes that uploaded parts of a save refused before
+    its commit left, the attempt-named artifacts ``uploaded`` names as its own and their
+    shared intent (see :func:`cairn.protocol._commit.discard_uncommitted`). Call it only
+    once every upload of the save has ended. What is left is GC's job."""
+    ctx = await _context(ckpt)
+    await _commit.discard_uncommitted(ctx, uploaded)
+    try:
+        await ctx.store.delete([ctx.paths.intent(uploaded.checkpoint_id)])
+    except CheckpointerError as exc:
+        log.info("could not remove the intent of refused save %s: %s", uploaded.checkpoint_id, exc)
 
 
 async def latest_candidates(ckpt: ObjectStoreCheckpointer) -> AsyncIterator[CheckpointId]:

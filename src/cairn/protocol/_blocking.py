@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from cairn.errors import SyncInAsyncContextError
 
-__all__ = ["LoopThread", "run_blocking"]
+__all__ = ["LoopThread", "run_blocking", "start_blocking"]
 
 T = TypeVar("T")
 
@@ -62,6 +63,10 @@ class LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for its result (see the module docstring)."""
+        return self.start(coro).result()
+
+    def start(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop and return at once: its future."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -72,7 +77,7 @@ class LoopThread:
                 "SyncCheckpointer was called from inside a running event loop; "
                 "await the ObjectStoreCheckpointer methods there instead"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
+        return asyncio.run_coroutine_threadsafe(coro, self.loop())
 
 
 _LOOP = LoopThread()
@@ -86,3 +91,12 @@ def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
     running an event loop.
     """
     return _LOOP.run(coro)
+
+
+def start_blocking(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on cairn's loop thread without waiting for it: its future, which a
+    coroutine on that loop awaits with :func:`asyncio.wrap_future`.
+
+    Raises :class:`~cairn.errors.SyncInAsyncContextError` as :func:`run_blocking` does.
+    """
+    return _LOOP.start(coro)

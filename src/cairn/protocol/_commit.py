@@ -38,11 +38,14 @@ round trips one after another: 1 and 3 at once; 2; 4's create; 5):
    immutable). A save in one call reads the fence once, after its intent is written,
    beside the check before the create (step 4); an id it generated itself (a new
    UUIDv7) cannot be committed, and one given is checked beside the uploads. A save in
-   two phases (:func:`preconditions`) checks both beside its intent's write, before it
-   uploads anything, so that a writer already fenced is refused early (it reads the
-   fence again before its create, as every save does); a process that only uploads
-   part of a save checks the id alone (the fence is the committer's to check), beside
-   its intent and its uploads. A save refused removes what it uploaded and its intent.
+   two phases (:func:`preconditions`) checks both beside its intent's write, so that a
+   writer already fenced is refused before its commit (it reads the fence again before
+   its create, as every save does); a process that only uploads part of a save checks
+   the id alone (the fence is the committer's to check), beside its intent and its
+   uploads. A DCP save waits for these checks before its ranks upload when its id was
+   given or it builds on a parent, and otherwise lets them run beside the uploads,
+   whose processes each write an intent of their own beside them. A save refused
+   removes what it uploaded and its intent.
 3. **Uploads** (:mod:`cairn.protocol._upload`): every snapshot and delta goes under ``{base}{id}/``
    with a name carrying this attempt's token (:func:`cairn.format.layout.new_attempt`),
    concurrently and bounded, hashed as it travels (a one-phase save merges small ones
@@ -186,6 +189,7 @@ __all__ = [
     "check_ahead",
     "commit",
     "commit_and_publish",
+    "discard_uncommitted",
     "preconditions",
     "save_manifest",
     "take_over",
@@ -383,7 +387,7 @@ async def _write_manifest(
     own_discard = discard is not None
 
     async def discard_all(written: CheckpointManifest) -> None:
-        await (discard(written) if discard is not None else _discard_uncommitted(ctx, written))
+        await (discard(written) if discard is not None else discard_uncommitted(ctx, written))
 
     try:
         if checked is not None and parent is None:
@@ -497,7 +501,7 @@ def _discarding(
     ctx: Context, manifest: CheckpointManifest, discard: Discard | None
 ) -> Callable[[], Awaitable[None]]:
     async def run() -> None:
-        await (discard(manifest) if discard is not None else _discard_uncommitted(ctx, manifest))
+        await (discard(manifest) if discard is not None else discard_uncommitted(ctx, manifest))
 
     return run
 
@@ -565,7 +569,7 @@ async def _roll_back(ctx: Context, manifest: CheckpointManifest) -> None:
         current = None
     if current is not None and not _lease.is_tombstone(current):
         await _lease.retire(ctx.store, current)
-    await _discard_uncommitted(ctx, manifest)
+    await discard_uncommitted(ctx, manifest)
 
 
 async def _manifest_is(ctx: Context, cid: CheckpointId, body: bytes) -> bool:
@@ -701,7 +705,7 @@ async def _check_artifacts_present(
     await bounded_gather(ctx.max_concurrent_downloads, map(check, wanted))
 
 
-async def _discard_uncommitted(ctx: Context, manifest: CheckpointManifest) -> None:
+async def discard_uncommitted(ctx: Context, manifest: CheckpointManifest) -> None:
     """Best effort: remove what ``manifest``'s writers uploaded for a commit that failed.
 
     Only the attempt-named artifacts the manifest names as its own: nobody else writes

@@ -32,17 +32,22 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.storage import WriteResult
 
 from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.errors import IncompleteCheckpointError
+from cairn.errors import CheckpointerError, IncompleteCheckpointError
 from cairn.format.ids import CheckpointId
 from cairn.format.integrity import sha256_hex
 from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.format.ranges import Range, RangeSource
-from cairn.integrations._interface import SaveMeter, TwoPhaseSave, assemble_manifest
+from cairn.integrations._interface import (
+    SaveMeter,
+    TwoPhaseSave,
+    assemble_manifest,
+    discard_refused,
+)
 from cairn.torch._format import METADATA_OPERATOR, ItemRecord, dump_metadata
 from cairn.torch._itemtable import RankItems, StoredTable, build_table, carries_ranges
 from cairn.torch._rankobject import Written
 
-__all__ = ["commit_dcp", "distinct_entries"]
+__all__ = ["commit_dcp", "discard_uploads", "distinct_entries"]
 
 log = logging.getLogger("cairn")
 
@@ -108,6 +113,23 @@ async def commit_dcp(
     named = f" named {name!r}" if name is not None else ""
     log.info("DCP checkpoint %s%s committed (epoch %d)", cid, named, epoch)
     return committed
+
+
+async def discard_uploads(
+    ckpt: ObjectStoreCheckpointer, cid: CheckpointId, results: list[list[WriteResult]]
+) -> None:
+    """Best effort: remove what every rank uploaded for the save of ``cid`` (``results``:
+    theirs), refused before its commit, and their intent; a carried artifact stays."""
+    try:
+        per_rank = _handed_in(results)
+        if per_rank is not None:
+            entries = distinct_entries(pair for rank in per_rank for pair in rank.entries)
+        else:
+            entries = _collect(results)[1]
+    except CheckpointerError as exc:  # results that name nothing certain: GC's job
+        log.info("what the ranks uploaded for %s is left to GC: %s", cid, exc)
+        return
+    await discard_refused(ckpt, assemble_manifest(cid, 0, entries))
 
 
 class _MetadataRanges(RangeSource):

@@ -14,6 +14,7 @@ as themselves (see :mod:`cairn.errors`), so a rank's
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -24,7 +25,12 @@ from cairn.checkpointer import ObjectStoreCheckpointer
 from cairn.errors import InvalidInputError, PathsUnresolvedError, SyncInAsyncContextError
 from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKey
-from cairn.integrations._interface import DEFAULT_LEASE, positive_int, run_blocking
+from cairn.integrations._interface import (
+    DEFAULT_LEASE,
+    positive_int,
+    run_blocking,
+    start_blocking,
+)
 from cairn.stores import PartsInFlight, Store
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "known_paths",
     "make_checkpointer",
     "run",
+    "start",
     "travels",
 ]
 
@@ -43,10 +50,25 @@ StoreArg = Store | ObjectStore | str
 
 def run(coro: Coroutine[Any, Any, T], what: str) -> T:
     """Run ``coro`` on cairn's event-loop thread and wait for it; ``what`` names the caller."""
+    _outside_a_loop(coro, what)
+    return run_blocking(coro)
+
+
+def start(coro: Coroutine[Any, Any, T], what: str) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on cairn's event-loop thread and return at once (``what`` names the
+    caller): its future, which a coroutine run by :func:`run` awaits with
+    :func:`asyncio.wrap_future`."""
+    _outside_a_loop(coro, what)
+    return start_blocking(coro)
+
+
+def _outside_a_loop(coro: Coroutine[Any, Any, Any], what: str) -> None:
+    """Raise :class:`SyncInAsyncContextError` (``coro`` closed unstarted) when called from
+    inside a running event loop, which waiting on ``coro`` would block."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return run_blocking(coro)
+        return
     coro.close()
     raise SyncInAsyncContextError(
         f"{what} was called from inside a running event loop, which it would block: "

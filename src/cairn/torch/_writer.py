@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import functools
@@ -18,7 +20,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from cairn.checkpointer import ObjectStoreCheckpointer
-from cairn.errors import InvalidInputError
+from cairn.errors import CheckpointerError, InvalidInputError
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKey
@@ -31,7 +33,7 @@ from cairn.integrations._interface import (
 )
 from cairn.stores import PartsInFlight, capabilities_of
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
-from cairn.torch._finish import commit_dcp
+from cairn.torch._finish import commit_dcp, discard_uploads
 from cairn.torch._format import rank_operator
 from cairn.torch._itemtable import rank_items
 from cairn.torch._rankobject import (
@@ -41,7 +43,7 @@ from cairn.torch._rankobject import (
     Written,
     rank_uploads,
 )
-from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run, travels
+from cairn.torch._runtime import StoreArg, known_paths, make_checkpointer, run, start, travels
 from cairn.torch._target import Target, interpret, well_formed
 
 __all__ = ["COPY_BUDGET", "CairnWriter"]
@@ -164,7 +166,8 @@ class CairnWriter(StorageWriter):
         self._built_on: CheckpointId | None = None
         self._requested: Target | None = None
         self._name: str | None = None
-        self._pending: TwoPhaseSave | None = None
+        self._pending: concurrent.futures.Future[TwoPhaseSave] | None = None
+        """The coordinator's save begun (its lease taken), or still beginning."""
         self._meter: SaveMeter | None = None
         self._reset_save()
 
@@ -258,13 +261,21 @@ class CairnWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """Coordinator: choose the checkpoint id every rank uploads to, and refuse early.
+        """Coordinator: choose the checkpoint id every rank uploads to, and take the lease.
 
         The id goes to every rank inside its plan (``storage_data``), so all ranks agree
-        without another collective. A fenced writer, or an id that is already committed,
-        is refused here, before anything is uploaded. From here to :meth:`finish` the
-        coordinator holds the checkpoint's lease (renewed however long the ranks take).
-        The save's statistics are measured from here (:meth:`finish` records them).
+        without another collective. From here to :meth:`finish` the coordinator holds
+        the checkpoint's lease (renewed however long the ranks take). The save's
+        statistics are measured from here (:meth:`finish` records them).
+
+        The lease's intent and the fence read are written and read beside the ranks'
+        uploads when the id is one this writer generates (a new UUIDv7, which no
+        checkpoint holds) and the save builds on nothing: each rank writes an intent of
+        its own beside its uploads, and the commit reads the fence again after the
+        intent, so nothing waits for them. A writer fenced before the save began is then
+        refused at :meth:`finish`, which removes what the ranks uploaded. An id given
+        (which may be committed) and an incremental save (whose parent must be admitted
+        by the fence read) are refused here, before anything is uploaded.
         """
         if not all(plan.usable for plan in plans):
             raise InvalidInputError(
@@ -283,15 +294,17 @@ class CairnWriter(StorageWriter):
         beginning = _counted(
             meter, functools.partial(begin, ckpt, cid, parent_id, generated=generated)
         )
-        self._pending = run(beginning, "CairnWriter.prepare_global_plan")
+        self._pending = start(beginning, "CairnWriter.prepare_global_plan")
+        if not generated or parent is not None:
+            pending = run(_outcome(self._pending), "CairnWriter.prepare_global_plan")
+            if parent is not None and not pending.admits(parent.manifest):
+                self._reset_lease()
+                raise InvalidInputError(
+                    f"parent {parent_id} was committed by a fenced writer after the "
+                    "takeover: it is not one to build upon"
+                )
         meter.uploading = time.perf_counter()
         self._meter = meter
-        if parent is not None and not self._pending.admits(parent.manifest):
-            self._reset_lease()
-            raise InvalidInputError(
-                f"parent {parent_id} was committed by a fenced writer after the takeover: "
-                "it is not one to build upon"
-            )
         self._checkpoint_id = cid
         self._built_on = parent_id
         self._name = requested if isinstance(requested, str) else None
@@ -423,17 +436,20 @@ class CairnWriter(StorageWriter):
         """End the lease of a save that never reached its commit (DCP failed it)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            run(pending.end(), "CairnWriter")
+            run(_end(pending), "CairnWriter")
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator: store DCP's metadata as an artifact, then commit the checkpoint.
 
         The manifest lists every rank's artifacts and the metadata's, with their
         SHA-256; it is written create-only (the commit), then ``_latest`` advances. A
-        writer fenced meanwhile is refused (:class:`~cairn.FencedError`) and nothing of
-        the checkpoint stays committed. The manifest records the save's statistics
-        (:class:`~cairn.format.manifest.SaveStats`), from :meth:`prepare_global_plan` to the
-        commit point, every rank's requests and retries summed.
+        writer fenced meanwhile (or before the save began, when
+        :meth:`prepare_global_plan` did not wait for the fence read) is refused
+        (:class:`~cairn.FencedError`), nothing of the checkpoint stays committed, and
+        what the ranks uploaded is removed (best effort; GC removes what is left). The
+        manifest records the save's statistics (:class:`~cairn.format.manifest.SaveStats`),
+        from :meth:`prepare_global_plan` to the commit point, every rank's requests and
+        retries summed.
         """
         cid = self._checkpoint_id
         if cid is None:
@@ -443,7 +459,14 @@ class CairnWriter(StorageWriter):
         ckpt = self.checkpointer
 
         async def commit() -> None:
-            save = pending if pending is not None else await begin(ckpt, cid, self._built_on)
+            if pending is None:
+                save = await begin(ckpt, cid, self._built_on)
+            else:
+                try:
+                    save = await _outcome(pending)
+                except CheckpointerError:  # refused (or failed) beside the ranks' uploads
+                    await discard_uploads(ckpt, cid, results)
+                    raise
             async with save:
                 epoch, save_id, name = self.epoch, self._save_id, self._name
                 await commit_dcp(
@@ -478,6 +501,21 @@ def _as_rank_items(
         rank_items(operator, items, written), requests=requests, retries=retries
     )
     return [WriteResult(r.index, r.size_in_bytes, summary) for r in results]
+
+
+async def _outcome(pending: concurrent.futures.Future[TwoPhaseSave]) -> TwoPhaseSave:
+    """The save ``pending`` began, once it has (its error, if it failed)."""
+    return await asyncio.wrap_future(pending)
+
+
+async def _end(pending: concurrent.futures.Future[TwoPhaseSave]) -> None:
+    """End the lease of the save ``pending`` began, once it has; a save that failed to
+    begin ended its own lease and removed its intent."""
+    try:
+        save = await _outcome(pending)
+    except Exception:  # the save is given up: why it failed no longer matters
+        return
+    await save.end()
 
 
 async def _counted(meter: SaveMeter, call: Callable[[], Awaitable[T]]) -> T:

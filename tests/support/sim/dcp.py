@@ -79,17 +79,25 @@ def _await_in_task(coro: Coroutine[Any, Any, T], what: str = "") -> T:
     return cast(T, parent.switch(coro))
 
 
+def _start_in_loop(coro: Coroutine[Any, Any, T], what: str = "") -> asyncio.Future[T]:
+    """What ``start`` does, on the simulated loop: ``coro`` as a task of it."""
+    return asyncio.ensure_future(coro)
+
+
 @contextlib.contextmanager
 def _blocking_in_greenlets() -> Iterator[None]:
     modules: tuple[Any, ...] = (_writer, _reader, _dcpdir)
     saved = [module.run for module in modules]
+    started = _writer.start
     for module in modules:
         module.run = _await_in_task
+    _writer.start = _start_in_loop
     try:
         yield
     finally:
         for module, run in zip(modules, saved, strict=True):
             module.run = run
+        _writer.start = started
 
 
 def global_state(seed: int, round_: int) -> dict[str, torch.Tensor]:
