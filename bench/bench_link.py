@@ -1,7 +1,7 @@
 """DCP save and load over a link that caps each connection: cairn against fsspec and CRT.
 
     python bench/bench_link.py [--sizes 64,256] [--reps 3] [--rate 25] [--latency 20]
-                               [--json out.json] [--quick]
+                               [--moto-memory] [--json out.json] [--quick]
 
 S3 carries about 50-100 MB/s per connection, so a rank moves as fast as the requests it
 has in flight at once. This models that on loopback: moto's S3 server behind the tests'
@@ -17,6 +17,10 @@ preallocated tensors (checked equal once per variant), each timed on its own. Va
   ``parts_in_flight`` (adaptive, from 8 within 2..16), reused across rounds as a training
   job reuses its store: what the adapter learns in one round it keeps for the next;
 * ``cairn-32``: the same with ``PartsInFlight(initial=16, minimum=2, maximum=32)``;
+* ``obstore``: no DCP and no checkpoint: each tensor's bytes as an object of its own,
+  one obstore ``put`` each, all at once, and one ``get`` each (no hashing, no commit,
+  nothing checked; not a peer). Its save is about the floor this link and server set
+  for the same objects; its load is not (one connection per object);
 * ``fsspec``: torch's ``FsspecWriter``/``FsspecReader`` on ``s3fs`` (skipped if not
   installed);
 * ``s3torchconnector``: ``S3StorageWriter``/``S3StorageReader`` (the AWS CRT client, 8 MiB
@@ -28,11 +32,17 @@ once, rotating which goes first; round 0 is a discarded warm-up. Objects are del
 after every run, untimed, directly on moto. Reported: median seconds and MiB/s per
 variant, and each variant's median throughput over the best peer's ("x best peer").
 moto is a Python server on the same cores: on a loaded machine every variant slows.
+By default moto spools each object or part over 5 MiB to a temporary file, and writes
+every completed multipart object again after reading its parts back: work on the
+client's cores that S3 does not put there. ``--moto-memory`` keeps them in memory
+instead (``MOTO_S3_DEFAULT_KEY_BUFFER_SIZE``), which moves moto's ceiling, and with it
+which variant each size favours.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import importlib.util
 import json
@@ -121,6 +131,34 @@ def fsspec_variant(endpoint: str) -> tuple[Save, Load, Callable[[], str]] | str:
     return save, load, lambda: ""
 
 
+def raw_variant(endpoint: str) -> tuple[Save, Load, Callable[[], str]]:
+    store = S3Store(BUCKET, **s3_options(endpoint))
+
+    async def put_all(state: dict[str, torch.Tensor], where: str) -> None:
+        await asyncio.gather(
+            *(
+                obstore.put_async(store, f"{where}/{name}", tensor.numpy().data.cast("B"))
+                for name, tensor in state.items()
+            )
+        )
+
+    async def get_all(state: dict[str, torch.Tensor], where: str) -> None:
+        async def get(name: str, tensor: torch.Tensor) -> None:
+            got = await obstore.get_async(store, f"{where}/{name}")
+            data = await got.bytes_async()
+            tensor.numpy().data.cast("B")[:] = memoryview(data)
+
+        await asyncio.gather(*(get(name, tensor) for name, tensor in state.items()))
+
+    def save(state: dict[str, torch.Tensor], where: str) -> None:
+        asyncio.run(put_all(state, where))
+
+    def load(state: dict[str, torch.Tensor], where: str) -> None:
+        asyncio.run(get_all(state, where))
+
+    return save, load, lambda: ""
+
+
 def crt_variant(endpoint: str) -> tuple[Save, Load, Callable[[], str]] | str:
     try:
         from s3torchconnector import S3ClientConfig
@@ -194,9 +232,34 @@ def proxy_process(target: str, rate_mib: float, latency_ms: float) -> Iterator[s
             proc.wait(timeout=30)
 
 
+MOTO_BUFFER = "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"
+"""moto's setting: the size above which it spools an object or part to a file."""
+
+
 @contextmanager
-def shaped_link(rate_mib: float, latency_ms: float) -> Iterator[tuple[str, S3Store]]:
-    with servers.S3Server() as server:
+def moto_server(memory: bool) -> Iterator[Any]:
+    """moto's S3 server, keeping objects in memory with ``memory`` (see the docstring)."""
+    saved = os.environ.get(MOTO_BUFFER)
+    if memory:
+        os.environ[MOTO_BUFFER] = str(1 << 30)
+    try:
+        server = servers.S3Server().start()  # the process takes the environment now
+    finally:
+        if saved is None:
+            os.environ.pop(MOTO_BUFFER, None)
+        else:
+            os.environ[MOTO_BUFFER] = saved
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def shaped_link(
+    rate_mib: float, latency_ms: float, memory: bool = False
+) -> Iterator[tuple[str, S3Store]]:
+    with moto_server(memory) as server:
         server.create_bucket(BUCKET)
         with proxy_process(server.endpoint, rate_mib, latency_ms) as endpoint:
             yield endpoint, S3Store(BUCKET, **s3_options(server.endpoint))
@@ -205,10 +268,11 @@ def shaped_link(rate_mib: float, latency_ms: float) -> Iterator[tuple[str, S3Sto
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    with shaped_link(args.rate, args.latency) as (endpoint, direct):
+    with shaped_link(args.rate, args.latency, args.moto_memory) as (endpoint, direct):
         made: dict[str, tuple[Save, Load, Callable[[], str]] | str] = {
             "cairn": cairn_variant(endpoint, None),
             "cairn-32": cairn_variant(endpoint, PartsInFlight(16, 2, 32)),
+            "obstore": raw_variant(endpoint),
             "fsspec": fsspec_variant(endpoint),
             "s3torchconnector": crt_variant(endpoint),
         }
@@ -268,6 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         row["x_best_peer"] = None if best is None else row["mib_per_s"] / best
     return {
+        "moto_memory": args.moto_memory,
         "rate_mib_per_connection": args.rate,
         "latency_ms": args.latency,
         "reps": args.reps,
@@ -279,7 +344,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_report(out: dict[str, Any]) -> None:
     print(
         f"link: {out['rate_mib_per_connection']} MiB/s per connection, "
-        f"{out['latency_ms']} ms per connection and per request; medians of {out['reps']}"
+        f"{out['latency_ms']} ms per connection and per request; medians of {out['reps']}; "
+        f"moto {'in memory' if out['moto_memory'] else 'spooling to files (its default)'}"
     )
     rows = [
         [
@@ -308,6 +374,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rate", type=float, default=25.0, help="MiB/s per connection")
     parser.add_argument("--latency", type=float, default=20.0, help="ms per connection/request")
+    parser.add_argument(
+        "--moto-memory", action="store_true", help="moto keeps objects in memory, not files"
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--quick", action="store_true", help="64 MiB, 1 round")
     args = parser.parse_args()
