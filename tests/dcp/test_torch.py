@@ -616,9 +616,9 @@ def test_a_fenced_writer_given_an_id_uploads_nothing(tmp_path: Path) -> None:
     store.puts.clear()
     store.stream_puts.clear()
     writer = CairnWriter(store, epoch=2, prefix=PREFIX)
+    given = str(CheckpointId.now())
     with pytest.raises(CheckpointException) as info:
-        state = {"x": torch.zeros(3)}
-        dcp_save(state, storage_writer=writer, checkpoint_id=str(CheckpointId.now()), no_dist=True)
+        dcp_save({"x": torch.zeros(3)}, storage_writer=writer, checkpoint_id=given, no_dist=True)
     assert isinstance(failure_of(info), FencedError)
     # An id given may be committed, so the save waits for its preconditions: its intent
     # comes first (a takeover must be able to find it), then the fence refuses it before

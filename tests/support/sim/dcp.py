@@ -88,16 +88,17 @@ def _start_in_loop(coro: Coroutine[Any, Any, T], what: str = "") -> asyncio.Futu
 def _blocking_in_greenlets() -> Iterator[None]:
     modules: tuple[Any, ...] = (_writer, _reader, _dcpdir)
     saved = [module.run for module in modules]
-    started = _writer.start
+    writer: Any = _writer
+    started = writer.start
     for module in modules:
         module.run = _await_in_task
-    _writer.start = _start_in_loop
+    writer.start = _start_in_loop
     try:
         yield
     finally:
         for module, run in zip(modules, saved, strict=True):
             module.run = run
-        _writer.start = started
+        writer.start = started
 
 
 def global_state(seed: int, round_: int) -> dict[str, torch.Tensor]:
