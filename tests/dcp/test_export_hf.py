@@ -25,7 +25,7 @@ pytest.importorskip("safetensors", reason="these tests need safetensors (the hf 
 import safetensors.torch as safetensors_torch
 import torch
 from obstore.store import S3Store
-from support.cli import cairn, document, failure
+from support.cli import cairn, cairn_many, document, failure
 from support.servers import S3Server, s3_store_options
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
@@ -391,27 +391,29 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
     )
     out = tmp_path / "hf" / "step-4"
     args = ["--to", str(out), "--store", str(store), "--strip-prefix", "model."]
-    doc = document(
-        "export-hf", cairn("export-hf", "step-4", *args, "--dtype", "bfloat16", "--json")
+    # An argument refused before anything is touched runs beside the export.
+    exported, unreadable = cairn_many(
+        [
+            ["export-hf", "step-4", *args, "--dtype", "bfloat16", "--json"],
+            ["export-hf", "latest", *args, "--max-shard-size", "lots", "--json"],
+        ]
     )
+    doc = document("export-hf", exported)
     assert doc["name"] == "step-4" and doc["epoch"] == 4 and doc["verified"] is True
     assert doc["tensors"] == 1 and doc["left_out"] == ["optim.m"]
     loaded, _ = read_export(out)
     assert same(loaded["w"], state["model"]["w"].bfloat16())
-
-    again = cairn("export-hf", "latest", *args)
-    assert again.code == 2 and "already holds an export" in again.stderr, again.explain()
-    failure(
-        "export-hf",
-        cairn("export-hf", "latest", *args, "--max-shard-size", "lots", "--json"),
-        2,
-        "UsageError",
-    )
+    failure("export-hf", unreadable, 2, "UsageError")
 
     other = tmp_path / "other"
-    doc = document(
-        "import-hf", cairn("import-hf", str(out), "--store", str(other), "--epoch", "9", "--json")
+    again, imported = cairn_many(
+        [
+            ["export-hf", "latest", *args],
+            ["import-hf", str(out), "--store", str(other), "--epoch", "9", "--json"],
+        ]
     )
+    assert again.code == 2 and "already holds an export" in again.stderr, again.explain()
+    doc = document("import-hf", imported)
     assert doc["name"] == "step-4" and doc["epoch"] == 9 and doc["tensors"] == 1
     target = {"w": torch.empty(3, 4, dtype=torch.bfloat16)}
     dcp_load(target, storage_reader=CairnReader(str(other), checkpoint_id="step-4"), no_dist=True)

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("torch")  # the torch extra; CI installs it (scripts/test.sh)
 
 import torch
-from support.cli import cairn, document, failure
+from support.cli import cairn, cairn_many, document, failure
 from support.swaps import link_before_rename
 from support.torch_worker import BLANK_SEED, digests, make_state
 from torch import nn
@@ -473,9 +473,15 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
     store = tmp_path / "store"
     state = make_state(4)
     save(str(store), state, "runs/step-4", epoch=4)
+    damaged = save(str(store), make_state(5), "runs/step-5", epoch=5)
+    flip_largest_artifact(store, damaged)
     common = ["--store", str(store), "--prefix", PREFIX]
-    exported = cairn(
-        "export-dcp", "runs/step-4", "--to", str(tmp_path / "step-4"), *common, "--json"
+    # The export by name and the export of the latest (damaged) one, at once.
+    exported, past = cairn_many(
+        [
+            ["export-dcp", "runs/step-4", "--to", str(tmp_path / "step-4"), *common, "--json"],
+            ["export-dcp", "latest", "--to", str(tmp_path / "past"), *common],
+        ]
     )
     doc = document("export-dcp", exported)
     assert doc["name"] == "runs/step-4" and doc["epoch"] == 4 and doc["verified"] is True
@@ -484,6 +490,9 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
     loaded = make_state(BLANK_SEED)
     dcp_load(loaded, storage_reader=FileSystemReader(str(tmp_path / "step-4")), no_dist=True)
     assert digests(loaded) == digests(state)
+    assert past.code == 0, past.explain()
+    assert "(epoch 4)" in past.stdout
+    assert f"passed over newer checkpoint {damaged.checkpoint_id}: " in past.stdout
 
     other = tmp_path / "other"
     imported = cairn(
@@ -504,42 +513,30 @@ def test_export_and_import_on_the_command_line(tmp_path: Path) -> None:
     assert text.code == 0, text.explain()
     assert "items checked against the CRC-32s torch.save recorded" in text.stdout
 
-    damaged = save(str(store), make_state(5), "runs/step-5", epoch=5)
-    flip_largest_artifact(store, damaged)
-    text = cairn("export-dcp", "latest", "--to", str(tmp_path / "past"), *common)
-    assert text.code == 0, text.explain()
-    assert "(epoch 4)" in text.stdout
-    assert f"passed over newer checkpoint {damaged.checkpoint_id}: " in text.stdout
-
 
 def test_the_commands_fail_with_their_exit_codes(tmp_path: Path) -> None:
     store = tmp_path / "store"
     common = ["--store", str(store), "--prefix", PREFIX, "--json"]
     source = broken(tmp_path, "truncated")
-    failure("import-dcp", cairn("import-dcp", str(source), *common), 1, "IntegrityMismatchError")
-    failure("import-dcp", cairn("import-dcp", str(tmp_path / "none"), *common), 2, "UsageError")
     save(str(store), {"x": torch.ones(2)}, "step-1")
-    doc = failure(
-        "export-dcp",
-        cairn("export-dcp", "step-2", "--to", str(tmp_path / "out"), *common),
-        2,
-        "CheckpointNotFoundError",
-    )
-    assert "the names there are 'step-1'" in doc["error"]["message"]
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
-    failure(
-        "export-dcp",
-        cairn("export-dcp", "latest", "--to", str(tmp_path / "full"), *common),
-        2,
-        "InvalidInputError",
+    # Independent failures, run at once.
+    truncated, missing, unnamed, full, elsewhere = cairn_many(
+        [
+            ["import-dcp", str(source), *common],
+            ["import-dcp", str(tmp_path / "none"), *common],
+            ["export-dcp", "step-2", "--to", str(tmp_path / "out"), *common],
+            ["export-dcp", "latest", "--to", str(tmp_path / "full"), *common],
+            ["export-dcp", "/elsewhere/step-1", "--to", str(tmp_path / "o"), *common],
+        ]
     )
-    failure(
-        "export-dcp",
-        cairn("export-dcp", "/elsewhere/step-1", "--to", str(tmp_path / "o"), *common),
-        2,
-        "CheckpointLocationError",
-    )
+    failure("import-dcp", truncated, 1, "IntegrityMismatchError")
+    failure("import-dcp", missing, 2, "UsageError")
+    doc = failure("export-dcp", unnamed, 2, "CheckpointNotFoundError")
+    assert "the names there are 'step-1'" in doc["error"]["message"]
+    failure("export-dcp", full, 2, "InvalidInputError")
+    failure("export-dcp", elsewhere, 2, "CheckpointLocationError")
 
 
 def test_without_torch_the_commands_say_how_to_install_it(
