@@ -46,7 +46,7 @@ from cairn import (
     SourceOffsetEntry,
 )
 from cairn.cli import views
-from cairn.cli.catalog import Latest, Listed
+from cairn.cli.catalog import MARK_VERIFIES_OBJECTS_UP_TO, Latest, Listed, latest_mark
 from cairn.format import manifest as manifest_module
 from cairn.format.layout import MAX_NAME_BYTES, MAX_SOURCE_NAME_BYTES
 from cairn.format.manifest import (
@@ -684,6 +684,32 @@ async def test_show_summarises_a_checkpoint_of_20000_partitions(tmp_path: Path) 
     }
     doc = json.loads(full.stdout)
     assert doc["listed"] is True and len(doc["entries"]) == 20_000
+    # 20,000 objects are more than show reads to find the latest: none of them is read.
+    assert "newest (too large to" in human.stdout, human.stdout
+
+
+async def test_a_newest_of_more_objects_than_a_listing_reads_is_left_unverified(
+    tmp_path: Path,
+) -> None:
+    # Finding the latest reads the newest whole: a request per object. Past the bound,
+    # list and show mark it newest, unverified, as they do one of too many bytes.
+    for count, verified in (
+        (MARK_VERIFIES_OBJECTS_UP_TO, True),
+        (MARK_VERIFIES_OBJECTS_UP_TO + 1, False),
+    ):
+        root = tmp_path / str(count)
+        root.mkdir()
+        ckpt = checkpointer(LocalStore(root))
+        manifest = big_manifest(count)  # its manifest alone: its artifacts are absent
+        stored = encode_stored(manifest)
+        paths = await ckpt.resolve_paths()
+        for relative, body in stored.parts:
+            await ckpt.store.put(paths.resolve(manifest.checkpoint_id, relative), body)
+        await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), stored.root)
+        mark = await latest_mark(ckpt)
+        assert mark.newest == manifest.checkpoint_id and mark.verified is verified, count
+        # Read, it does not load (its artifacts are absent); unread, it is unknown.
+        assert mark.latest is None
 
 
 def test_a_summary_caps_each_table_and_partitions_lists_everything() -> None:

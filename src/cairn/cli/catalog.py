@@ -34,6 +34,7 @@ from cairn.protocol.discover import MIN_SHORT_ID, is_short_id, resolve_checkpoin
 
 __all__ = [
     "LATEST",
+    "MARK_VERIFIES_OBJECTS_UP_TO",
     "MARK_VERIFIES_UP_TO",
     "NEWEST",
     "REF_WORDS",
@@ -191,6 +192,11 @@ MARK_VERIFIES_UP_TO = 64 * 1024 * 1024
 a newest checkpoint larger than this is marked newest, unverified, rather than read
 whole by a command meant to be quick (``cairn verify latest`` finds it, reading all)."""
 
+MARK_VERIFIES_OBJECTS_UP_TO = 1024
+"""The most objects ``list`` and ``show`` read to find the latest checkpoint (a pack
+counts once): a request each, so a newest of more (many small unpacked partitions,
+directory files) is marked newest, unverified, as one of too many bytes is."""
+
 
 @dataclass(frozen=True)
 class Latest:
@@ -199,7 +205,8 @@ class Latest:
     does not load (damaged artifacts); either is None when there is none. A checkpoint
     that needs a newer cairn is both (this cairn cannot load it, and it is not damage).
     ``verified`` is False when the newest was too large to read here
-    (:data:`MARK_VERIFIES_UP_TO`): ``latest`` is then None, unknown, not absent."""
+    (:data:`MARK_VERIFIES_UP_TO`, :data:`MARK_VERIFIES_OBJECTS_UP_TO`): ``latest`` is
+    then None, unknown, not absent."""
 
     latest: CheckpointId | None
     newest: CheckpointId | None
@@ -213,7 +220,8 @@ class Latest:
 
 async def latest_mark(ckpt: ObjectStoreCheckpointer) -> Latest:
     """The latest and the newest checkpoint, as a listing marks them: the latest only
-    when the newest's artifacts are at most :data:`MARK_VERIFIES_UP_TO` bytes."""
+    when the newest's artifacts are at most :data:`MARK_VERIFIES_UP_TO` bytes in at most
+    :data:`MARK_VERIFIES_OBJECTS_UP_TO` objects."""
     try:
         newest = await ckpt.newest_id()
     except NewerFormatError as exc:
@@ -221,7 +229,11 @@ async def latest_mark(ckpt: ObjectStoreCheckpointer) -> Latest:
         return Latest(found, found)
     if newest is None:
         return Latest(None, None)
-    if (await ckpt.load_manifest(newest)).total_size_bytes > MARK_VERIFIES_UP_TO:
+    manifest = await ckpt.load_manifest(newest)
+    if (
+        manifest.total_size_bytes > MARK_VERIFIES_UP_TO
+        or len(manifest.stored_objects()) > MARK_VERIFIES_OBJECTS_UP_TO
+    ):
         return Latest(None, newest, verified=False)
     try:
         return Latest(await ckpt.latest_id(), newest)

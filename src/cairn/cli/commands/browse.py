@@ -46,9 +46,9 @@ def list_command(
     every command takes. The table fits the terminal, dropping its least useful columns
     when narrow; --wide shows every column and whole ids. The latest (what load_latest
     and every command's 'latest' take) is marked: finding it reads and verifies the
-    newest checkpoint's artifacts, up to 64 MiB of them (a larger newest is marked
-    newest, unverified: 'cairn verify latest' reads it all); a newest that does not
-    load is marked too. --ids
+    newest checkpoint's artifacts, up to 64 MiB in 1,024 objects (a larger newest is
+    marked newest, unverified: 'cairn verify latest' reads it all); a newest that does
+    not load is marked too. --ids
     prints the whole ids alone, one per line, oldest first, for scripts. When there are
     none under the prefix, names the prefixes of the store that hold some. --since and
     --limit list only the newest (by the time an id carries).
