@@ -43,8 +43,10 @@ source "$(dirname "$0")/_venv.sh"
 set +e
 # Two workers, each taking whole test files (--dist loadfile), so a module's expensive
 # fixtures (a 2-rank process group, a filled store) are made once; each worker starts
-# its own servers. CAIRN_TEST_WORKERS=0 runs everything in this process.
-python -m pytest -n "${CAIRN_TEST_WORKERS:-2}" --dist loadfile "$@"
+# its own servers. Files are handed out in the order collected, the longest first (see
+# RUN_FIRST in tests/conftest.py), not by their number of tests, so that the two workers
+# end together. CAIRN_TEST_WORKERS=0 runs everything in this process.
+python -m pytest -n "${CAIRN_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 set -e
 # pytest's 5 means "no test ran": that is a failure here, not a pass.

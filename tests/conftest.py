@@ -41,11 +41,35 @@ from support.servers import refusing_starts
 from cairn import ObjectStoreCheckpointer
 
 
+RUN_FIRST = (
+    "protocol/test_simulation.py",
+    "integrations/test_ray.py",
+    "cli/test_cli.py",
+    "dcp/test_torch_dist.py",
+    "protocol/test_process_kill.py",
+    "integrations/test_ray_train.py",
+    "integrations/test_training_docs.py",
+    "dcp/test_torch_dcpdir.py",
+)
+"""The longest modules (by ``--durations``), longest first. ``scripts/test.sh`` hands
+whole modules to two workers in the order collected (``--no-loadscope-reorder``): these
+go first, so that neither worker is left running a long one alone at the end."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test by the rules of :mod:`support.markers`."""
+    """Mark every test by the rules of :mod:`support.markers`, and put the modules of
+    :data:`RUN_FIRST` first (each module's tests stay together, in their order)."""
     for item in items:
         for name in markers_of(item):
             item.add_marker(name)
+    tests = Path(__file__).parent
+    first = {module: rank for rank, module in enumerate(RUN_FIRST)}
+
+    def rank(item: pytest.Item) -> int:
+        module = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return first.get(module, len(first))
+
+    items.sort(key=rank)  # stable: the rest keep the order they were collected in
 
 
 @pytest.hookimpl(wrapper=True)
