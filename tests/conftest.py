@@ -40,7 +40,6 @@ from support.servers import refusing_starts
 
 from cairn import ObjectStoreCheckpointer
 
-
 RUN_FIRST = (
     "protocol/test_simulation.py",
     "integrations/test_ray.py",

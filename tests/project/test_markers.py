@@ -127,7 +127,7 @@ def pytest_call(calls: list[str]) -> list[str]:
 def test_the_core_selection_runs_as_given_without_azurite(tmp_path: Path) -> None:
     calls = run_test_script(tmp_path, "-m", "not servers and not slow", "-q")
     assert pytest_call(calls) == [
-        *("-m", "pytest", "-n", "2", "--dist", "loadfile"),
+        *("-m", "pytest", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"),
         *("-m", "not servers and not slow", "-q"),
     ]
     assert not any(call.startswith("npm") for call in calls), "Azurite installed"
@@ -152,4 +152,7 @@ def test_a_selection_that_may_need_a_server_installs_azurite(
 ) -> None:
     calls = run_test_script(tmp_path, *args)
     assert "npm ci --no-audit --no-fund --loglevel=error" in calls
-    assert pytest_call(calls) == ["-m", "pytest", "-n", "2", "--dist", "loadfile", *args]
+    assert pytest_call(calls) == [
+        *("-m", "pytest", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"),
+        *args,
+    ]

@@ -96,7 +96,7 @@ def test_the_demo_installs_only_what_it_needs_and_says_so(tmp_path: Path) -> Non
     said, calls = run(repo, "test.sh", "-q")
     assert any(c.endswith("on -c scripts/constraints.txt -e .[dev]") for c in installs(calls))
     assert "npm ci --no-audit --no-fund --loglevel=error" in calls
-    assert calls[-1] == "python -m pytest -n 2 --dist loadfile -q"
+    assert calls[-1] == "python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q"
     said, calls = run(repo, "demo.sh")
     assert installs(calls) == [], "a development install serves the demo"
 
