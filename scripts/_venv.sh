@@ -62,5 +62,5 @@ fi
 # An editable install leaves cairn's sources uncompiled, and where the environment sets
 # PYTHONDONTWRITEBYTECODE every process would compile them again (about 0.25 s per
 # `cairn` command): compile them once here. Only changed files are compiled again.
-"$venv/bin/python" -m compileall -q -j 0 src tests bench examples >&2
+"$venv/bin/python" -m compileall -q src tests bench examples >&2
 export PATH="$venv/bin:$PATH"
