@@ -645,19 +645,24 @@ async def test_an_oversized_manifest_falls_back_and_a_save_over_the_limit_writes
     await assert_writes(ckpt)
 
 
+async def write_manifest_alone(ckpt: ObjectStoreCheckpointer, manifest: CheckpointManifest) -> int:
+    """Write ``manifest`` as it is stored, root and parts, and nothing it names
+    (``save_manifest`` would refuse it: its artifacts are absent); its number of parts."""
+    stored = encode_stored(manifest)
+    paths = await ckpt.resolve_paths()
+    for relative, body in stored.parts:
+        await ckpt.store.put(paths.resolve(manifest.checkpoint_id, relative), body)
+    await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), stored.root)
+    return len(stored.parts)
+
+
 async def test_show_summarises_a_checkpoint_of_20000_partitions(tmp_path: Path) -> None:
     root = tmp_path / "store"
     root.mkdir()
     ckpt = checkpointer(LocalStore(root))
     manifest = big_manifest(20_000, operators=2)
-    # The manifest alone, written as it is stored, root and parts (save_manifest would
-    # refuse it: its artifacts are absent): show reads nothing else.
-    stored = encode_stored(manifest)
-    assert len(stored.parts) == 6  # 2 operators of 10,000 entries, in parts of 4,096
-    paths = await ckpt.resolve_paths()
-    for relative, body in stored.parts:
-        await ckpt.store.put(paths.resolve(manifest.checkpoint_id, relative), body)
-    await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), stored.root)
+    # show reads nothing but the manifest: 2 operators of 10,000 entries, in parts of 4,096.
+    assert await write_manifest_alone(ckpt, manifest) == 6
     show = ["show", "newest", "--store", root.as_uri()]
     with ThreadPoolExecutor(3) as pool:
         human, summary, full = pool.map(
@@ -700,12 +705,8 @@ async def test_a_newest_of_more_objects_than_a_listing_reads_is_left_unverified(
         root = tmp_path / str(count)
         root.mkdir()
         ckpt = checkpointer(LocalStore(root))
-        manifest = big_manifest(count)  # its manifest alone: its artifacts are absent
-        stored = encode_stored(manifest)
-        paths = await ckpt.resolve_paths()
-        for relative, body in stored.parts:
-            await ckpt.store.put(paths.resolve(manifest.checkpoint_id, relative), body)
-        await ckpt.store.put(ckpt.paths.manifest(manifest.checkpoint_id), stored.root)
+        manifest = big_manifest(count)
+        await write_manifest_alone(ckpt, manifest)  # its artifacts are absent
         mark = await latest_mark(ckpt)
         assert mark.newest == manifest.checkpoint_id and mark.verified is verified, count
         # Read, it does not load (its artifacts are absent); unread, it is unknown.
