@@ -6,9 +6,13 @@ cairn's coroutines in a greenlet (:mod:`support.sim.dcp`). A new ``CairnWriter``
 save, as training loops make them: the layout's listing; the coordinator's intent and
 its fence read beside the rank's intent, its check of the id and its upload (the
 coordinator generated the id, and the save builds on nothing); DCP's metadata beside a
-read of ``_latest``, the fence read and the check of the rank's upload before the
-create; the create; and the swap beside the check after it and the removal of the
-intent.
+read of ``_latest`` and the fence read before the create; the create; and the swap
+beside the check after it and the removal of the intent.
+
+The coordinator hands DCP its own records as soon as its objects are hashed, before
+their puts end, so DCP's metadata goes up beside its last puts: a rank whose uploads
+take longer than the coordinator's lease does not wait another round trip for the
+metadata after them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from cairn.stores import as_store
-from cairn.torch import CairnReader, CairnWriter
+from cairn.torch import CairnReader, CairnWriter, _writer
 
 pytestmark = [
     pytest.mark.torch,
@@ -55,5 +59,31 @@ def test_a_dcp_save_takes_five_round_trips_and_a_load_five() -> None:
         assert all(torch.equal(loaded[name], tensor) for name, tensor in state(2).items())
         assert saved.round_trips == 5, saved.trace()
         assert read.round_trips == 5, read.trace()
+
+    simulate(store, scenario)
+
+
+def test_the_metadata_goes_up_beside_the_coordinators_last_put(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Objects of 16 KiB, one upload at a time: the rank's 4 items of 8 KiB are two
+    # objects, put one after the other, the second beside the metadata.
+    monkeypatch.setattr(_writer, "OBJECT_BYTES", 16 << 10)
+    store = RoundTripStore(as_store("memory://"))
+
+    async def scenario() -> None:
+        with _blocking_in_greenlets():
+            writer = CairnWriter(store, epoch=1, prefix="", max_concurrent_uploads=1)
+            with store.measure() as saved:
+                await in_greenlet(lambda: dcp_save(state(1), storage_writer=writer, no_dist=True))
+            loaded = {name: torch.empty_like(tensor) for name, tensor in state(0).items()}
+            await in_greenlet(
+                lambda: dcp_load(loaded, storage_reader=CairnReader(store, prefix=""), no_dist=True)
+            )
+        assert all(torch.equal(loaded[name], tensor) for name, tensor in state(1).items())
+        puts = [call for call in saved.calls if "/operators/" in call.path]
+        assert [call.at for call in puts] == [0.0, 1.0, 1.0], saved.trace()
+        # Both objects and the metadata, then the create, then the swap.
+        assert saved.round_trips == 4, saved.trace()
 
     simulate(store, scenario)

@@ -14,7 +14,10 @@ so this list is the whole of their coupling to cairn's internals:
   (:mod:`cairn.protocol._save`, :mod:`cairn.protocol._commit`), the same as a one-call
   ``save``'s; it uploads partitions and
   directory partitions (the latter carrying unchanged files from that parent, as
-  :mod:`cairn.protocol._directories` decides);
+  :mod:`cairn.protocol._directories` decides), and awaits beside its last upload those of
+  the checkpoint still running in the same process (:class:`InFlight`);
+* :func:`upload_announcing`, a part of a save that only uploads, which tells each entry
+  (:data:`Announce`) as soon as it is final, before its upload has ended;
 * :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`) and
   directory partitions (:class:`~cairn.format.manifest.DirectoryEntry`);
 * :class:`SaveMeter`, what a save measures of itself for the statistics its manifest
@@ -60,16 +63,18 @@ from cairn.protocol._concurrency import bounded_gather
 from cairn.protocol._context import Context, context_of
 from cairn.protocol._lease import DEFAULT_LEASE
 from cairn.protocol._meter import SaveMeter
-from cairn.protocol._save import assemble_manifest
-from cairn.protocol._upload import Entry, PartitionUpload
+from cairn.protocol._save import InFlight, assemble_manifest
+from cairn.protocol._upload import Announce, Entry, PartitionUpload
 from cairn.stores._urls import REMOTE_SCHEMES
 
 __all__ = [
     "DAMAGE",
     "DEFAULT_LEASE",
     "REMOTE_SCHEMES",
+    "Announce",
     "Buffer",
     "Entry",
+    "InFlight",
     "SaveMeter",
     "TwoPhaseSave",
     "assemble_manifest",
@@ -86,6 +91,7 @@ __all__ = [
     "read_sized",
     "run_blocking",
     "start_blocking",
+    "upload_announcing",
 ]
 
 log = logging.getLogger("cairn")
@@ -128,6 +134,7 @@ class TwoPhaseSave:
         *,
         last: bool = False,
         ahead: CheckpointManifest | None = None,
+        beside: InFlight | None = None,
     ) -> list[Entry]:
         """Upload partitions of the checkpoint (checked as ``save_partitions_concurrent``
         checks them); their entries. A failure ends the save. ``last``: the commit comes
@@ -135,12 +142,15 @@ class TwoPhaseSave:
         the swap after the commit needs no read of its own. ``ahead`` (with ``last``): a
         manifest of this checkpoint naming what was uploaded before; the commit's check
         of those artifacts and its fence read run beside these uploads, and a commit
-        naming no more than those and these creates its manifest at once."""
+        naming no more than those, these and ``beside``'s (uploads of the checkpoint
+        still running in this process, from :func:`upload_announcing`, awaited here)
+        creates its manifest at once."""
         checked = _upload.check_uploads(uploads)
         if not last:
-            return await self._pending.upload(checked)
+            return await self._pending.upload(checked, beside=beside)
         entries, _ = await asyncio.gather(
-            self._pending.upload(checked, ahead=ahead), self._pending.read_latest()
+            self._pending.upload(checked, ahead=ahead, beside=beside),
+            self._pending.read_latest(),
         )
         return entries
 
@@ -208,6 +218,21 @@ async def begin(
     """
     pending = await _save.start(await _context(ckpt), checkpoint_id, parent_id, generated=generated)
     return TwoPhaseSave(ckpt, pending)
+
+
+async def upload_announcing(
+    ckpt: ObjectStoreCheckpointer,
+    checkpoint_id: CheckpointId,
+    uploads: Sequence[PartitionUpload],
+    announce: Announce,
+) -> list[Entry]:
+    """``ckpt.save_partitions_concurrent(checkpoint_id, uploads)``, a part of a save that
+    only uploads, telling ``announce`` each upload's index and entry as soon as the entry
+    is final: for an object of ranges put whole, before its put is sent (see
+    :func:`cairn.protocol._upload.upload_partitions`). Its entries, once all have ended."""
+    checked = _upload.check_uploads(uploads)
+    ctx = await _context(ckpt)
+    return await _save.upload_partitions(ctx, checkpoint_id, checked, None, announce)
 
 
 async def discard_refused(ckpt: ObjectStoreCheckpointer, uploaded: CheckpointManifest) -> None:

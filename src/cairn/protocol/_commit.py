@@ -64,7 +64,10 @@ round trips one after another: 1 and 3 at once; 2; 4's create; 5):
    one object and the store lets exactly one win. A save in two phases may make this
    check, and the fence read, ahead, beside its last upload (:func:`check_ahead`; a DCP
    save's metadata): it covers what was uploaded before, the create follows at once,
-   and the check after the create covers the last upload with everything else.
+   and the check after the create covers the last upload with everything else. Uploads
+   of the same process still running then (a DCP coordinator's own objects, whose
+   entries it handed in before their puts ended) count as part of that last upload: the
+   create waits for them to end, and the check after it covers them.
 5. **Publish**, at once: stop renewing the lease, then advance ``_latest`` by
    compare-and-swap, only forwards, and only if not fenced (fenced there, the commit is
    rolled back: its manifest becomes a tombstone, so its id can never commit again),

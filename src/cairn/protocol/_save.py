@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -46,6 +47,7 @@ from cairn.protocol._context import Context, check_id
 from cairn.protocol._meter import SaveMeter
 
 __all__ = [
+    "InFlight",
     "PendingSave",
     "assemble_manifest",
     "begin",
@@ -55,6 +57,17 @@ __all__ = [
     "upload_partitions",
     "upload_write_once",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class InFlight:
+    """Artifacts of a checkpoint that another task of this process is still uploading:
+    their entries, final already (announced: see
+    :func:`cairn.protocol._upload.upload_partitions`), and ``ended``, which returns once
+    that upload has ended (raising what it raised)."""
+
+    entries: Sequence[_upload.Entry]
+    ended: Awaitable[object]
 
 
 class PendingSave:
@@ -105,6 +118,7 @@ class PendingSave:
         metadata_key: str | None = None,
         attempt: str | None = None,
         ahead: CheckpointManifest | None = None,
+        beside: InFlight | None = None,
     ) -> list[_upload.Entry]:
         """Step 3 for checked ``uploads``, as ``attempt`` (by default a new one); their
         entries. A failure ends the save: its objects and its intent are removed.
@@ -113,21 +127,26 @@ class PendingSave:
         this process or others). Step 4's check before the create runs for it beside
         these uploads (:func:`cairn.protocol._commit.check_ahead`), so that a commit of
         a manifest naming no more than those and these creates at once; the check after
-        the create covers these uploads too."""
+        the create covers these uploads too. ``beside``: uploads of this checkpoint
+        still running elsewhere in this process, awaited with these (their failure is
+        this call's): they count as these do, uploaded last, which the check after the
+        create covers."""
         attempt = attempt if attempt is not None else new_attempt()
         try:
-            entries, record = await asyncio.gather(
+            entries, record, _ = await asyncio.gather(
                 _upload.upload_partitions(
                     self.ctx, self.checkpoint_id, uploads, attempt, metadata_key
                 ),
                 _nothing() if ahead is None else _commit.check_ahead(self.ctx, ahead),
+                _nothing() if beside is None else beside.ended,
             )
         except BaseException:
             await self.abandon(uploads, attempt)
             raise
         if ahead is not None and record is not None:
+            last = [*entries, *(beside.entries if beside is not None else ())]
             covered = {_stored(owner, relative) for owner, relative, _ in ahead.stored_objects()}
-            covered |= {_stored(None, entry.path) for _, entry in entries}
+            covered |= {_stored(None, entry.path) for _, entry in last}
             self._checked = (record, frozenset(covered))
         return entries
 
@@ -264,12 +283,15 @@ async def upload_partitions(
     cid: CheckpointId,
     uploads: Sequence[_upload.PartitionUpload],
     metadata_key: str | None,
+    announce: _upload.Announce | None = None,
 ) -> list[_upload.Entry]:
     """A part of a save that only uploads (its commit comes from elsewhere): steps 1 to
     3 for checked ``uploads``, at once: the intent's write, the check that the id is not
     committed, and the uploads (as a save in one call writes its intent beside its
     uploads: see "Why the order is safe" in :mod:`cairn.protocol._commit`). The lease
-    lapses a lease after they end; a failure removes the uploads and the intent."""
+    lapses a lease after they end; a failure removes the uploads and the intent.
+    ``announce`` is told each entry once it is final
+    (:func:`cairn.protocol._upload.upload_partitions`)."""
     check_id(cid)
     lease = _lease.Lease.begin(ctx.store, ctx.paths.intent(cid), None, ctx.lease)
     pending = PendingSave(ctx, cid, None, lease)
@@ -278,7 +300,7 @@ async def upload_partitions(
         written, checked, uploaded = await asyncio.gather(
             lease.written(),
             _commit.preconditions(ctx, cid, commits=False),
-            _upload.upload_partitions(ctx, cid, uploads, attempt, metadata_key),
+            _upload.upload_partitions(ctx, cid, uploads, attempt, metadata_key, announce),
             return_exceptions=True,
         )
         for outcome in (checked, written, uploaded):  # a refusal says the most

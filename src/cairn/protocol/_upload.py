@@ -40,6 +40,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ from cairn.stores import OpenChunks, capabilities_of
 __all__ = [
     "PACK_BYTES",
     "PACK_ENTRY_BYTES",
+    "Announce",
     "Entry",
     "PackPlan",
     "PartitionUpload",
@@ -97,6 +99,10 @@ PartitionUpload = tuple[str, int, bool, ArtifactData]
 Entry = tuple[str, PartitionSnapshotEntry]
 """``(operator, entry)``: one artifact of a checkpoint, as its manifest lists it."""
 
+Announce = Callable[[int, Entry], None]
+"""Told each upload's index and entry as soon as the entry is final (see
+:func:`upload_partitions`)."""
+
 log = logging.getLogger("cairn")
 
 
@@ -106,12 +112,30 @@ async def upload_partitions(
     uploads: Sequence[PartitionUpload],
     attempt: str,
     metadata_key: str | None = None,
+    announce: Announce | None = None,
 ) -> list[Entry]:
     """Upload checked ``uploads`` of ``checkpoint_id`` as ``attempt``, at most
-    ``max_concurrent_uploads`` at a time; their entries, in order."""
+    ``max_concurrent_uploads`` at a time; their entries, in order.
+
+    ``announce`` is told each upload's index in ``uploads`` and its entry as soon as the
+    entry is final: for an object of ranges put whole (:data:`JOINED_OBJECT_BYTES`), once
+    its bytes are joined and before its put is sent; for every other upload, once it has
+    ended. An entry announced early names an object that may not be in the store yet,
+    or ever (its upload may still fail): whoever commits it waits for the upload first.
+    """
     jobs = [
-        upload_job(ctx, checkpoint_id, op, part, is_delta, data, attempt, metadata_key)
-        for op, part, is_delta, data in uploads
+        upload_job(
+            ctx,
+            checkpoint_id,
+            op,
+            part,
+            is_delta,
+            data,
+            attempt,
+            metadata_key,
+            None if announce is None else functools.partial(announce, index),
+        )
+        for index, (op, part, is_delta, data) in enumerate(uploads)
     ]
     return await bounded_gather(ctx.max_concurrent_uploads, jobs)
 
@@ -316,17 +340,21 @@ def upload_job(
     data: ArtifactData,
     attempt: str,
     metadata_key: str | None = None,
+    announce: Callable[[Entry], None] | None = None,
 ) -> Callable[[], Awaitable[Entry]]:
     """The upload of one partition's artifact, to run under :func:`bounded_gather`.
 
     Its name carries ``attempt``, the token of the save attempt it belongs to.
+    ``announce`` is told its entry once it is final (see :func:`upload_partitions`).
     """
     relative = ctx.paths.relative_artifact(operator, partition, is_delta, attempt)
     path = ctx.paths.resolve(cid, relative)
     if isinstance(data, KeyedSnapshot):
         data = data.uploaded_in(cid)  # less the groups this save carries from its parent
     if isinstance(data, RangeSource):
-        return _ranges_job(ctx, path, operator, partition, is_delta, relative, data, metadata_key)
+        return _ranges_job(
+            ctx, path, operator, partition, is_delta, relative, data, metadata_key, announce
+        )
     buffer = as_buffer(data, f"artifact {path!r}")
     codec = ctx.codec
 
@@ -342,7 +370,10 @@ def upload_job(
             size = buffer.nbytes
         else:
             digest, size = await _upload_buffer(ctx, path, buffer, metadata_key), buffer.nbytes
-        return operator, _entry(ctx, partition, is_delta, relative, size, digest, stored_size)
+        made = operator, _entry(ctx, partition, is_delta, relative, size, digest, stored_size)
+        if announce is not None:
+            announce(made)
+        return made
 
     return job
 
@@ -363,10 +394,13 @@ def _ranges_job(
     relative: str,
     source: RangeSource,
     metadata_key: str | None,
+    announce: Callable[[Entry], None] | None,
 ) -> Callable[[], Awaitable[Entry]]:
     """The upload of an object of ranges (:mod:`cairn.format.ranges`): its ranges, then their
     index, in one write (see :func:`_put_ranges`); stored as the source gives them (each
-    range a frame of the source's codec, if it has one), whatever the checkpointer's."""
+    range a frame of the source's codec, if it has one), whatever the checkpointer's.
+    Its entry is final, and told to ``announce``, once the pass that is sent has ended:
+    before the put of a joined object, after the upload of a streamed one."""
     # ``metadata_key`` is not used: an object of ranges carries no digest of its whole
     # bytes; its entry's digest is its index's, and a two-phase commit checks the index
     # (see cairn.integrations.distributed).
@@ -410,10 +444,9 @@ def _ranges_job(
             del view, piece
         yield small + index()
 
-    async def job() -> Entry:
-        await _put_ranges(ctx, path, chunks)
+    def entry() -> Entry:
         encoded = index()
-        entry = PartitionSnapshotEntry(
+        return operator, PartitionSnapshotEntry(
             partition_id=partition,
             is_delta=is_delta,
             path=relative,
@@ -422,7 +455,19 @@ def _ranges_job(
             index_size_bytes=len(encoded),
             key_groups=source.record if isinstance(source, KeyedUpload) else None,
         )
-        return operator, entry
+
+    async def job() -> Entry:
+        final: list[Entry] = []
+
+        def joined() -> None:
+            final.append(entry())
+            if announce is not None:
+                announce(final[0])
+
+        await _put_ranges(ctx, path, chunks, joined)
+        if not final:  # streamed: its last pass is the one stored
+            joined()
+        return final[0]
 
     return job
 
@@ -438,11 +483,14 @@ With a save's objects going several at once (``max_concurrent_uploads``), that k
 more connections busy than one object's parts would (``bench/bench_link.py``)."""
 
 
-async def _put_ranges(ctx: Context, path: str, open_chunks: OpenChunks) -> None:
+async def _put_ranges(
+    ctx: Context, path: str, open_chunks: OpenChunks, joined: Callable[[], None]
+) -> None:
     """Store the chunks ``open_chunks`` gives at ``path``: joined, with one ``put``, when
-    they add up to at most :data:`JOINED_OBJECT_BYTES`, else a streamed upload that goes
-    on from the chunks read so far (a retry of it opens a fresh pass). A local directory
-    takes the stream as it comes: a file has no parts, and the chunks need no joining."""
+    they add up to at most :data:`JOINED_OBJECT_BYTES` (``joined()`` is called once they
+    are, before the put), else a streamed upload that goes on from the chunks read so
+    far (a retry of it opens a fresh pass). A local directory takes the stream as it
+    comes: a file has no parts, and the chunks need no joining."""
     if capabilities_of(ctx.store).local_path is not None:
         await ctx.store.put_stream(path, open_chunks)
         return
@@ -457,6 +505,7 @@ async def _put_ranges(ctx: Context, path: str, open_chunks: OpenChunks) -> None:
     else:
         body = held[0] if len(held) == 1 else b"".join(held)
         del held
+        joined()
         await ctx.store.put(path, body)
         return
     first_pass: list[AsyncIterator[Buffer]] = [_resumed(held, stream)]

@@ -14,8 +14,9 @@ Invariants:
   per item), every item is written once, and every artifact is reported with one entry
   (a carried artifact reported several times gets the sum of the bytes each report
   uses): anything else is :class:`~cairn.IncompleteCheckpointError` before the commit;
-* the manifest is written only after the metadata's upload returned, through the save's
-  own commit (create-only: the commit point).
+* the manifest is written only after the metadata's upload returned, and the
+  coordinator's own rank objects' (which it may hand in before they end), through the
+  save's own commit (create-only: the commit point).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from cairn.format.integrity import sha256_hex
 from cairn.format.manifest import CheckpointManifest, PartitionSnapshotEntry
 from cairn.format.ranges import Range, RangeSource
 from cairn.integrations._interface import (
+    InFlight,
     SaveMeter,
     TwoPhaseSave,
     assemble_manifest,
@@ -62,6 +64,7 @@ async def commit_dcp(
     name: str | None,
     parent_id: CheckpointId | None = None,
     meter: SaveMeter | None = None,
+    beside: InFlight | None = None,
 ) -> CheckpointManifest:
     """Store DCP's ``metadata`` (with every rank's item records) as an artifact of
     ``save``, then commit its manifest naming it and every rank's artifacts (those
@@ -71,7 +74,10 @@ async def commit_dcp(
     blocks (:mod:`cairn.torch._itemtable`); results with a record each (an import, or a
     save whose ranks handed in records) get the metadata pickled whole with those records. With
     ``meter`` (the save's, which counted the caller's requests), the manifest records
-    the save's statistics, with the requests and retries each rank handed in."""
+    the save's statistics, with the requests and retries each rank handed in.
+    ``beside``: the coordinator's own rank objects, still uploading in this process
+    (their entries final): the metadata goes up beside them, the create waits for them,
+    and the check after the create covers them."""
     cid = save.checkpoint_id
     metadata.version = CURRENT_DCP_VERSION
     metadata.storage_meta = StorageMeta(checkpoint_id=str(cid), save_id=save_id)
@@ -100,11 +106,15 @@ async def commit_dcp(
             parent_id=parent_id,
         )
 
-    # The ranks' artifacts are checked, and the fence read, beside the metadata's upload.
+    # The ranks' artifacts are checked, and the fence read, beside the metadata's upload
+    # and the end of the coordinator's own uploads, which the check after the create covers.
+    flying = {(operator, entry.path) for operator, entry in beside.entries} if beside else set()
+    before = [(op, entry) for op, entry in entries if (op, entry.path) not in flying]
     uploaded = await save.upload(
         [(METADATA_OPERATOR, 0, False, body)],
         last=True,
-        ahead=manifest_of(entries) if entries else None,
+        ahead=manifest_of(before) if entries else None,
+        beside=beside,
     )
     if meter is not None:
         meter.uploaded = time.perf_counter()

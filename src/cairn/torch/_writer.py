@@ -19,17 +19,20 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from cairn.checkpointer import ObjectStoreCheckpointer
+from cairn.checkpointer import ObjectStoreCheckpointer, PartitionUpload
 from cairn.errors import CheckpointerError, InvalidInputError
 from cairn.format.ids import CheckpointId
 from cairn.format.layout import CheckpointPaths
 from cairn.format.signing import SigningKey
 from cairn.integrations._interface import (
     DEFAULT_LEASE,
+    Entry,
+    InFlight,
     SaveMeter,
     TwoPhaseSave,
     begin,
     is_int,
+    upload_announcing,
 )
 from cairn.stores import PartsInFlight, capabilities_of
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
@@ -169,10 +172,12 @@ class CairnWriter(StorageWriter):
         self._pending: concurrent.futures.Future[TwoPhaseSave] | None = None
         """The coordinator's save begun (its lease taken), or still beginning."""
         self._meter: SaveMeter | None = None
+        self._early: _EarlyUploads | None = None
         self._reset_save()
 
     def _reset_save(self) -> None:
         self._reset_lease()
+        self._stop_early()
         self._meter = None
         self._is_coordinator = False
         self._rank = 0
@@ -188,6 +193,7 @@ class CairnWriter(StorageWriter):
         state["_ckpt"] = None
         state["_pending"] = None  # a lease is held by the process that took it
         state["_meter"] = None  # and a save is measured by the process that runs it
+        state["_early"] = None  # as uploads run in the process that began them
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -390,13 +396,56 @@ class CairnWriter(StorageWriter):
         spread = capabilities_of(self.checkpointer.store).local_path is None
         uploads = rank_uploads(operator, items, planner, first, data.ranks, sizes, codec, spread)
         if uploads:
-            upload = functools.partial(
-                self.checkpointer.save_partitions_concurrent, cid, [u for u, _ in uploads]
-            )
-            entries = run(_counted(meter, upload), "CairnWriter.write_data")
+            if self._is_coordinator:
+                entries = self._upload_early(cid, [u for u, _ in uploads])
+            else:
+                upload = functools.partial(
+                    self.checkpointer.save_partitions_concurrent, cid, [u for u, _ in uploads]
+                )
+                entries = run(_counted(meter, upload), "CairnWriter.write_data")
             for (_, source), entry in zip(uploads, entries, strict=True):
                 results += source.results(operator, entry)
         return _as_rank_items(operator, plan.items, results, meter)
+
+    def _upload_early(self, cid: CheckpointId, uploads: list[PartitionUpload]) -> list[Entry]:
+        """The coordinator's own uploads, begun: their entries once all are final (an
+        object put whole is, before its put is sent), the uploads left running for
+        :meth:`finish` to await beside DCP's metadata, counted in the save's meter.
+
+        DCP gives the coordinator its metadata only once every rank's ``write_data`` has
+        returned: handing in its own records before its last puts end lets the
+        metadata's upload, and the check of the other ranks' artifacts, overlap them."""
+        ckpt = self.checkpointer
+        if self._meter is None:  # a coordinator planned elsewhere (not DCP's sequence)
+            self._meter = SaveMeter()
+        meter = self._meter
+
+        async def begun() -> tuple[list[Entry], asyncio.Task[list[Entry]]]:
+            final: asyncio.Future[list[Entry]] = asyncio.get_running_loop().create_future()
+            told: dict[int, Entry] = {}
+
+            def announce(index: int, entry: Entry) -> None:
+                told[index] = entry
+                if len(told) == len(uploads) and not final.done():
+                    final.set_result([told[i] for i in range(len(uploads))])
+
+            with meter.counting():  # the task counts in the save's meter
+                task = asyncio.ensure_future(upload_announcing(ckpt, cid, uploads, announce))
+            await asyncio.wait([final, task], return_when=asyncio.FIRST_COMPLETED)
+            if not final.done():  # it ended before every entry was told: it failed
+                return task.result(), task
+            return final.result(), task
+
+        entries, task = run(begun(), "CairnWriter.write_data")
+        self._early = _EarlyUploads(entries, task)
+        return entries
+
+    def _stop_early(self) -> None:
+        """Cancel the coordinator's uploads of a save DCP gave up before its commit (a
+        cancelled upload removes what it wrote, and its intent)."""
+        early, self._early = self._early, None
+        if early is not None and not early.task.done():
+            run(_cancelled(early.task), "CairnWriter")
 
     def _carry_equal(
         self,
@@ -456,22 +505,39 @@ class CairnWriter(StorageWriter):
             raise InvalidInputError("finish was called before CairnWriter planned the save")
         pending, self._pending = self._pending, None
         meter, self._meter = self._meter or SaveMeter(), None
+        early, self._early = self._early, None
         ckpt = self.checkpointer
 
         async def commit() -> None:
-            if pending is None:
-                save = await begin(ckpt, cid, self._built_on)
-            else:
-                try:
-                    save = await _outcome(pending)
-                except CheckpointerError:  # refused (or failed) beside the ranks' uploads
-                    await discard_uploads(ckpt, cid, results)
-                    raise
-            async with save:
-                epoch, save_id, name = self.epoch, self._save_id, self._name
-                await commit_dcp(
-                    ckpt, save, epoch, metadata, results, save_id, name, self._built_on, meter
-                )
+            beside = InFlight(early.entries, early.task) if early is not None else None
+            try:
+                if pending is None:
+                    save = await begin(ckpt, cid, self._built_on)
+                else:
+                    try:
+                        save = await _outcome(pending)
+                    except CheckpointerError:  # refused (or failed) beside the ranks' uploads
+                        if early is not None:
+                            await _cancelled(early.task)
+                        await discard_uploads(ckpt, cid, results)
+                        raise
+                async with save:
+                    epoch, save_id, name = self.epoch, self._save_id, self._name
+                    await commit_dcp(
+                        ckpt,
+                        save,
+                        epoch,
+                        metadata,
+                        results,
+                        save_id,
+                        name,
+                        self._built_on,
+                        meter,
+                        beside,
+                    )
+            finally:
+                if early is not None and not early.task.done():  # the commit failed first
+                    await _cancelled(early.task)
 
         run(_counted(meter, commit), "CairnWriter.finish")
         self._requested = None  # an id or name given to one save is not reused by the next
@@ -501,6 +567,23 @@ def _as_rank_items(
         rank_items(operator, items, written), requests=requests, retries=retries
     )
     return [WriteResult(r.index, r.size_in_bytes, summary) for r in results]
+
+
+@dataclasses.dataclass(frozen=True)
+class _EarlyUploads:
+    """The coordinator's own uploads, handed in before they end: their entries (final)
+    and the task uploading them, on cairn's event loop."""
+
+    entries: list[Entry]
+    task: asyncio.Task[list[Entry]]
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end, whatever it ends with."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()  # retrieved: its failure is the save's, already told or moot
 
 
 async def _outcome(pending: concurrent.futures.Future[TwoPhaseSave]) -> TwoPhaseSave:
