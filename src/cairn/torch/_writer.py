@@ -351,6 +351,9 @@ class CairnWriter(StorageWriter):
         compression, each item is one frame of the checkpointer's codec in its object.
         The rank's store requests and retries travel to the coordinator in its
         results, for the save's statistics (a rank whose plan holds no item makes none).
+        The coordinator returns once its objects' records are final (an object put
+        whole: once hashed and joined), its puts still running: :meth:`finish` uploads
+        DCP's metadata beside them and commits once they have ended.
         """
         data = plan.storage_data
         if not isinstance(data, _PlanData):
