@@ -4,8 +4,8 @@ Counted exactly, as :mod:`support.roundtrips` counts them: ``dcp.save`` runs in 
 process (``no_dist``) on the simulated loop, DCP's synchronous storage calls blocking on
 cairn's coroutines in a greenlet (:mod:`support.sim.dcp`). A new ``CairnWriter`` per
 save, as training loops make them: the layout's listing; the coordinator's intent and
-its fence read beside the rank's intent, its check of the id and its upload (the
-coordinator generated the id, and the save builds on nothing); DCP's metadata beside a
+its fence read beside the rank's intent and its upload (the coordinator generated the
+id, which no rank looks up, and the save builds on nothing); DCP's metadata beside a
 read of ``_latest`` and the fence read before the create; the create; and the swap
 beside the check after it and the removal of the intent.
 
@@ -27,6 +27,7 @@ from support.sim.dcp import _blocking_in_greenlets, in_greenlet
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from cairn import CheckpointId
 from cairn.stores import as_store
 from cairn.torch import CairnReader, CairnWriter, _writer
 
@@ -59,6 +60,33 @@ def test_a_dcp_save_takes_five_round_trips_and_a_load_five() -> None:
         assert all(torch.equal(loaded[name], tensor) for name, tensor in state(2).items())
         assert saved.round_trips == 5, saved.trace()
         assert read.round_trips == 5, read.trace()
+        # The coordinator generated the id, a new UUIDv7: no rank looks it up.
+        assert "head" not in saved.requests(), saved.trace()
+
+    simulate(store, scenario)
+
+
+def test_an_id_given_to_the_save_is_looked_up_before_it_commits() -> None:
+    store = RoundTripStore(as_store("memory://"))
+    given = CheckpointId.now()
+
+    async def scenario() -> None:
+        with _blocking_in_greenlets():
+            writer = CairnWriter(store, epoch=1, prefix="")
+            with store.measure() as saved:
+                await in_greenlet(
+                    lambda: dcp_save(
+                        state(1), storage_writer=writer, checkpoint_id=str(given), no_dist=True
+                    )
+                )
+        assert writer.checkpoint_id == given
+        manifest = f"{given}/manifest.json"
+        looked_up = [c for c in saved.calls if c.path == manifest and c.at < 1.0]
+        # The coordinator's check, then (the id could be committed) the rank's, each
+        # before anything of the save is committed.
+        assert len(looked_up) == 1 and looked_up[0].operation == "head", saved.trace()
+        rank = [c for c in saved.calls if c.path == manifest and c.operation == "head"]
+        assert len(rank) == 2, saved.trace()
 
     simulate(store, scenario)
 

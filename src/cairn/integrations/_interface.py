@@ -16,8 +16,9 @@ so this list is the whole of their coupling to cairn's internals:
   directory partitions (the latter carrying unchanged files from that parent, as
   :mod:`cairn.protocol._directories` decides), and awaits beside its last upload those of
   the checkpoint still running in the same process (:class:`InFlight`);
-* :func:`upload_announcing`, a part of a save that only uploads, which tells each entry
-  (:data:`Announce`) as soon as it is final, before its upload has ended;
+* :func:`upload_part`, a part of a save that only uploads, which can tell each entry
+  (:data:`Announce`) as soon as it is final, before its upload has ended, and skip the
+  lookup of an id its committer generated;
 * :func:`assemble_manifest`, the manifest of uploaded entries (:data:`Entry`) and
   directory partitions (:class:`~cairn.format.manifest.DirectoryEntry`);
 * :class:`SaveMeter`, what a save measures of itself for the statistics its manifest
@@ -91,7 +92,7 @@ __all__ = [
     "read_sized",
     "run_blocking",
     "start_blocking",
-    "upload_announcing",
+    "upload_part",
 ]
 
 log = logging.getLogger("cairn")
@@ -143,7 +144,7 @@ class TwoPhaseSave:
         manifest of this checkpoint naming what was uploaded before; the commit's check
         of those artifacts and its fence read run beside these uploads, and a commit
         naming no more than those, these and ``beside``'s (uploads of the checkpoint
-        still running in this process, from :func:`upload_announcing`, awaited here)
+        still running in this process, from :func:`upload_part`, awaited here)
         creates its manifest at once."""
         checked = _upload.check_uploads(uploads)
         if not last:
@@ -220,19 +221,23 @@ async def begin(
     return TwoPhaseSave(ckpt, pending)
 
 
-async def upload_announcing(
+async def upload_part(
     ckpt: ObjectStoreCheckpointer,
     checkpoint_id: CheckpointId,
     uploads: Sequence[PartitionUpload],
-    announce: Announce,
+    *,
+    announce: Announce | None = None,
+    generated: bool = False,
 ) -> list[Entry]:
-    """``ckpt.save_partitions_concurrent(checkpoint_id, uploads)``, a part of a save that
-    only uploads, telling ``announce`` each upload's index and entry as soon as the entry
-    is final: for an object of ranges put whole, before its put is sent (see
-    :func:`cairn.protocol._upload.upload_partitions`). Its entries, once all have ended."""
+    """``ckpt.save_partitions_concurrent(checkpoint_id, uploads)``: a part of a save that
+    only uploads; its entries, once all have ended. ``announce`` is told each upload's
+    index and entry as soon as the entry is final: for an object of ranges put whole,
+    before its put is sent (see :func:`cairn.protocol._upload.upload_partitions`).
+    ``generated``: the committer made the id (``CheckpointId.now()``), which no
+    checkpoint can hold yet, so it is not looked up."""
     checked = _upload.check_uploads(uploads)
     ctx = await _context(ckpt)
-    return await _save.upload_partitions(ctx, checkpoint_id, checked, None, announce)
+    return await _save.upload_partitions(ctx, checkpoint_id, checked, None, announce, generated)
 
 
 async def discard_refused(ckpt: ObjectStoreCheckpointer, uploaded: CheckpointManifest) -> None:

@@ -284,6 +284,7 @@ async def upload_partitions(
     uploads: Sequence[_upload.PartitionUpload],
     metadata_key: str | None,
     announce: _upload.Announce | None = None,
+    generated: bool = False,
 ) -> list[_upload.Entry]:
     """A part of a save that only uploads (its commit comes from elsewhere): steps 1 to
     3 for checked ``uploads``, at once: the intent's write, the check that the id is not
@@ -291,7 +292,9 @@ async def upload_partitions(
     uploads: see "Why the order is safe" in :mod:`cairn.protocol._commit`). The lease
     lapses a lease after they end; a failure removes the uploads and the intent.
     ``announce`` is told each entry once it is final
-    (:func:`cairn.protocol._upload.upload_partitions`)."""
+    (:func:`cairn.protocol._upload.upload_partitions`). ``generated``: the committer made
+    the id (a new UUIDv7, which no checkpoint can hold), so whether it is committed is
+    not looked up."""
     check_id(cid)
     lease = _lease.Lease.begin(ctx.store, ctx.paths.intent(cid), None, ctx.lease)
     pending = PendingSave(ctx, cid, None, lease)
@@ -299,7 +302,7 @@ async def upload_partitions(
     try:
         written, checked, uploaded = await asyncio.gather(
             lease.written(),
-            _commit.preconditions(ctx, cid, commits=False),
+            _commit.preconditions(ctx, cid, commits=False, committed=not generated),
             _upload.upload_partitions(ctx, cid, uploads, attempt, metadata_key, announce),
             return_exceptions=True,
         )

@@ -32,7 +32,7 @@ from cairn.integrations._interface import (
     TwoPhaseSave,
     begin,
     is_int,
-    upload_announcing,
+    upload_part,
 )
 from cairn.stores import PartsInFlight, capabilities_of
 from cairn.torch._carry import Carried, Parent, carried_items, carry_for, open_parent
@@ -63,7 +63,8 @@ rank holds at once: past it, what is resolved so far is uploaded before resolvin
 class _PlanData:
     """What the coordinator tells every rank in the global plan: the checkpoint (its id
     and name), the rank, for an incremental save the parent's id and the first
-    partition number the checkpoint's own artifacts take, and how many ranks save."""
+    partition number the checkpoint's own artifacts take, how many ranks save, and
+    whether the coordinator generated the id (a new UUIDv7, which no rank looks up)."""
 
     checkpoint_id: str
     rank: int
@@ -71,6 +72,7 @@ class _PlanData:
     parent: str | None = None
     first_partition: int = 0
     ranks: int = 1
+    generated: bool = False
 
 
 class CairnWriter(StorageWriter):
@@ -277,11 +279,12 @@ class CairnWriter(StorageWriter):
         The lease's intent and the fence read are written and read beside the ranks'
         uploads when the id is one this writer generates (a new UUIDv7, which no
         checkpoint holds) and the save builds on nothing: each rank writes an intent of
-        its own beside its uploads, and the commit reads the fence again after the
-        intent, so nothing waits for them. A writer fenced before the save began is then
-        refused at :meth:`finish`, which removes what the ranks uploaded. An id given
-        (which may be committed) and an incremental save (whose parent must be admitted
-        by the fence read) are refused here, before anything is uploaded.
+        its own beside its uploads (and does not look the id up), and the commit reads
+        the fence again after the intent, so nothing waits for them. A writer fenced
+        before the save began is then refused at :meth:`finish`, which removes what the
+        ranks uploaded. An id given (which may be committed) and an incremental save
+        (whose parent must be admitted by the fence read) are refused here, before
+        anything is uploaded.
         """
         if not all(plan.usable for plan in plans):
             raise InvalidInputError(
@@ -315,7 +318,9 @@ class CairnWriter(StorageWriter):
         self._built_on = parent_id
         self._name = requested if isinstance(requested, str) else None
         return [
-            dataclasses.replace(plan, storage_data=self._plan_data(cid, rank, len(plans), parent))
+            dataclasses.replace(
+                plan, storage_data=self._plan_data(cid, rank, len(plans), parent, generated)
+            )
             for rank, plan in enumerate(plans)
         ]
 
@@ -329,12 +334,13 @@ class CairnWriter(StorageWriter):
         return parent
 
     def _plan_data(
-        self, cid: CheckpointId, rank: int, ranks: int, parent: Parent | None
+        self, cid: CheckpointId, rank: int, ranks: int, parent: Parent | None, generated: bool
     ) -> _PlanData:
         if parent is None:
-            return _PlanData(str(cid), rank, self._name, ranks=ranks)
+            return _PlanData(str(cid), rank, self._name, ranks=ranks, generated=generated)
         parent_id = str(parent.checkpoint_id)
-        return _PlanData(str(cid), rank, self._name, parent_id, parent.first_partition, ranks)
+        first = parent.first_partition
+        return _PlanData(str(cid), rank, self._name, parent_id, first, ranks, generated)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Upload this rank's items into the checkpoint; their records.
@@ -399,18 +405,21 @@ class CairnWriter(StorageWriter):
         spread = capabilities_of(self.checkpointer.store).local_path is None
         uploads = rank_uploads(operator, items, planner, first, data.ranks, sizes, codec, spread)
         if uploads:
+            sources = [u for u, _ in uploads]
             if self._is_coordinator:
-                entries = self._upload_early(cid, [u for u, _ in uploads])
+                entries = self._upload_early(cid, sources, data.generated)
             else:
                 upload = functools.partial(
-                    self.checkpointer.save_partitions_concurrent, cid, [u for u, _ in uploads]
+                    upload_part, self.checkpointer, cid, sources, generated=data.generated
                 )
                 entries = run(_counted(meter, upload), "CairnWriter.write_data")
             for (_, source), entry in zip(uploads, entries, strict=True):
                 results += source.results(operator, entry)
         return _as_rank_items(operator, plan.items, results, meter)
 
-    def _upload_early(self, cid: CheckpointId, uploads: list[PartitionUpload]) -> list[Entry]:
+    def _upload_early(
+        self, cid: CheckpointId, uploads: list[PartitionUpload], generated: bool
+    ) -> list[Entry]:
         """The coordinator's own uploads, begun: their entries once all are final (an
         object put whole is, before its put is sent), the uploads left running for
         :meth:`finish` to await beside DCP's metadata, counted in the save's meter.
@@ -433,7 +442,8 @@ class CairnWriter(StorageWriter):
                     final.set_result([told[i] for i in range(len(uploads))])
 
             with meter.counting():  # the task counts in the save's meter
-                task = asyncio.ensure_future(upload_announcing(ckpt, cid, uploads, announce))
+                uploading = upload_part(ckpt, cid, uploads, announce=announce, generated=generated)
+                task = asyncio.ensure_future(uploading)
             await asyncio.wait([final, task], return_when=asyncio.FIRST_COMPLETED)
             if not final.done():  # it ended before every entry was told: it failed
                 return task.result(), task
