@@ -457,7 +457,7 @@ class CairnWriter(StorageWriter):
         """Cancel the coordinator's uploads of a save DCP gave up before its commit (a
         cancelled upload removes what it wrote, and its intent)."""
         early, self._early = self._early, None
-        if early is not None and not early.task.done():
+        if early is not None:
             run(_cancelled(early.task), "CairnWriter")
 
     def _carry_equal(
@@ -548,8 +548,8 @@ class CairnWriter(StorageWriter):
                         meter,
                         beside,
                     )
-            finally:
-                if early is not None and not early.task.done():  # the commit failed first
+            finally:  # ended already unless the commit failed first; either way, settled
+                if early is not None:
                     await _cancelled(early.task)
 
         run(_counted(meter, commit), "CairnWriter.finish")
@@ -592,7 +592,8 @@ class _EarlyUploads:
 
 
 async def _cancelled(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait for it to end, whatever it ends with."""
+    """Cancel ``task`` (if it has not ended) and wait for it to end, whatever it ends
+    with; its failure counts as retrieved."""
     task.cancel()
     await asyncio.wait([task])
     if not task.cancelled():
