@@ -11,6 +11,7 @@ the save, with nothing committed and nothing of it left; a save DCP gives up bet
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -45,9 +46,18 @@ def stored(store: Store) -> list[str]:
 
 def test_a_put_that_fails_after_the_records_were_handed_in_fails_the_save() -> None:
     inner = as_store("memory://")
-    store = FaultyStore(inner, FaultPlan(fail_puts_matching="/operators/rank-0/"))
+
+    async def metadata_slower(op: str, path: str) -> None:
+        # The metadata's put still runs when the rank's fails: what the failed save
+        # removes must be removed after it lands, not before.
+        if op == "put" and "/dcp-metadata/" in path:
+            await asyncio.sleep(0.2)
+
+    plan = FaultPlan(fail_puts_matching="/operators/rank-0/", before_call=metadata_slower)
+    store = FaultyStore(inner, plan)
     with pytest.raises(CheckpointException, match="injected permanent fault"):
         save(store, state())
+    time.sleep(0.5)  # a put of the save still running when it raised lands by now
     assert SyncCheckpointer(inner, CheckpointPaths(PREFIX)).list_checkpoints() == []
     # Nothing of the save is left: its objects, its metadata and its intents removed.
     assert stored(inner) == [], stored(inner)

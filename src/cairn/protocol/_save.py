@@ -133,16 +133,24 @@ class PendingSave:
         create covers."""
         attempt = attempt if attempt is not None else new_attempt()
         try:
-            entries, record, _ = await asyncio.gather(
+            # Every part ends before a failure is raised: the removal of this attempt's
+            # objects must come after its last put, not race it.
+            uploaded, checked, ended = await asyncio.gather(
                 _upload.upload_partitions(
                     self.ctx, self.checkpoint_id, uploads, attempt, metadata_key
                 ),
                 _nothing() if ahead is None else _commit.check_ahead(self.ctx, ahead),
                 _nothing() if beside is None else beside.ended,
+                return_exceptions=True,
             )
+            for outcome in (uploaded, ended, checked):
+                if isinstance(outcome, BaseException):
+                    raise outcome
         except BaseException:
             await self.abandon(uploads, attempt)
             raise
+        entries = cast(list[_upload.Entry], uploaded)
+        record = cast(_pointer.WriterRecord | None, checked)
         if ahead is not None and record is not None:
             last = [*entries, *(beside.entries if beside is not None else ())]
             covered = {_stored(owner, relative) for owner, relative, _ in ahead.stored_objects()}
